@@ -1,0 +1,49 @@
+"""Exit heads: map layer-`e` hidden states to logits.
+
+Exit `e` (1 <= e <= L) uses the trained head `heads[str(e)]` when there is one, otherwise
+the **shared** head: the model's own final norm + LM head (how LayerSkip checkpoints are
+meant to exit at any layer). Exit L always uses the shared head (it is the model itself).
+
+Trained heads: their own RMSNorm, then a full `D×V` projection (`proj`) or a low-rank
+`D×R` (`proj_down`) then `R×V` (`proj_up`) projection.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from hispec_jax.models.config import ModelConfig
+from hispec_jax.models.params import ExitHeads, Params
+from hispec_jax.models.transformer import rms_norm
+
+
+def head_kind(cfg: ModelConfig, heads: ExitHeads, exit_layer: int) -> str:
+    """"shared", "full" or "low_rank": which head exit `exit_layer` uses."""
+    if not 1 <= exit_layer <= cfg.num_layers:
+        raise ValueError(f"exit layer {exit_layer} is outside [1, {cfg.num_layers}]")
+    head = heads.get(str(exit_layer)) if exit_layer < cfg.num_layers else None
+    if head is None:
+        return "shared"
+    return "full" if "proj" in head else "low_rank"
+
+
+def lm_head_matrix(params: Params, cfg: ModelConfig) -> jax.Array:
+    """The shared LM head as a [D, V] matrix (the transposed embedding when tied)."""
+    return params["embed"].T if cfg.tie_word_embeddings else params["lm_head"]
+
+
+def exit_logits(params: Params, heads: ExitHeads, cfg: ModelConfig, h_BxTxD: jax.Array,
+                exit_layer: int) -> jax.Array:
+    """Float32 logits [B, T, V] of exit `exit_layer` (static) from layer-`exit_layer` states."""
+    kind = head_kind(cfg, heads, exit_layer)
+    if kind == "shared":
+        x = rms_norm(h_BxTxD, params["final_norm"], cfg.rms_norm_eps)
+        w_DxV = lm_head_matrix(params, cfg)
+        return jnp.einsum("BTD,DV->BTV", x, w_DxV, preferred_element_type=jnp.float32)
+    head = heads[str(exit_layer)]
+    x = rms_norm(h_BxTxD, head["norm"], cfg.rms_norm_eps)
+    if kind == "full":
+        return jnp.einsum("BTD,DV->BTV", x, head["proj"], preferred_element_type=jnp.float32)
+    r_BxTxR = jnp.einsum("BTD,DR->BTR", x, head["proj_down"])
+    return jnp.einsum("BTR,RV->BTV", r_BxTxR, head["proj_up"], preferred_element_type=jnp.float32)

@@ -1,0 +1,62 @@
+"""Fixed-shape KV cache with per-sequence positions.
+
+    k, v: [L, B, S, K, H]     S = cache capacity (max_len), slot index == absolute position
+
+Every sequence writes the token at absolute position p into slot p, so sequences of one
+batch can sit at different lengths, and rollback after a rejected draft only moves that
+sequence's length back: stale slots beyond it are never cleared. They are harmless because
+attention is causal by absolute position (a query at position p reads slots <= p) and every
+slot <= p is rewritten at every layer before any later query reads that layer.
+
+Padding rows and padded query positions carry the out-of-range sentinel position S; their
+writes are dropped (`mode="drop"`).
+"""
+
+from __future__ import annotations
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from hispec_jax.models.config import ModelConfig
+
+
+@flax.struct.dataclass
+class KVCache:
+    """Keys and values of every cached layer.
+
+    Attributes:
+      k: [L', B, S, K, H] keys after RoPE (L' <= L: a cache may hold only the first L' layers).
+      v: [L', B, S, K, H] values.
+    """
+
+    k: jax.Array
+    v: jax.Array
+
+    @property
+    def capacity(self) -> int:
+        """S: the number of positions each sequence can hold."""
+        return self.k.shape[2]
+
+    @property
+    def num_layers(self) -> int:
+        return self.k.shape[0]
+
+    @classmethod
+    def zeros(cls, cfg: ModelConfig, batch: int, capacity: int, num_layers: int | None = None,
+              dtype=None) -> "KVCache":
+        """An empty cache for `batch` sequences of up to `capacity` positions."""
+        shape = (num_layers or cfg.num_layers, batch, capacity, cfg.num_kv_heads, cfg.head_dim)
+        dtype = dtype or jnp.dtype(cfg.dtype)
+        return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
+
+    def write(self, layer: jax.Array, positions_BxT: jax.Array, k_BxTxKxH: jax.Array,
+              v_BxTxKxH: jax.Array) -> "KVCache":
+        """Writes one layer's new keys/values at per-sequence positions; sentinel S is dropped."""
+        batch_Bx1 = jnp.arange(positions_BxT.shape[0])[:, None]
+        k = self.k.at[layer, batch_Bx1, positions_BxT].set(k_BxTxKxH.astype(self.k.dtype), mode="drop")
+        v = self.v.at[layer, batch_Bx1, positions_BxT].set(v_BxTxKxH.astype(self.v.dtype), mode="drop")
+        return KVCache(k=k, v=v)
+
+    def memory_bytes(self) -> int:
+        return self.k.size * self.k.dtype.itemsize * 2

@@ -1,0 +1,143 @@
+"""One description of every parameter, from which init, shape checks and HF import derive.
+
+Parameters are a nested dict of arrays. Per-layer weights are stacked on a leading layer
+axis so a layer range runs as `lax.scan` over a static slice:
+
+    embed        [V, D]
+    layers/
+      attn_norm  [L, D]
+      wq         [L, D, N, H]     x_BTD @ wq -> q_BTNH
+      wk         [L, D, K, H]
+      wv         [L, D, K, H]
+      wo         [L, N, H, D]
+      q_norm     [L, H]           (qk_norm models only: Qwen3)
+      k_norm     [L, H]
+      mlp_norm   [L, D]
+      w_gate     [L, D, F]
+      w_up       [L, D, F]
+      w_down     [L, F, D]
+    final_norm   [D]
+    lm_head      [D, V]           (untied models only)
+
+Exit heads (`ExitHeads`) are a separate dict keyed by the exit layer as a string:
+
+    heads["e"] = {"norm": [D], "proj": [D, V]}                        # full head
+    heads["e"] = {"norm": [D], "proj_down": [D, R], "proj_up": [R, V]}  # low-rank head
+
+Legend: V vocab, D hidden, L layers, N query heads, K kv heads, H head dim, F MLP width,
+R head rank.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from hispec_jax.models.config import ModelConfig
+
+Params = dict[str, Any]
+ExitHeads = dict[str, dict[str, jax.Array]]
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamSpec:
+    """Shape, logical axes (for sharding) and init of one parameter."""
+
+    shape: tuple[int, ...]
+    axes: tuple[str, ...]
+    init: str = "normal"  # "normal" (std = init_std) or "ones" (norm scales)
+
+
+def param_specs(cfg: ModelConfig) -> dict[str, Any]:
+    """The `ParamSpec` pytree describing `cfg`'s parameters (same structure as params)."""
+    L, D, N, K, H, F, V = (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads,
+                           cfg.head_dim, cfg.intermediate_size, cfg.vocab_size)
+    layers = {
+        "attn_norm": ParamSpec((L, D), ("layers", "embed"), "ones"),
+        "wq": ParamSpec((L, D, N, H), ("layers", "embed", "q_heads", "head_dim")),
+        "wk": ParamSpec((L, D, K, H), ("layers", "embed", "kv_heads", "head_dim")),
+        "wv": ParamSpec((L, D, K, H), ("layers", "embed", "kv_heads", "head_dim")),
+        "wo": ParamSpec((L, N, H, D), ("layers", "q_heads", "head_dim", "embed")),
+        "mlp_norm": ParamSpec((L, D), ("layers", "embed"), "ones"),
+        "w_gate": ParamSpec((L, D, F), ("layers", "embed", "mlp")),
+        "w_up": ParamSpec((L, D, F), ("layers", "embed", "mlp")),
+        "w_down": ParamSpec((L, F, D), ("layers", "mlp", "embed")),
+    }
+    if cfg.qk_norm:
+        layers["q_norm"] = ParamSpec((L, H), ("layers", "head_dim"), "ones")
+        layers["k_norm"] = ParamSpec((L, H), ("layers", "head_dim"), "ones")
+    specs = {
+        "embed": ParamSpec((V, D), ("vocab", "embed")),
+        "layers": layers,
+        "final_norm": ParamSpec((D,), ("embed",), "ones"),
+    }
+    if not cfg.tie_word_embeddings:
+        specs["lm_head"] = ParamSpec((D, V), ("embed", "vocab"))
+    return specs
+
+
+def head_specs(cfg: ModelConfig, rank: int | None = None) -> dict[str, ParamSpec]:
+    """`ParamSpec`s of one trained exit head: full `D×V` when rank is None, else `D×R, R×V`."""
+    D, V = cfg.hidden_size, cfg.vocab_size
+    if rank is None:
+        return {"norm": ParamSpec((D,), ("embed",), "ones"),
+                "proj": ParamSpec((D, V), ("embed", "vocab"))}
+    if not isinstance(rank, int) or rank < 1:
+        raise ValueError(f"head rank must be a positive integer, got {rank!r}")
+    return {"norm": ParamSpec((D,), ("embed",), "ones"),
+            "proj_down": ParamSpec((D, rank), ("embed", "rank")),
+            "proj_up": ParamSpec((rank, V), ("rank", "vocab"))}
+
+
+def _is_spec(x) -> bool:
+    return isinstance(x, ParamSpec)
+
+
+def init_from_specs(specs, key: jax.Array, dtype, init_std: float = 0.02):
+    """Random parameters for a `ParamSpec` pytree (normal(0, init_std) weights, unit norms)."""
+    leaves, treedef = jax.tree.flatten(specs, is_leaf=_is_spec)
+    keys = jax.random.split(key, len(leaves))
+    arrays = [
+        jnp.ones(s.shape, dtype) if s.init == "ones"
+        else (init_std * jax.random.normal(k, s.shape, jnp.float32)).astype(dtype)
+        for s, k in zip(leaves, keys)
+    ]
+    return jax.tree.unflatten(treedef, arrays)
+
+
+def init_params(cfg: ModelConfig, key: jax.Array, init_std: float = 0.02) -> Params:
+    """Random model parameters for `cfg` (tests, and training from scratch)."""
+    return init_from_specs(param_specs(cfg), key, jnp.dtype(cfg.dtype), init_std)
+
+
+def shape_structs(cfg: ModelConfig) -> Params:
+    """`jax.ShapeDtypeStruct` pytree of the parameters: for `eval_shape` / AOT lowering."""
+    dtype = jnp.dtype(cfg.dtype)
+    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, dtype), param_specs(cfg),
+                        is_leaf=_is_spec)
+
+
+def check_shapes(params, specs, where: str = "params") -> None:
+    """Raises ValueError naming the first missing, unexpected or mis-shaped entry."""
+    flat_specs = dict(_flatten(specs))
+    flat_params = dict(_flatten(params))
+    for name in flat_specs:
+        if name not in flat_params:
+            raise ValueError(f"{where}: missing parameter {name!r}")
+    for name, value in flat_params.items():
+        if name not in flat_specs:
+            raise ValueError(f"{where}: unexpected parameter {name!r}")
+        if tuple(value.shape) != flat_specs[name].shape:
+            raise ValueError(f"{where}: parameter {name!r} has shape {tuple(value.shape)}, "
+                             f"expected {flat_specs[name].shape}")
+
+
+def _flatten(tree, prefix: str = ""):
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            yield from _flatten(v, f"{prefix}{k}/")
+    else:
+        yield prefix[:-1], tree
