@@ -4,7 +4,8 @@ A checkpoint is a local HF directory:
 
     config.json                          -> ModelConfig (ModelConfig.from_hf_dict / to_hf_dict)
     model.safetensors                    one file, or
-    model.safetensors.index.json         {"weight_map": {tensor: shard}} + model-0000i-of-0000n.safetensors
+    model.safetensors.index.json         {"weight_map": {tensor: shard file}}, with the shards
+                                         model-0000i-of-0000n.safetensors
     generation_config.json               optional, returned as a plain dict
     exit_heads.safetensors               optional, the trained exit heads (format below)
 
@@ -42,7 +43,8 @@ from pathlib import Path
 from typing import Any
 
 import jax.numpy as jnp
-import ml_dtypes  # noqa: F401  registers bfloat16 with numpy, so safetensors' "np" framework reads bf16
+# ml_dtypes registers bfloat16 with numpy, so safetensors' "np" framework reads and writes bf16.
+import ml_dtypes  # noqa: F401
 import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
@@ -112,7 +114,7 @@ def _legacy_rope_keys(hf: dict[str, Any]) -> dict[str, Any]:
     hf, rope = dict(hf), dict(rope)
     if "rope_theta" in rope:
         hf["rope_theta"] = rope.pop("rope_theta")
-    if rope.get("rope_type", rope.get("type", "default")) != "default" or len(rope) > 1:
+    if rope.get("rope_type", rope.get("type", "default")) != "default":
         hf["rope_scaling"] = rope
     return hf
 
@@ -127,7 +129,8 @@ def _weight_files(path: Path) -> list[Path]:
         files = [path / name for name in sorted(set(weight_map.values()))]
         for f in files:
             if not f.exists():
-                raise ValueError(f"{INDEX_FILENAME} names shard {f.name!r}, which does not exist in {path}")
+                raise ValueError(f"{INDEX_FILENAME} names shard {f.name!r}, "
+                                 f"which does not exist in {path}")
         return files
     if (path / WEIGHTS_FILENAME).exists():
         return [path / WEIGHTS_FILENAME]
@@ -148,7 +151,8 @@ def load_checkpoint(path, dtype: str | None = None) -> tuple[ModelConfig, Params
     path = Path(path)
     if not (path / CONFIG_FILENAME).exists():
         raise ValueError(f"{path}: missing {CONFIG_FILENAME}")
-    cfg = ModelConfig.from_hf_dict(_legacy_rope_keys(_read_json(path / CONFIG_FILENAME)), dtype=dtype)
+    hf_config = _legacy_rope_keys(_read_json(path / CONFIG_FILENAME))
+    cfg = ModelConfig.from_hf_dict(hf_config, dtype=dtype)
     specs = param_specs(cfg)
     L = cfg.num_layers
 
@@ -168,37 +172,39 @@ def load_checkpoint(path, dtype: str | None = None) -> tuple[ModelConfig, Params
                 layer = int(m.group(1)) if m.groups() else None
                 if layer is not None and layer >= L:
                     raise ValueError(f"tensor {name!r}: layer {layer} >= num_layers={L}")
-                spec_path = ("embed",) if our == ("lm_head",) and cfg.tie_word_embeddings else our
-                spec = specs[spec_path[0]] if len(spec_path) == 1 else specs["layers"][spec_path[1]]
-                shape = spec.shape[1:] if layer is not None else spec.shape
-                want = shape if our == ("lm_head",) and cfg.tie_word_embeddings else _hf_shape(shape, n_in)
+                tied = our == ("lm_head",) and cfg.tie_word_embeddings
+                if tied:
+                    shape = want = specs["embed"].shape  # a tied head is the embedding, [V, D]
+                else:
+                    spec = specs["layers"][our[1]] if layer is not None else specs[our[0]]
+                    shape = spec.shape[1:] if layer is not None else spec.shape
+                    want = _hf_shape(shape, n_in)
                 got = tuple(f.get_slice(name).get_shape())
                 if got != want:
                     raise ValueError(f"tensor {name!r} has shape {got}, expected {want}")
-                if our == ("lm_head",) and cfg.tie_word_embeddings:
-                    tied_head = f.get_tensor(name)
-                    continue
-                value = _to_ours(f.get_tensor(name), shape, n_in)
-                if layer is None:
+                value = f.get_tensor(name) if tied else _to_ours(f.get_tensor(name), shape, n_in)
+                if tied:
+                    tied_head = value
+                elif layer is None:
                     slots[our] = [value]
                 else:
                     slots.setdefault(our, [None] * L)[layer] = value
 
-    params: Params = {"layers": {}}
-    for template, our, _ in _RULES:
-        if our[-1] not in (specs["layers"] if our[0] == "layers" else specs):
-            continue
-        got = slots.get(our, [None])
-        missing = [i for i, v in enumerate(got) if v is None]
-        if our[0] == "layers" and our not in slots:
-            missing = list(range(L))
-        if missing:
-            raise ValueError(f"missing tensor {template.format(i=missing[0])!r} in {path}")
-        value = jnp.asarray(np.stack(got) if our[0] == "layers" else got[0], dtype=cfg.dtype)
-        (params["layers"] if our[0] == "layers" else params)[our[-1]] = value
-    if tied_head is not None and not np.array_equal(tied_head, np.asarray(slots[("embed",)][0])):
+    embed = slots.get(("embed",), [None])[0]
+    if tied_head is not None and embed is not None and not np.array_equal(tied_head, embed):
         raise ValueError("tensor 'lm_head.weight' differs from 'model.embed_tokens.weight' "
                          "but config.json has tie_word_embeddings=true")
+    params: Params = {"layers": {}}
+    for template, our, _ in _RULES:
+        stacked = our[0] == "layers"
+        if our[-1] not in (specs["layers"] if stacked else specs):
+            continue  # q/k norms of a non-qk_norm model, lm_head of a tied one
+        values = slots.pop(our, [None] * (L if stacked else 1))  # pop: free host copies early
+        missing = [i for i, v in enumerate(values) if v is None]
+        if missing:
+            raise ValueError(f"missing tensor {template.format(i=missing[0])!r} in {path}")
+        value = jnp.asarray(np.stack(values) if stacked else values[0], dtype=cfg.dtype)
+        (params["layers"] if stacked else params)[our[-1]] = value
     check_shapes(params, specs)
 
     gen_path = path / GENERATION_CONFIG_FILENAME
@@ -207,7 +213,8 @@ def load_checkpoint(path, dtype: str | None = None) -> tuple[ModelConfig, Params
 
 
 def save_checkpoint(path, cfg: ModelConfig, params, heads: ExitHeads | None = None,
-                    generation_config: dict | None = None, max_shard_bytes: int | None = None) -> None:
+                    generation_config: dict | None = None,
+                    max_shard_bytes: int | None = None) -> None:
     """Writes `params` as a HF directory that `AutoModelForCausalLM.from_pretrained` loads.
 
     Writes `config.json` (with bos/eos/pad token ids from `generation_config`),
@@ -238,16 +245,20 @@ def save_checkpoint(path, cfg: ModelConfig, params, heads: ExitHeads | None = No
         save_file(tensors, path / WEIGHTS_FILENAME, metadata=_METADATA)
     else:
         shards: list[dict[str, np.ndarray]] = [{}]
+        size = 0
         for name, t in tensors.items():  # greedy, in order; an oversized tensor gets its own shard
-            if shards[-1] and sum(x.nbytes for x in shards[-1].values()) + t.nbytes > max_shard_bytes:
+            if shards[-1] and size + t.nbytes > max_shard_bytes:
                 shards.append({})
+                size = 0
             shards[-1][name] = t
+            size += t.nbytes
         weight_map = {}
         for k, shard in enumerate(shards):
             file = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
             save_file(shard, path / file, metadata=_METADATA)
             weight_map.update(dict.fromkeys(shard, file))
-        _write_json(path / INDEX_FILENAME, {"metadata": {"total_size": total}, "weight_map": weight_map})
+        _write_json(path / INDEX_FILENAME,
+                    {"metadata": {"total_size": total}, "weight_map": weight_map})
 
     hf_config = cfg.to_hf_dict()
     for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
@@ -267,6 +278,7 @@ def _write_json(path: Path, obj: dict) -> None:
 
 
 def _exit_layer(e, L: int, where: str) -> int:
+    """`e` as an int, checked to be a layer index in [1, L] written without leading zeros."""
     if not re.fullmatch(_INDEX, str(e)) or not 1 <= int(e) <= L:
         raise ValueError(f"{where}: exit layer {e!r} must be an integer in [1, {L}]")
     return int(e)
@@ -277,7 +289,8 @@ def save_exit_heads(path, cfg: ModelConfig, heads: ExitHeads) -> None:
     tensors, layers = {}, []
     for e, head in heads.items():
         layers.append(_exit_layer(e, cfg.num_layers, f"exit head {e!r}"))
-        rank = None if "proj" in head else np.shape(head.get("proj_down", np.zeros((0, 0))))[1]
+        low_rank = "proj_down" in head and "proj" not in head
+        rank = int(np.shape(head["proj_down"])[1]) if low_rank else None
         check_shapes(head, head_specs(cfg, rank), where=f"exit head {e!r}")
         for part, value in head.items():
             tensors[f"exit_heads.{int(e)}.{part}.weight"] = _to_hf(value, _HEAD_N_IN[part])
@@ -302,8 +315,8 @@ def load_exit_heads(path, cfg: ModelConfig) -> ExitHeads:
         listed = (f.metadata() or {}).get("exit_layers")
     heads: ExitHeads = {}
     for e, group in sorted(groups.items(), key=lambda kv: int(kv[0])):
-        rank = None if "proj" in group else group.get("proj_down", np.zeros((0, 0))).shape[0]
-        specs = head_specs(cfg, rank) if rank != 0 else head_specs(cfg)
+        low_rank = "proj_down" in group and "proj" not in group
+        specs = head_specs(cfg, int(group["proj_down"].shape[0]) if low_rank else None)
         for part in specs:
             if part not in group:
                 raise ValueError(f"{HEADS_FILENAME}: missing tensor 'exit_heads.{e}.{part}.weight'")
@@ -311,12 +324,13 @@ def load_exit_heads(path, cfg: ModelConfig) -> ExitHeads:
             name = f"exit_heads.{e}.{part}.weight"
             if part not in specs:
                 raise ValueError(f"{HEADS_FILENAME}: unexpected tensor {name!r}")
-            want = _hf_shape(specs[part].shape, _HEAD_N_IN[part])
+            n_in = _HEAD_N_IN[part]
+            want = _hf_shape(specs[part].shape, n_in)
             if tuple(w.shape) != want:
                 raise ValueError(f"{HEADS_FILENAME}: tensor {name!r} has shape {tuple(w.shape)}, "
                                  f"expected {want}")
-        heads[e] = {part: jnp.asarray(_to_ours(w, specs[part].shape, _HEAD_N_IN[part]), dtype=cfg.dtype)
-                    for part, w in group.items()}
+            group[part] = jnp.asarray(_to_ours(w, specs[part].shape, n_in), dtype=cfg.dtype)
+        heads[e] = group
     if listed is not None and listed != ",".join(heads):
         raise ValueError(f"{HEADS_FILENAME}: metadata exit_layers={listed!r} does not match "
                          f"the tensors' layers {','.join(heads)!r}")

@@ -1,0 +1,206 @@
+"""`generate`: the host side of decoding.
+
+Validates everything before any compilation, tokenizes, splits prompts into batches, pads
+every batch to one shape (prompt block = a power-of-two length bucket, batch padded with
+finished rows), compiles each distinct shape once per process (AOT `lower().compile()`,
+timed and counted), runs the method's compiled loop and returns token ids, texts and stats.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hispec_jax.decoding import methods as methods_lib
+from hispec_jax.decoding.request import Request
+from hispec_jax.decoding.sampling import SamplingParams, sequence_keys
+from hispec_jax.models.kv_cache import KVCache
+from hispec_jax.models.model import Model
+
+MIN_PROMPT_BLOCK = 16
+CAPACITY_MULTIPLE = 64
+
+# (method, static settings, argument shapes) -> compiled executable, for this process.
+_COMPILED: dict[Any, Any] = {}
+
+
+@dataclasses.dataclass
+class GenerationResult:
+    """What `generate` returns.
+
+    Attributes:
+      token_ids: new token ids per prompt (EOS included when emitted, nothing after it).
+      texts: decoded new tokens per prompt (None without a tokenizer).
+      prompt_token_ids: the tokenized prompts.
+      stats: tokens_per_second (new tokens / wall time of the compiled runs, compilation
+        excluded), compile_seconds, compile_count, decode_seconds, new_tokens, and the
+        method's own counters.
+    """
+
+    token_ids: list[list[int]]
+    texts: list[str] | None
+    prompt_token_ids: list[list[int]]
+    stats: dict[str, Any]
+
+
+def tokenize(model: Model, prompts) -> list[list[int]]:
+    """Prompts (strings or token-id lists) -> token-id lists, validated against the vocab."""
+    if isinstance(prompts, str) or (isinstance(prompts, Sequence) and prompts
+                                    and isinstance(prompts[0], (int, np.integer))):
+        prompts = [prompts]
+    if not isinstance(prompts, Sequence) or len(prompts) == 0:
+        raise ValueError("prompts: expected a non-empty list of strings or token-id lists")
+    out = []
+    for i, prompt in enumerate(prompts):
+        if isinstance(prompt, str):
+            if model.tokenizer is None:
+                raise ValueError(f"prompts[{i}] is a string but the model has no tokenizer; "
+                                 "pass token ids")
+            ids = list(model.tokenizer(prompt)["input_ids"])
+        else:
+            ids = [int(t) for t in np.asarray(prompt).reshape(-1)] if len(prompt) else []
+        if len(ids) == 0:
+            raise ValueError(f"prompts[{i}] is empty (no tokens)")
+        bad = [t for t in ids if not 0 <= t < model.cfg.vocab_size]
+        if bad:
+            raise ValueError(f"prompts[{i}] has token id {bad[0]} outside the vocabulary "
+                             f"[0, {model.cfg.vocab_size})")
+        out.append(ids)
+    return out
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def plan_shapes(max_prompt_len: int, max_new_tokens: int, lookahead: int, max_len: int,
+                max_cache_len: int | None) -> tuple[int, int]:
+    """(prompt block T, cache capacity S); raises ValueError when the request does not fit.
+
+    `lookahead` is how many positions past the last emitted token a method may write
+    (drafts beyond the budget), so the cache needs that much room.
+    """
+    limit = max_len if max_cache_len is None else min(max_cache_len, max_len)
+    need = max_prompt_len + max_new_tokens + lookahead
+    if need > limit:
+        raise ValueError(
+            f"prompt length {max_prompt_len} + max_new_tokens {max_new_tokens}"
+            + (f" + method lookahead {lookahead}" if lookahead else "")
+            + f" = {need} exceeds the cache capacity {limit}"
+            + (" (max_cache_len)" if max_cache_len is not None and max_cache_len < max_len
+               else " (model max_position_embeddings)"))
+    block = max(MIN_PROMPT_BLOCK, 1 << (max_prompt_len - 1).bit_length())
+    capacity = min(limit, _round_up(block + max_new_tokens + lookahead, CAPACITY_MULTIPLE))
+    return min(block, capacity), max(capacity, need)
+
+
+def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int = 64,
+             batch_size: int | None = None, ignore_eos: bool = False, temperature: float = 0.0,
+             top_k: int = 0, top_p: float = 1.0, seed: int = 0, max_cache_len: int | None = None,
+             **method_options) -> GenerationResult:
+    """Generates continuations of `prompts` with a decoding method.
+
+    Args:
+      model: a loaded `Model`.
+      prompts: a string, a list of strings, or a list of token-id lists.
+      method: "ar" (autoregressive), "exit" (early-exit inference from `exit_layer`), or a
+        speculative method (see `methods.METHODS`).
+      max_new_tokens: per-sequence budget of new tokens (>= 1).
+      batch_size: split prompts into batches of this many (default: one batch).
+      ignore_eos: keep generating past EOS.
+      temperature, top_k, top_p, seed: sampling (temperature 0 = greedy).
+      max_cache_len: cap on the KV-cache capacity (default: the model's context length).
+      **method_options: the method's settings (e.g. exit_layer, draft_exit, verify_exits,
+        draft_len, verify_window, adaptive).
+    """
+    # ---- validate everything before compiling anything ----
+    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    decoder = methods_lib.make_method(model, method, **method_options)
+    prompt_ids = tokenize(model, prompts)
+    if batch_size is None:
+        batch_size = len(prompt_ids)
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    max_prompt_len = max(len(p) for p in prompt_ids)
+    block, capacity = plan_shapes(max_prompt_len, max_new_tokens, decoder.lookahead(),
+                                  model.cfg.max_position_embeddings, max_cache_len)
+    eos = () if ignore_eos else model.eos_token_ids
+    eos_ids_E = jnp.asarray(list(eos) or [-1], jnp.int32)
+
+    token_ids: list[list[int]] = []
+    compile_seconds, compile_count, run_seconds = 0.0, 0, 0.0
+    method_stats: list[dict[str, Any]] = []
+    for start in range(0, len(prompt_ids), batch_size):
+        batch = prompt_ids[start:start + batch_size]
+        req = _make_request(batch, batch_size, start, capacity, max_new_tokens, eos_ids_E, sampling)
+        cache = KVCache.zeros(model.cfg, batch_size, capacity, decoder.cache_layers(model.cfg))
+        compiled, seconds = _compile(decoder, model, req, cache, sampling.greedy, block)
+        compile_seconds += seconds
+        compile_count += seconds > 0
+        t0 = time.perf_counter()
+        out, raw_stats = compiled(model.params, model.heads, req, cache)
+        jax.block_until_ready(out)
+        run_seconds += time.perf_counter() - t0
+        tokens_BxS, prompt_lens_B, num_new_B = jax.device_get(
+            (out.tokens_BxS, req.prompt_lens_B, out.num_new_B))
+        for b in range(len(batch)):
+            p, n = int(prompt_lens_B[b]), int(num_new_B[b])
+            token_ids.append(tokens_BxS[b, p:p + n].tolist())
+        method_stats.append(jax.device_get(raw_stats))
+
+    new_tokens = sum(len(t) for t in token_ids)
+    stats = {
+        "method": method,
+        "new_tokens": new_tokens,
+        "tokens_per_second": new_tokens / run_seconds if run_seconds > 0 else 0.0,
+        "decode_seconds": run_seconds,
+        "compile_seconds": compile_seconds,
+        "compile_count": compile_count,
+        "batches": len(method_stats),
+        "batch_size": batch_size,
+        "prompt_block": block,
+        "cache_capacity": capacity,
+        **decoder.summarize(method_stats, new_tokens),
+    }
+    texts = None
+    if model.tokenizer is not None:
+        texts = [model.tokenizer.decode(t, skip_special_tokens=True) for t in token_ids]
+    return GenerationResult(token_ids=token_ids, texts=texts, prompt_token_ids=prompt_ids,
+                            stats=stats)
+
+
+def _make_request(batch, batch_size, first_index, capacity, max_new_tokens, eos_ids_E,
+                  sampling: SamplingParams) -> Request:
+    """Right-pads prompts into [batch_size, capacity]; padding rows get max_new = 0."""
+    tokens = np.zeros((batch_size, capacity), np.int32)
+    lens = np.ones((batch_size,), np.int32)
+    max_new = np.zeros((batch_size,), np.int32)
+    for b, ids in enumerate(batch):
+        tokens[b, :len(ids)] = ids
+        lens[b] = len(ids)
+        max_new[b] = max_new_tokens
+    return Request(
+        tokens_BxS=jnp.asarray(tokens), prompt_lens_B=jnp.asarray(lens),
+        max_new_B=jnp.asarray(max_new), eos_ids_E=eos_ids_E,
+        sequence_keys_Bx2=sequence_keys(sampling.seed, np.arange(first_index, first_index + batch_size)),
+        sampling=sampling.arrays())
+
+
+def _compile(decoder, model: Model, req: Request, cache: KVCache, greedy: bool, block: int):
+    """The compiled loop for these shapes, and the seconds spent compiling it (0 if cached)."""
+    leaves, treedef = jax.tree.flatten((model.params, model.heads, req, cache))
+    key = (decoder, model.cfg, greedy, block, str(treedef),
+           tuple((x.shape, str(x.dtype)) for x in leaves))
+    if key in _COMPILED:
+        return _COMPILED[key], 0.0
+    t0 = time.perf_counter()
+    compiled = decoder.lower(model, req, cache, greedy=greedy, prompt_block=block).compile()
+    _COMPILED[key] = compiled
+    return compiled, time.perf_counter() - t0

@@ -1,0 +1,29 @@
+"""A batch of prompts and per-sequence settings, as device arrays (a pytree, never static)."""
+
+from __future__ import annotations
+
+import flax.struct
+import jax
+
+from hispec_jax.decoding.sampling import SamplingArrays
+
+
+@flax.struct.dataclass
+class Request:
+    """What every compiled decoding loop receives.
+
+    Attributes:
+      tokens_BxS: [B, S] int32, prompts right-padded into the cache capacity S.
+      prompt_lens_B: [B] int32, prompt lengths (>= 1).
+      max_new_B: [B] int32, `max_new_tokens` per sequence (0 for batch-padding rows).
+      eos_ids_E: [E] int32, EOS token ids, padded with -1.
+      sequence_keys_Bx2: [B, 2] uint32 raw PRNG keys, one per sequence.
+      sampling: temperature / top-k / top-p as scalars.
+    """
+
+    tokens_BxS: jax.Array
+    prompt_lens_B: jax.Array
+    max_new_B: jax.Array
+    eos_ids_E: jax.Array
+    sequence_keys_Bx2: jax.Array
+    sampling: SamplingArrays

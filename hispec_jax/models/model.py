@@ -1,0 +1,80 @@
+"""`Model`: config + parameters + exit heads + tokenizer, loaded from / saved to a HF directory."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from hispec_jax.models import hf_io
+from hispec_jax.models.config import ModelConfig
+from hispec_jax.models.heads import head_kind
+from hispec_jax.models.params import ExitHeads, Params
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
+@dataclasses.dataclass
+class Model:
+    """An early-exit model ready for decoding.
+
+    Attributes:
+      cfg: architecture (static under `jit`).
+      params: stacked parameter pytree (`params.py`).
+      heads: trained exit heads by exit layer (`{}`: every exit uses the shared head).
+      tokenizer: a HF tokenizer, or None (then prompts must be token ids).
+      generation_config: the checkpoint's `generation_config.json` as a dict.
+      path: the directory it was loaded from, if any.
+    """
+
+    cfg: ModelConfig
+    params: Params
+    heads: ExitHeads = dataclasses.field(default_factory=dict)
+    tokenizer: Any = None
+    generation_config: dict = dataclasses.field(default_factory=dict)
+    path: str | None = None
+
+    @property
+    def num_layers(self) -> int:
+        return self.cfg.num_layers
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """EOS ids from generation_config.json, else from the tokenizer; may be empty."""
+        eos = self.generation_config.get("eos_token_id")
+        if eos is None and self.tokenizer is not None:
+            eos = self.tokenizer.eos_token_id
+        if eos is None:
+            return ()
+        return tuple(int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]))
+
+    def exit_head_kinds(self) -> dict[int, str]:
+        """Which head every exit uses: {exit: "shared" | "full" | "low_rank"}."""
+        return {e: head_kind(self.cfg, self.heads, e) for e in range(1, self.cfg.num_layers + 1)}
+
+
+def load_model(path, dtype: str | None = None) -> Model:
+    """Loads a local Hugging Face directory (safetensors weights, config, tokenizer, heads).
+
+    Args:
+      path: directory with config.json and model.safetensors (or a sharded index).
+      dtype: "float32" or "bfloat16" to override the checkpoint's dtype.
+    """
+    path = Path(path)
+    cfg, params, heads, generation_config = hf_io.load_checkpoint(path, dtype=dtype)
+    tokenizer = None
+    if any((path / f).exists() for f in _TOKENIZER_FILES):
+        from transformers import AutoTokenizer  # transformers' tokenizers need no torch
+
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+    return Model(cfg=cfg, params=params, heads=heads, tokenizer=tokenizer,
+                 generation_config=generation_config, path=str(path))
+
+
+def save_model(model: Model, path, max_shard_bytes: int | None = None) -> None:
+    """Writes `model` in HF layout (loadable by `transformers.AutoModelForCausalLM`)."""
+    hf_io.save_checkpoint(path, model.cfg, model.params, heads=model.heads or None,
+                          generation_config=model.generation_config or None,
+                          max_shard_bytes=max_shard_bytes)
+    if model.tokenizer is not None:
+        model.tokenizer.save_pretrained(str(path))
