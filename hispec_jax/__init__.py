@@ -1,0 +1,21 @@
+"""hispec-jax: hierarchical speculative decoding for early-exit language models in JAX.
+
+    model = hispec_jax.load_model("path/to/hf_dir")
+    result = hispec_jax.generate(model, ["Hello"], method="hispec", max_new_tokens=64)
+    result.texts, result.token_ids, result.stats
+"""
+
+from hispec_jax.decoding.generate import GenerationResult, generate
+from hispec_jax.decoding.sampling import SamplingParams
+from hispec_jax.models.config import ModelConfig
+from hispec_jax.models.model import Model, load_model, save_model
+
+__all__ = [
+    "GenerationResult",
+    "Model",
+    "ModelConfig",
+    "SamplingParams",
+    "generate",
+    "load_model",
+    "save_model",
+]

@@ -106,19 +106,6 @@ def _read_json(path: Path) -> dict[str, Any]:
         return json.load(f)
 
 
-def _legacy_rope_keys(hf: dict[str, Any]) -> dict[str, Any]:
-    """Maps transformers>=5 `rope_parameters` onto the `rope_theta` / `rope_scaling` keys."""
-    rope = hf.get("rope_parameters")
-    if not isinstance(rope, dict) or hf.get("rope_scaling") is not None:
-        return hf
-    hf, rope = dict(hf), dict(rope)
-    if "rope_theta" in rope:
-        hf["rope_theta"] = rope.pop("rope_theta")
-    if rope.get("rope_type", rope.get("type", "default")) != "default":
-        hf["rope_scaling"] = rope
-    return hf
-
-
 def _weight_files(path: Path) -> list[Path]:
     """The safetensors files holding the model weights (raises if there are none)."""
     index = path / INDEX_FILENAME
@@ -151,7 +138,7 @@ def load_checkpoint(path, dtype: str | None = None) -> tuple[ModelConfig, Params
     path = Path(path)
     if not (path / CONFIG_FILENAME).exists():
         raise ValueError(f"{path}: missing {CONFIG_FILENAME}")
-    hf_config = _legacy_rope_keys(_read_json(path / CONFIG_FILENAME))
+    hf_config = _read_json(path / CONFIG_FILENAME)
     cfg = ModelConfig.from_hf_dict(hf_config, dtype=dtype)
     specs = param_specs(cfg)
     L = cfg.num_layers

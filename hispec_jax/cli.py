@@ -1,0 +1,97 @@
+"""The `hispec` command line: parses, calls library functions, prints.
+
+    hispec generate [--model PATH] [--method ar|exit|layerskip|hispec] [--exit-layer N]
+                    [--draft-exit N] [--verify-exits N[,N...]] [--draft-len N] [--verify-window N]
+                    [--adaptive] [--max-new-tokens N] [--batch-size N] [--ignore-eos]
+                    [--temperature T] [--top-k K] [--top-p P] [--seed S] [--json] PROMPT [PROMPT ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _exits(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated layers, got {text!r}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hispec", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="generate text with an early-exit model")
+    gen.add_argument("--model", default=None,
+                     help="local Hugging Face model directory (default: the shipped model)")
+    gen.add_argument("--method", default="ar", choices=["ar", "exit", "layerskip", "hispec"])
+    gen.add_argument("--exit-layer", type=int, default=None, help="exit layer for --method exit")
+    gen.add_argument("--draft-exit", type=int, default=None, help="draft exit Ld")
+    gen.add_argument("--verify-exits", type=_exits, default=None,
+                     help="intermediate verifier exits Li (comma-separated)")
+    gen.add_argument("--draft-len", type=int, default=None, help="draft tokens per step Nd")
+    gen.add_argument("--verify-window", type=int, default=None,
+                     help="tokens an intermediate verifier accumulates before full verification Ni")
+    gen.add_argument("--adaptive", action="store_true", help="adapt Nd and Ni to acceptance rates")
+    gen.add_argument("--max-new-tokens", type=int, default=64)
+    gen.add_argument("--batch-size", type=int, default=None)
+    gen.add_argument("--ignore-eos", action="store_true")
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--json", action="store_true", help="print one JSON object")
+    gen.add_argument("prompts", nargs="+", metavar="PROMPT")
+    return parser
+
+
+def _default_model_dir():
+    import hispec_jax
+
+    path = getattr(hispec_jax, "DEFAULT_MODEL_DIR", None)
+    if path is None:
+        raise SystemExit("hispec: --model is required (no default model is shipped yet)")
+    return path
+
+
+def cmd_generate(args) -> int:
+    from hispec_jax.decoding.generate import generate
+    from hispec_jax.models.model import load_model
+
+    model = load_model(args.model or _default_model_dir())
+    options = {"exit_layer": args.exit_layer, "draft_exit": args.draft_exit,
+               "verify_exits": args.verify_exits, "draft_len": args.draft_len,
+               "verify_window": args.verify_window, "adaptive": args.adaptive}
+    result = generate(model, list(args.prompts), method=args.method,
+                      max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                      ignore_eos=args.ignore_eos, temperature=args.temperature, top_k=args.top_k,
+                      top_p=args.top_p, seed=args.seed, **options)
+    texts = result.texts or [""] * len(result.token_ids)
+    if args.json:
+        outputs = [{"prompt": p, "token_ids": ids, "text": t}
+                   for p, ids, t in zip(args.prompts, result.token_ids, texts)]
+        print(json.dumps({"outputs": outputs, "stats": result.stats}))
+    else:
+        for prompt, text in zip(args.prompts, texts):
+            print(f"{prompt}{text}\n")
+        s = result.stats
+        print(f"[{s['method']}] {s['new_tokens']} tokens, {s['tokens_per_second']:.1f} tokens/s, "
+              f"compile {s['compile_seconds']:.1f} s", file=sys.stderr)
+    return 0
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "generate":
+            return cmd_generate(args)
+    except ValueError as e:
+        print(f"hispec: error: {e}", file=sys.stderr)
+        return 2
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

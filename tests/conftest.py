@@ -1,0 +1,87 @@
+"""Tiny random Hugging Face models built locally (no hub), saved in HF layout.
+
+Configs cover the architectures we claim: Llama 3 style (GQA, `llama3` RoPE scaling,
+untied), Llama 2 style (MHA, untied) and Qwen3 (q/k norm, explicit head_dim != D/N, tied).
+`initializer_range=0.3` keeps random models from collapsing onto one repeated token.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import pytest
+
+VOCAB = 97
+WORDS = ["the", "a", "cat", "dog", "sat", "on", "mat", "ran", "big", "small", "red", "blue",
+         "and", "then", "it", "was", "hello", "world", "is", "very"]
+
+
+def hf_config(kind: str, **overrides):
+    from transformers import LlamaConfig, Qwen3Config
+
+    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+                  initializer_range=0.3, max_position_embeddings=256, bos_token_id=1,
+                  eos_token_id=2, pad_token_id=None, rms_norm_eps=1e-6)
+    if kind == "llama3":
+        cfg = LlamaConfig(**common, num_attention_heads=4, num_key_value_heads=2,
+                          tie_word_embeddings=False,
+                          rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                        "high_freq_factor": 4.0,
+                                        "original_max_position_embeddings": 16},
+                          rope_theta=500000.0)
+    elif kind == "llama2":
+        cfg = LlamaConfig(**common, num_attention_heads=4, num_key_value_heads=4,
+                          tie_word_embeddings=False)
+    elif kind == "qwen3":
+        cfg = Qwen3Config(**common, num_attention_heads=4, num_key_value_heads=2, head_dim=24,
+                          tie_word_embeddings=True, rope_theta=1000000.0)
+    else:
+        raise KeyError(kind)
+    for k, v in overrides.items():
+        setattr(cfg, k, v)
+    return cfg
+
+
+def build_hf_model(kind: str, seed: int = 0, **overrides):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(hf_config(kind, **overrides))
+    return model.eval()
+
+
+def build_tokenizer():
+    """A word-level tokenizer over `WORDS` (ids 3..), with <unk>=0, <s>=1, </s>=2."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{w: i + 3 for i, w in enumerate(WORDS)}}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    from tokenizers import decoders
+
+    tok.decoder = decoders.WordPiece(prefix="##")
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                   unk_token="<unk>")
+
+
+@pytest.fixture(scope="session")
+def hf_models(tmp_path_factory):
+    """{kind: (torch model, directory)} for the three tiny architectures, saved once."""
+    out = {}
+    for kind in ("llama3", "llama2", "qwen3"):
+        model = build_hf_model(kind)
+        path = tmp_path_factory.mktemp(kind)
+        model.save_pretrained(path, safe_serialization=True)
+        build_tokenizer().save_pretrained(path)
+        out[kind] = (model, path)
+    return out
+
+
+@pytest.fixture(scope="session")
+def llama_dir(hf_models):
+    return hf_models["llama3"][1]

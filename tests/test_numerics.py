@@ -1,0 +1,110 @@
+"""Logits at every exit match transformers (PyTorch) in float32: prefill and token-by-token."""
+
+import numpy as np
+import pytest
+import torch
+
+import jax.numpy as jnp
+
+from hispec_jax import load_model
+from hispec_jax.models.heads import exit_logits
+from hispec_jax.models.kv_cache import KVCache
+from hispec_jax.models.transformer import embed, run_layers
+
+KINDS = ("llama3", "llama2", "qwen3")
+ATOL = 1e-4
+
+
+def hf_exit_logits(hf_model, tokens):
+    """[exit][B, T, V]: final norm + LM head on HF hidden_states[e] (e < L), and the logits."""
+    with torch.no_grad():
+        out = hf_model(torch.tensor(tokens), output_hidden_states=True)
+        L = hf_model.config.num_hidden_layers
+        per_exit = [hf_model.lm_head(hf_model.model.norm(out.hidden_states[e])).numpy()
+                    for e in range(1, L)]
+    return per_exit + [out.logits.numpy()]
+
+
+def our_exit_logits_by_layer(model, x, positions, cache):
+    """Runs one layer at a time so every exit's logits come from one cached pass."""
+    per_exit = []
+    for e in range(1, model.cfg.num_layers + 1):
+        x, cache = run_layers(model.params, model.cfg, x, positions, cache, e - 1, e)
+        per_exit.append(np.asarray(exit_logits(model.params, {}, model.cfg, x, e)))
+    return per_exit, cache
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_prefill_logits_every_exit(hf_models, kind):
+    hf_model, path = hf_models[kind]
+    model = load_model(path)
+    tokens = np.random.RandomState(0).randint(0, model.cfg.vocab_size, (2, 21))
+    ref = hf_exit_logits(hf_model, tokens)
+    cache = KVCache.zeros(model.cfg, 2, 32)
+    positions = jnp.broadcast_to(jnp.arange(21), (2, 21))
+    ours, _ = our_exit_logits_by_layer(model, embed(model.params, jnp.asarray(tokens)), positions, cache)
+    for e, (o, r) in enumerate(zip(ours, ref), start=1):
+        np.testing.assert_allclose(o, r, atol=ATOL, rtol=0, err_msg=f"exit {e}")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_token_by_token_decode_every_exit(hf_models, kind):
+    """Prefill 5 tokens, then feed one token at a time through the cache."""
+    hf_model, path = hf_models[kind]
+    model = load_model(path)
+    T, P = 14, 5
+    tokens = np.random.RandomState(1).randint(0, model.cfg.vocab_size, (2, T))
+    ref = hf_exit_logits(hf_model, tokens)
+    cache = KVCache.zeros(model.cfg, 2, 16)
+    positions = jnp.broadcast_to(jnp.arange(P), (2, P))
+    got, cache = our_exit_logits_by_layer(model, embed(model.params, jnp.asarray(tokens[:, :P])),
+                                          positions, cache)
+    for t in range(P, T):
+        step, cache = our_exit_logits_by_layer(
+            model, embed(model.params, jnp.asarray(tokens[:, t:t + 1])),
+            jnp.full((2, 1), t), cache)
+        got = [np.concatenate([g, s], axis=1) for g, s in zip(got, step)]
+    for e, (o, r) in enumerate(zip(got, ref), start=1):
+        np.testing.assert_allclose(o, r, atol=ATOL, rtol=0, err_msg=f"exit {e}")
+
+
+def test_ragged_positions_per_sequence(hf_models):
+    """Two sequences at different positions in one decode step match their own HF runs."""
+    hf_model, path = hf_models["llama3"]
+    model = load_model(path)
+    rng = np.random.RandomState(2)
+    a, b = rng.randint(0, 97, 9), rng.randint(0, 97, 4)
+    cache = KVCache.zeros(model.cfg, 2, 16)
+    S = cache.capacity
+    # prefill a[:8] and b[:3] right-padded to 8; padding uses the sentinel position S
+    block = np.zeros((2, 8), np.int64)
+    block[0], block[1, :3] = a[:8], b[:3]
+    pos = np.array([list(range(8)), [0, 1, 2] + [S] * 5])
+    L = model.cfg.num_layers
+    x, cache = run_layers(model.params, model.cfg, embed(model.params, jnp.asarray(block)),
+                          jnp.asarray(pos), cache, 0, L)
+    step = np.array([[a[8]], [b[3]]])
+    x, cache = run_layers(model.params, model.cfg, embed(model.params, jnp.asarray(step)),
+                          jnp.asarray([[8], [3]]), cache, 0, L)
+    ours = np.asarray(exit_logits(model.params, {}, model.cfg, x, L))[:, 0]
+    with torch.no_grad():
+        ref_a = hf_model(torch.tensor(a[None])).logits[0, -1].numpy()
+        ref_b = hf_model(torch.tensor(b[None])).logits[0, -1].numpy()
+    np.testing.assert_allclose(ours[0], ref_a, atol=ATOL, rtol=0)
+    np.testing.assert_allclose(ours[1], ref_b, atol=ATOL, rtol=0)
+
+
+def test_bfloat16_close_to_float32(hf_models):
+    _, path = hf_models["qwen3"]
+    m32, m16 = load_model(path), load_model(path, dtype="bfloat16")
+    assert m16.params["embed"].dtype == jnp.bfloat16
+    tokens = jnp.asarray(np.random.RandomState(3).randint(0, 97, (1, 10)))
+    outs = []
+    for m in (m32, m16):
+        cache = KVCache.zeros(m.cfg, 1, 16)
+        x, _ = run_layers(m.params, m.cfg, embed(m.params, tokens), jnp.arange(10)[None], cache,
+                          0, m.cfg.num_layers)
+        outs.append(np.asarray(exit_logits(m.params, {}, m.cfg, x, m.cfg.num_layers)))
+    assert outs[1].dtype == np.float32
+    # bf16 keeps ~3 significant digits; random models with init 0.3 have logits of O(10)
+    assert np.mean(np.abs(outs[0] - outs[1])) < 0.1 * np.mean(np.abs(outs[0]))
