@@ -4,6 +4,8 @@
                     [--draft-exit N] [--verify-exits N[,N...]] [--draft-len N] [--verify-window N]
                     [--adaptive] [--max-new-tokens N] [--batch-size N] [--ignore-eos]
                     [--temperature T] [--top-k K] [--top-p P] [--seed S] [--json] PROMPT [PROMPT ...]
+    hispec init-model OUT_DIR [--config PRESET_OR_FILE] [--seed S] [--init-std X]
+                      [--config.KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -44,7 +46,54 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--json", action="store_true", help="print one JSON object")
     gen.add_argument("prompts", nargs="+", metavar="PROMPT")
+
+    init = sub.add_parser(
+        "init-model", help="write a random-initialized model (random text!) in HF layout",
+        description="Writes a model with random weights and a byte-level tokenizer to OUT_DIR "
+                    "(loadable by `hispec generate --model OUT_DIR` and transformers). Its "
+                    "output is random text. Override config keys with --config.KEY=VALUE.")
+    init.add_argument("out_dir", metavar="OUT_DIR")
+    init.add_argument("--config", default="tiny",
+                      help="a configs/model_*.py file, or a preset name such as tiny, "
+                           "llama3_8b (default: tiny)")
+    init.add_argument("--seed", type=int, default=0)
+    init.add_argument("--init-std", type=float, default=0.02,
+                      help="standard deviation of the random weights")
     return parser
+
+
+_OVERRIDE_PREFIX = "--config."
+
+
+def _config_overrides(extra: list[str]) -> dict[str, str]:
+    """`--config.KEY=VALUE` arguments -> {KEY: VALUE}; raises ValueError on anything else."""
+    overrides = {}
+    for arg in extra:
+        key, sep, value = arg[len(_OVERRIDE_PREFIX):].partition("=")
+        if not arg.startswith(_OVERRIDE_PREFIX) or not sep or not key:
+            raise ValueError(f"unrecognized argument {arg!r} (config overrides are "
+                             f"{_OVERRIDE_PREFIX}KEY=VALUE)")
+        overrides[key] = value
+    return overrides
+
+
+def cmd_init_model(args, extra: list[str]) -> int:
+    import jax
+
+    from hispec_jax.models.model import save_model
+    from hispec_jax.models.presets import (apply_overrides, init_random_model,
+                                           load_config, model_config_from_ml_collections)
+
+    config = load_config(args.config)
+    apply_overrides(config, _config_overrides(extra))
+    cfg = model_config_from_ml_collections(config)
+    model = init_random_model(cfg, seed=args.seed, init_std=args.init_std)
+    save_model(model, args.out_dir)
+    num_params = sum(x.size for x in jax.tree.leaves(model.params))
+    print(f"wrote a random-initialized {cfg.model_type} model ({cfg.num_layers} layers, "
+          f"{num_params:,} parameters, {cfg.dtype}) to {args.out_dir}; "
+          "its weights are random, so its output is random text")
+    return 0
 
 
 def _default_model_dir():
@@ -83,10 +132,15 @@ def cmd_generate(args) -> int:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "init-model":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         if args.command == "generate":
             return cmd_generate(args)
+        if args.command == "init-model":
+            return cmd_init_model(args, extra)
     except ValueError as e:
         print(f"hispec: error: {e}", file=sys.stderr)
         return 2

@@ -123,6 +123,10 @@ def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int =
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
     decoder = methods_lib.make_method(model, method, **method_options)
+    if not sampling.greedy and decoder.hierarchy.num_levels > 1:
+        raise ValueError(f"temperature={temperature}: method {method!r} supports greedy decoding "
+                         "only for now (sampling-mode verification is not implemented yet); "
+                         "use temperature=0 or method 'ar'/'exit'")
     prompt_ids = tokenize(model, prompts)
     if batch_size is None:
         batch_size = len(prompt_ids)
@@ -145,7 +149,7 @@ def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int =
         compile_seconds += seconds
         compile_count += seconds > 0
         t0 = time.perf_counter()
-        out, raw_stats = compiled(model.params, model.heads, req, cache)
+        out, raw_stats = compiled(model.params, model.heads, req, cache, *decoder.arguments())
         jax.block_until_ready(out)
         run_seconds += time.perf_counter() - t0
         tokens_BxS, prompt_lens_B, num_new_B = jax.device_get(
@@ -167,7 +171,7 @@ def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int =
         "batch_size": batch_size,
         "prompt_block": block,
         "cache_capacity": capacity,
-        **decoder.summarize(method_stats, new_tokens),
+        **decoder.summarize(method_stats, new_tokens, len(prompt_ids)),
     }
     texts = None
     if model.tokenizer is not None:
@@ -196,7 +200,7 @@ def _make_request(batch, batch_size, first_index, capacity, max_new_tokens, eos_
 def _compile(decoder, model: Model, req: Request, cache: KVCache, greedy: bool, block: int):
     """The compiled loop for these shapes, and the seconds spent compiling it (0 if cached)."""
     leaves, treedef = jax.tree.flatten((model.params, model.heads, req, cache))
-    key = (decoder, model.cfg, greedy, block, str(treedef),
+    key = (decoder.hierarchy, model.cfg, greedy, block, str(treedef),
            tuple((x.shape, str(x.dtype)) for x in leaves))
     if key in _COMPILED:
         return _COMPILED[key], 0.0

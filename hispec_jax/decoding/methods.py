@@ -1,8 +1,9 @@
-"""Decoding methods: frozen dataclasses of static settings, each lowering one compiled loop.
+"""Decoding methods: every method is an exit hierarchy run by the one engine (`engine.py`).
 
-Every method answers the same questions for `generate`: how many cache layers it needs,
-how far past the last emitted token it may write (`lookahead`), how to lower its loop, and
-how to summarize the loop's raw counters into stats.
+`make_method` turns a method name and options into a `Decoder` (validating everything
+before any compilation); `Decoder` tells `generate` how many cache layers it needs, how far
+past the last emitted token it may write (`lookahead`), how to lower its loop, and how to
+summarize the loop's counters into stats.
 """
 
 from __future__ import annotations
@@ -12,71 +13,183 @@ from typing import Any
 
 import numpy as np
 
-from hispec_jax.decoding.autoregressive import generate_autoregressive
+import jax
+import jax.numpy as jnp
+
+from hispec_jax.decoding.engine import Counters, Hierarchy, run_hierarchy
+from hispec_jax.decoding.windows import DRAFT_LEN_RANGE, VERIFY_WINDOW_RANGE
 from hispec_jax.models.config import ModelConfig
 from hispec_jax.models.model import Model
 
 
 @dataclasses.dataclass(frozen=True)
-class Autoregressive:
-    """Token-by-token decoding from one exit: `exit_layer = L` is plain AR (`method=ar`);
-    `exit_layer < L` is LayerSkip's lossy early-exit inference (`method=exit`)."""
+class Decoder:
+    """A decoding method: an exit hierarchy (static) and its initial windows (an array).
 
-    exit_layer: int
+    K = 1 is autoregressive decoding from `exits[0]` (`ar`: the final layer; `exit`: an
+    early exit); K = 2 LayerSkip self-speculation; K >= 3 HiSpec.
+    """
+
+    hierarchy: Hierarchy
+    windows: tuple[int, ...] = ()  # initial (draft_len, verify_window, ...), K - 1 entries
 
     def cache_layers(self, cfg: ModelConfig) -> int:
-        return self.exit_layer
+        return self.hierarchy.exits[-1]
 
     def lookahead(self) -> int:
-        return 0
+        return self.hierarchy.lookahead if self.hierarchy.num_levels > 1 else 0
+
+    def arguments(self) -> tuple[jax.Array, ...]:
+        """Loop inputs that vary between calls without recompiling."""
+        return (jnp.asarray(self.windows, jnp.int32).reshape(len(self.windows)),)
 
     def lower(self, model: Model, req, cache, *, greedy: bool, prompt_block: int):
-        exit_layer = self.exit_layer
+        hierarchy = self.hierarchy
 
-        def run(params, heads, req, cache):
-            state = generate_autoregressive(params, heads, req, cache, cfg=model.cfg,
-                                            exit_layer=exit_layer, greedy=greedy,
-                                            prompt_block=prompt_block)
-            return state.out, {"rounds": state.rounds}
+        def run(params, heads, req, cache, windows):
+            state = run_hierarchy(params, heads, req, cache, windows, cfg=model.cfg,
+                                  hierarchy=hierarchy, greedy=greedy, prompt_block=prompt_block)
+            return state.out, state.counters
 
-        import jax
+        return jax.jit(run).lower(model.params, model.heads, req, cache, *self.arguments())
 
-        return jax.jit(run).lower(model.params, model.heads, req, cache)
-
-    def summarize(self, raw: list[dict[str, Any]], new_tokens: int) -> dict[str, Any]:
-        rounds = int(sum(np.asarray(r["rounds"]) for r in raw))
-        return {
-            "exit_layer": self.exit_layer,
-            "rounds": rounds,
-            # One sequential pass through `exit_layer` layers per emitted token.
-            "layer_passes_per_token": float(self.exit_layer),
-        }
+    def summarize(self, counters: list[Counters], new_tokens: int, num_sequences: int):
+        return summarize_counters(self.hierarchy, counters, new_tokens, num_sequences)
 
 
-def _check_exit(cfg: ModelConfig, name: str, value) -> int:
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
-        raise ValueError(f"{name} must be an integer layer in [1, {cfg.num_layers}], got {value!r}")
-    if not 1 <= value <= cfg.num_layers:
-        raise ValueError(f"{name}={value} is outside [1, {cfg.num_layers}] "
-                         f"(the model has {cfg.num_layers} layers)")
+def summarize_counters(h: Hierarchy, counters: list[Counters], new_tokens: int,
+                       num_sequences: int) -> dict[str, Any]:
+    """Stats of paper App. H / Table 9 from the loop's counters (summed over batches)."""
+    total = jax.tree.map(lambda *xs: np.sum(np.stack([np.asarray(x) for x in xs]), axis=0), *counters)
+    K = h.num_levels
+    proposed, accepted = total.proposed_K.tolist(), total.accepted_K.tolist()
+    rate = lambda a, b: (a / b) if b else None
+    full_verifications = int(total.verifications_K[K - 1])
+    stats = {
+        "exits": list(h.exits),
+        "actions_per_level": total.actions_K.tolist(),
+        "acceptance_rate_per_level": [None] + [rate(accepted[k], proposed[k]) for k in range(1, K)],
+        "final_acceptance_rate": rate(accepted[K - 1], proposed[K - 1]) if K > 1 else None,
+        "false_accept_rate": (1 - rate(accepted[K - 1], proposed[K - 1]))
+        if K > 2 and proposed[K - 1] else None,
+        "true_reject_rate": rate(int(total.true_rejects), int(total.reject_checks)) if K > 2 else None,
+        # Per sequence: tokens the top level emitted per verification pass it made.
+        "tokens_per_full_pass": rate(int(total.emitted), full_verifications) if K > 1 else 1.0,
+        "layer_passes": int(total.layer_passes),
+        "layer_token_evals": int(total.layer_token_evals),
+        "emitted_in_loop": int(total.emitted),
+    }
+    # Per sequence: decode-loop passes over the tokens each sequence emitted in the loop
+    # (the first token of every sequence comes from prefill). AR gives exactly `top`.
+    per_sequence_tokens = int(total.emitted) / max(num_sequences, 1)
+    stats["layer_passes_per_token"] = (int(total.layer_passes) / per_sequence_tokens
+                                       if per_sequence_tokens else None)
+    return stats
+
+
+METHODS = ("ar", "exit", "layerskip", "hispec")
+
+
+def available_exits(model: Model) -> tuple[int, ...]:
+    """Exits that have a head: all layers when the model has no trained heads (LayerSkip-style
+    shared head), else the trained heads' layers plus the final layer."""
+    L = model.cfg.num_layers
+    if not model.heads:
+        return tuple(range(1, L + 1))
+    return tuple(sorted({int(e) for e in model.heads} | {L}))
+
+
+def default_exits(model: Model) -> tuple[int, int]:
+    """(draft exit ~ L/8, intermediate verifier ~ L/4), snapped to exits that have heads."""
+    L = model.cfg.num_layers
+    candidates = [e for e in available_exits(model) if e < L]
+    if not candidates:
+        raise ValueError(f"the model has no exit below its final layer {L}")
+    snap = lambda target: min(candidates, key=lambda e: (abs(e - target), e))
+    draft = snap(max(1, round(L / 8)))
+    above = [e for e in candidates if e > draft]
+    verify = min(above, key=lambda e: (abs(e - max(draft + 1, round(L / 4))), e)) if above else None
+    return draft, verify
+
+
+def _check_window(name: str, value) -> int:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
     return int(value)
 
 
-METHODS = ("ar", "exit")
+def make_method(model: Model, method: str, *, exit_layer: int | None = None,
+                draft_exit: int | None = None, verify_exits=None, draft_len: int | None = None,
+                verify_window: int | None = None, adaptive: bool = False):
+    """The decoding method object for `method` and its options; ValueError on bad settings.
 
-
-def make_method(model: Model, method: str, *, exit_layer: int | None = None, **options):
-    """The decoding method object for `method` and its options; ValueError on bad settings."""
+    Methods: "ar" (K = 1, top = L), "exit" (K = 1, top = exit_layer), "layerskip"
+    (K = 2: draft_exit, L), "hispec" (K >= 3: draft_exit, verify_exits..., L).
+    Defaults (paper §3.3, §6): draft_exit ~ L/8, verify_exits ~ (L/4,), draft_len 2,
+    verify_window 4.
+    """
     cfg = model.cfg
-    unused = {k: v for k, v in options.items() if v is not None and v is not False}
-    if method == "ar":
-        if unused or exit_layer is not None:
-            raise ValueError(f"method 'ar' takes no options, got {sorted(unused) or ['exit_layer']}")
-        return Autoregressive(exit_layer=cfg.num_layers)
-    if method == "exit":
-        if unused:
-            raise ValueError(f"method 'exit' takes only exit_layer, got {sorted(unused)}")
+    L = cfg.num_layers
+    spec_opts = {"draft_exit": draft_exit, "verify_exits": verify_exits, "draft_len": draft_len,
+                 "verify_window": verify_window, "adaptive": adaptive or None}
+    given = sorted(k for k, v in spec_opts.items() if v is not None)
+    if method in ("ar", "exit"):
+        if given:
+            raise ValueError(f"method {method!r} does not take {', '.join(given)}")
+        if method == "ar":
+            if exit_layer is not None:
+                raise ValueError("method 'ar' does not take exit_layer (use method='exit')")
+            return Decoder(Hierarchy(exits=(L,)))
         if exit_layer is None:
             raise ValueError("method 'exit' needs exit_layer")
-        return Autoregressive(exit_layer=_check_exit(cfg, "exit_layer", exit_layer))
-    raise ValueError(f"method={method!r} is not one of {METHODS}")
+        return Decoder(Hierarchy(exits=(_check_exit(model, "exit_layer", exit_layer),)))
+    if method not in METHODS:
+        raise ValueError(f"method={method!r} is not one of {METHODS}")
+    if exit_layer is not None:
+        raise ValueError(f"method {method!r} does not take exit_layer (use draft_exit)")
+    default_draft, default_verify = default_exits(model)
+    draft = _check_exit(model, "draft_exit", default_draft if draft_exit is None else draft_exit,
+                        below_top=True)
+    if method == "layerskip":
+        if verify_exits is not None or verify_window is not None:
+            raise ValueError("method 'layerskip' has no intermediate verifier: "
+                             "verify_exits / verify_window are not allowed")
+        mids: tuple[int, ...] = ()
+    else:
+        if verify_exits is None:
+            if default_verify is None or (draft_exit is not None and draft >= default_verify):
+                raise ValueError("method 'hispec' needs verify_exits above draft_exit "
+                                 f"(no default fits draft_exit={draft}, L={L})")
+            verify_exits = (default_verify,)
+        if isinstance(verify_exits, (int, np.integer)):
+            verify_exits = (verify_exits,)
+        mids = tuple(_check_exit(model, "verify_exits", e, below_top=True) for e in verify_exits)
+        if not mids:
+            raise ValueError("verify_exits must name at least one intermediate exit")
+    exits = (draft,) + mids + (L,)
+    if any(a >= b for a, b in zip(exits, exits[1:])):
+        raise ValueError(f"exits must be strictly increasing: draft_exit={draft}, "
+                         f"verify_exits={list(mids)}, final layer {L}")
+    nd = _check_window("draft_len", 2 if draft_len is None else draft_len)
+    ni = _check_window("verify_window", 4 if verify_window is None else verify_window)
+    windows = (nd,) + (ni,) * len(mids)
+    max_windows = windows
+    if adaptive:
+        max_windows = (max(nd, DRAFT_LEN_RANGE[1]),) + tuple(
+            max(w, VERIFY_WINDOW_RANGE[1]) for w in windows[1:])
+    hierarchy = Hierarchy(exits=exits, max_windows=max_windows, adaptive=bool(adaptive))
+    return Decoder(hierarchy=hierarchy, windows=windows)
+
+
+def _check_exit(model: Model, name: str, value, below_top: bool = False) -> int:
+    L = model.cfg.num_layers
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+        raise ValueError(f"{name} must be an integer layer, got {value!r}")
+    top = L - 1 if below_top else L
+    if not 1 <= value <= top:
+        raise ValueError(f"{name}={value} is outside [1, {top}] (the model has {L} layers"
+                         + ("; the final layer is always the top verifier)" if below_top else ")"))
+    if value not in available_exits(model):
+        raise ValueError(f"{name}={value} has no exit head; exits with heads: "
+                         f"{list(available_exits(model))}")
+    return int(value)

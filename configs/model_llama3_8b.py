@@ -1,0 +1,23 @@
+"""Llama 3 8B (meta-llama/Meta-Llama-3-8B; facebook/layerskip-llama3-8B has the same shapes)."""
+
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.model_type = "llama"
+    c.vocab_size = 128256
+    c.hidden_size = 4096
+    c.intermediate_size = 14336
+    c.num_layers = 32
+    c.num_heads = 32
+    c.num_kv_heads = 8
+    c.head_dim = 128
+    c.rms_norm_eps = 1e-5
+    c.rope_theta = 500000.0
+    c.rope_scaling = None
+    c.max_position_embeddings = 8192
+    c.tie_word_embeddings = False
+    c.qk_norm = False
+    c.dtype = "bfloat16"
+    return c
