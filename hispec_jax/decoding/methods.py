@@ -112,6 +112,10 @@ def default_exits(model: Model) -> tuple[int, int]:
     return draft, verify
 
 
+def _window_bound(window: int, standard: int) -> int:
+    return standard if window <= standard else 1 << (window - 1).bit_length()
+
+
 def _check_window(name: str, value) -> int:
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
@@ -173,10 +177,11 @@ def make_method(model: Model, method: str, *, exit_layer: int | None = None,
     nd = _check_window("draft_len", 2 if draft_len is None else draft_len)
     ni = _check_window("verify_window", 4 if verify_window is None else verify_window)
     windows = (nd,) + (ni,) * len(mids)
-    max_windows = windows
-    if adaptive:
-        max_windows = (max(nd, DRAFT_LEN_RANGE[1]),) + tuple(
-            max(w, VERIFY_WINDOW_RANGE[1]) for w in windows[1:])
+    # Static block sizes come from window *bounds*, so windows (arrays) can change between
+    # calls, or adaptively, without recompiling: the paper's App. J ranges, or the next
+    # power of two above a larger request.
+    max_windows = (_window_bound(nd, DRAFT_LEN_RANGE[1]),) + tuple(
+        _window_bound(w, VERIFY_WINDOW_RANGE[1]) for w in windows[1:])
     hierarchy = Hierarchy(exits=exits, max_windows=max_windows, adaptive=bool(adaptive))
     return Decoder(hierarchy=hierarchy, windows=windows)
 

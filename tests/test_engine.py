@@ -1,0 +1,191 @@
+"""The hierarchical engine is lossless (greedy == autoregressive greedy) and reuses work.
+
+Models here are built directly from `init_params` (the AR path they are compared with is
+itself checked against transformers in test_generate.py / test_numerics.py). Random models
+reject most drafts; "agreeing" models have their layers' output projections scaled down so
+that every exit (nearly) agrees with the final layer, exercising long accepted runs.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hispec_jax import Model, ModelConfig, generate
+from hispec_jax.decoding import generate as generate_lib
+from hispec_jax.decoding import methods
+from hispec_jax.models.params import init_params
+
+VOCAB = 64
+
+
+@functools.lru_cache(maxsize=None)
+def tiny_model(num_layers: int, seed: int, layer_scale: float = 1.0, max_len: int = 256) -> Model:
+    """A random Llama-style model; `layer_scale` scales every layer's residual contribution
+    (0: every layer is the identity, so all exits give the final layer's argmax)."""
+    cfg = ModelConfig(model_type="llama", vocab_size=VOCAB, hidden_size=32, intermediate_size=48,
+                      num_layers=num_layers, num_heads=4, num_kv_heads=2, head_dim=8,
+                      max_position_embeddings=max_len)
+    params = init_params(cfg, jax.random.PRNGKey(seed), init_std=0.3)
+    params["layers"]["wo"] = params["layers"]["wo"] * layer_scale
+    params["layers"]["w_down"] = params["layers"]["w_down"] * layer_scale
+    return Model(cfg=cfg, params=params, generation_config={"eos_token_id": 3})
+
+
+def random_prompts(rng, batch, max_prompt_len):
+    return [rng.randint(0, VOCAB, rng.randint(1, max_prompt_len + 1)).tolist() for _ in range(batch)]
+
+
+@st.composite
+def engine_cases(draw):
+    L = draw(st.integers(2, 6))
+    below = draw(st.lists(st.integers(1, L - 1), min_size=1, max_size=min(3, L - 1), unique=True))
+    exits = sorted(below)
+    return dict(
+        L=L,
+        seed=draw(st.integers(0, 3)),
+        layer_scale=draw(st.sampled_from([1.0, 0.1, 0.0])),
+        draft_exit=exits[0],
+        verify_exits=tuple(exits[1:]),
+        draft_len=draw(st.integers(1, 4)),
+        verify_window=draw(st.integers(1, 5)),
+        adaptive=draw(st.booleans()),
+        batch=draw(st.integers(1, 8)),
+        max_prompt_len=draw(st.integers(1, 12)),
+        max_new=draw(st.integers(1, 24)),
+        ignore_eos=draw(st.booleans()),
+        prompt_seed=draw(st.integers(0, 1000)),
+        tight_cache=draw(st.booleans()),
+    )
+
+
+@settings(max_examples=14, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=engine_cases())
+def test_greedy_equals_autoregressive(case):
+    model = tiny_model(case["L"], case["seed"], case["layer_scale"])
+    prompts = random_prompts(np.random.RandomState(case["prompt_seed"]), case["batch"],
+                             case["max_prompt_len"])
+    method = "hispec" if case["verify_exits"] else "layerskip"
+    options = dict(draft_exit=case["draft_exit"], draft_len=case["draft_len"],
+                   adaptive=case["adaptive"])
+    if method == "hispec":
+        options.update(verify_exits=case["verify_exits"], verify_window=case["verify_window"])
+    decoder = methods.make_method(model, method, **options)
+    max_cache_len = None
+    if case["tight_cache"]:  # generation runs right up to the cache capacity
+        max_cache_len = max(map(len, prompts)) + case["max_new"] + decoder.lookahead()
+    common = dict(max_new_tokens=case["max_new"], ignore_eos=case["ignore_eos"])
+    ref = generate(model, prompts, **common)
+    got = generate(model, prompts, method=method, max_cache_len=max_cache_len, **common, **options)
+    assert got.token_ids == ref.token_ids, (case, got.stats)
+    if case["ignore_eos"]:
+        assert all(len(t) == case["max_new"] for t in got.token_ids)
+
+
+@pytest.mark.parametrize("method,options", [
+    ("layerskip", dict(draft_exit=2, draft_len=3)),
+    ("hispec", dict(draft_exit=1, verify_exits=(3,), draft_len=2, verify_window=4)),
+    ("hispec", dict(draft_exit=1, verify_exits=(2, 4), draft_len=2, verify_window=3)),
+])
+def test_always_agree_model_reaches_minimum_cost(method, options):
+    """With identity layers every exit agrees with the top, so every draft is accepted:
+    each layer must process each generated position exactly once (minus the last token,
+    which is emitted but never fed back), and nothing is ever rolled back."""
+    model = tiny_model(6, 0, layer_scale=0.0)
+    prompts = [[5, 9, 11], [7], [1, 2, 3, 4, 5, 6, 7, 8]]
+    N = 25
+    ref = generate(model, prompts, max_new_tokens=N, ignore_eos=True)
+    got = generate(model, prompts, method=method, max_new_tokens=N, ignore_eos=True, **options)
+    assert got.token_ids == ref.token_ids
+    s = got.stats
+    L = model.cfg.num_layers
+    assert s["layer_token_evals"] == L * (N - 1) * len(prompts)
+    assert all(r == 1.0 for r in s["acceptance_rate_per_level"][1:])
+    assert ref.stats["layer_token_evals"] == L * (N - 1) * len(prompts)
+    assert ref.stats["layer_passes_per_token"] == L
+
+
+def test_always_agree_layerskip_layer_passes_formula():
+    """K = 2, all accepted: a round is Nd + 1 draft passes of e_0 layers and one verify pass
+    of L - e_0 layers, emitting Nd + 1 tokens."""
+    model = tiny_model(6, 0, layer_scale=0.0)
+    nd, e0, L = 2, 2, 6
+    rounds = 8
+    got = generate(model, [[4, 5]], method="layerskip", draft_exit=e0, draft_len=nd,
+                   max_new_tokens=1 + rounds * (nd + 1), ignore_eos=True)
+    assert got.stats["layer_passes"] == rounds * ((nd + 1) * e0 + (L - e0))
+    assert got.stats["tokens_per_full_pass"] == nd + 1
+    assert got.stats["layer_passes_per_token"] == pytest.approx(e0 + (L - e0) / (nd + 1))
+
+
+def test_batch_with_early_finishers_equals_single_runs():
+    """Sequences that stop early (EOS, small budgets) do not change the others."""
+    model = tiny_model(5, 1, layer_scale=0.1)
+    rng = np.random.RandomState(0)
+    prompts = random_prompts(rng, 6, 10)
+    opts = dict(method="hispec", draft_exit=1, verify_exits=(2,), max_new_tokens=30)
+    batch = generate(model, prompts, **opts)
+    singles = [generate(model, [p], **opts).token_ids[0] for p in prompts]
+    assert batch.token_ids == singles
+    eos_hits = [t[-1] == 3 for t in batch.token_ids if len(t) < 30]
+    assert all(eos_hits)
+
+
+def test_stats_and_no_recompile_for_windows_and_prompt_lengths():
+    model = tiny_model(4, 2, layer_scale=0.1)
+    opts = dict(method="hispec", draft_exit=1, verify_exits=(2,), max_new_tokens=12)
+    first = generate(model, [[1, 2, 3]], draft_len=2, verify_window=4, **opts)
+    again = generate(model, [[4, 5, 6, 7, 8]], draft_len=1, verify_window=3, **opts)
+    assert again.stats["compile_count"] == 0, "windows and prompt lengths must not recompile"
+    s = first.stats
+    for key in ("acceptance_rate_per_level", "final_acceptance_rate", "true_reject_rate",
+                "false_accept_rate", "tokens_per_full_pass", "layer_passes_per_token",
+                "layer_token_evals", "tokens_per_second", "compile_seconds", "actions_per_level"):
+        assert key in s
+    assert s["exits"] == [1, 2, 4]
+    assert 0 <= s["final_acceptance_rate"] <= 1
+
+
+def test_defaults_follow_the_paper():
+    model = tiny_model(16, 0, max_len=128)
+    d = methods.make_method(model, "hispec")
+    assert d.hierarchy.exits == (2, 4, 16) and d.windows == (2, 4)
+    d = methods.make_method(model, "layerskip")
+    assert d.hierarchy.exits == (2, 16) and d.windows == (2,)
+
+
+@pytest.mark.parametrize("options,match", [
+    (dict(method="hispec", draft_exit=3, verify_exits=(2,)), "strictly increasing"),
+    (dict(method="hispec", draft_exit=1, verify_exits=(4,)), "verify_exits=4"),
+    (dict(method="layerskip", draft_exit=4), "draft_exit=4"),
+    (dict(method="layerskip", draft_exit=0), "draft_exit=0"),
+    (dict(method="layerskip", draft_len=0), "draft_len"),
+    (dict(method="hispec", verify_window=0, draft_exit=1, verify_exits=(2,)), "verify_window"),
+    (dict(method="layerskip", verify_window=2), "verify_window"),
+    (dict(method="hispec", draft_exit=1, verify_exits=(2,), temperature=0.7), "temperature"),
+    (dict(method="hispec", draft_exit=1, verify_exits=(2,), max_new_tokens=300), "capacity"),
+])
+def test_bad_configurations_raise_before_compiling(options, match):
+    model = tiny_model(4, 0)
+    compiled_before = len(generate_lib._COMPILED)
+    options = {"max_new_tokens": 8, **options}
+    with pytest.raises(ValueError, match=match):
+        generate(model, [[1, 2]], **options)
+    assert len(generate_lib._COMPILED) == compiled_before
+
+
+def test_exit_without_head_is_rejected():
+    """A model with trained heads only has exits at those layers (and the final layer)."""
+    base = tiny_model(4, 0)
+    D, V = base.cfg.hidden_size, base.cfg.vocab_size
+    heads = {"1": {"norm": jnp.ones((D,)), "proj": jnp.zeros((D, V))}}
+    model = Model(cfg=base.cfg, params=base.params, heads=heads)
+    with pytest.raises(ValueError, match="draft_exit=2 has no exit head"):
+        generate(model, [[1, 2]], method="layerskip", draft_exit=2, max_new_tokens=4)
+    assert methods.make_method(model, "layerskip").hierarchy.exits == (1, 4)
