@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from hispec_jax.decoding.autoregressive import generate_autoregressive
+from hispec_jax.decoding.engine import Hierarchy, run_hierarchy
 from hispec_jax.decoding.generate import plan_shapes
 from hispec_jax.decoding.methods import make_method
 from hispec_jax.decoding.prefill import prefill
@@ -116,9 +116,10 @@ def lower_decode_step(cfg):
 
 
 def lower_ar_loop(cfg, greedy=True):
-    return generate_autoregressive.lower(
-        shape_structs(cfg), {}, request_structs(), cache_structs(cfg), cfg=cfg,
-        exit_layer=cfg.num_layers, greedy=greedy, prompt_block=BLOCK)
+    """The whole autoregressive loop (prefill + while loop): the engine with one level."""
+    return run_hierarchy.lower(
+        shape_structs(cfg), {}, request_structs(), cache_structs(cfg), sds((0,), I32), cfg=cfg,
+        hierarchy=Hierarchy(exits=(cfg.num_layers,)), greedy=greedy, prompt_block=BLOCK)
 
 
 @pytest.mark.parametrize("name", CONFIGS)
@@ -142,20 +143,33 @@ def test_ar_loop_lowers_8b(greedy):
 
 
 def test_method_lowers_like_generate_does():
-    """The exact path `generate` takes (`decoder.lower`), with a shape-only Model and the
-    shapes `plan_shapes` picks for a 100-token prompt."""
+    """The exact path `generate` takes (`make_method(...).lower`), with a shape-only Model and
+    the shapes `plan_shapes` picks for a 100-token prompt: AR, early exit, LayerSkip, HiSpec."""
     cfg = LLAMA3_8B
     model = Model(cfg=cfg, params=shape_structs(cfg))
-    block, capacity = plan_shapes(100, 64, 0, cfg.max_position_embeddings, None)
-    assert (block, capacity) == (128, 192)
-    for method, opts in (("ar", {}), ("exit", {"exit_layer": 8})):
+    for method, opts in (("ar", {}), ("exit", {"exit_layer": 8}),
+                         ("layerskip", {"draft_exit": 4}),
+                         ("hispec", {"draft_exit": 4, "verify_exits": (8,)})):
         decoder = make_method(model, method, **opts)
+        block, capacity = plan_shapes(100, 64, decoder.lookahead(), cfg.max_position_embeddings,
+                                      None)
+        assert block == 128 and capacity >= 100 + 64 + decoder.lookahead()
         layers = decoder.cache_layers(cfg)
         lowered = decoder.lower(model, request_structs(capacity=capacity),
                                 cache_structs(cfg, capacity=capacity, layers=layers),
                                 greedy=True, prompt_block=block)
         out, _ = lowered.out_info
-        assert out.tokens_BxS.shape == (BATCH, capacity)
+        assert out.tokens_BxS.shape == (BATCH, capacity), method
+        assert out.num_new_B.shape == (BATCH,), method
+
+
+def lower_hispec_loop(cfg):
+    model = Model(cfg=cfg, params=shape_structs(cfg))
+    decoder = make_method(model, "hispec", draft_exit=4, verify_exits=(8,))
+    capacity = 1024
+    return decoder.lower(model, request_structs(capacity=capacity),
+                         cache_structs(cfg, capacity=capacity, layers=decoder.cache_layers(cfg)),
+                         greedy=True, prompt_block=BLOCK)
 
 
 def test_lowered_size_does_not_grow_with_depth():
@@ -166,7 +180,8 @@ def test_lowered_size_does_not_grow_with_depth():
         sizes[name, "step"] = len(lower_decode_step(cfg).as_text())
         sizes[name, "loop"] = len(lower_ar_loop(cfg).as_text())
         seconds[name] = time.perf_counter() - t0
-    for what in ("step", "loop"):
+        sizes[name, "hispec"] = len(lower_hispec_loop(cfg).as_text())
+    for what in ("step", "loop", "hispec"):
         ratio = sizes["llama2_70b", what] / sizes["llama3_8b", what]
         assert ratio < 1.5, (what, sizes)
     # 80 vs 32 layers: lowering time is per program, not per layer (generous for noisy CI)

@@ -62,7 +62,7 @@ def test_exit_method(capsys, model_dir):
     expected = hispec_jax.generate(load_model(model_dir), PROMPTS, method="exit", exit_layer=2,
                                    max_new_tokens=8, ignore_eos=True)
     assert [o["token_ids"] for o in data["outputs"]] == expected.token_ids
-    assert data["stats"]["exit_layer"] == 2
+    assert data["stats"]["exits"] == [2]
 
 
 def test_plain_text_output(capsys, model_dir, api_result):

@@ -56,6 +56,11 @@ CASES = [
     ("top_p_zero", (OK,), {"temperature": 1.0, "top_p": 0.0}, r"top_p"),
     ("top_p_above_one", (OK,), {"temperature": 1.0, "top_p": 1.5}, r"top_p"),
     ("top_k_negative", (OK,), {"temperature": 1.0, "top_k": -1}, r"top_k"),
+    ("sampling_with_speculative_method", (OK,), {"method": "layerskip", "temperature": 1.0},
+     r"temperature"),
+    ("draft_exit_at_top", (OK,), {"method": "layerskip", "draft_exit": 4}, r"draft_exit=4"),
+    ("exits_not_increasing", (OK,), {"method": "hispec", "draft_exit": 3, "verify_exits": (2,)},
+     r"increasing"),
     ("seed_float", (OK,), {"temperature": 1.0, "seed": 1.5}, r"seed"),
 ]
 
@@ -81,3 +86,11 @@ def test_exact_fit_is_accepted_by_planning():
     assert capacity == 64 and 10 <= block <= capacity
     with pytest.raises(ValueError, match="lookahead"):
         generate_module.plan_shapes(10, 54, 1, 256, 64)
+
+
+@pytest.mark.parametrize("prompts", [[[1, 5.7, 6]], [1.5, 2.5], [None], [[1, None]]],
+                         ids=["fractional_id", "flat_floats", "none_prompt", "none_id"])
+def test_non_integer_token_ids_are_rejected(model, prompts):
+    """Token ids must be integers: 5.7 must not silently become 5, and malformed prompts must
+    raise ValueError (not TypeError from inside tokenization)."""
+    assert_rejected(model, r"prompt", prompts)

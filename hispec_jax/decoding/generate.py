@@ -51,7 +51,7 @@ class GenerationResult:
 def tokenize(model: Model, prompts) -> list[list[int]]:
     """Prompts (strings or token-id lists) -> token-id lists, validated against the vocab."""
     if isinstance(prompts, str) or (isinstance(prompts, Sequence) and prompts
-                                    and isinstance(prompts[0], (int, np.integer))):
+                                    and _is_int(prompts[0])):
         prompts = [prompts]
     if not isinstance(prompts, Sequence) or len(prompts) == 0:
         raise ValueError("prompts: expected a non-empty list of strings or token-id lists")
@@ -62,8 +62,12 @@ def tokenize(model: Model, prompts) -> list[list[int]]:
                 raise ValueError(f"prompts[{i}] is a string but the model has no tokenizer; "
                                  "pass token ids")
             ids = list(model.tokenizer(prompt)["input_ids"])
+        elif isinstance(prompt, (Sequence, np.ndarray)) and all(
+                _is_int(t) for t in np.asarray(prompt, dtype=object).reshape(-1)):
+            ids = [int(t) for t in np.asarray(prompt, dtype=object).reshape(-1)]
         else:
-            ids = [int(t) for t in np.asarray(prompt).reshape(-1)] if len(prompt) else []
+            raise ValueError(f"prompts[{i}] must be a string or a list of integer token ids, "
+                             f"got {prompt!r}")
         if len(ids) == 0:
             raise ValueError(f"prompts[{i}] is empty (no tokens)")
         bad = [t for t in ids if not 0 <= t < model.cfg.vocab_size]
@@ -72,6 +76,10 @@ def tokenize(model: Model, prompts) -> list[list[int]]:
                              f"[0, {model.cfg.vocab_size})")
         out.append(ids)
     return out
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -85,7 +93,10 @@ def plan_shapes(max_prompt_len: int, max_new_tokens: int, lookahead: int, max_le
     `lookahead` is how many positions past the last emitted token a method may write
     (drafts beyond the budget), so the cache needs that much room.
     """
-    limit = max_len if max_cache_len is None else min(max_cache_len, max_len)
+    if max_cache_len is not None and not (isinstance(max_cache_len, int) and 1 <= max_cache_len <= max_len):
+        raise ValueError(f"max_cache_len={max_cache_len!r} must be an integer in [1, {max_len}] "
+                         "(the model's max_position_embeddings)")
+    limit = max_len if max_cache_len is None else max_cache_len
     need = max_prompt_len + max_new_tokens + lookahead
     if need > limit:
         raise ValueError(
@@ -95,7 +106,10 @@ def plan_shapes(max_prompt_len: int, max_new_tokens: int, lookahead: int, max_le
             + (" (max_cache_len)" if max_cache_len is not None and max_cache_len < max_len
                else " (model max_position_embeddings)"))
     block = max(MIN_PROMPT_BLOCK, 1 << (max_prompt_len - 1).bit_length())
-    capacity = min(limit, _round_up(block + max_new_tokens + lookahead, CAPACITY_MULTIPLE))
+    if max_cache_len is not None:
+        capacity = limit  # a fixed capacity: one compilation for any request that fits
+    else:
+        capacity = min(limit, _round_up(block + max_new_tokens + lookahead, CAPACITY_MULTIPLE))
     return min(block, capacity), max(capacity, need)
 
 
@@ -114,14 +128,17 @@ def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int =
       batch_size: split prompts into batches of this many (default: one batch).
       ignore_eos: keep generating past EOS.
       temperature, top_k, top_p, seed: sampling (temperature 0 = greedy).
-      max_cache_len: cap on the KV-cache capacity (default: the model's context length).
+      max_cache_len: a fixed KV-cache capacity (positions per sequence). Default: the prompt
+        bucket + max_new_tokens (+ the method's lookahead), rounded up to a multiple of 64,
+        at most the model's context length.
       **method_options: the method's settings (e.g. exit_layer, draft_exit, verify_exits,
         draft_len, verify_window, adaptive).
     """
     # ---- validate everything before compiling anything ----
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+    if not _is_int(max_new_tokens) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    max_new_tokens = int(max_new_tokens)
     decoder = methods_lib.make_method(model, method, **method_options)
     if not sampling.greedy and decoder.hierarchy.num_levels > 1:
         raise ValueError(f"temperature={temperature}: method {method!r} supports greedy decoding "
@@ -130,8 +147,9 @@ def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int =
     prompt_ids = tokenize(model, prompts)
     if batch_size is None:
         batch_size = len(prompt_ids)
-    if not isinstance(batch_size, int) or batch_size < 1:
+    if not _is_int(batch_size) or batch_size < 1:
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    batch_size = int(batch_size)
     max_prompt_len = max(len(p) for p in prompt_ids)
     block, capacity = plan_shapes(max_prompt_len, max_new_tokens, decoder.lookahead(),
                                   model.cfg.max_position_embeddings, max_cache_len)
@@ -140,7 +158,7 @@ def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int =
 
     token_ids: list[list[int]] = []
     compile_seconds, compile_count, run_seconds = 0.0, 0, 0.0
-    method_stats: list[dict[str, Any]] = []
+    method_stats, batch_sequences = [], []
     for start in range(0, len(prompt_ids), batch_size):
         batch = prompt_ids[start:start + batch_size]
         req = _make_request(batch, batch_size, start, capacity, max_new_tokens, eos_ids_E, sampling)
@@ -158,6 +176,7 @@ def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int =
             p, n = int(prompt_lens_B[b]), int(num_new_B[b])
             token_ids.append(tokens_BxS[b, p:p + n].tolist())
         method_stats.append(jax.device_get(raw_stats))
+        batch_sequences.append(len(batch))
 
     new_tokens = sum(len(t) for t in token_ids)
     stats = {
@@ -171,7 +190,7 @@ def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int =
         "batch_size": batch_size,
         "prompt_block": block,
         "cache_capacity": capacity,
-        **decoder.summarize(method_stats, new_tokens, len(prompt_ids)),
+        **decoder.summarize(method_stats, batch_sequences),
     }
     texts = None
     if model.tokenizer is not None:

@@ -53,13 +53,14 @@ class Decoder:
 
         return jax.jit(run).lower(model.params, model.heads, req, cache, *self.arguments())
 
-    def summarize(self, counters: list[Counters], new_tokens: int, num_sequences: int):
-        return summarize_counters(self.hierarchy, counters, new_tokens, num_sequences)
+    def summarize(self, counters: list[Counters], batch_sequences: list[int]):
+        return summarize_counters(self.hierarchy, counters, batch_sequences)
 
 
-def summarize_counters(h: Hierarchy, counters: list[Counters], new_tokens: int,
-                       num_sequences: int) -> dict[str, Any]:
-    """Stats of paper App. H / Table 9 from the loop's counters (summed over batches)."""
+def summarize_counters(h: Hierarchy, counters: list[Counters],
+                       batch_sequences: list[int]) -> dict[str, Any]:
+    """Stats of paper App. H / Table 9 from the loops' counters (one entry per batch, with
+    the number of real sequences in it), summed over batches."""
     total = jax.tree.map(lambda *xs: np.sum(np.stack([np.asarray(x) for x in xs]), axis=0), *counters)
     K = h.num_levels
     proposed, accepted = total.proposed_K.tolist(), total.accepted_K.tolist()
@@ -79,9 +80,9 @@ def summarize_counters(h: Hierarchy, counters: list[Counters], new_tokens: int,
         "layer_token_evals": int(total.layer_token_evals),
         "emitted_in_loop": int(total.emitted),
     }
-    # Per sequence: decode-loop passes over the tokens each sequence emitted in the loop
-    # (the first token of every sequence comes from prefill). AR gives exactly `top`.
-    per_sequence_tokens = int(total.emitted) / max(num_sequences, 1)
+    # Per sequence: decode-loop passes over the tokens a sequence of the batch emitted in
+    # the loop (the first token of every sequence comes from prefill). AR gives `top`.
+    per_sequence_tokens = sum(int(c.emitted) / max(n, 1) for c, n in zip(counters, batch_sequences))
     stats["layer_passes_per_token"] = (int(total.layer_passes) / per_sequence_tokens
                                        if per_sequence_tokens else None)
     return stats

@@ -1,0 +1,155 @@
+"""AR vs LayerSkip (draft-exit sweep) vs HiSpec, side by side in one process.
+
+Every method decodes the same prompts greedily; outputs are checked token-identical to AR.
+Methods are warmed up (compiled) first, then timed in interleaved rounds so machine noise
+hits every method alike; the median tokens/s is reported with the acceptance statistics,
+the layer-pass counters and XLA's memory analysis of each compiled loop.
+
+    python benchmarks/bench_engine.py --model PATH            # a real early-exit model
+    python benchmarks/bench_engine.py --synthetic agree:0.05  # exits nearly agree
+    python benchmarks/bench_engine.py --synthetic random      # exits disagree (worst case)
+
+Synthetic models are random Llama-style models whose layers' residual contributions are
+scaled by the given factor (`agree:s`): small factors make every exit's argmax (nearly)
+equal to the final layer's, the regime an early-exit-trained model is in. They measure the
+engine, not a model's quality.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+
+import jax
+import numpy as np
+
+from hispec_jax import Model, ModelConfig, generate, load_model
+from hispec_jax.decoding import generate as generate_lib
+from hispec_jax.decoding import methods
+from hispec_jax.decoding.sampling import SamplingParams
+from hispec_jax.models.kv_cache import KVCache
+from hispec_jax.models.params import init_params
+
+
+def synthetic_model(kind: str, layers: int, hidden: int, vocab: int, seed: int) -> Model:
+    scale = 1.0 if kind == "random" else float(kind.split(":")[1])
+    cfg = ModelConfig(model_type="llama", vocab_size=vocab, hidden_size=hidden,
+                      intermediate_size=hidden * 8 // 3 // 64 * 64, num_layers=layers,
+                      num_heads=hidden // 64, num_kv_heads=max(1, hidden // 256), head_dim=64,
+                      max_position_embeddings=4096)
+    params = init_params(cfg, jax.random.PRNGKey(seed), init_std=0.3 / np.sqrt(hidden / 64))
+    params["layers"]["wo"] = params["layers"]["wo"] * scale
+    params["layers"]["w_down"] = params["layers"]["w_down"] * scale
+    return Model(cfg=cfg, params=params, generation_config={})
+
+
+def memory_bytes(model: Model, decoder, prompts, max_new: int, capacity: int) -> dict[str, int]:
+    """XLA memory analysis of the compiled loop (arguments, outputs, temporaries)."""
+    ids = generate_lib.tokenize(model, prompts)
+    block, capacity = generate_lib.plan_shapes(max(map(len, ids)), max_new, decoder.lookahead(),
+                                               model.cfg.max_position_embeddings, capacity)
+    sp = SamplingParams()
+    eos = jax.numpy.asarray([-1], jax.numpy.int32)
+    req = generate_lib._make_request(ids, len(ids), 0, capacity, max_new, eos, sp)
+    cache = KVCache.zeros(model.cfg, len(ids), capacity, decoder.cache_layers(model.cfg))
+    m = decoder.lower(model, req, cache, greedy=True, prompt_block=block).compile().memory_analysis()
+    return {"argument": m.argument_size_in_bytes, "output": m.output_size_in_bytes,
+            "temp": m.temp_size_in_bytes,
+            "total": m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default=None, help="HF model directory (default: synthetic)")
+    ap.add_argument("--synthetic", default="agree:0.05", help="random | agree:SCALE")
+    ap.add_argument("--layers", type=int, default=16)
+    ap.add_argument("--hidden", type=int, default=512)
+    ap.add_argument("--vocab", type=int, default=4096)
+    ap.add_argument("--prompts", type=int, default=4, help="number of prompts (batch 1 each)")
+    ap.add_argument("--batch-size", type=int, default=1)
+    ap.add_argument("--prompt-len", type=int, default=48)
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--draft-exits", default="", help="LayerSkip sweep, e.g. 1,2,4 (default: L/8, L/4)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=None, help="write results as JSON here")
+    args = ap.parse_args(argv)
+
+    model = (load_model(args.model) if args.model else
+             synthetic_model(args.synthetic, args.layers, args.hidden, args.vocab, args.seed))
+    L = model.cfg.num_layers
+    rng = np.random.RandomState(args.seed)
+    prompts = [rng.randint(0, model.cfg.vocab_size, args.prompt_len).tolist()
+               for _ in range(args.prompts)]
+    d_default, v_default = methods.default_exits(model)
+    sweep = ([int(x) for x in args.draft_exits.split(",")] if args.draft_exits
+             else sorted({d_default, v_default or d_default}))
+    configs = [("ar", {})]
+    configs += [(f"layerskip d={d}", {"method": "layerskip", "draft_exit": d}) for d in sweep]
+    configs += [("hispec (defaults)", {"method": "hispec"}),
+                ("hispec adaptive", {"method": "hispec", "adaptive": True})]
+    # One fixed cache capacity for every method, so memory is compared like for like
+    # (speculative methods need `lookahead` extra positions; that is part of their cost).
+    lookahead = max(methods.make_method(model, o.get("method", "ar"), **{
+        k: v for k, v in o.items() if k != "method"}).lookahead() for _, o in configs)
+    capacity = -(-(args.prompt_len + args.max_new_tokens + lookahead) // 64) * 64
+    common = dict(max_new_tokens=args.max_new_tokens, ignore_eos=True, batch_size=args.batch_size,
+                  max_cache_len=capacity)
+
+    results, reference = {}, None
+    for name, opts in configs:  # warm-up: compile, and check losslessness
+        r = generate(model, prompts, **common, **opts)
+        if reference is None:
+            reference = r.token_ids
+        identical = r.token_ids == reference
+        decoder = methods.make_method(model, opts.get("method", "ar"),
+                                      **{k: v for k, v in opts.items() if k != "method"})
+        batch = prompts[:args.batch_size]
+        results[name] = {"options": opts, "identical_to_ar": identical, "tps": [],
+                         "compile_seconds": r.stats["compile_seconds"],
+                         "memory": memory_bytes(model, decoder, batch, args.max_new_tokens,
+                                                capacity),
+                         "stats": {k: r.stats.get(k) for k in (
+                             "exits", "acceptance_rate_per_level", "final_acceptance_rate",
+                             "true_reject_rate", "false_accept_rate", "tokens_per_full_pass",
+                             "layer_passes_per_token", "layer_token_evals")}}
+    for _ in range(args.rounds):  # interleaved timing
+        for name, opts in configs:
+            r = generate(model, prompts, **common, **opts)
+            results[name]["tps"].append(r.stats["tokens_per_second"])
+
+    ar_tps = statistics.median(results["ar"]["tps"])
+    ar_mem = results["ar"]["memory"]["total"]
+    print(f"# {platform.processor() or platform.machine()}, {jax.devices()[0].platform}, "
+          f"jax {jax.__version__}, model: {args.model or args.synthetic} L={L} "
+          f"D={model.cfg.hidden_size} V={model.cfg.vocab_size}, {len(prompts)} prompts, "
+          f"batch {args.batch_size}, {args.max_new_tokens} new tokens")
+    print("| method | exits | tokens/s | speedup | identical | accept/level | final acc | "
+          "true rej | tok/full pass | layer passes/tok | extra mem vs AR |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for name, res in results.items():
+        tps = statistics.median(res["tps"])
+        s = res["stats"]
+        fmt = lambda x: "-" if x is None else f"{x:.2f}"
+        accept = "/".join(fmt(a) for a in (s["acceptance_rate_per_level"] or [None])[1:]) or "-"
+        extra = (res["memory"]["total"] - ar_mem) / ar_mem * 100
+        res["speedup"] = tps / ar_tps
+        print(f"| {name} | {s['exits']} | {tps:.1f} | {tps / ar_tps:.2f}x | {res['identical_to_ar']} "
+              f"| {accept} | {fmt(s['final_acceptance_rate'])} | {fmt(s['true_reject_rate'])} "
+              f"| {fmt(s['tokens_per_full_pass'])} | {fmt(s['layer_passes_per_token'])} "
+              f"| {extra:+.2f}% |")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"args": vars(args), "results": results}, f, indent=1, default=str)
+    if not all(r["identical_to_ar"] for r in results.values()):
+        print("ERROR: some method's output differs from AR", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
