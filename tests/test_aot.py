@@ -23,7 +23,7 @@ from hispec_jax.models.heads import exit_logits
 from hispec_jax.models.kv_cache import KVCache
 from hispec_jax.models.model import Model
 from hispec_jax.models.params import shape_structs
-from hispec_jax.models.transformer import embed, run_layers
+from hispec_jax.models.transformer import embed, run_layers_cached
 
 LLAMA3_8B = ModelConfig(
     model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
@@ -108,7 +108,7 @@ def lower_decode_step(cfg):
     L = cfg.num_layers
 
     def step(params, token_Bx1, positions_Bx1, cache):
-        h, cache = run_layers(params, cfg, embed(params, token_Bx1), positions_Bx1, cache, 0, L)
+        h, cache = run_layers_cached(params, cfg, embed(params, token_Bx1), positions_Bx1, cache, 0, L)
         return exit_logits(params, {}, cfg, h, L), cache
 
     return jax.jit(step).lower(shape_structs(cfg), sds((BATCH, 1), I32), sds((BATCH, 1), I32),

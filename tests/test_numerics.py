@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from hispec_jax import load_model
 from hispec_jax.models.heads import exit_logits
 from hispec_jax.models.kv_cache import KVCache
-from hispec_jax.models.transformer import embed, run_layers
+from hispec_jax.models.transformer import embed, run_layers_cached
 
 KINDS = ("llama3", "llama2", "qwen3")
 ATOL = 1e-4
@@ -29,7 +29,7 @@ def our_exit_logits_by_layer(model, x, positions, cache):
     """Runs one layer at a time so every exit's logits come from one cached pass."""
     per_exit = []
     for e in range(1, model.cfg.num_layers + 1):
-        x, cache = run_layers(model.params, model.cfg, x, positions, cache, e - 1, e)
+        x, cache = run_layers_cached(model.params, model.cfg, x, positions, cache, e - 1, e)
         per_exit.append(np.asarray(exit_logits(model.params, {}, model.cfg, x, e)))
     return per_exit, cache
 
@@ -81,10 +81,10 @@ def test_ragged_positions_per_sequence(hf_models):
     block[0], block[1, :3] = a[:8], b[:3]
     pos = np.array([list(range(8)), [0, 1, 2] + [S] * 5])
     L = model.cfg.num_layers
-    x, cache = run_layers(model.params, model.cfg, embed(model.params, jnp.asarray(block)),
+    x, cache = run_layers_cached(model.params, model.cfg, embed(model.params, jnp.asarray(block)),
                           jnp.asarray(pos), cache, 0, L)
     step = np.array([[a[8]], [b[3]]])
-    x, cache = run_layers(model.params, model.cfg, embed(model.params, jnp.asarray(step)),
+    x, cache = run_layers_cached(model.params, model.cfg, embed(model.params, jnp.asarray(step)),
                           jnp.asarray([[8], [3]]), cache, 0, L)
     ours = np.asarray(exit_logits(model.params, {}, model.cfg, x, L))[:, 0]
     with torch.no_grad():
@@ -102,7 +102,7 @@ def test_bfloat16_close_to_float32(hf_models):
     outs = []
     for m in (m32, m16):
         cache = KVCache.zeros(m.cfg, 1, 16)
-        x, _ = run_layers(m.params, m.cfg, embed(m.params, tokens), jnp.arange(10)[None], cache,
+        x, _ = run_layers_cached(m.params, m.cfg, embed(m.params, tokens), jnp.arange(10)[None], cache,
                           0, m.cfg.num_layers)
         outs.append(np.asarray(exit_logits(m.params, {}, m.cfg, x, m.cfg.num_layers)))
     assert outs[1].dtype == np.float32

@@ -53,7 +53,7 @@ from hispec_jax.decoding.request import Request
 from hispec_jax.decoding.sampling import choose_tokens, position_keys
 from hispec_jax.models.config import ModelConfig
 from hispec_jax.models.heads import exit_logits
-from hispec_jax.models.kv_cache import KVCache
+from hispec_jax.models.kv_cache import KVBlock, KVCache
 from hispec_jax.models.transformer import embed, run_layers
 
 
@@ -82,6 +82,11 @@ class Hierarchy:
     def blocks(self) -> tuple[int, ...]:
         """Static block length of each verifying level's pass (index k - 1 for level k)."""
         return windows_lib.block_lengths(tuple(w + 1 for w in self.max_windows))
+
+    @property
+    def max_block(self) -> int:
+        """The longest block any action processes (drafts process 1 position)."""
+        return max(self.blocks, default=1)
 
     @property
     def ring(self) -> int:
@@ -197,7 +202,18 @@ class _Step:
         return level
 
     # ---- level 0: draft one token -----------------------------------------------------
-    def draft(self, state: EngineState) -> EngineState:
+    def kv_update(self, kv: KVBlock, positions_BxT, start: int) -> tuple[KVBlock, jax.Array]:
+        """Pads a level's new keys/values to every cached layer and the largest block, so all
+        branches return one shape; layers and entries outside get the sentinel position."""
+        L, T = self.h.exits[-1], self.h.max_block
+        n, B, t = kv.k.shape[:3]
+        S = self.req.tokens_BxS.shape[1]
+        pad = lambda a: jnp.zeros((L, B, T) + a.shape[3:], a.dtype).at[start:start + n, :, :t].set(a)
+        positions_LxBxT = jnp.full((L, B, T), S, jnp.int32).at[start:start + n, :, :t].set(
+            jnp.broadcast_to(positions_BxT, (n, B, t)))
+        return KVBlock(k=pad(kv.k), v=pad(kv.v)), positions_LxBxT
+
+    def draft(self, state: EngineState, cache: KVCache):
         cfg, h = self.cfg, self.h
         out, c = state.out, state.processed_BxK
         S = out.tokens_BxS.shape[1]
@@ -207,8 +223,8 @@ class _Step:
         positions_Bx1 = jnp.where(active_B, pos_B, S)[:, None]
         hi = h.exits[0]
         with jax.named_scope("draft"):
-            h_Bx1xD, cache = run_layers(self.params, cfg, embed(self.params, token_B[:, None]),
-                                        positions_Bx1, state.cache, 0, hi)
+            h_Bx1xD, kv = run_layers(self.params, cfg, embed(self.params, token_B[:, None]),
+                                     positions_Bx1, cache, 0, hi)
             logits_BxV = exit_logits(self.params, self.heads, cfg, h_Bx1xD, hi)[:, 0]
             keys_Bx2 = position_keys(self.req.sequence_keys_Bx2, pos_B + 1)
             next_B = choose_tokens(logits_BxV, self.greedy, self.req.sampling, keys_Bx2)
@@ -230,11 +246,11 @@ class _Step:
             actions_K=counters.actions_K.at[0].add(1),
             layer_passes=counters.layer_passes + hi,
             layer_token_evals=counters.layer_token_evals + hi * jnp.sum(active_B))
-        return state.replace(out=out, cache=cache, processed_BxK=c, hidden=hidden,
-                             counters=counters)
+        return (state.replace(out=out, processed_BxK=c, hidden=hidden, counters=counters),
+                self.kv_update(kv, positions_Bx1, 0))
 
     # ---- level k > 0: verify the level below --------------------------------------------
-    def verify(self, state: EngineState, k: int) -> EngineState:
+    def verify(self, state: EngineState, cache: KVCache, k: int):
         cfg, h = self.cfg, self.h
         K, W = h.num_levels, h.ring
         T = h.blocks[k - 1]
@@ -252,7 +268,7 @@ class _Step:
         batch_Bx1 = jnp.arange(B)[:, None]
         with jax.named_scope(f"verify_level{k}"):
             x_BxTxD = state.hidden[k - 1][batch_Bx1, slots_BxT]
-            h_BxTxD, cache = run_layers(self.params, cfg, x_BxTxD, positions_BxT, state.cache, lo, hi)
+            h_BxTxD, kv = run_layers(self.params, cfg, x_BxTxD, positions_BxT, cache, lo, hi)
             logits_BxTxV = exit_logits(self.params, self.heads, cfg, h_BxTxD, hi)
             proposed_BxT = _gather_positions(out.tokens_BxS, start_B[:, None] + 1 + j_T[None, :])
             verdict = h.rule.accept(logits_BxTxV, proposed_BxT, n_B)
@@ -315,9 +331,10 @@ class _Step:
             verifications_K=counters.verifications_K.at[k].add(jnp.sum(n_B > 0)),
             proposed_K=counters.proposed_K.at[k].add(jnp.sum(n_B)),
             accepted_K=counters.accepted_K.at[k].add(jnp.sum(jnp.where(active_B, m_B, 0))))
-        return state.replace(out=out, cache=cache, processed_BxK=c, hidden=tuple(hidden),
-                             rejected_pos_BxW=rej_pos, rejected_tok_BxW=rej_tok,
-                             windows_BxK1=windows_BxK1, rates_BxK1=rates_BxK1, counters=counters)
+        state = state.replace(out=out, processed_BxK=c, hidden=tuple(hidden),
+                              rejected_pos_BxW=rej_pos, rejected_tok_BxW=rej_tok,
+                              windows_BxK1=windows_BxK1, rates_BxK1=rates_BxK1, counters=counters)
+        return state, self.kv_update(kv, positions_BxT, lo)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "hierarchy", "greedy", "prompt_block"))
@@ -362,8 +379,13 @@ def run_hierarchy(params, heads, req: Request, cache: KVCache, windows_K1: jax.A
     branches = [step.draft] + [functools.partial(step.verify, k=k) for k in range(1, K)]
 
     def body(state: EngineState) -> EngineState:
+        # The cache is only read inside the branches; the chosen action's new keys/values
+        # are written here, outside control flow, so XLA updates the cache in place.
+        cache, rest = state.cache, state.replace(cache=None)
         if K == 1:
-            return step.draft(state)
-        return jax.lax.switch(step.action(state), branches, state)
+            rest, (kv, positions_LxBxT) = step.draft(rest, cache)
+        else:
+            rest, (kv, positions_LxBxT) = jax.lax.switch(step.action(rest), branches, rest, cache)
+        return rest.replace(cache=cache.write_all_layers(positions_LxBxT, kv))
 
     return jax.lax.while_loop(lambda s: jnp.any(~s.out.done_B), body, state)

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from hispec_jax.models.config import ModelConfig
 from hispec_jax.models.kv_cache import KVCache
 from hispec_jax.models.params import Params
-from hispec_jax.models.transformer import embed, run_layers
+from hispec_jax.models.transformer import embed, run_layers_cached
 
 
 def block_positions(start_B: jax.Array, num_valid_B: jax.Array, block_len: int,
@@ -38,7 +38,7 @@ def prefill(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array, lengths_B: 
     """
     B, T = tokens_BxT.shape
     positions_BxT = block_positions(jnp.zeros((B,), jnp.int32), lengths_B, T, cache.capacity)
-    h_BxTxD, cache = run_layers(params, cfg, embed(params, tokens_BxT), positions_BxT, cache, 0, stop)
+    h_BxTxD, cache = run_layers_cached(params, cfg, embed(params, tokens_BxT), positions_BxT, cache, 0, stop)
     last_B = jnp.maximum(lengths_B - 1, 0)
     h_BxD = jnp.take_along_axis(h_BxTxD, last_B[:, None, None], axis=1)[:, 0]
     return h_BxD, cache

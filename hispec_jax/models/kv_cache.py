@@ -22,6 +22,14 @@ from hispec_jax.models.config import ModelConfig
 
 
 @flax.struct.dataclass
+class KVBlock:
+    """New keys/values of one block for a range of layers: k, v [n_layers, B, T, K, H]."""
+
+    k: jax.Array
+    v: jax.Array
+
+
+@flax.struct.dataclass
 class KVCache:
     """Keys and values of every cached layer.
 
@@ -50,12 +58,23 @@ class KVCache:
         dtype = dtype or jnp.dtype(cfg.dtype)
         return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
 
-    def write(self, layer: jax.Array, positions_BxT: jax.Array, k_BxTxKxH: jax.Array,
-              v_BxTxKxH: jax.Array) -> "KVCache":
-        """Writes one layer's new keys/values at per-sequence positions; sentinel S is dropped."""
-        batch_Bx1 = jnp.arange(positions_BxT.shape[0])[:, None]
-        k = self.k.at[layer, batch_Bx1, positions_BxT].set(k_BxTxKxH.astype(self.k.dtype), mode="drop")
-        v = self.v.at[layer, batch_Bx1, positions_BxT].set(v_BxTxKxH.astype(self.v.dtype), mode="drop")
+    def write_block(self, start: int, positions_BxT: jax.Array, block: "KVBlock") -> "KVCache":
+        """Writes a block's keys/values for layers [start, start + n); sentinel S is dropped."""
+        n = block.k.shape[0]
+        layer_Lx1x1 = jnp.arange(start, start + n)[:, None, None]
+        batch_1xBx1 = jnp.arange(positions_BxT.shape[0])[None, :, None]
+        pos_1xBxT = positions_BxT[None]
+        k = self.k.at[layer_Lx1x1, batch_1xBx1, pos_1xBxT].set(block.k.astype(self.k.dtype), mode="drop")
+        v = self.v.at[layer_Lx1x1, batch_1xBx1, pos_1xBxT].set(block.v.astype(self.v.dtype), mode="drop")
+        return KVCache(k=k, v=v)
+
+    def write_all_layers(self, positions_LxBxT: jax.Array, block: "KVBlock") -> "KVCache":
+        """Writes a block covering every cached layer, with per-layer positions (S: skip)."""
+        L, B, _ = positions_LxBxT.shape
+        layer_Lx1x1 = jnp.arange(L)[:, None, None]
+        batch_1xBx1 = jnp.arange(B)[None, :, None]
+        k = self.k.at[layer_Lx1x1, batch_1xBx1, positions_LxBxT].set(block.k.astype(self.k.dtype), mode="drop")
+        v = self.v.at[layer_Lx1x1, batch_1xBx1, positions_LxBxT].set(block.v.astype(self.v.dtype), mode="drop")
         return KVCache(k=k, v=v)
 
     def memory_bytes(self) -> int:

@@ -2,8 +2,8 @@
 
 The one primitive every decoding method is built from is `run_layers`: it continues hidden
 states from layer `start` through layer `stop - 1` (a `lax.scan` over the static slice of the
-stacked weights, so compile time does not grow with depth), reading and writing the KV cache
-of exactly those layers.
+stacked weights, so compile time does not grow with depth), reading the KV cache of exactly
+those layers and returning the block's new keys/values (`KVBlock`) for the caller to write.
 
 Shapes (nanodo suffixes): B batch, T block length, S cache capacity, D hidden, N query heads,
 K kv heads, G = N / K, H head dim, F MLP width, V vocab.
@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from hispec_jax.models.config import ModelConfig
-from hispec_jax.models.kv_cache import KVCache
+from hispec_jax.models.kv_cache import KVBlock, KVCache
 from hispec_jax.models.params import Params
 
 
@@ -40,9 +40,17 @@ def embed(params: Params, tokens_BxT: jax.Array) -> jax.Array:
     return jnp.take(params["embed"], tokens_BxT, axis=0)
 
 
-def _attention(layer_params, cfg: ModelConfig, x_BxTxD, positions_BxT, cache: KVCache, layer):
-    """Self-attention of a block against the whole cache, after writing the block's keys."""
+def _attention(layer_params, cfg: ModelConfig, x_BxTxD, positions_BxT, context_k_BxSxKxH,
+               context_v_BxSxKxH):
+    """Self-attention of a block over the cached context plus the block itself.
+
+    The cache is only read: a query at block index j sees cache slots < the block's first
+    position (that sequence's valid context) and block entries i <= j. The block's own
+    keys/values are returned for the caller to write into the cache, which keeps the big
+    cache buffer out of control flow (no copies inside `lax.switch` branches).
+    """
     B, T, _ = x_BxTxD.shape
+    K, G, H = cfg.num_kv_heads, cfg.q_per_kv, cfg.head_dim
     inv_freq = jnp.asarray(cfg.inv_freq)
     q_BxTxNxH = jnp.einsum("BTD,DNH->BTNH", x_BxTxD, layer_params["wq"])
     k_BxTxKxH = jnp.einsum("BTD,DKH->BTKH", x_BxTxD, layer_params["wk"])
@@ -52,22 +60,27 @@ def _attention(layer_params, cfg: ModelConfig, x_BxTxD, positions_BxT, cache: KV
         k_BxTxKxH = rms_norm(k_BxTxKxH, layer_params["k_norm"], cfg.rms_norm_eps)
     q_BxTxNxH = apply_rope(q_BxTxNxH, positions_BxT, inv_freq)
     k_BxTxKxH = apply_rope(k_BxTxKxH, positions_BxT, inv_freq)
-    cache = cache.write(layer, positions_BxT, k_BxTxKxH, v_BxTxKxH)
+    k_BxTxKxH = k_BxTxKxH.astype(context_k_BxSxKxH.dtype)
+    v_BxTxKxH = v_BxTxKxH.astype(context_v_BxSxKxH.dtype)
 
-    keys_BxSxKxH = cache.k[layer]
-    values_BxSxKxH = cache.v[layer]
-    S = keys_BxSxKxH.shape[1]
-    q_BxTxKxGxH = q_BxTxNxH.reshape(B, T, cfg.num_kv_heads, cfg.q_per_kv, cfg.head_dim)
-    scores_BxKxGxTxS = jnp.einsum("BTKGH,BSKH->BKGTS", q_BxTxKxGxH, keys_BxSxKxH,
-                                  preferred_element_type=jnp.float32)
-    scores_BxKxGxTxS = scores_BxKxGxTxS * (cfg.head_dim**-0.5)
-    # Causal by absolute position: slot s is visible to a query at position p iff s <= p.
-    visible_BxTxS = jnp.arange(S)[None, None, :] <= positions_BxT[:, :, None]
-    scores_BxKxGxTxS = jnp.where(visible_BxTxS[:, None, None], scores_BxKxGxTxS, -1e30)
-    probs = jax.nn.softmax(scores_BxKxGxTxS, axis=-1).astype(values_BxSxKxH.dtype)
-    out_BxTxKxGxH = jnp.einsum("BKGTS,BSKH->BTKGH", probs, values_BxSxKxH)
-    out_BxTxNxH = out_BxTxKxGxH.reshape(B, T, cfg.num_heads, cfg.head_dim)
-    return jnp.einsum("BTNH,NHD->BTD", out_BxTxNxH, layer_params["wo"]), cache
+    q_BxTxKxGxH = q_BxTxNxH.reshape(B, T, K, G, H) * (H**-0.5)
+    scores_ctx = jnp.einsum("BTKGH,BSKH->BKGTS", q_BxTxKxGxH, context_k_BxSxKxH,
+                            preferred_element_type=jnp.float32)
+    scores_blk = jnp.einsum("BTKGH,BUKH->BKGTU", q_BxTxKxGxH, k_BxTxKxH,
+                            preferred_element_type=jnp.float32)
+    S = context_k_BxSxKxH.shape[1]
+    start_B = positions_BxT[:, 0]
+    ctx_visible_BxS = jnp.arange(S)[None, :] < start_B[:, None]
+    blk_visible_TxU = jnp.arange(T)[None, :] <= jnp.arange(T)[:, None]
+    scores_ctx = jnp.where(ctx_visible_BxS[:, None, None, None, :], scores_ctx, -1e30)
+    scores_blk = jnp.where(blk_visible_TxU[None, None, None], scores_blk, -1e30)
+    probs = jax.nn.softmax(jnp.concatenate([scores_ctx, scores_blk], axis=-1), axis=-1)
+    probs = probs.astype(context_v_BxSxKxH.dtype)
+    out_BxTxKxGxH = (jnp.einsum("BKGTS,BSKH->BTKGH", probs[..., :S], context_v_BxSxKxH)
+                     + jnp.einsum("BKGTU,BUKH->BTKGH", probs[..., S:], v_BxTxKxH))
+    out_BxTxNxH = out_BxTxKxGxH.reshape(B, T, cfg.num_heads, H)
+    attn_BxTxD = jnp.einsum("BTNH,NHD->BTD", out_BxTxNxH, layer_params["wo"])
+    return attn_BxTxD, k_BxTxKxH, v_BxTxKxH
 
 
 def _mlp(layer_params, x_BxTxD):
@@ -76,44 +89,45 @@ def _mlp(layer_params, x_BxTxD):
     return jnp.einsum("BTF,FD->BTD", jax.nn.silu(gate_BxTxF) * up_BxTxF, layer_params["w_down"])
 
 
-def _layer(layer_params, cfg: ModelConfig, x_BxTxD, positions_BxT, cache: KVCache, layer):
-    h = rms_norm(x_BxTxD, layer_params["attn_norm"], cfg.rms_norm_eps)
-    attn_BxTxD, cache = _attention(layer_params, cfg, h, positions_BxT, cache, layer)
-    x_BxTxD = x_BxTxD + attn_BxTxD
-    h = rms_norm(x_BxTxD, layer_params["mlp_norm"], cfg.rms_norm_eps)
-    return x_BxTxD + _mlp(layer_params, h), cache
-
-
 def run_layers(params: Params, cfg: ModelConfig, x_BxTxD: jax.Array, positions_BxT: jax.Array,
-               cache: KVCache, start: int, stop: int) -> tuple[jax.Array, KVCache]:
+               cache: KVCache, start: int, stop: int) -> tuple[jax.Array, KVBlock]:
     """Runs layers [start, stop) over a block, continuing from layer-`start` hidden states.
 
     Args:
       params: model parameters (per-layer weights stacked on axis 0).
       cfg: the model config (static).
       x_BxTxD: hidden states entering layer `start` (embeddings when start == 0).
-      positions_BxT: absolute position of every block entry; padded entries hold the cache
-        capacity S (their cache writes are dropped and their outputs are meaningless).
-      cache: KV cache holding at least `stop` layers; layers [start, stop) are written.
+      positions_BxT: absolute positions of the block, contiguous from each sequence's first
+        entry `positions_BxT[:, 0]`; padded entries hold the cache capacity S.
+      cache: KV cache holding at least `stop` layers; only read. A sequence's context is
+        its cache slots < `positions_BxT[:, 0]`, which must be valid for these layers.
       start, stop: static layer range, 0 <= start <= stop <= L.
 
     Returns:
-      (hidden states leaving layer stop - 1, i.e. "layer-`stop` states", updated cache).
+      (hidden states leaving layer stop - 1, i.e. "layer-`stop` states", the block's new
+      keys/values for layers [start, stop), to write with `KVCache.write_block`).
     """
     if not 0 <= start <= stop <= cfg.num_layers:
         raise ValueError(f"layer range [{start}, {stop}) is outside [0, {cfg.num_layers}]")
     if stop > cache.num_layers:
         raise ValueError(f"cache holds {cache.num_layers} layers, layer range needs {stop}")
-    if start == stop:
-        return x_BxTxD, cache
     layer_slice = jax.tree.map(lambda w: w[start:stop], params["layers"])
 
-    def step(carry, xs):
-        x, cache = carry
-        layer_params, layer = xs
-        x, cache = _layer(layer_params, cfg, x, positions_BxT, cache, layer)
-        return (x, cache), None
+    def step(x, xs):
+        layer_params, ctx_k, ctx_v = xs
+        h = rms_norm(x, layer_params["attn_norm"], cfg.rms_norm_eps)
+        attn, k, v = _attention(layer_params, cfg, h, positions_BxT, ctx_k, ctx_v)
+        x = x + attn
+        h = rms_norm(x, layer_params["mlp_norm"], cfg.rms_norm_eps)
+        return x + _mlp(layer_params, h), (k, v)
 
-    (x_BxTxD, cache), _ = jax.lax.scan(step, (x_BxTxD, cache),
-                                       (layer_slice, jnp.arange(start, stop)))
-    return x_BxTxD, cache
+    x_BxTxD, (k_LxBxTxKxH, v_LxBxTxKxH) = jax.lax.scan(
+        step, x_BxTxD, (layer_slice, cache.k[start:stop], cache.v[start:stop]))
+    return x_BxTxD, KVBlock(k=k_LxBxTxKxH, v=v_LxBxTxKxH)
+
+
+def run_layers_cached(params: Params, cfg: ModelConfig, x_BxTxD, positions_BxT, cache: KVCache,
+                      start: int, stop: int) -> tuple[jax.Array, KVCache]:
+    """`run_layers`, then write the block's keys/values into the cache."""
+    x_BxTxD, block = run_layers(params, cfg, x_BxTxD, positions_BxT, cache, start, stop)
+    return x_BxTxD, cache.write_block(start, positions_BxT, block)
