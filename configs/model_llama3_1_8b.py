@@ -1,4 +1,4 @@
-"""Llama 3.1 8B (meta-llama/Llama-3.1-8B): Llama 3 8B shapes, 128K context, `llama3` RoPE scaling."""
+"""Llama 3.1 8B (meta-llama/Llama-3.1-8B): Llama 3 8B shapes, 128K context, llama3 RoPE scaling."""
 
 import ml_collections
 

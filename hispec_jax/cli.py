@@ -2,10 +2,13 @@
 
     hispec generate [--model PATH] [--method ar|exit|layerskip|hispec] [--exit-layer N]
                     [--draft-exit N] [--verify-exits N[,N...]] [--draft-len N] [--verify-window N]
-                    [--adaptive] [--max-new-tokens N] [--batch-size N] [--ignore-eos]
+                    [--adaptive] [--acceptance tokenwise|blockwise]
+                    [--max-new-tokens N] [--batch-size N] [--ignore-eos]
                     [--temperature T] [--top-k K] [--top-p P] [--seed S] [--json] PROMPT [PROMPT ...]
     hispec init-model OUT_DIR [--config PRESET_OR_FILE] [--seed S] [--init-std X]
                       [--config.KEY=VALUE ...]
+    hispec pretrain [--config configs/pretrain_default.py] [--small] [--config.KEY=VALUE ...]
+    hispec train-heads [--config configs/train_heads_default.py] [--config.KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--verify-window", type=int, default=None,
                      help="tokens an intermediate verifier accumulates before full verification Ni")
     gen.add_argument("--adaptive", action="store_true", help="adapt Nd and Ni to acceptance rates")
+    gen.add_argument("--acceptance", default=None, choices=["tokenwise", "blockwise"],
+                     help="sampling-mode verification rule of speculative methods")
     gen.add_argument("--max-new-tokens", type=int, default=64)
     gen.add_argument("--batch-size", type=int, default=None)
     gen.add_argument("--ignore-eos", action="store_true")
@@ -59,6 +64,25 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--seed", type=int, default=0)
     init.add_argument("--init-std", type=float, default=0.02,
                       help="standard deviation of the random weights")
+
+    pre = sub.add_parser(
+        "pretrain", help="train an early-exit model from scratch on ShareGPT",
+        description="Trains a Llama-architecture model with a LayerSkip-style early-exit loss "
+                    "and writes it in HF layout (default: the package's default_model). "
+                    "Override config keys with --config.KEY=VALUE (e.g. --config.num_steps=100, "
+                    "--config.optim.peak_lr=1e-3).")
+    pre.add_argument("--config", default=None,
+                     help="a pretrain config file (default: configs/pretrain_default.py)")
+    pre.add_argument("--small", action="store_true",
+                     help="the config's 'small' variant: a tiny model, a few steps (~1 minute)")
+    pre.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
+
+    heads = sub.add_parser(
+        "train-heads", help="distill exit heads into a frozen model (HiSpec App. I)",
+        description="Trains exit heads against the final layer and saves them beside the "
+                    "model. Override config keys with --config.KEY=VALUE.")
+    heads.add_argument("--config", default="train_heads_default",
+                       help="a configs/train_heads_*.py file or name (default: train_heads_default)")
     return parser
 
 
@@ -96,6 +120,31 @@ def cmd_init_model(args, extra: list[str]) -> int:
     return 0
 
 
+def cmd_pretrain(args, extra: list[str]) -> int:
+    from hispec_jax.models.presets import PRESETS_DIR, apply_overrides
+    from hispec_jax.train_heads.pretrain import load_pretrain_config, pretrain
+
+    config = load_pretrain_config(args.config or PRESETS_DIR / "pretrain_default.py",
+                                  small=args.small)
+    apply_overrides(config, _config_overrides(extra))
+    summary = pretrain(config, progress=not args.no_progress)
+    ev = summary["eval"]
+    agreement = ", ".join(f"{e + 1}:{a:.3f}" for e, a in enumerate(ev["agreement_exits"]))
+    print(f"trained {summary['steps']} steps ({summary['tokens_seen']:,} tokens, "
+          f"{summary['tokens_per_second']:.0f} tokens/s); loss {summary['first_loss']:.3f} -> "
+          f"{summary['last_loss']:.3f}; held-out perplexity {ev['perplexity']:.2f}; "
+          f"top-1 agreement with the final layer by exit: {agreement}")
+    return 0
+
+
+def cmd_train_heads(args, extra: list[str]) -> int:
+    from hispec_jax.train_heads.config import load_config
+    from hispec_jax.train_heads.train import train
+
+    train(load_config(args.config, _config_overrides(extra)))
+    return 0
+
+
 def _default_model_dir():
     import hispec_jax
 
@@ -112,7 +161,8 @@ def cmd_generate(args) -> int:
     model = load_model(args.model or _default_model_dir())
     options = {"exit_layer": args.exit_layer, "draft_exit": args.draft_exit,
                "verify_exits": args.verify_exits, "draft_len": args.draft_len,
-               "verify_window": args.verify_window, "adaptive": args.adaptive}
+               "verify_window": args.verify_window, "adaptive": args.adaptive,
+               "acceptance": args.acceptance}
     result = generate(model, list(args.prompts), method=args.method,
                       max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                       ignore_eos=args.ignore_eos, temperature=args.temperature, top_k=args.top_k,
@@ -134,13 +184,17 @@ def cmd_generate(args) -> int:
 def main(argv=None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    if extra and args.command != "init-model":
+    if extra and args.command not in ("init-model", "pretrain", "train-heads"):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         if args.command == "generate":
             return cmd_generate(args)
         if args.command == "init-model":
             return cmd_init_model(args, extra)
+        if args.command == "pretrain":
+            return cmd_pretrain(args, extra)
+        if args.command == "train-heads":
+            return cmd_train_heads(args, extra)
     except ValueError as e:
         print(f"hispec: error: {e}", file=sys.stderr)
         return 2

@@ -15,7 +15,7 @@ from hispec_jax.models import presets
 from hispec_jax.models.heads import exit_logits
 from hispec_jax.models.kv_cache import KVCache
 from hispec_jax.models.params import param_specs
-from hispec_jax.models.transformer import embed, run_layers
+from hispec_jax.models.transformer import embed, run_layers_cached
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -138,8 +138,8 @@ def test_init_model_loads_in_transformers_with_matching_logits(init_model_dir):
         ref = hf_model(torch.tensor(tokens)).logits.numpy()
     positions = jnp.broadcast_to(jnp.arange(17), (2, 17))
     cache = KVCache.zeros(model.cfg, 2, 32)
-    h, _ = run_layers(model.params, model.cfg, embed(model.params, jnp.asarray(tokens)),
-                      positions, cache, 0, model.cfg.num_layers)
+    h, _ = run_layers_cached(model.params, model.cfg, embed(model.params, jnp.asarray(tokens)),
+                             positions, cache, 0, model.cfg.num_layers)
     ours = np.asarray(exit_logits(model.params, {}, model.cfg, h, model.cfg.num_layers))
     np.testing.assert_allclose(ours, ref, atol=1e-4, rtol=0)
 

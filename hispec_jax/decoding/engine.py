@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any
 
 import flax.struct
 import jax
@@ -50,7 +51,7 @@ from hispec_jax.decoding import windows as windows_lib
 from hispec_jax.decoding.acceptance import GreedyAcceptance
 from hispec_jax.decoding.prefill import block_positions, prefill
 from hispec_jax.decoding.request import Request
-from hispec_jax.decoding.sampling import choose_tokens, position_keys
+from hispec_jax.decoding.sampling import choose_tokens, filtered_logprobs
 from hispec_jax.models.config import ModelConfig
 from hispec_jax.models.heads import exit_logits
 from hispec_jax.models.kv_cache import KVBlock, KVCache
@@ -66,13 +67,19 @@ class Hierarchy:
       max_windows: per verifying level k = 1..K-1, the largest window its input may be
         given (draft_len for k = 1, verify_window above); sizes the static blocks.
       adaptive: adjust draft_len and the window below the top level (App. J).
-      rule: the acceptance rule.
+      rule: the acceptance rule (greedy, token-wise rejection or blockwise verification).
+      schedule: who takes part in an action. "sync": every unfinished sequence (keeps the
+        batch in phase; used for greedy decoding, whose output does not depend on the
+        schedule). "own": only the sequences that chose that action themselves, so every
+        sequence follows exactly the schedule it would follow alone and its random draws
+        do not depend on the rest of the batch (sampling).
     """
 
     exits: tuple[int, ...]
     max_windows: tuple[int, ...] = ()
     adaptive: bool = False
-    rule: GreedyAcceptance = GreedyAcceptance()
+    rule: Any = GreedyAcceptance()
+    schedule: str = "sync"
 
     @property
     def num_levels(self) -> int:
@@ -150,6 +157,11 @@ class EngineState:
         rejected, by position % W (position -1: none), for the true-reject rate.
       windows_BxK1: [B, K - 1] int32, current windows (draft_len, verify windows).
       rates_BxK1: [B, K - 1] float32, running acceptance rate of levels 1..K-1 (adaptive).
+      dists: sampling rules only: K - 1 ring buffers [B, W, V] float32; entry k holds level
+        k's log-distribution for the tokens it passed up (positions (c_{k+1}, c_k]), the `q`
+        of the level above. Empty for greedy decoding.
+      draws_B: [B] int32, actions each sequence took part in; with the sequence's key it
+        seeds every random draw, so draws never repeat and never depend on other sequences.
       counters: `Counters`.
     """
 
@@ -161,6 +173,8 @@ class EngineState:
     rejected_tok_BxW: jax.Array
     windows_BxK1: jax.Array
     rates_BxK1: jax.Array
+    dists: tuple[jax.Array, ...]
+    draws_B: jax.Array
     counters: Counters
 
 
@@ -183,14 +197,19 @@ class _Step:
             params, heads, req, cfg, h, greedy)
 
     # ---- readiness and schedule ------------------------------------------------------
-    def action(self, state: EngineState) -> jax.Array:
-        """Highest level whose input is ready for some active sequence; 0 (draft) if none."""
+    def action(self, state: EngineState) -> tuple[jax.Array, jax.Array]:
+        """(level to run, [B] which sequences take part).
+
+        Each unfinished sequence wants the highest level k whose input (level k-1's
+        processed-but-unverified positions) holds `window + 1` positions, or covers what is
+        left of its budget; else it wants to draft. The batch runs the highest wanted level.
+        """
         K = self.h.num_levels
         c = state.processed_BxK
         out = state.out
         active_B = ~out.done_B
         remaining_B = self.req.max_new_B - out.num_new_B
-        level = jnp.zeros((), jnp.int32)
+        wants_B = jnp.zeros_like(remaining_B)
         for k in range(1, K):
             pending_B = c[:, k - 1] - c[:, k]
             # Tokens already accepted at level k-1 beyond the committed length: once they
@@ -198,10 +217,17 @@ class _Step:
             ahead_B = c[:, k - 1] + 1 - out.lengths_B
             ready_B = (pending_B >= state.windows_BxK1[:, k - 1] + 1) | (
                 (ahead_B >= remaining_B) & (pending_B > 0))
-            level = jnp.where(jnp.any(ready_B & active_B), k, level)
-        return level
+            wants_B = jnp.where(ready_B, k, wants_B)
+        level = jnp.max(jnp.where(active_B, wants_B, 0))
+        if self.h.schedule == "own":
+            return level, active_B & (wants_B == level)
+        return level, active_B
 
-    # ---- level 0: draft one token -----------------------------------------------------
+    def keys(self, state: EngineState, purpose: int) -> jax.Array:
+        """Per-sequence PRNG keys for this action's draws (fresh for every action)."""
+        keys_Bx2 = jax.vmap(jax.random.fold_in)(self.req.sequence_keys_Bx2, state.draws_B)
+        return jax.vmap(lambda k: jax.random.fold_in(k, purpose))(keys_Bx2)
+
     def kv_update(self, kv: KVBlock, positions_BxT, start: int) -> tuple[KVBlock, jax.Array]:
         """Pads a level's new keys/values to every cached layer and the largest block, so all
         branches return one shape; layers and entries outside get the sentinel position."""
@@ -213,44 +239,58 @@ class _Step:
             jnp.broadcast_to(positions_BxT, (n, B, t)))
         return KVBlock(k=pad(kv.k), v=pad(kv.v)), positions_LxBxT
 
-    def draft(self, state: EngineState, cache: KVCache):
+    def _ring_write(self, ring_BxWx, positions_BxT, values_BxTx, mask_BxT):
+        W = self.h.ring
+        slots_BxT = jnp.where(mask_BxT, positions_BxT % W, W)
+        return ring_BxWx.at[jnp.arange(ring_BxWx.shape[0])[:, None], slots_BxT].set(
+            values_BxTx.astype(ring_BxWx.dtype), mode="drop")
+
+    def _ring_read(self, ring_BxWx, positions_BxT):
+        return ring_BxWx[jnp.arange(ring_BxWx.shape[0])[:, None], positions_BxT % self.h.ring]
+
+    # ---- level 0: draft one token -----------------------------------------------------
+    def draft(self, state: EngineState, cache: KVCache, part_B: jax.Array):
         cfg, h = self.cfg, self.h
         out, c = state.out, state.processed_BxK
         S = out.tokens_BxS.shape[1]
-        active_B = ~out.done_B
         pos_B = c[:, 0]
         token_B = _gather_positions(out.tokens_BxS, pos_B[:, None])[:, 0]
-        positions_Bx1 = jnp.where(active_B, pos_B, S)[:, None]
+        positions_Bx1 = jnp.where(part_B, pos_B, S)[:, None]
         hi = h.exits[0]
         with jax.named_scope("draft"):
             h_Bx1xD, kv = run_layers(self.params, cfg, embed(self.params, token_B[:, None]),
                                      positions_Bx1, cache, 0, hi)
             logits_BxV = exit_logits(self.params, self.heads, cfg, h_Bx1xD, hi)[:, 0]
-            keys_Bx2 = position_keys(self.req.sequence_keys_Bx2, pos_B + 1)
-            next_B = choose_tokens(logits_BxV, self.greedy, self.req.sampling, keys_Bx2)
-        hidden = state.hidden
+            if self.greedy:
+                next_B = jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32)
+            else:
+                logp_BxV = filtered_logprobs(logits_BxV, self.req.sampling)
+                next_B = jax.vmap(jax.random.categorical)(self.keys(state, 0), logp_BxV)
+                next_B = next_B.astype(jnp.int32)
+        hidden, dists = state.hidden, state.dists
         if h.num_levels > 1:
-            slot_B = jnp.where(active_B, pos_B % h.ring, h.ring)
-            ring = hidden[0].at[jnp.arange(pos_B.shape[0]), slot_B].set(
-                h_Bx1xD[:, 0].astype(hidden[0].dtype), mode="drop")
-            hidden = (ring,) + hidden[1:]
-        tokens_BxS = _scatter_tokens(out.tokens_BxS, pos_B + 1, next_B, active_B)
+            hidden = (self._ring_write(hidden[0], pos_B[:, None], h_Bx1xD, part_B[:, None]),) + hidden[1:]
+            if dists:
+                dists = (self._ring_write(dists[0], pos_B[:, None] + 1, logp_BxV[:, None],
+                                          part_B[:, None]),) + dists[1:]
+        tokens_BxS = _scatter_tokens(out.tokens_BxS, pos_B + 1, next_B, part_B)
         out = out.replace(tokens_BxS=tokens_BxS)
         counters = state.counters
         if h.num_levels == 1:  # the draft level is the top level: emit directly
-            out, emitted_B = emit.append_block(out, next_B[:, None], active_B.astype(jnp.int32),
+            out, emitted_B = emit.append_block(out, next_B[:, None], part_B.astype(jnp.int32),
                                                self.req.eos_ids_E, self.req.max_new_B)
             counters = counters.replace(emitted=counters.emitted + jnp.sum(emitted_B))
-        c = c.at[:, 0].add(active_B.astype(jnp.int32))
+        c = c.at[:, 0].add(part_B.astype(jnp.int32))
         counters = counters.replace(
             actions_K=counters.actions_K.at[0].add(1),
             layer_passes=counters.layer_passes + hi,
-            layer_token_evals=counters.layer_token_evals + hi * jnp.sum(active_B))
-        return (state.replace(out=out, processed_BxK=c, hidden=hidden, counters=counters),
-                self.kv_update(kv, positions_Bx1, 0))
+            layer_token_evals=counters.layer_token_evals + hi * jnp.sum(part_B))
+        state = state.replace(out=out, processed_BxK=c, hidden=hidden, dists=dists,
+                              draws_B=state.draws_B + part_B, counters=counters)
+        return state, self.kv_update(kv, positions_Bx1, 0)
 
     # ---- level k > 0: verify the level below --------------------------------------------
-    def verify(self, state: EngineState, cache: KVCache, k: int):
+    def verify(self, state: EngineState, cache: KVCache, part_B: jax.Array, k: int):
         cfg, h = self.cfg, self.h
         K, W = h.num_levels, h.ring
         T = h.blocks[k - 1]
@@ -258,31 +298,36 @@ class _Step:
         out, c = state.out, state.processed_BxK
         S = out.tokens_BxS.shape[1]
         B = c.shape[0]
-        active_B = ~out.done_B
         start_B = c[:, k]
-        n_B = jnp.where(active_B, c[:, k - 1] - start_B, 0)
+        n_B = jnp.where(part_B, c[:, k - 1] - start_B, 0)
         j_T = jnp.arange(T)
         valid_BxT = j_T[None, :] < n_B[:, None]
         positions_BxT = block_positions(start_B, n_B, T, S)
-        slots_BxT = (start_B[:, None] + j_T[None, :]) % W
+        proposed_pos_BxT = start_B[:, None] + 1 + j_T[None, :]
         batch_Bx1 = jnp.arange(B)[:, None]
         with jax.named_scope(f"verify_level{k}"):
-            x_BxTxD = state.hidden[k - 1][batch_Bx1, slots_BxT]
+            x_BxTxD = self._ring_read(state.hidden[k - 1], positions_BxT)
             h_BxTxD, kv = run_layers(self.params, cfg, x_BxTxD, positions_BxT, cache, lo, hi)
             logits_BxTxV = exit_logits(self.params, self.heads, cfg, h_BxTxD, hi)
-            proposed_BxT = _gather_positions(out.tokens_BxS, start_B[:, None] + 1 + j_T[None, :])
-            verdict = h.rule.accept(logits_BxTxV, proposed_BxT, n_B)
+            proposed_BxT = _gather_positions(out.tokens_BxS, proposed_pos_BxT)
+            if self.greedy:
+                target_BxTxV, proposal_BxTxV = logits_BxTxV, None
+            else:
+                target_BxTxV = filtered_logprobs(logits_BxTxV, self.req.sampling)
+                proposal_BxTxV = self._ring_read(state.dists[k - 1], proposed_pos_BxT)
+            verdict = h.rule.accept(target_BxTxV, proposal_BxTxV, proposed_BxT, n_B,
+                                    self.keys(state, k))
         m_B = verdict.num_accepted_B
-        rejected_B = active_B & (m_B < n_B)
+        rejected_B = part_B & (m_B < n_B)
         reject_pos_B = start_B + m_B + 1
-        hidden = list(state.hidden)
-        if k < K - 1:  # buffer this level's states for the level above
-            write_slots_BxT = jnp.where(valid_BxT, slots_BxT, W)
-            hidden[k] = hidden[k].at[batch_Bx1, write_slots_BxT].set(
-                h_BxTxD.astype(hidden[k].dtype), mode="drop")
+        hidden, dists = list(state.hidden), list(state.dists)
+        if k < K - 1:  # buffer this level's states (and distributions) for the level above
+            hidden[k] = self._ring_write(hidden[k], positions_BxT, h_BxTxD, valid_BxT)
+            if dists:
+                dists[k] = self._ring_write(dists[k], proposed_pos_BxT, target_BxTxV, valid_BxT)
         tokens_BxS = _scatter_tokens(out.tokens_BxS, reject_pos_B, verdict.next_token_B, rejected_B)
         new_ck_B = jnp.where(rejected_B, reject_pos_B, c[:, k - 1])
-        new_ck_B = jnp.where(active_B, new_ck_B, start_B)
+        new_ck_B = jnp.where(part_B, new_ck_B, start_B)
         c = c.at[:, k].set(new_ck_B)
         for lower in range(k):  # roll lower levels back to the corrected position
             c = c.at[:, lower].set(jnp.where(rejected_B, reject_pos_B, c[:, lower]))
@@ -292,23 +337,22 @@ class _Step:
         rej_pos, rej_tok = state.rejected_pos_BxW, state.rejected_tok_BxW
         if K >= 3 and k == K - 2:  # record this level's rejections for the true-reject rate
             record_BxT = valid_BxT & (j_T[None, :] == m_B[:, None]) & rejected_B[:, None]
-            rec_slots_BxT = jnp.where(valid_BxT, (start_B[:, None] + 1 + j_T[None, :]) % W, W)
+            rec_slots_BxT = jnp.where(valid_BxT, proposed_pos_BxT % W, W)
             rej_pos = rej_pos.at[batch_Bx1, rec_slots_BxT].set(
-                jnp.where(record_BxT, start_B[:, None] + 1 + j_T[None, :], -1), mode="drop")
+                jnp.where(record_BxT, proposed_pos_BxT, -1), mode="drop")
             rej_tok = rej_tok.at[batch_Bx1, rec_slots_BxT].set(proposed_BxT, mode="drop")
         if K >= 3 and k == K - 1:  # check recorded rejections where the prefix was accepted
             checked_BxT = valid_BxT & (j_T[None, :] <= m_B[:, None])
-            pos_BxT = start_B[:, None] + 1 + j_T[None, :]
-            rec_slots_BxT = pos_BxT % W
-            has_rec_BxT = checked_BxT & (rej_pos[batch_Bx1, rec_slots_BxT] == pos_BxT)
+            rec_slots_BxT = proposed_pos_BxT % W
+            has_rec_BxT = checked_BxT & (rej_pos[batch_Bx1, rec_slots_BxT] == proposed_pos_BxT)
             agree_BxT = verdict.predictions_BxT != rej_tok[batch_Bx1, rec_slots_BxT]
             counters = counters.replace(
                 reject_checks=counters.reject_checks + jnp.sum(has_rec_BxT),
                 true_rejects=counters.true_rejects + jnp.sum(has_rec_BxT & agree_BxT))
 
         if k == K - 1:  # top level: emit what it accepted
-            count_B = jnp.where(active_B, new_ck_B - start_B, 0)
-            block_BxT = _gather_positions(tokens_BxS, start_B[:, None] + 1 + j_T[None, :])
+            count_B = jnp.where(part_B, new_ck_B - start_B, 0)
+            block_BxT = _gather_positions(tokens_BxS, proposed_pos_BxT)
             out, emitted_B = emit.append_block(out, block_BxT, count_B, self.req.eos_ids_E,
                                                self.req.max_new_B)
             counters = counters.replace(emitted=counters.emitted + jnp.sum(emitted_B))
@@ -330,10 +374,11 @@ class _Step:
             layer_token_evals=counters.layer_token_evals + depth * jnp.sum(n_B),
             verifications_K=counters.verifications_K.at[k].add(jnp.sum(n_B > 0)),
             proposed_K=counters.proposed_K.at[k].add(jnp.sum(n_B)),
-            accepted_K=counters.accepted_K.at[k].add(jnp.sum(jnp.where(active_B, m_B, 0))))
-        state = state.replace(out=out, processed_BxK=c, hidden=tuple(hidden),
+            accepted_K=counters.accepted_K.at[k].add(jnp.sum(jnp.where(part_B, m_B, 0))))
+        state = state.replace(out=out, processed_BxK=c, hidden=tuple(hidden), dists=tuple(dists),
                               rejected_pos_BxW=rej_pos, rejected_tok_BxW=rej_tok,
-                              windows_BxK1=windows_BxK1, rates_BxK1=rates_BxK1, counters=counters)
+                              windows_BxK1=windows_BxK1, rates_BxK1=rates_BxK1,
+                              draws_B=state.draws_B + part_B, counters=counters)
         return state, self.kv_update(kv, positions_BxT, lo)
 
 
@@ -354,16 +399,19 @@ def run_hierarchy(params, heads, req: Request, cache: KVCache, windows_K1: jax.A
     h = hierarchy
     K, top = h.num_levels, h.exits[-1]
     B = req.prompt_lens_B.shape[0]
+    if not greedy and K > 1 and not h.rule.needs_proposal_dists:
+        raise ValueError("sampling with a speculative hierarchy needs a sampling acceptance rule")
     with jax.named_scope("prefill"):
         h_BxD, cache = prefill(params, cfg, req.tokens_BxS[:, :prompt_block], req.prompt_lens_B,
                                cache, top)
         logits_BxV = exit_logits(params, heads, cfg, h_BxD[:, None], top)[:, 0]
-        keys_Bx2 = position_keys(req.sequence_keys_Bx2, req.prompt_lens_B)
-        first_B = choose_tokens(logits_BxV, greedy, req.sampling, keys_Bx2)
+        first_keys = jax.vmap(jax.random.fold_in)(req.sequence_keys_Bx2, jnp.full((B,), -1))
+        first_B = choose_tokens(logits_BxV, greedy, req.sampling, first_keys)
         out = emit.start_output(req.tokens_BxS, req.prompt_lens_B, req.max_new_B)
         out, _ = emit.append_block(out, first_B[:, None], jnp.ones_like(first_B), req.eos_ids_E,
                                    req.max_new_B)
     dtype = jnp.dtype(cfg.dtype)
+    sampled_dists = not greedy and K > 1
     state = EngineState(
         out=out,
         cache=cache,
@@ -373,6 +421,9 @@ def run_hierarchy(params, heads, req: Request, cache: KVCache, windows_K1: jax.A
         rejected_tok_BxW=jnp.zeros((B, h.ring), jnp.int32),
         windows_BxK1=jnp.broadcast_to(windows_K1.astype(jnp.int32), (B, K - 1)),
         rates_BxK1=jnp.ones((B, K - 1), jnp.float32),
+        dists=tuple(jnp.full((B, h.ring, cfg.vocab_size), -jnp.inf, jnp.float32)
+                    for _ in range(K - 1)) if sampled_dists else (),
+        draws_B=jnp.zeros((B,), jnp.int32),
         counters=Counters.zeros(K),
     )
     step = _Step(params, heads, req, cfg, h, greedy)
@@ -382,10 +433,11 @@ def run_hierarchy(params, heads, req: Request, cache: KVCache, windows_K1: jax.A
         # The cache is only read inside the branches; the chosen action's new keys/values
         # are written here, outside control flow, so XLA updates the cache in place.
         cache, rest = state.cache, state.replace(cache=None)
+        level, part_B = step.action(rest)
         if K == 1:
-            rest, (kv, positions_LxBxT) = step.draft(rest, cache)
+            rest, (kv, positions_LxBxT) = step.draft(rest, cache, part_B)
         else:
-            rest, (kv, positions_LxBxT) = jax.lax.switch(step.action(rest), branches, rest, cache)
+            rest, (kv, positions_LxBxT) = jax.lax.switch(level, branches, rest, cache, part_B)
         return rest.replace(cache=cache.write_all_layers(positions_LxBxT, kv))
 
     return jax.lax.while_loop(lambda s: jnp.any(~s.out.done_B), body, state)

@@ -122,8 +122,8 @@ def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int =
     Args:
       model: a loaded `Model`.
       prompts: a string, a list of strings, or a list of token-id lists.
-      method: "ar" (autoregressive), "exit" (early-exit inference from `exit_layer`), or a
-        speculative method (see `methods.METHODS`).
+      method: "ar" (autoregressive), "exit" (early-exit inference from `exit_layer`),
+        "layerskip" or "hispec" (see `methods.make_method`), or a `methods.Decoder`.
       max_new_tokens: per-sequence budget of new tokens (>= 1).
       batch_size: split prompts into batches of this many (default: one batch).
       ignore_eos: keep generating past EOS.
@@ -132,18 +132,19 @@ def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int =
         bucket + max_new_tokens (+ the method's lookahead), rounded up to a multiple of 64,
         at most the model's context length.
       **method_options: the method's settings (e.g. exit_layer, draft_exit, verify_exits,
-        draft_len, verify_window, adaptive).
+        draft_len, verify_window, adaptive, acceptance="tokenwise"|"blockwise").
     """
     # ---- validate everything before compiling anything ----
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     if not _is_int(max_new_tokens) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
     max_new_tokens = int(max_new_tokens)
-    decoder = methods_lib.make_method(model, method, **method_options)
-    if not sampling.greedy and decoder.hierarchy.num_levels > 1:
-        raise ValueError(f"temperature={temperature}: method {method!r} supports greedy decoding "
-                         "only for now (sampling-mode verification is not implemented yet); "
-                         "use temperature=0 or method 'ar'/'exit'")
+    if isinstance(method, methods_lib.Decoder):  # a hand-built hierarchy (advanced use)
+        if method_options:
+            raise ValueError("method options are part of a Decoder; pass none with one")
+        decoder = method
+    else:
+        decoder = methods_lib.make_method(model, method, greedy=sampling.greedy, **method_options)
     prompt_ids = tokenize(model, prompts)
     if batch_size is None:
         batch_size = len(prompt_ids)
@@ -180,7 +181,7 @@ def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int =
 
     new_tokens = sum(len(t) for t in token_ids)
     stats = {
-        "method": method,
+        "method": method if isinstance(method, str) else "custom",
         "new_tokens": new_tokens,
         "tokens_per_second": new_tokens / run_seconds if run_seconds > 0 else 0.0,
         "decode_seconds": run_seconds,

@@ -16,6 +16,7 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
+from hispec_jax.decoding.acceptance import RULES, GreedyAcceptance
 from hispec_jax.decoding.engine import Counters, Hierarchy, run_hierarchy
 from hispec_jax.decoding.windows import DRAFT_LEN_RANGE, VERIFY_WINDOW_RANGE
 from hispec_jax.models.config import ModelConfig
@@ -125,18 +126,21 @@ def _check_window(name: str, value) -> int:
 
 def make_method(model: Model, method: str, *, exit_layer: int | None = None,
                 draft_exit: int | None = None, verify_exits=None, draft_len: int | None = None,
-                verify_window: int | None = None, adaptive: bool = False):
+                verify_window: int | None = None, adaptive: bool = False,
+                acceptance: str | None = None, greedy: bool = True):
     """The decoding method object for `method` and its options; ValueError on bad settings.
 
     Methods: "ar" (K = 1, top = L), "exit" (K = 1, top = exit_layer), "layerskip"
     (K = 2: draft_exit, L), "hispec" (K >= 3: draft_exit, verify_exits..., L).
     Defaults (paper §3.3, §6): draft_exit ~ L/8, verify_exits ~ (L/4,), draft_len 2,
-    verify_window 4.
+    verify_window 4. `acceptance` picks the sampling-mode rule of every verifying level:
+    "tokenwise" (default) or "blockwise"; greedy decoding always uses the greedy rule.
     """
     cfg = model.cfg
     L = cfg.num_layers
     spec_opts = {"draft_exit": draft_exit, "verify_exits": verify_exits, "draft_len": draft_len,
-                 "verify_window": verify_window, "adaptive": adaptive or None}
+                 "verify_window": verify_window, "adaptive": adaptive or None,
+                 "acceptance": acceptance}
     given = sorted(k for k, v in spec_opts.items() if v is not None)
     if method in ("ar", "exit"):
         if given:
@@ -183,7 +187,14 @@ def make_method(model: Model, method: str, *, exit_layer: int | None = None,
     # power of two above a larger request.
     max_windows = (_window_bound(nd, DRAFT_LEN_RANGE[1]),) + tuple(
         _window_bound(w, VERIFY_WINDOW_RANGE[1]) for w in windows[1:])
-    hierarchy = Hierarchy(exits=exits, max_windows=max_windows, adaptive=bool(adaptive))
+    if acceptance is not None and acceptance not in RULES:
+        raise ValueError(f"acceptance={acceptance!r} is not one of {sorted(RULES)}")
+    if greedy:  # every rule reduces to the greedy one for one-hot distributions
+        rule, schedule = GreedyAcceptance(), "sync"
+    else:
+        rule, schedule = RULES[acceptance or "tokenwise"], "own"
+    hierarchy = Hierarchy(exits=exits, max_windows=max_windows, adaptive=bool(adaptive),
+                          rule=rule, schedule=schedule)
     return Decoder(hierarchy=hierarchy, windows=windows)
 
 

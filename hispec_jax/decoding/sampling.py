@@ -95,11 +95,6 @@ def choose_tokens(logits_BxV: jax.Array, greedy: bool, s: SamplingArrays,
     return jax.vmap(jax.random.categorical)(keys_Bx2, logp_BxV).astype(jnp.int32)
 
 
-def position_keys(sequence_keys_Bx2: jax.Array, positions_B: jax.Array) -> jax.Array:
-    """The PRNG key for sampling the token at `positions_B` of each sequence."""
-    return jax.vmap(jax.random.fold_in)(sequence_keys_Bx2, positions_B)
-
-
 def sequence_keys(seed: int, sequence_ids_B) -> jax.Array:
     """One raw PRNG key per sequence, from the seed and the sequence's index in the request."""
     base = jax.random.PRNGKey(seed)
