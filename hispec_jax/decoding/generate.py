@@ -168,7 +168,7 @@ def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int =
         compile_seconds += seconds
         compile_count += seconds > 0
         t0 = time.perf_counter()
-        out, raw_stats = compiled(model.params, model.heads, req, cache, *decoder.arguments())
+        out, raw_stats, _ = compiled(model.params, model.heads, req, cache, *decoder.arguments())
         jax.block_until_ready(out)
         run_seconds += time.perf_counter() - t0
         tokens_BxS, prompt_lens_B, num_new_B = jax.device_get(

@@ -50,9 +50,12 @@ class Decoder:
         def run(params, heads, req, cache, windows):
             state = run_hierarchy(params, heads, req, cache, windows, cfg=model.cfg,
                                   hierarchy=hierarchy, greedy=greedy, prompt_block=prompt_block)
-            return state.out, state.counters
+            # The final cache is returned only so the donated input cache can back the
+            # loop's cache in place (XLA reuses donated buffers for outputs).
+            return state.out, state.counters, state.cache
 
-        return jax.jit(run).lower(model.params, model.heads, req, cache, *self.arguments())
+        return jax.jit(run, donate_argnums=(3,)).lower(model.params, model.heads, req, cache,
+                                                        *self.arguments())
 
     def summarize(self, counters: list[Counters], batch_sequences: list[int]):
         return summarize_counters(self.hierarchy, counters, batch_sequences)

@@ -111,18 +111,20 @@ def run_layers(params: Params, cfg: ModelConfig, x_BxTxD: jax.Array, positions_B
         raise ValueError(f"layer range [{start}, {stop}) is outside [0, {cfg.num_layers}]")
     if stop > cache.num_layers:
         raise ValueError(f"cache holds {cache.num_layers} layers, layer range needs {stop}")
-    layer_slice = jax.tree.map(lambda w: w[start:stop], params["layers"])
+    # Index each layer's weights and cache inside the scan: slicing the stacked arrays
+    # outside (`w[start:stop]` as scan inputs) makes XLA materialize a copy of them.
+    take = lambda a, layer: jax.lax.dynamic_index_in_dim(a, layer, keepdims=False)
 
-    def step(x, xs):
-        layer_params, ctx_k, ctx_v = xs
+    def step(x, layer):
+        layer_params = jax.tree.map(lambda w: take(w, layer), params["layers"])
         h = rms_norm(x, layer_params["attn_norm"], cfg.rms_norm_eps)
-        attn, k, v = _attention(layer_params, cfg, h, positions_BxT, ctx_k, ctx_v)
+        attn, k, v = _attention(layer_params, cfg, h, positions_BxT, take(cache.k, layer),
+                                take(cache.v, layer))
         x = x + attn
         h = rms_norm(x, layer_params["mlp_norm"], cfg.rms_norm_eps)
         return x + _mlp(layer_params, h), (k, v)
 
-    x_BxTxD, (k_LxBxTxKxH, v_LxBxTxKxH) = jax.lax.scan(
-        step, x_BxTxD, (layer_slice, cache.k[start:stop], cache.v[start:stop]))
+    x_BxTxD, (k_LxBxTxKxH, v_LxBxTxKxH) = jax.lax.scan(step, x_BxTxD, jnp.arange(start, stop))
     return x_BxTxD, KVBlock(k=k_LxBxTxKxH, v=v_LxBxTxKxH)
 
 
