@@ -79,6 +79,9 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="write results as JSON here")
+    ap.add_argument("--temperatures", default="",
+                    help="sampling mode instead: e.g. 0.6,1.0 runs AR and HiSpec (token-wise and "
+                         "blockwise verification) at each temperature")
     args = ap.parse_args(argv)
 
     model = (load_model(args.model) if args.model else
@@ -87,6 +90,8 @@ def main(argv=None):
     rng = np.random.RandomState(args.seed)
     prompts = [rng.randint(0, model.cfg.vocab_size, args.prompt_len).tolist()
                for _ in range(args.prompts)]
+    if args.temperatures:
+        return sampling_benchmark(model, prompts, args)
     d_default, v_default = methods.default_exits(model)
     sweep = ([int(x) for x in args.draft_exits.split(",")] if args.draft_exits
              else sorted({d_default, v_default or d_default}))
@@ -150,6 +155,45 @@ def main(argv=None):
     if not all(r["identical_to_ar"] for r in results.values()):
         print("ERROR: some method's output differs from AR", file=sys.stderr)
         return 1
+    return 0
+
+
+def sampling_benchmark(model: Model, prompts, args) -> int:
+    """Sampling-mode tokens/s (AR vs HiSpec) and block efficiency, token-wise vs blockwise."""
+    temps = [float(t) for t in args.temperatures.split(",")]
+    configs = [("ar", {})] + [(f"hispec {a}", {"method": "hispec", "acceptance": a})
+                              for a in ("tokenwise", "blockwise")]
+    common = dict(max_new_tokens=args.max_new_tokens, ignore_eos=True, batch_size=args.batch_size)
+    rows = {}
+    for t in temps:
+        for name, opts in configs:  # warm-up / compile
+            generate(model, prompts, temperature=t, seed=args.seed, **common, **opts)
+        for name, opts in configs:
+            rows[(t, name)] = {"tps": [], "tokens_per_full_pass": [], "accept": []}
+        for r in range(args.rounds):
+            for name, opts in configs:
+                res = generate(model, prompts, temperature=t, seed=args.seed + r, **common, **opts)
+                row = rows[(t, name)]
+                row["tps"].append(res.stats["tokens_per_second"])
+                row["tokens_per_full_pass"].append(res.stats["tokens_per_full_pass"] or 1.0)
+                row["accept"].append(res.stats["acceptance_rate_per_level"])
+    print(f"# sampling mode, model: {args.model or args.synthetic}, {len(prompts)} prompts, "
+          f"batch {args.batch_size}, {args.max_new_tokens} new tokens, {args.rounds} rounds")
+    print("| temperature | method | tokens/s (median) | speedup vs AR | tokens per full pass "
+          "(block efficiency) | acceptance per level (last round) |")
+    print("|---|---|---|---|---|---|")
+    for t in temps:
+        ar = statistics.median(rows[(t, "ar")]["tps"])
+        for name, _ in configs:
+            row = rows[(t, name)]
+            tps = statistics.median(row["tps"])
+            acc = "/".join("-" if a is None else f"{a:.2f}" for a in (row["accept"][-1] or [])[1:])
+            print(f"| {t} | {name} | {tps:.1f} | {tps / ar:.2f}x | "
+                  f"{statistics.mean(row['tokens_per_full_pass']):.2f} | {acc or '-'} |")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"args": vars(args), "rows": {f"{t} {n}": v for (t, n), v in rows.items()}},
+                      f, indent=1, default=str)
     return 0
 
 

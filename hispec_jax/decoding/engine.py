@@ -27,13 +27,20 @@ sequence with its own positions and counts):
     c_1 ---------------------^         |
     c_0 --------------------------------^       ? = newest draft (unprocessed)
 
-The action is the highest level k whose input holds at least `window + 1` positions for
-some active sequence (`windows.py`); otherwise the draft level drafts one token. A level
+The action is the highest level k whose input holds at least `window + 1` positions (or
+covers the rest of the budget) for some active sequence (`windows.py`); otherwise the draft
+level drafts one token. Who takes part is `Hierarchy.schedule`: every unfinished sequence
+("sync", greedy) or only the sequences that wanted this action ("own", sampling, so that a
+sequence's random draws never depend on the rest of the batch). A level
 never processes a position twice while its token stays valid: verification continues the
 lower level's buffered hidden states (ring buffers of the last W positions per level), and
 KV entries of rolled-back positions are simply overwritten later (causal masking by
 absolute position makes stale slots harmless; see `kv_cache.py`). The top level's
 accepted tokens are emitted with EOS and budget cuts (`emit.py`).
+
+Sampling mode: each level samples from / verifies against its own filtered distribution
+(`sampling.filtered_logprobs`), and keeps the distributions of the tokens it passes up in a
+ring buffer, because they are the `q` the level above divides by (`acceptance.py`).
 """
 
 from __future__ import annotations
