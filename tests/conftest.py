@@ -69,6 +69,19 @@ def build_tokenizer():
                                    unk_token="<unk>")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _release_compiled_programs():
+    """Free compiled executables after each test module: one pytest process compiles
+    hundreds of programs, and keeping them all alive only grows its memory."""
+    yield
+    import jax
+
+    from hispec_jax.decoding import generate as generate_lib
+
+    generate_lib._COMPILED.clear()
+    jax.clear_caches()
+
+
 @pytest.fixture(scope="session")
 def hf_models(tmp_path_factory):
     """{kind: (torch model, directory)} for the three tiny architectures, saved once."""

@@ -158,7 +158,7 @@ def test_method_lowers_like_generate_does():
         lowered = decoder.lower(model, request_structs(capacity=capacity),
                                 cache_structs(cfg, capacity=capacity, layers=layers),
                                 greedy=True, prompt_block=block)
-        out, _ = lowered.out_info
+        out, _, _ = lowered.out_info
         assert out.tokens_BxS.shape == (BATCH, capacity), method
         assert out.num_new_B.shape == (BATCH,), method
 

@@ -168,16 +168,17 @@ def test_defaults_follow_the_paper():
     (dict(method="layerskip", draft_len=0), "draft_len"),
     (dict(method="hispec", verify_window=0, draft_exit=1, verify_exits=(2,)), "verify_window"),
     (dict(method="layerskip", verify_window=2), "verify_window"),
-    (dict(method="hispec", draft_exit=1, verify_exits=(2,), temperature=0.7), "temperature"),
+    (dict(method="hispec", draft_exit=1, verify_exits=(2,), acceptance="exact"), "acceptance"),
+    (dict(method="hispec", draft_exit=1, verify_exits=(2,), temperature=-1.0), "temperature"),
     (dict(method="hispec", draft_exit=1, verify_exits=(2,), max_new_tokens=300), "capacity"),
 ])
 def test_bad_configurations_raise_before_compiling(options, match):
     model = tiny_model(4, 0)
-    compiled_before = len(generate_lib._COMPILED)
+    compiled_before = generate_lib.compilations
     options = {"max_new_tokens": 8, **options}
     with pytest.raises(ValueError, match=match):
         generate(model, [[1, 2]], **options)
-    assert len(generate_lib._COMPILED) == compiled_before
+    assert generate_lib.compilations == compiled_before
 
 
 def test_exit_without_head_is_rejected():

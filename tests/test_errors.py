@@ -17,11 +17,11 @@ def model(hf_models):
 
 
 def assert_rejected(model, match, prompts=(OK,), **kwargs):
-    before = len(generate_module._COMPILED)
+    before = generate_module.compilations
     with pytest.raises(ValueError, match=match):
         hispec_jax.generate(model, list(prompts) if isinstance(prompts, tuple) else prompts,
                             **kwargs)
-    assert len(generate_module._COMPILED) == before, "compiled something before rejecting"
+    assert generate_module.compilations == before, "compiled something before rejecting"
 
 
 # (id, prompts, kwargs, regex the message must match)
@@ -56,8 +56,8 @@ CASES = [
     ("top_p_zero", (OK,), {"temperature": 1.0, "top_p": 0.0}, r"top_p"),
     ("top_p_above_one", (OK,), {"temperature": 1.0, "top_p": 1.5}, r"top_p"),
     ("top_k_negative", (OK,), {"temperature": 1.0, "top_k": -1}, r"top_k"),
-    ("sampling_with_speculative_method", (OK,), {"method": "layerskip", "temperature": 1.0},
-     r"temperature"),
+    ("unknown_acceptance_rule", (OK,), {"method": "layerskip", "temperature": 1.0,
+                                        "acceptance": "exact"}, r"acceptance"),
     ("draft_exit_at_top", (OK,), {"method": "layerskip", "draft_exit": 4}, r"draft_exit=4"),
     ("exits_not_increasing", (OK,), {"method": "hispec", "draft_exit": 3, "verify_exits": (2,)},
      r"increasing"),

@@ -157,21 +157,28 @@ def model():
 
 
 def exact_ar_distribution(model, sampling: SamplingParams):
-    """P(first NEW tokens) under autoregressive sampling, by enumerating every prefix."""
+    """P(first NEW tokens) under autoregressive sampling, by enumerating every prefix (one
+    jitted batched forward per prefix length)."""
     arrays = sampling.arrays()
-    probs = {}
-    for seq in itertools.product(range(VOCAB), repeat=NEW):
-        prob = 1.0
-        for t in range(NEW):
-            tokens = jnp.asarray([PROMPT + list(seq[:t])])
-            T = tokens.shape[1]
-            cache = KVCache.zeros(model.cfg, 1, T)
-            h, _ = run_layers_cached(model.params, model.cfg, embed(model.params, tokens),
-                                     jnp.arange(T)[None], cache, 0, model.cfg.num_layers)
-            logits = exit_logits(model.params, {}, model.cfg, h[:, -1:], model.cfg.num_layers)
-            prob *= float(jnp.exp(filtered_logprobs(logits[0, 0], arrays))[seq[t]])
-        probs[seq] = prob
-    return probs
+    L = model.cfg.num_layers
+
+    @jax.jit
+    def next_token_logp(params, tokens_BxT):
+        B, T = tokens_BxT.shape
+        cache = KVCache.zeros(model.cfg, B, T)
+        h, _ = run_layers_cached(params, model.cfg, embed(params, tokens_BxT),
+                                 jnp.broadcast_to(jnp.arange(T), (B, T)), cache, 0, L)
+        logits = exit_logits(params, {}, model.cfg, h[:, -1:], L)[:, 0]
+        return filtered_logprobs(logits, arrays)
+
+    cond = {}  # prefix -> next-token distribution
+    for t in range(NEW):
+        prefixes = list(itertools.product(range(VOCAB), repeat=t))
+        tokens = jnp.asarray([PROMPT + list(p) for p in prefixes], jnp.int32)
+        probs = np.exp(np.asarray(next_token_logp(model.params, tokens), np.float64))
+        cond.update(zip(prefixes, probs))
+    return {seq: math.prod(cond[seq[:t]][seq[t]] for t in range(NEW))
+            for seq in itertools.product(range(VOCAB), repeat=NEW)}
 
 
 def chi_square_test(samples, probs, n):

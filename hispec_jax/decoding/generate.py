@@ -8,6 +8,7 @@ timed and counted), runs the method's compiled loop and returns token ids, texts
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import time
 from typing import Any, Sequence
@@ -25,8 +26,11 @@ from hispec_jax.models.model import Model
 MIN_PROMPT_BLOCK = 16
 CAPACITY_MULTIPLE = 64
 
-# (method, static settings, argument shapes) -> compiled executable, for this process.
-_COMPILED: dict[Any, Any] = {}
+# (method, static settings, argument shapes) -> compiled executable, for this process;
+# least recently used entries are dropped beyond MAX_COMPILED.
+_COMPILED: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+MAX_COMPILED = 32
+compilations = 0  # loops compiled by this process (tests check that bad input compiles none)
 
 
 @dataclasses.dataclass
@@ -223,8 +227,13 @@ def _compile(decoder, model: Model, req: Request, cache: KVCache, greedy: bool, 
     key = (decoder.hierarchy, model.cfg, greedy, block, str(treedef),
            tuple((x.shape, str(x.dtype)) for x in leaves))
     if key in _COMPILED:
+        _COMPILED.move_to_end(key)
         return _COMPILED[key], 0.0
     t0 = time.perf_counter()
     compiled = decoder.lower(model, req, cache, greedy=greedy, prompt_block=block).compile()
+    global compilations
+    compilations += 1
     _COMPILED[key] = compiled
+    while len(_COMPILED) > MAX_COMPILED:
+        _COMPILED.popitem(last=False)
     return compiled, time.perf_counter() - t0
