@@ -74,6 +74,9 @@ def output_distribution(rule, p_table, q_table, V, gamma):
         for tau in range(gamma):
             if stop[tau] <= 0:
                 continue
+            if residual[tau].sum() <= 0:  # p == q up to float32 rounding: stop prob ~ 0
+                assert stop[tau] < 1e-6
+                continue
             r = residual[tau] / residual[tau].sum()
             for y in range(V):
                 if r[y] > 0:
