@@ -64,6 +64,28 @@ def memory_bytes(model: Model, decoder, prompts, max_new: int, capacity: int) ->
             + m.temp_size_in_bytes}
 
 
+def load_prompts(model: Model, args) -> list[list[int]]:
+    """Token-id prompts of at most `--prompt-len` tokens (the last ones are kept)."""
+    if args.dataset == "random":
+        rng = np.random.RandomState(args.seed)
+        return [rng.randint(0, model.cfg.vocab_size, args.prompt_len).tolist()
+                for _ in range(args.prompts)]
+    from hispec_jax.train_heads import data
+
+    if args.dataset == "sharegpt":
+        _, evaluation = data.split_sharegpt(data.load_sharegpt().records)
+        texts = []
+        for record in evaluation:
+            turns = [t.get("value") or "" for t in record.get("conversations", [])
+                     if str(t.get("from", "")).lower() in ("human", "user")]
+            if turns and turns[0].strip():
+                texts.append(f"User: {turns[0]}\nAssistant:")
+    else:
+        texts = data.load_humaneval_prompts()
+    ids = [model.tokenizer(t)["input_ids"][-args.prompt_len:] for t in texts[:args.prompts]]
+    return ids
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=None, help="HF model directory (default: synthetic)")
@@ -72,6 +94,9 @@ def main(argv=None):
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--vocab", type=int, default=4096)
     ap.add_argument("--prompts", type=int, default=4, help="number of prompts (batch 1 each)")
+    ap.add_argument("--dataset", default="random", choices=["random", "sharegpt", "humaneval"],
+                    help="prompt source: random token ids, the ShareGPT evaluation split (first "
+                         "user turn, 'User: ...\nAssistant:'), or HumanEval (needs --model)")
     ap.add_argument("--batch-size", type=int, default=1)
     ap.add_argument("--prompt-len", type=int, default=48)
     ap.add_argument("--max-new-tokens", type=int, default=96)
@@ -87,9 +112,7 @@ def main(argv=None):
     model = (load_model(args.model) if args.model else
              synthetic_model(args.synthetic, args.layers, args.hidden, args.vocab, args.seed))
     L = model.cfg.num_layers
-    rng = np.random.RandomState(args.seed)
-    prompts = [rng.randint(0, model.cfg.vocab_size, args.prompt_len).tolist()
-               for _ in range(args.prompts)]
+    prompts = load_prompts(model, args)
     if args.temperatures:
         return sampling_benchmark(model, prompts, args)
     d_default, v_default = methods.default_exits(model)
@@ -103,7 +126,8 @@ def main(argv=None):
     # (speculative methods need `lookahead` extra positions; that is part of their cost).
     lookahead = max(methods.make_method(model, o.get("method", "ar"), **{
         k: v for k, v in o.items() if k != "method"}).lookahead() for _, o in configs)
-    capacity = -(-(args.prompt_len + args.max_new_tokens + lookahead) // 64) * 64
+    longest = max(len(p) for p in prompts)
+    capacity = -(-(longest + args.max_new_tokens + lookahead) // 64) * 64
     common = dict(max_new_tokens=args.max_new_tokens, ignore_eos=True, batch_size=args.batch_size,
                   max_cache_len=capacity)
 
@@ -132,7 +156,7 @@ def main(argv=None):
     ar_tps = statistics.median(results["ar"]["tps"])
     ar_mem = results["ar"]["memory"]["total"]
     print(f"# {platform.processor() or platform.machine()}, {jax.devices()[0].platform}, "
-          f"jax {jax.__version__}, model: {args.model or args.synthetic} L={L} "
+          f"jax {jax.__version__}, prompts: {args.dataset}, model: {args.model or args.synthetic} L={L} "
           f"D={model.cfg.hidden_size} V={model.cfg.vocab_size}, {len(prompts)} prompts, "
           f"batch {args.batch_size}, {args.max_new_tokens} new tokens")
     print("| method | exits | tokens/s | speedup | identical | accept/level | final acc | "

@@ -1,0 +1,105 @@
+"""Pretraining the shipped default early-exit model (`hispec pretrain`).
+
+    hispec pretrain --config configs/pretrain_default.py            # the shipped model
+    hispec pretrain --config configs/pretrain_default.py --small    # ~1 minute smoke run
+    hispec pretrain ... --config.optim.peak_lr=2e-3 --config.num_steps=100
+
+A Llama-architecture model trained from scratch on the ShareGPT training split with a
+LayerSkip-style early-exit loss (the shared final norm + LM head supervised at every layer),
+so that every exit can draft. See docs/default_model.md and `hispec_jax.train_heads.pretrain`.
+
+`get_config("small")` (the `--small` flag) is a tiny model and a few steps, for tests.
+"""
+
+import ml_collections
+
+
+def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+
+    # Architecture: exactly the fields of hispec_jax.ModelConfig.
+    m = c.model = ml_collections.ConfigDict()
+    m.model_type = "llama"
+    m.vocab_size = 2048
+    m.hidden_size = 256
+    m.intermediate_size = 704
+    m.num_layers = 16
+    m.num_heads = 4
+    m.num_kv_heads = 2
+    m.head_dim = 64
+    m.rms_norm_eps = 1e-5
+    m.rope_theta = 10000.0
+    m.rope_scaling = None
+    m.max_position_embeddings = 2048
+    m.tie_word_embeddings = True
+    m.qk_norm = False
+    m.dtype = "float32"
+
+    # Data: ShareGPT training split (hispec_jax.train_heads.data), packed sequences.
+    d = c.data = ml_collections.ConfigDict()
+    d.seq_len = 256
+    d.batch_size = 8
+    d.max_train_docs = 0          # 0: every training conversation
+    d.max_eval_docs = 0           # 0: every evaluation conversation
+    d.tokenizer_train_docs = 4000  # conversations the BPE tokenizer is trained on
+    d.seed = 0
+
+    # Early-exit loss: CE(final) + exit_loss_scale * sum_{e<L} w_e CE(exit e), w_e ∝ e.
+    c.exit_loss_scale = 1.0
+    # Early exits are scored on every exit_stride-th position (offset by the layer index):
+    # an unbiased estimate at a fraction of the cost of 15 extra LM heads.
+    c.exit_stride = 4
+
+    # Optimizer: clip_by_global_norm -> AdamW with a warmup-cosine learning rate.
+    o = c.optim = ml_collections.ConfigDict()
+    o.peak_lr = 3e-3
+    o.end_lr_fraction = 0.1
+    o.warmup_steps = 50
+    o.weight_decay = 0.1
+    o.b1 = 0.9
+    o.b2 = 0.95
+    o.clip_norm = 1.0
+
+    c.num_steps = 700
+    # > 0: a wall-clock budget for training (all resumed runs together): the cosine follows
+    # max(step / num_steps, elapsed / time_budget_s) and training stops when that reaches 1.
+    c.time_budget_s = 4000.0
+    c.time_limit_s = 0.0           # > 0: stop this run after this many seconds (schedule unchanged)
+    c.init_std = 0.02
+    c.seed = 0
+    c.log_every = 10
+    c.checkpoint_every = 50        # steps between training-state snapshots in work_dir
+    c.eval_batches = 40            # held-out batches for the final evaluation
+    c.save_dtype = "bfloat16"      # dtype of the shipped safetensors weights
+    c.resume = True                # continue from work_dir's snapshot when there is one
+    c.out_dir = ""                 # "": the package's hispec_jax/default_model
+    c.work_dir = "~/.cache/hispec_jax/pretrain_default"
+
+    if variant == "small":
+        m.vocab_size = 512
+        m.hidden_size = 64
+        m.intermediate_size = 128
+        m.num_layers = 4
+        m.num_heads = 2
+        m.num_kv_heads = 1
+        m.head_dim = 32
+        m.max_position_embeddings = 256
+        d.seq_len = 64
+        d.batch_size = 8
+        d.max_train_docs = 300
+        d.max_eval_docs = 40
+        d.tokenizer_train_docs = 300
+        o.warmup_steps = 5
+        o.peak_lr = 1e-2
+        c.num_steps = 30
+        c.log_every = 5
+        c.checkpoint_every = 0
+        c.eval_batches = 4
+        c.save_dtype = "float32"
+        c.resume = False
+        c.time_budget_s = 0.0
+        c.out_dir = "~/.cache/hispec_jax/pretrain_small/model"
+        c.work_dir = "~/.cache/hispec_jax/pretrain_small"
+    elif variant is not None:
+        raise ValueError(f"unknown pretrain config variant {variant!r} (known: 'small')")
+    return c
