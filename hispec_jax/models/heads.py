@@ -39,8 +39,9 @@ def exit_logits(params: Params, heads: ExitHeads, cfg: ModelConfig, h_BxTxD: jax
     kind = head_kind(cfg, heads, exit_layer)
     if kind == "shared":
         x = rms_norm(h_BxTxD, params["final_norm"], cfg.rms_norm_eps)
-        w_DxV = lm_head_matrix(params, cfg)
-        return jnp.einsum("BTD,DV->BTV", x, w_DxV, preferred_element_type=jnp.float32)
+        if cfg.tie_word_embeddings:  # contract with the embedding directly: no transposed copy
+            return jnp.einsum("BTD,VD->BTV", x, params["embed"], preferred_element_type=jnp.float32)
+        return jnp.einsum("BTD,DV->BTV", x, params["lm_head"], preferred_element_type=jnp.float32)
     head = heads[str(exit_layer)]
     x = rms_norm(h_BxTxD, head["norm"], cfg.rms_norm_eps)
     if kind == "full":
