@@ -45,15 +45,20 @@ def resolve_preset(name_or_path: str | Path) -> Path:
                      f"(presets in {PRESETS_DIR}: {available or 'none'})")
 
 
-def load_config(name_or_path: str | Path) -> ml_collections.ConfigDict:
-    """Runs a config file's `get_config()` and returns the ConfigDict."""
-    path = resolve_preset(name_or_path)
+def run_config_file(path: str | Path, *args) -> ml_collections.ConfigDict:
+    """Runs an ml_collections config file's `get_config(*args)` and returns the ConfigDict."""
+    path = Path(path)
     spec = importlib.util.spec_from_file_location(f"_hispec_config_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     if not hasattr(module, "get_config"):
         raise ValueError(f"{path}: defines no get_config()")
-    return module.get_config()
+    return module.get_config(*args)
+
+
+def load_config(name_or_path: str | Path) -> ml_collections.ConfigDict:
+    """Runs a model preset file's `get_config()` and returns the ConfigDict."""
+    return run_config_file(resolve_preset(name_or_path))
 
 
 def apply_overrides(cfg: ml_collections.ConfigDict, overrides: dict[str, str]) -> None:

@@ -9,10 +9,11 @@ take `3,7,11` or `(3, 7, 11)`.
 from __future__ import annotations
 
 import ast
-import importlib.util
 from pathlib import Path
 
 import ml_collections
+
+from hispec_jax.models.presets import run_config_file
 
 CONFIGS_DIR = Path(__file__).resolve().parents[2] / "configs"
 
@@ -48,13 +49,7 @@ def resolve_config_path(name_or_path) -> Path:
 
 def load_config(name_or_path, overrides: dict[str, str] | None = None) -> ml_collections.ConfigDict:
     """Runs a config file's `get_config()`, applies `overrides` and validates the result."""
-    path = resolve_config_path(name_or_path)
-    spec = importlib.util.spec_from_file_location(f"_hispec_train_config_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    if not hasattr(module, "get_config"):
-        raise ValueError(f"{path}: defines no get_config()")
-    config = module.get_config()
+    config = run_config_file(resolve_config_path(name_or_path))
     apply_overrides(config, overrides or {})
     check_config(config)
     return config

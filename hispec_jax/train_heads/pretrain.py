@@ -408,12 +408,9 @@ def save_model_dir(out_dir: Path, cfg: ModelConfig, params: Params, tokenizer,
 
 def load_pretrain_config(path: str | Path, small: bool = False) -> ml_collections.ConfigDict:
     """Runs a pretrain config file's `get_config()` (`get_config("small")` when `small`)."""
-    import importlib.util
+    from hispec_jax.models.presets import run_config_file
 
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"pretrain config {str(path)!r} is not a file")
-    spec = importlib.util.spec_from_file_location(f"_hispec_pretrain_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config("small") if small else module.get_config()
+    return run_config_file(path, "small") if small else run_config_file(path)
