@@ -149,6 +149,7 @@ def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int =
         decoder = method
     else:
         decoder = methods_lib.make_method(model, method, greedy=sampling.greedy, **method_options)
+        decoder = _reuse_bounds(decoder)
     prompt_ids = tokenize(model, prompts)
     if batch_size is None:
         batch_size = len(prompt_ids)
@@ -219,6 +220,17 @@ def _make_request(batch, batch_size, first_index, capacity, max_new_tokens, eos_
         max_new_B=jnp.asarray(max_new), eos_ids_E=eos_ids_E,
         sequence_keys_Bx2=sequence_keys(sampling.seed, np.arange(first_index, first_index + batch_size)),
         sampling=sampling.arrays())
+
+
+def _reuse_bounds(decoder):
+    """`decoder` with the window bounds of an already compiled loop that covers it, so that
+    smaller windows run in the compiled loop instead of compiling a new one."""
+    for key in reversed(_COMPILED):
+        compiled_hierarchy = key[0]
+        candidate = dataclasses.replace(decoder, hierarchy=compiled_hierarchy)
+        if candidate.covers(decoder):
+            return candidate
+    return decoder
 
 
 def _compile(decoder, model: Model, req: Request, cache: KVCache, greedy: bool, block: int):

@@ -57,6 +57,13 @@ class Decoder:
         return jax.jit(run, donate_argnums=(3,)).lower(model.params, model.heads, req, cache,
                                                         *self.arguments())
 
+    def covers(self, other: "Decoder") -> bool:
+        """Whether this decoder's compiled loop can run `other`'s windows (same hierarchy,
+        bounds at least as large)."""
+        a, b = self.hierarchy, other.hierarchy
+        return (dataclasses.replace(a, max_windows=()) == dataclasses.replace(b, max_windows=())
+                and all(x >= y for x, y in zip(a.max_windows, b.max_windows)))
+
     def summarize(self, counters: list[Counters], batch_sequences: list[int]):
         return summarize_counters(self.hierarchy, counters, batch_sequences)
 
@@ -115,10 +122,6 @@ def default_exits(model: Model) -> tuple[int, int]:
     above = [e for e in candidates if e > draft]
     verify = min(above, key=lambda e: (abs(e - max(draft + 1, round(L / 4))), e)) if above else None
     return draft, verify
-
-
-def _window_bound(window: int, standard: int) -> int:
-    return standard if window <= standard else 1 << (window - 1).bit_length()
 
 
 def _check_window(name: str, value) -> int:
@@ -185,11 +188,14 @@ def make_method(model: Model, method: str, *, exit_layer: int | None = None,
     nd = _check_window("draft_len", 2 if draft_len is None else draft_len)
     ni = _check_window("verify_window", 4 if verify_window is None else verify_window)
     windows = (nd,) + (ni,) * len(mids)
-    # Static block sizes come from window *bounds*, so windows (arrays) can change between
-    # calls, or adaptively, without recompiling: the paper's App. J ranges, or the next
-    # power of two above a larger request.
-    max_windows = (_window_bound(nd, DRAFT_LEN_RANGE[1]),) + tuple(
-        _window_bound(w, VERIFY_WINDOW_RANGE[1]) for w in windows[1:])
+    # Static block sizes come from window *bounds*; the windows themselves are arrays.
+    # Fixed windows are their own bounds (the smallest blocks: verification cost grows
+    # with the block length), and `generate` reuses a loop compiled with larger bounds when
+    # windows shrink; adaptive windows are bounded by the paper's App. J ranges.
+    max_windows = windows
+    if adaptive:
+        max_windows = (max(nd, DRAFT_LEN_RANGE[1]),) + tuple(
+            max(w, VERIFY_WINDOW_RANGE[1]) for w in windows[1:])
     if acceptance is not None and acceptance not in RULES:
         raise ValueError(f"acceptance={acceptance!r} is not one of {sorted(RULES)}")
     if greedy:  # every rule reduces to the greedy one for one-hot distributions
