@@ -64,8 +64,8 @@ def load_config(name_or_path: str | Path) -> ml_collections.ConfigDict:
 def apply_overrides(cfg: ml_collections.ConfigDict, overrides: dict[str, str]) -> None:
     """Sets `cfg[key] = value` for dotted keys (`rope_scaling.factor`) from command-line text.
 
-    The text is parsed as the existing field's type (int, float, bool, str); a None or
-    nested field takes a Python literal (`None`, `{'rope_type': 'linear', 'factor': 2.0}`).
+    The text is parsed as the existing field's type (int, float, bool, str, tuple of ints);
+    a None or nested field takes a Python literal (`None`, `{'rope_type': 'linear', 'factor': 2.0}`).
     Raises ValueError naming an unknown key or an unparsable value.
     """
     for key, text in overrides.items():
@@ -87,11 +87,16 @@ def apply_overrides(cfg: ml_collections.ConfigDict, overrides: dict[str, str]) -
                 value = type(current)(text)
             elif isinstance(current, str):
                 value = text
+            elif isinstance(current, tuple):  # a tuple of ints: "3,7,11", "(3, 7)", "3", ""
+                value = ast.literal_eval(text.strip() or "()")
+                value = tuple(value) if isinstance(value, (tuple, list)) else (value,)
+                if not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+                    raise ValueError(text)
             else:
                 value = ast.literal_eval(text)
         except (ValueError, SyntaxError):
-            raise ValueError(f"config key {key!r}: cannot parse {text!r} "
-                             f"as {type(current).__name__}") from None
+            kind = "a tuple of ints" if isinstance(current, tuple) else type(current).__name__
+            raise ValueError(f"config key {key!r}: cannot parse {text!r} as {kind}") from None
         if isinstance(value, dict):
             value = ml_collections.ConfigDict(value)
         node[leaf] = value

@@ -8,12 +8,11 @@ take `3,7,11` or `(3, 7, 11)`.
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import ml_collections
 
-from hispec_jax.models.presets import run_config_file
+from hispec_jax.models import presets
 
 CONFIGS_DIR = Path(__file__).resolve().parents[2] / "configs"
 
@@ -49,40 +48,18 @@ def resolve_config_path(name_or_path) -> Path:
 
 def load_config(name_or_path, overrides: dict[str, str] | None = None) -> ml_collections.ConfigDict:
     """Runs a config file's `get_config()`, applies `overrides` and validates the result."""
-    config = run_config_file(resolve_config_path(name_or_path))
+    config = presets.run_config_file(resolve_config_path(name_or_path))
     apply_overrides(config, overrides or {})
     check_config(config)
     return config
 
 
-def _parse(key: str, text: str, kind: type):
-    try:
-        if kind is bool:
-            if text.lower() not in ("true", "false", "1", "0"):
-                raise ValueError(text)
-            return text.lower() in ("true", "1")
-        if kind is int:
-            return int(text)
-        if kind is float:
-            return float(text)
-        if kind is tuple:
-            value = ast.literal_eval(text.strip() or "()")
-            value = value if isinstance(value, (tuple, list)) else (value,)
-            if not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-                raise ValueError(text)
-            return tuple(value)
-        return text
-    except (ValueError, SyntaxError):
-        raise ValueError(f"config key {key!r}: cannot parse {text!r} as "
-                         f"{'a tuple of ints' if kind is tuple else kind.__name__}") from None
-
-
 def apply_overrides(config: ml_collections.ConfigDict, overrides: dict[str, str]) -> None:
-    """Sets `config[key]` from command-line text, parsed as `KEYS[key]`; unknown keys raise."""
-    for key, text in overrides.items():
+    """Sets `config[key]` from command-line text, parsed as the key's type; unknown keys raise."""
+    for key in overrides:
         if key not in KEYS:
             raise ValueError(f"train config has no key {key!r}; keys: {', '.join(sorted(KEYS))}")
-        config[key] = _parse(key, text, KEYS[key])
+    presets.apply_overrides(config, overrides)
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:
