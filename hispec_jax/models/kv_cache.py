@@ -76,6 +76,3 @@ class KVCache:
         k = self.k.at[layer_Lx1x1, batch_1xBx1, positions_LxBxT].set(block.k.astype(self.k.dtype), mode="drop")
         v = self.v.at[layer_Lx1x1, batch_1xBx1, positions_LxBxT].set(block.v.astype(self.v.dtype), mode="drop")
         return KVCache(k=k, v=v)
-
-    def memory_bytes(self) -> int:
-        return self.k.size * self.k.dtype.itemsize * 2
