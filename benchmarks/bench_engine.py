@@ -22,16 +22,13 @@ import json
 import platform
 import statistics
 import sys
-import time
 
 import jax
 import numpy as np
 
 from hispec_jax import Model, ModelConfig, generate, load_model
-from hispec_jax.decoding import generate as generate_lib
+from hispec_jax.bench import prompts as bench_prompts, suite
 from hispec_jax.decoding import methods
-from hispec_jax.decoding.sampling import SamplingParams
-from hispec_jax.models.kv_cache import KVCache
 from hispec_jax.models.params import init_params
 
 
@@ -47,43 +44,18 @@ def synthetic_model(kind: str, layers: int, hidden: int, vocab: int, seed: int) 
     return Model(cfg=cfg, params=params, generation_config={})
 
 
-def memory_bytes(model: Model, decoder, prompts, max_new: int, capacity: int) -> dict[str, int]:
+def memory_bytes(model: Model, decoder, prompts, max_new: int, capacity: int) -> int:
     """XLA memory analysis of the compiled loop (arguments, outputs, temporaries)."""
-    ids = generate_lib.tokenize(model, prompts)
-    block, capacity = generate_lib.plan_shapes(max(map(len, ids)), max_new, decoder.lookahead(),
-                                               model.cfg.max_position_embeddings, capacity)
-    sp = SamplingParams()
-    eos = jax.numpy.asarray([-1], jax.numpy.int32)
-    req = generate_lib._make_request(ids, len(ids), 0, capacity, max_new, eos, sp)
-    cache = KVCache.zeros(model.cfg, len(ids), capacity, decoder.cache_layers(model.cfg))
-    m = decoder.lower(model, req, cache, greedy=True, prompt_block=block).compile().memory_analysis()
-    return {"argument": m.argument_size_in_bytes, "output": m.output_size_in_bytes,
-            "temp": m.temp_size_in_bytes,
-            # the donated cache is both an argument and an output: count it once
-            "total": m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
-            + m.temp_size_in_bytes}
+    return suite.compile_loop(model, decoder, prompts, len(prompts), max_new, capacity)[1]
 
 
 def load_prompts(model: Model, args) -> list[list[int]]:
-    """Token-id prompts of at most `--prompt-len` tokens (the last ones are kept)."""
+    """Token-id prompts: random ids of `--prompt-len`, or dataset prompts of at most that."""
     if args.dataset == "random":
         rng = np.random.RandomState(args.seed)
         return [rng.randint(0, model.cfg.vocab_size, args.prompt_len).tolist()
                 for _ in range(args.prompts)]
-    from hispec_jax.train_heads import data
-
-    if args.dataset == "sharegpt":
-        _, evaluation = data.split_sharegpt(data.load_sharegpt().records)
-        texts = []
-        for record in evaluation:
-            turns = [t.get("value") or "" for t in record.get("conversations", [])
-                     if str(t.get("from", "")).lower() in ("human", "user")]
-            if turns and turns[0].strip():
-                texts.append(f"User: {turns[0]}\nAssistant:")
-    else:
-        texts = data.load_humaneval_prompts()
-    ids = [model.tokenizer(t)["input_ids"][-args.prompt_len:] for t in texts[:args.prompts]]
-    return ids
+    return bench_prompts.load_prompts(args.dataset, model.tokenizer, args.prompts, args.prompt_len)
 
 
 def main(argv=None):
@@ -98,7 +70,8 @@ def main(argv=None):
                     help="prompt source: random token ids, the ShareGPT evaluation split (first "
                          "user turn, 'User: ...\nAssistant:'), or HumanEval (needs --model)")
     ap.add_argument("--batch-size", type=int, default=1)
-    ap.add_argument("--prompt-len", type=int, default=48)
+    ap.add_argument("--prompt-len", type=int, default=48,
+                    help="random prompts: this many ids; dataset prompts: longer ones are skipped")
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--draft-exits", default="", help="LayerSkip sweep, e.g. 1,2,4 (default: L/8, L/4)")
     ap.add_argument("--rounds", type=int, default=3)
@@ -154,7 +127,7 @@ def main(argv=None):
             results[name]["tps"].append(r.stats["tokens_per_second"])
 
     ar_tps = statistics.median(results["ar"]["tps"])
-    ar_mem = results["ar"]["memory"]["total"]
+    ar_mem = results["ar"]["memory"]
     print(f"# {platform.processor() or platform.machine()}, {jax.devices()[0].platform}, "
           f"jax {jax.__version__}, prompts: {args.dataset}, model: {args.model or args.synthetic} L={L} "
           f"D={model.cfg.hidden_size} V={model.cfg.vocab_size}, {len(prompts)} prompts, "
@@ -167,7 +140,7 @@ def main(argv=None):
         s = res["stats"]
         fmt = lambda x: "-" if x is None else f"{x:.2f}"
         accept = "/".join(fmt(a) for a in (s["acceptance_rate_per_level"] or [None])[1:]) or "-"
-        extra = (res["memory"]["total"] - ar_mem) / ar_mem * 100
+        extra = (res["memory"] - ar_mem) / ar_mem * 100
         res["speedup"] = tps / ar_tps
         print(f"| {name} | {s['exits']} | {tps:.1f} | {tps / ar_tps:.2f}x | {res['identical_to_ar']} "
               f"| {accept} | {fmt(s['final_acceptance_rate'])} | {fmt(s['true_reject_rate'])} "

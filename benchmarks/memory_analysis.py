@@ -15,7 +15,6 @@ import sys
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from hispec_jax import Model
 from hispec_jax.decoding import methods

@@ -9,6 +9,10 @@
                       [--config.KEY=VALUE ...]
     hispec pretrain [--config configs/pretrain_default.py] [--small] [--config.KEY=VALUE ...]
     hispec train-heads [--config configs/train_heads_default.py] [--config.KEY=VALUE ...]
+    hispec bench [--model PATH] [--datasets sharegpt,humaneval] [--prompts N] [--rounds R]
+                 [--max-new-tokens N] [--batch-size B] [--draft-exits ...] [--draft-lens ...]
+                 [--grid-exits ...|none] [--tuned LD,LI,ND,NI] [--batch-sizes 1,4,16|none]
+                 [--no-transformers] [--no-agreement] [--quick] [--out-dir DIR]
 """
 
 from __future__ import annotations
@@ -83,6 +87,43 @@ def build_parser() -> argparse.ArgumentParser:
                     "model. Override config keys with --config.KEY=VALUE.")
     heads.add_argument("--config", default="train_heads_default",
                        help="a configs/train_heads_*.py file or name (default: train_heads_default)")
+
+    bench = sub.add_parser(
+        "bench", help="benchmark AR, LayerSkip, HiSpec and transformers side by side",
+        description="Greedy decoding of ShareGPT evaluation and HumanEval prompts with AR, a "
+                    "LayerSkip sweep, HiSpec (defaults, adaptive, tuned on an exit grid) and "
+                    "transformers' generate / assistant_early_exit on the same weights, timed in "
+                    "interleaved rounds; checks every output equals AR's. Writes report.json, "
+                    "report.md and PNG plots to --out-dir. See hispec_jax/bench/run.py.")
+    bench.add_argument("--model", default=None,
+                       help="local Hugging Face model directory (default: the shipped model)")
+    bench.add_argument("--datasets", default="sharegpt,humaneval",
+                       help="comma-separated: sharegpt (evaluation split), humaneval")
+    bench.add_argument("--prompts", type=int, default=8, help="prompts per dataset")
+    bench.add_argument("--max-prompt-tokens", type=int, default=256,
+                       help="longer prompts are skipped (never cut)")
+    bench.add_argument("--max-new-tokens", type=int, default=64)
+    bench.add_argument("--batch-size", type=int, default=1)
+    bench.add_argument("--rounds", type=int, default=3, help="timed interleaved rounds (median)")
+    bench.add_argument("--draft-exits", type=_exits, default=None,
+                       help="LayerSkip draft exits to sweep (default: every exit <= L/2)")
+    bench.add_argument("--draft-lens", type=_exits, default=(2, 4),
+                       help="LayerSkip draft lengths to sweep (default: 2,4)")
+    bench.add_argument("--grid-exits", default=None,
+                       help="exits of the HiSpec (Ld, Li) grid (default: every exit <= L/2; "
+                            "'none' skips the grid)")
+    bench.add_argument("--tuned", type=_exits, default=None,
+                       help="Ld,Li,Nd,Ni of 'hispec tuned' instead of tuning on the grid")
+    bench.add_argument("--batch-sizes", default="1,4,16",
+                       help="AR vs HiSpec throughput at these batch sizes ('none' skips)")
+    bench.add_argument("--no-transformers", action="store_true",
+                       help="skip the transformers (PyTorch) baselines")
+    bench.add_argument("--no-agreement", action="store_true",
+                       help="skip the per-exit agreement measurement")
+    bench.add_argument("--quick", action="store_true",
+                       help="a smoke run: 2 prompts, 8 new tokens, 1 round, small sweeps")
+    bench.add_argument("--out-dir", default="hispec_bench_results")
+    bench.add_argument("--no-progress", action="store_true", help="no progress bars")
     return parser
 
 
@@ -181,6 +222,44 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def _optional_exits(text: str, flag: str):
+    if text.strip().lower() == "none":
+        return ()
+    try:
+        return _exits(text)
+    except argparse.ArgumentTypeError as e:
+        raise ValueError(f"{flag}: {e}")
+
+
+def cmd_bench(args) -> int:
+    from hispec_jax.bench.run import BenchConfig, run_bench
+    from hispec_jax.bench.report import summary_lines
+
+    config = BenchConfig(
+        model_dir=args.model, datasets=tuple(d for d in args.datasets.split(",") if d),
+        num_prompts=args.prompts, max_prompt_tokens=args.max_prompt_tokens,
+        max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, rounds=args.rounds,
+        draft_exits=args.draft_exits, draft_lens=tuple(args.draft_lens),
+        grid_exits=(None if args.grid_exits is None
+                    else _optional_exits(args.grid_exits, "--grid-exits")),
+        tuned=args.tuned, transformers=not args.no_transformers,
+        batch_sizes=_optional_exits(args.batch_sizes, "--batch-sizes"),
+        agreement=not args.no_agreement, out_dir=args.out_dir, progress=not args.no_progress)
+    if args.tuned is not None and len(args.tuned) != 4:
+        raise ValueError(f"--tuned takes Ld,Li,Nd,Ni, got {args.tuned}")
+    if args.quick:
+        config.num_prompts, config.max_new_tokens, config.rounds = 2, 8, 1
+        config.draft_lens, config.batch_sizes = (2,), (1, 2)
+        if args.draft_exits is None:
+            config.draft_exits = None if args.model else (2, 4)
+        if args.grid_exits is None and not args.model:
+            config.grid_exits = (2, 4, 6)
+    report = run_bench(config)
+    print("\n".join(summary_lines(report)))
+    print(f"wrote {args.out_dir}/report.md, report.json and {len(report['plots'])} plots")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -195,6 +274,8 @@ def main(argv=None) -> int:
             return cmd_pretrain(args, extra)
         if args.command == "train-heads":
             return cmd_train_heads(args, extra)
+        if args.command == "bench":
+            return cmd_bench(args)
     except ValueError as e:
         print(f"hispec: error: {e}", file=sys.stderr)
         return 2

@@ -1,0 +1,1 @@
+"""Benchmark suite behind `hispec bench`."""

@@ -1,0 +1,171 @@
+"""Side-by-side timing of decoding methods: warm-up, losslessness check, interleaved rounds.
+
+Every method in a comparison decodes the same prompts greedily with the same token budget
+(EOS ignored, so every method emits exactly the same number of tokens). One comparison:
+
+    warm-up   for each method: compile its loop, decode once, check tokens == AR's
+    round r   for each method, in turn: decode the prompts, record wall seconds
+              (r = 1..rounds; interleaving spreads machine noise over every method alike)
+
+tokens/s is the median over rounds; speedups are ratios to AR's median from the same
+rounds. Peers from other libraries (transformers) join a comparison as `Runner`s too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+from hispec_jax.decoding import generate as generate_lib
+from hispec_jax.decoding import methods
+from hispec_jax.decoding.sampling import SamplingParams
+from hispec_jax.models.kv_cache import KVCache
+from hispec_jax.models.model import Model
+
+# Statistics of paper Table 9 and the engine's cost counters, copied from `generate` stats.
+STAT_KEYS = ("exits", "acceptance_rate_per_level", "final_acceptance_rate", "true_reject_rate",
+             "false_accept_rate", "tokens_per_full_pass", "layer_passes_per_token")
+
+
+@dataclasses.dataclass(frozen=True)
+class MethodSpec:
+    """A named hispec-jax decoding method: `generate(model, ..., method=method, **options)`."""
+
+    name: str
+    method: str
+    options: tuple[tuple[str, Any], ...] = ()
+
+    @classmethod
+    def of(cls, name: str, method: str, **options) -> "MethodSpec":
+        return cls(name, method, tuple(sorted(options.items())))
+
+    def decoder(self, model: Model) -> methods.Decoder:
+        return methods.make_method(model, self.method, **dict(self.options))
+
+
+@dataclasses.dataclass
+class Result:
+    """One method's measurements in a comparison."""
+
+    name: str
+    token_ids: list[list[int]]
+    seconds: list[float] = dataclasses.field(default_factory=list)  # per timed round
+    new_tokens: int = 0                                              # per round
+    compile_seconds: float | None = None
+    memory_bytes: int | None = None       # XLA memory analysis of the compiled loop
+    stats: dict[str, Any] = dataclasses.field(default_factory=dict)
+    identical_to_ar: bool | None = None
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return statistics.median(self.new_tokens / s for s in self.seconds)
+
+    def to_json(self, ar: "Result | None" = None) -> dict[str, Any]:
+        row = {k: v for k, v in dataclasses.asdict(self).items() if k != "token_ids"}
+        row["tokens_per_second"] = self.tokens_per_second
+        if ar is not None:
+            row["speedup_vs_ar"] = self.tokens_per_second / ar.tokens_per_second
+        return row
+
+
+@dataclasses.dataclass
+class Runner:
+    """Something to time: `warmup()` -> Result (tokens, compile time, stats), and
+    `timed_round()` -> wall seconds of decoding every prompt once."""
+
+    name: str
+    warmup: Callable[[], Result]
+    timed_round: Callable[[], float]
+
+
+def hispec_runner(model: Model, prompts: list[list[int]], spec: MethodSpec, *,
+                  max_new_tokens: int, batch_size: int, max_cache_len: int) -> Runner:
+    """A hispec-jax method as a Runner. The loop is compiled for this method's own window
+    bounds (a `Decoder` is passed, so no larger compiled loop is reused)."""
+    decoder = spec.decoder(model)
+    kwargs = dict(max_new_tokens=max_new_tokens, batch_size=batch_size, ignore_eos=True,
+                  max_cache_len=max_cache_len)
+
+    def warmup() -> Result:
+        r = generate_lib.generate(model, prompts, method=decoder, **kwargs)
+        seconds, memory = compile_loop(model, decoder, prompts, batch_size, max_new_tokens,
+                                       max_cache_len)
+        return Result(name=spec.name, token_ids=r.token_ids, new_tokens=r.stats["new_tokens"],
+                      compile_seconds=seconds, memory_bytes=memory,
+                      stats={k: r.stats.get(k) for k in STAT_KEYS},
+                      options={"method": spec.method, **dict(spec.options)})
+
+    def timed_round() -> float:  # end to end: request building and host transfers count
+        t0 = time.perf_counter()
+        generate_lib.generate(model, prompts, method=decoder, **kwargs)
+        return time.perf_counter() - t0
+
+    return Runner(spec.name, warmup, timed_round)
+
+
+def compile_loop(model: Model, decoder: methods.Decoder, prompts, batch_size: int,
+                 max_new_tokens: int, capacity: int) -> tuple[float, int]:
+    """(seconds to lower and compile the loop of the longest prompt's batch, bytes of XLA's
+    memory analysis of it). The loop is compiled afresh (not taken from `generate`'s cache),
+    so every method's compile time is measured even when an earlier phase compiled it.
+    Bytes: arguments (weights, cache, request) + outputs + temporaries, the donated cache
+    counted once: on CPU the peak the loop can reach; accelerators report the same analysis."""
+    longest = max(prompts, key=len)
+    block, capacity = generate_lib.plan_shapes(
+        len(longest), max_new_tokens, decoder.lookahead(), model.cfg.max_position_embeddings,
+        capacity)
+    eos = jnp.asarray([-1], jnp.int32)
+    req = generate_lib._make_request([longest], batch_size, 0, capacity, max_new_tokens, eos,
+                                     SamplingParams())
+    cache = KVCache.zeros(model.cfg, batch_size, capacity, decoder.cache_layers(model.cfg))
+    t0 = time.perf_counter()
+    compiled = decoder.lower(model, req, cache, greedy=True, prompt_block=block).compile()
+    seconds = time.perf_counter() - t0
+    m = compiled.memory_analysis()
+    return seconds, int(m.argument_size_in_bytes + m.output_size_in_bytes
+                        - m.alias_size_in_bytes + m.temp_size_in_bytes)
+
+
+def common_cache_len(model: Model, prompts, specs: list[MethodSpec], max_new_tokens: int) -> int:
+    """One KV-cache capacity for every method of a comparison (memory compared like for
+    like): the longest prompt + budget + the largest lookahead, rounded up to 64."""
+    lookahead = max(spec.decoder(model).lookahead() for spec in specs)
+    need = max(map(len, prompts)) + max_new_tokens + lookahead
+    return min(-(-need // 64) * 64, model.cfg.max_position_embeddings)
+
+
+def compare(runners: list[Runner], rounds: int, progress: Callable[[str], None] | None = None
+            ) -> list[Result]:
+    """Warms every runner up, then times `rounds` interleaved rounds. The first runner is
+    the reference (AR): every other runner's tokens are checked against it."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    tick = progress or (lambda name: None)
+    results = []
+    for runner in runners:
+        tick(f"warm-up {runner.name}")
+        result = runner.warmup()
+        result.identical_to_ar = result.token_ids == (results[0] if results else result).token_ids
+        results.append(result)
+    for _ in range(rounds):
+        for runner, result in zip(runners, results):
+            tick(runner.name)
+            result.seconds.append(runner.timed_round())
+    return results
+
+
+def device_description() -> str:
+    """e.g. 'cpu: 2 cores, jax 0.10.2' or 'gpu: NVIDIA H100 80GB HBM3, jax ...'."""
+    import os
+    import platform
+
+    d = jax.devices()[0]
+    what = (f"{len(os.sched_getaffinity(0))} cores, {platform.processor() or platform.machine()}"
+            if d.platform == "cpu" else d.device_kind)
+    return f"{d.platform}: {what}, jax {jax.__version__}"

@@ -1,0 +1,147 @@
+"""`hispec bench`: a quick end-to-end run on a tiny model, its report, and its pieces."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from hispec_jax.bench import prompts as prompts_lib
+from hispec_jax.bench import suite, sweeps
+from hispec_jax.cli import main
+from hispec_jax.models.config import ModelConfig
+from hispec_jax.models.model import load_model, save_model
+from hispec_jax.models.presets import init_random_model
+
+
+@pytest.fixture(scope="module")
+def byte_model_dir(tmp_path_factory):
+    """A 4-layer random Llama with the byte-level tokenizer (so dataset prompts tokenize)."""
+    cfg = ModelConfig(model_type="llama", vocab_size=259, hidden_size=64, intermediate_size=128,
+                      num_layers=4, num_heads=4, num_kv_heads=2, head_dim=16,
+                      max_position_embeddings=1024, tie_word_embeddings=True)
+    path = tmp_path_factory.mktemp("bench_model")
+    save_model(init_random_model(cfg, seed=0, init_std=0.3), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def quick_report(byte_model_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench_out")
+    rc = main(["bench", "--model", str(byte_model_dir), "--quick", "--datasets", "sharegpt",
+               "--max-prompt-tokens", "200", "--out-dir", str(out), "--no-progress"])
+    assert rc == 0
+    return out, json.loads((out / "report.json").read_text())
+
+
+def test_quick_bench_is_lossless_and_complete(quick_report):
+    out, report = quick_report
+    methods = report["methods"]["sharegpt"]
+    names = [r["name"] for r in methods]
+    assert names[0] == "ar"
+    assert {"layerskip d=1 n=2", "layerskip d=2 n=2", "hispec defaults",
+            "hispec adaptive"} <= set(names)
+    assert any(n.startswith("hispec tuned") for n in names)
+    for section in (methods, report["peers"]["sharegpt"], report["grid"]["rows"],
+                    *report["batch"]["rows"].values()):
+        for row in section:
+            assert row["identical_to_ar"] is True, row["name"]
+            assert row["tokens_per_second"] > 0
+            assert len(row["seconds"]) == 1
+    peers = {r["name"] for r in report["peers"]["sharegpt"]}
+    assert "transformers greedy" in peers and any("transformers layerskip" in n for n in peers)
+    for row in methods:
+        assert row["compile_seconds"] > 0 and row["memory_bytes"] > 0
+    hispec = next(r for r in methods if r["name"] == "hispec defaults")
+    assert hispec["stats"]["exits"] == [1, 2, 4]
+    assert 0 <= hispec["stats"]["final_acceptance_rate"] <= 1
+    # the 4-layer model's exit grid: exits {1, 2}, the one pair (1, 2)
+    assert report["grid"]["exits"] == [1, 2]
+    assert np.isnan(report["grid"]["heatmap"][0][0]) and report["grid"]["heatmap"][0][1] > 0
+    assert report["agreement"]["sharegpt"]["exits"] == [1, 2, 3, 4]
+    assert report["agreement"]["sharegpt"]["agreement"][-1] == 1.0
+    for png in report["plots"]:
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
+    assert {"agreement.png", "exit_grid.png", "methods_sharegpt.png",
+            "batch_sizes.png"} <= set(report["plots"])
+    md = (out / "report.md").read_text()
+    assert "## Methods: sharegpt" in md and "Table 9" in md and "identical to AR: **True**" in md
+
+
+def test_exit_agreement_matches_transformers_hidden_states(hf_models):
+    """Agreement from our exits == argmax of transformers' per-layer hidden states through
+    the final norm and LM head."""
+    import torch
+
+    hf, path = hf_models["qwen3"]
+    model = load_model(path)
+    rng = np.random.RandomState(0)
+    sequences = [rng.randint(3, 97, n).tolist() for n in (20, 33, 7)]
+    ours = sweeps.exit_agreement(model, sequences, max_len=40, batch_size=2)
+    L = model.cfg.num_layers
+    agree, total = np.zeros(L), 0
+    with torch.no_grad():
+        for seq in sequences:
+            out = hf(torch.tensor([seq]), output_hidden_states=True)
+            top = [hf.lm_head(hf.model.norm(h)).argmax(-1) for h in out.hidden_states[1:L]]
+            top.append(out.logits.argmax(-1))
+            agree += [int((t == top[-1]).sum()) for t in top]
+            total += len(seq)
+    assert ours["tokens"] == total
+    np.testing.assert_allclose(ours["agreement"], np.round(agree / total, 4), atol=1e-4)
+
+
+def test_heatmap_layout():
+    rows = [{"options": {"method": "ar"}, "speedup_vs_ar": 1.0},
+            {"options": {"method": "hispec", "draft_exit": 1, "verify_exits": [3]},
+             "speedup_vs_ar": 1.5}]
+    grid = sweeps.heatmap(rows, [1, 2, 3])
+    assert grid[0, 2] == 1.5 and np.isnan(grid).sum() == 8
+
+
+def test_compare_checks_tokens_and_interleaves():
+    calls = []
+
+    def runner(name, tokens):
+        def warmup():
+            calls.append(("warmup", name))
+            return suite.Result(name=name, token_ids=tokens, new_tokens=4)
+
+        def timed():
+            calls.append(("round", name))
+            return 2.0
+        return suite.Runner(name, warmup, timed)
+
+    results = suite.compare([runner("ar", [[1, 2]]), runner("x", [[1, 3]])], rounds=2)
+    assert [r.identical_to_ar for r in results] == [True, False]
+    assert calls == [("warmup", "ar"), ("warmup", "x"), ("round", "ar"), ("round", "x"),
+                     ("round", "ar"), ("round", "x")]
+    assert results[0].tokens_per_second == 2.0
+
+
+def test_prompts_are_skipped_not_cut():
+    from hispec_jax.models.presets import byte_tokenizer
+
+    tok = byte_tokenizer()
+    prompts = prompts_lib.load_prompts("humaneval", tok, 2, 400)
+    assert all(len(p) <= 400 for p in prompts) and len(prompts) == 2
+    texts = prompts_lib.dataset_texts("humaneval")
+    assert tok.decode(prompts[0], skip_special_tokens=True) in texts
+    with pytest.raises(ValueError, match="humaneval has only"):
+        prompts_lib.load_prompts("humaneval", tok, 3, 10)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--datasets", "wiki"], "datasets: 'wiki'"),
+    (["--draft-exits", "9"], "draft_exit=9"),
+    (["--tuned", "1,2"], "--tuned takes"),
+    (["--rounds", "0"], "rounds must be"),
+])
+def test_bad_bench_arguments_fail_before_compiling(byte_model_dir, capsys, args, message):
+    from hispec_jax.decoding import generate as generate_lib
+
+    before = generate_lib.compilations
+    assert main(["bench", "--model", str(byte_model_dir), "--no-progress", *args]) == 2
+    assert message in capsys.readouterr().err
+    assert generate_lib.compilations == before
