@@ -106,11 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--batch-size", type=int, default=1)
     bench.add_argument("--rounds", type=int, default=3, help="timed interleaved rounds (median)")
     bench.add_argument("--draft-exits", type=_exits, default=None,
-                       help="LayerSkip draft exits to sweep (default: every exit <= L/2)")
+                       help="LayerSkip draft exits to sweep (default: every exit <= L/4, every "
+                            "other one <= L/2)")
     bench.add_argument("--draft-lens", type=_exits, default=(2, 4),
                        help="LayerSkip draft lengths to sweep (default: 2,4)")
     bench.add_argument("--grid-exits", default=None,
-                       help="exits of the HiSpec (Ld, Li) grid (default: every exit <= L/2; "
+                       help="exits of the HiSpec (Ld, Li) grid (default: as --draft-exits; "
                             "'none' skips the grid)")
     bench.add_argument("--tuned", type=_exits, default=None,
                        help="Ld,Li,Nd,Ni of 'hispec tuned' instead of tuning on the grid")

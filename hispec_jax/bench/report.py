@@ -15,7 +15,7 @@ def _mib(n) -> str:
 
 METHOD_HEADER = ("| method | tokens/s | speedup vs AR | identical to AR | final acceptance | "
                  "true reject | false accept | tokens / full pass | layer passes / token | "
-                 "compile s | loop memory MiB |\n" + "|---" * 11 + "|\n")
+                 "ms / layer pass | compile s | loop memory MiB |\n" + "|---" * 12 + "|\n")
 
 
 def method_table(rows: list[dict[str, Any]]) -> str:
@@ -28,7 +28,7 @@ def method_table(rows: list[dict[str, Any]]) -> str:
             f"| {r['identical_to_ar']} | {_f(s.get('final_acceptance_rate'))} "
             f"| {_f(s.get('true_reject_rate'))} | {_f(s.get('false_accept_rate'))} "
             f"| {_f(s.get('tokens_per_full_pass'))} | {_f(s.get('layer_passes_per_token'), 1)} "
-            f"| {_f(r.get('compile_seconds'), 1)} | {_mib(r.get('memory_bytes'))} |\n")
+            f"| {_f(r.get('ms_per_layer_pass'), 3)} | {_f(r.get('compile_seconds'), 1)} | {_mib(r.get('memory_bytes'))} |\n")
     return "".join(lines)
 
 

@@ -44,9 +44,9 @@ class BenchConfig:
     max_new_tokens: int = 64
     batch_size: int = 1
     rounds: int = 3
-    draft_exits: tuple[int, ...] | None = None   # LayerSkip sweep; None: exits <= L/2
+    draft_exits: tuple[int, ...] | None = None   # LayerSkip sweep; None: candidate_exits
     draft_lens: tuple[int, ...] = (2, 4)
-    grid_exits: tuple[int, ...] | None = None    # exit grid; None: exits <= L/2; (): skip
+    grid_exits: tuple[int, ...] | None = None    # exit grid; None: candidate_exits; (): skip
     tuned: tuple[int, int, int, int] | None = None  # (Ld, Li, Nd, Ni); None: from the grid
     transformers: bool = True
     batch_sizes: tuple[int, ...] = (1, 4, 16)    # (): skip

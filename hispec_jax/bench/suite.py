@@ -29,7 +29,8 @@ from hispec_jax.models.model import Model
 
 # Statistics of paper Table 9 and the engine's cost counters, copied from `generate` stats.
 STAT_KEYS = ("exits", "acceptance_rate_per_level", "final_acceptance_rate", "true_reject_rate",
-             "false_accept_rate", "tokens_per_full_pass", "layer_passes_per_token")
+             "false_accept_rate", "tokens_per_full_pass", "layer_passes_per_token",
+             "layer_passes")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +70,9 @@ class Result:
     def to_json(self, ar: "Result | None" = None) -> dict[str, Any]:
         row = {k: v for k, v in dataclasses.asdict(self).items() if k != "token_ids"}
         row["tokens_per_second"] = self.tokens_per_second
+        passes = self.stats.get("layer_passes")
+        if passes:  # wall time per layer pass: what one unit of the engine's work costs
+            row["ms_per_layer_pass"] = 1e3 * statistics.median(self.seconds) / passes
         if ar is not None:
             row["speedup_vs_ar"] = self.tokens_per_second / ar.tokens_per_second
         return row

@@ -23,10 +23,12 @@ from hispec_jax.models.model import Model
 from hispec_jax.train_heads.pretrain import scan_exits
 
 
-def candidate_exits(model: Model, max_fraction: float = 0.5) -> list[int]:
-    """Exits with heads at depth <= max_fraction * L (the useful drafters/verifiers)."""
+def candidate_exits(model: Model) -> list[int]:
+    """The sweeps' drafters/verifiers: every exit with a head up to L/4, every other one
+    up to L/2 (L = 16: 1, 2, 3, 4, 6, 8; the paper's exits are L/8 and L/4)."""
     L = model.cfg.num_layers
-    return [e for e in methods.available_exits(model) if e < L and e <= max_fraction * L]
+    return [e for e in methods.available_exits(model)
+            if e < L and (e <= L / 4 or (e <= L / 2 and e % 2 == 0))]
 
 
 def layerskip_specs(draft_exits, draft_lens) -> list[MethodSpec]:
