@@ -10,11 +10,15 @@ so every prompt reads as the dataset wrote it.
 
 from __future__ import annotations
 
+import functools
+
 DATASETS = ("sharegpt", "humaneval")
 
 
-def dataset_texts(dataset: str) -> list[str]:
-    """Prompt texts of `dataset` ("sharegpt" or "humaneval"), in dataset order."""
+@functools.lru_cache(maxsize=None)
+def dataset_texts(dataset: str) -> tuple[str, ...]:
+    """Prompt texts of `dataset` ("sharegpt" or "humaneval"), in dataset order (parsed once
+    per process)."""
     from hispec_jax.train_heads import data
 
     if dataset == "sharegpt":
@@ -25,9 +29,9 @@ def dataset_texts(dataset: str) -> list[str]:
                      if str(t.get("from", "")).lower() in ("human", "user")]
             if turns and turns[0].strip():
                 texts.append(f"User: {turns[0].strip()}\nAssistant:")
-        return texts
+        return tuple(texts)
     if dataset == "humaneval":
-        return data.load_humaneval_prompts()
+        return tuple(data.load_humaneval_prompts())
     raise ValueError(f"dataset={dataset!r} is not one of {DATASETS}")
 
 
