@@ -50,7 +50,7 @@ def sds(shape, dtype):
 
 
 def cache_structs(cfg, batch=BATCH, capacity=CAPACITY, layers=None):
-    shape = (layers or cfg.num_layers, batch, capacity, cfg.num_kv_heads, cfg.head_dim)
+    shape = (layers or cfg.num_layers, batch, cfg.num_kv_heads, capacity, cfg.head_dim)
     return KVCache(k=sds(shape, BF16), v=sds(shape, BF16))
 
 
@@ -99,7 +99,7 @@ def test_prefill_eval_shape(name):
         lambda p, t, n, c: fn(p, tokens_BxT=t, lengths_B=n, cache=c),
         shape_structs(cfg), sds((BATCH, BLOCK), I32), sds((BATCH,), I32), cache_structs(cfg))
     assert h.shape == (BATCH, cfg.hidden_size) and h.dtype == BF16
-    expected = (L, BATCH, CAPACITY, cfg.num_kv_heads, cfg.head_dim)
+    expected = (L, BATCH, cfg.num_kv_heads, CAPACITY, cfg.head_dim)
     assert cache.k.shape == expected and cache.v.shape == expected
     assert cache.k.dtype == BF16 and cache.v.dtype == BF16
 
@@ -128,7 +128,7 @@ def test_decode_step_lowers(name):
     lowered = lower_decode_step(cfg)
     logits, cache = lowered.out_info
     assert logits.shape == (BATCH, 1, cfg.vocab_size) and logits.dtype == jnp.float32
-    assert cache.k.shape == (cfg.num_layers, BATCH, CAPACITY, cfg.num_kv_heads, cfg.head_dim)
+    assert cache.k.shape == (cfg.num_layers, BATCH, cfg.num_kv_heads, CAPACITY, cfg.head_dim)
     assert "while" in lowered.as_text()  # the layer scan
 
 
@@ -139,7 +139,7 @@ def test_ar_loop_lowers_8b(greedy):
     state = lowered.out_info
     assert state.out.tokens_BxS.shape == (BATCH, CAPACITY)
     assert state.out.num_new_B.shape == (BATCH,)
-    assert state.cache.k.shape == (cfg.num_layers, BATCH, CAPACITY, cfg.num_kv_heads, cfg.head_dim)
+    assert state.cache.k.shape == (cfg.num_layers, BATCH, cfg.num_kv_heads, CAPACITY, cfg.head_dim)
 
 
 def test_method_lowers_like_generate_does():

@@ -8,6 +8,7 @@ that every exit (nearly) agrees with the final layer, exercising long accepted r
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -20,7 +21,7 @@ from hypothesis import strategies as st
 from hispec_jax import Model, ModelConfig, generate
 from hispec_jax.decoding import generate as generate_lib
 from hispec_jax.decoding import methods
-from hispec_jax.models.params import init_params
+from hispec_jax.models.params import init_params, layer_layout, with_layer_layout
 
 VOCAB = 64
 
@@ -190,3 +191,30 @@ def test_exit_without_head_is_rejected():
     with pytest.raises(ValueError, match="draft_exit=2 has no exit head"):
         generate(model, [[1, 2]], method="layerskip", draft_exit=2, max_new_tokens=4)
     assert methods.make_method(model, "layerskip").hierarchy.exits == (1, 4)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_unrolled_layer_layout_gives_the_same_tokens(temperature):
+    """The "unrolled" layout (per-layer weights, the CPU default of load_model) runs the same
+    math as the scanned stacked weights: same tokens for every method, greedy and sampled."""
+    model = tiny_model(4, 0, 0.1)
+    unrolled = dataclasses.replace(model, params=with_layer_layout(model.params, "unrolled"))
+    assert layer_layout(unrolled.params) == "unrolled" and layer_layout(model.params) == "scan"
+    prompts = random_prompts(np.random.RandomState(5), 3, 9)
+    for method, options in [("ar", {}), ("exit", {"exit_layer": 2}),
+                            ("layerskip", {"draft_exit": 1}),
+                            ("hispec", {"draft_exit": 1, "verify_exits": (2,)})]:
+        runs = [generate(m, prompts, method=method, max_new_tokens=12, temperature=temperature,
+                         seed=3, **options) for m in (model, unrolled)]
+        assert runs[0].token_ids == runs[1].token_ids, method
+        assert runs[0].stats["layer_passes"] == runs[1].stats["layer_passes"], method
+
+
+def test_layer_layout_round_trip_and_errors():
+    params = tiny_model(3, 1).params
+    unrolled = with_layer_layout(params, "unrolled")
+    assert len(unrolled["layers"]) == 3 and unrolled["layers"][1]["wq"].shape == params["layers"]["wq"].shape[1:]
+    back = with_layer_layout(unrolled, "scan")
+    jax.tree.map(np.testing.assert_array_equal, back, params)
+    with pytest.raises(ValueError, match="layer_layout='stacked'"):
+        with_layer_layout(params, "stacked")

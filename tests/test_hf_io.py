@@ -341,3 +341,16 @@ def test_save_exit_heads_errors(hf_dirs, tmp_path):
         hf_io.save_exit_heads(tmp_path, cfg, {"0": heads["1"]})
     with pytest.raises(ValueError, match="exit head '1'.*'proj'"):
         hf_io.save_exit_heads(tmp_path, cfg, {"1": {**heads["1"], "proj": jnp.ones((32, 63))}})
+
+
+@pytest.mark.parametrize("layout", ["scan", "unrolled"])
+def test_save_model_from_either_layer_layout(hf_dirs, tmp_path, layout):
+    from hispec_jax.models.model import load_model, save_model
+
+    path, _ = hf_dirs["llama_gqa"]
+    model = load_model(path, layer_layout=layout)
+    assert isinstance(model.params["layers"], tuple) == (layout == "unrolled")
+    save_model(model, tmp_path)
+    assert_tree_equal(hf_io.load_checkpoint(tmp_path)[1], hf_io.load_checkpoint(path)[1])
+    with pytest.raises(ValueError, match="layer_layout='rows'"):
+        load_model(path, layer_layout="rows")

@@ -34,10 +34,11 @@ def our_exit_logits_by_layer(model, x, positions, cache):
     return per_exit, cache
 
 
+@pytest.mark.parametrize("layout", ["scan", "unrolled"])
 @pytest.mark.parametrize("kind", KINDS)
-def test_prefill_logits_every_exit(hf_models, kind):
+def test_prefill_logits_every_exit(hf_models, kind, layout):
     hf_model, path = hf_models[kind]
-    model = load_model(path)
+    model = load_model(path, layer_layout=layout)
     tokens = np.random.RandomState(0).randint(0, model.cfg.vocab_size, (2, 21))
     ref = hf_exit_logits(hf_model, tokens)
     cache = KVCache.zeros(model.cfg, 2, 32)
@@ -47,11 +48,12 @@ def test_prefill_logits_every_exit(hf_models, kind):
         np.testing.assert_allclose(o, r, atol=ATOL, rtol=0, err_msg=f"exit {e}")
 
 
+@pytest.mark.parametrize("layout", ["scan", "unrolled"])
 @pytest.mark.parametrize("kind", KINDS)
-def test_token_by_token_decode_every_exit(hf_models, kind):
+def test_token_by_token_decode_every_exit(hf_models, kind, layout):
     """Prefill 5 tokens, then feed one token at a time through the cache."""
     hf_model, path = hf_models[kind]
-    model = load_model(path)
+    model = load_model(path, layer_layout=layout)
     T, P = 14, 5
     tokens = np.random.RandomState(1).randint(0, model.cfg.vocab_size, (2, T))
     ref = hf_exit_logits(hf_model, tokens)

@@ -20,6 +20,7 @@ from hispec_jax.bench.suite import MethodSpec
 from hispec_jax.decoding import methods
 from hispec_jax.models.heads import exit_logits
 from hispec_jax.models.model import Model
+from hispec_jax.models.params import with_layer_layout
 from hispec_jax.train_heads.pretrain import scan_exits
 
 
@@ -73,6 +74,7 @@ def heatmap(rows: list[dict[str, Any]], exits: list[int]) -> np.ndarray:
 @functools.partial(jax.jit, static_argnames=("model_cfg", "exits"))
 def _agreement_counts(params, heads, tokens_BxT, valid_BxT, *, model_cfg, exits):
     # Hidden states of every layer [L, B, T, D], then each exit's head on its layer.
+    params = with_layer_layout(params, "scan")  # scan_exits scans the stacked layers
     _, h_LxBxTxD = scan_exits(params, model_cfg, tokens_BxT, lambda h, index: h)
     top = {e: jnp.argmax(exit_logits(params, heads, model_cfg, h_LxBxTxD[e - 1], e), -1)
            for e in exits}

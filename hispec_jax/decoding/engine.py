@@ -156,7 +156,7 @@ class EngineState:
     Attributes:
       out: output buffer; `out.tokens_BxS` also holds tentative tokens past the committed
         length (slot == position).
-      cache: KV cache [L', B, S, K, H] of layers [0, top).
+      cache: KV cache [L', B, K, S, H] of layers [0, top).
       processed_BxK: [B, K] int32, c_k per level.
       hidden: K - 1 ring buffers [B, W, D]; entry k holds layer-e_k states of positions
         [c_{k+1}, c_k) at slot position % W.

@@ -149,7 +149,6 @@ def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int =
         decoder = method
     else:
         decoder = methods_lib.make_method(model, method, greedy=sampling.greedy, **method_options)
-        decoder = _reuse_bounds(decoder)
     prompt_ids = tokenize(model, prompts)
     if batch_size is None:
         batch_size = len(prompt_ids)
@@ -159,6 +158,17 @@ def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int =
     max_prompt_len = max(len(p) for p in prompt_ids)
     block, capacity = plan_shapes(max_prompt_len, max_new_tokens, decoder.lookahead(),
                                   model.cfg.max_position_embeddings, max_cache_len)
+    if not isinstance(method, methods_lib.Decoder):
+        # Run in an already compiled loop with larger window bounds when its (longer)
+        # lookahead still fits these shapes; else compile this decoder's own loop.
+        reused = _reuse_bounds(decoder)
+        try:
+            fits = plan_shapes(max_prompt_len, max_new_tokens, reused.lookahead(),
+                               model.cfg.max_position_embeddings, max_cache_len) == (block, capacity)
+        except ValueError:
+            fits = False
+        if fits:
+            decoder = reused
     eos = () if ignore_eos else model.eos_token_ids
     eos_ids_E = jnp.asarray(list(eos) or [-1], jnp.int32)
 

@@ -1,6 +1,11 @@
 """Fixed-shape KV cache with per-sequence positions.
 
-    k, v: [L, B, S, K, H]     S = cache capacity (max_len), slot index == absolute position
+    k, v: [L, B, K, S, H]     S = cache capacity (max_len), slot index == absolute position
+
+The kv-head axis K sits before the slot axis S so that a layer's slice [B, K, S, H] has the
+attention matmuls' batch axes (B, K) outermost. With [B, S, K, H] XLA relaid out (copied)
+both the keys and the values of every layer at every decoding step; now the values are
+read in place (XLA:CPU still transposes the keys for the score matmul).
 
 Every sequence writes the token at absolute position p into slot p, so sequences of one
 batch can sit at different lengths, and rollback after a rejected draft only moves that
@@ -34,8 +39,8 @@ class KVCache:
     """Keys and values of every cached layer.
 
     Attributes:
-      k: [L', B, S, K, H] keys after RoPE (L' <= L: a cache may hold only the first L' layers).
-      v: [L', B, S, K, H] values.
+      k: [L', B, K, S, H] keys after RoPE (L' <= L: a cache may hold only the first L' layers).
+      v: [L', B, K, S, H] values.
     """
 
     k: jax.Array
@@ -44,7 +49,7 @@ class KVCache:
     @property
     def capacity(self) -> int:
         """S: the number of positions each sequence can hold."""
-        return self.k.shape[2]
+        return self.k.shape[3]
 
     @property
     def num_layers(self) -> int:
@@ -54,7 +59,7 @@ class KVCache:
     def zeros(cls, cfg: ModelConfig, batch: int, capacity: int, num_layers: int | None = None,
               dtype=None) -> "KVCache":
         """An empty cache for `batch` sequences of up to `capacity` positions."""
-        shape = (num_layers or cfg.num_layers, batch, capacity, cfg.num_kv_heads, cfg.head_dim)
+        shape = (num_layers or cfg.num_layers, batch, cfg.num_kv_heads, capacity, cfg.head_dim)
         dtype = dtype or jnp.dtype(cfg.dtype)
         return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
 
@@ -64,8 +69,9 @@ class KVCache:
         layer_Lx1x1 = jnp.arange(start, start + n)[:, None, None]
         batch_1xBx1 = jnp.arange(positions_BxT.shape[0])[None, :, None]
         pos_1xBxT = positions_BxT[None]
-        k = self.k.at[layer_Lx1x1, batch_1xBx1, pos_1xBxT].set(block.k.astype(self.k.dtype), mode="drop")
-        v = self.v.at[layer_Lx1x1, batch_1xBx1, pos_1xBxT].set(block.v.astype(self.v.dtype), mode="drop")
+        # Advanced indices around the K slice: the indexed shape is [n, B, T, K, H], the block's.
+        k = self.k.at[layer_Lx1x1, batch_1xBx1, :, pos_1xBxT].set(block.k.astype(self.k.dtype), mode="drop")
+        v = self.v.at[layer_Lx1x1, batch_1xBx1, :, pos_1xBxT].set(block.v.astype(self.v.dtype), mode="drop")
         return KVCache(k=k, v=v)
 
     def write_all_layers(self, positions_LxBxT: jax.Array, block: "KVBlock") -> "KVCache":
@@ -73,6 +79,6 @@ class KVCache:
         L, B, _ = positions_LxBxT.shape
         layer_Lx1x1 = jnp.arange(L)[:, None, None]
         batch_1xBx1 = jnp.arange(B)[None, :, None]
-        k = self.k.at[layer_Lx1x1, batch_1xBx1, positions_LxBxT].set(block.k.astype(self.k.dtype), mode="drop")
-        v = self.v.at[layer_Lx1x1, batch_1xBx1, positions_LxBxT].set(block.v.astype(self.v.dtype), mode="drop")
+        k = self.k.at[layer_Lx1x1, batch_1xBx1, :, positions_LxBxT].set(block.k.astype(self.k.dtype), mode="drop")
+        v = self.v.at[layer_Lx1x1, batch_1xBx1, :, positions_LxBxT].set(block.v.astype(self.v.dtype), mode="drop")
         return KVCache(k=k, v=v)

@@ -9,7 +9,8 @@ from typing import Any
 from hispec_jax.models import hf_io
 from hispec_jax.models.config import ModelConfig
 from hispec_jax.models.heads import head_kind
-from hispec_jax.models.params import ExitHeads, Params
+from hispec_jax.models.params import (LAYER_LAYOUTS, ExitHeads, Params, default_layer_layout,
+                                      with_layer_layout)
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
@@ -20,7 +21,8 @@ class Model:
 
     Attributes:
       cfg: architecture (static under `jit`).
-      params: stacked parameter pytree (`params.py`).
+      params: parameter pytree (`params.py`), layers stacked ("scan" layout) or a tuple of
+        per-layer dicts ("unrolled" layout).
       heads: trained exit heads by exit layer (`{}`: every exit uses the shared head).
       tokenizer: a HF tokenizer, or None (then prompts must be token ids).
       generation_config: the checkpoint's `generation_config.json` as a dict.
@@ -53,15 +55,22 @@ class Model:
         return {e: head_kind(self.cfg, self.heads, e) for e in range(1, self.cfg.num_layers + 1)}
 
 
-def load_model(path, dtype: str | None = None) -> Model:
+def load_model(path, dtype: str | None = None, layer_layout: str | None = None) -> Model:
     """Loads a local Hugging Face directory (safetensors weights, config, tokenizer, heads).
 
     Args:
       path: directory with config.json and model.safetensors (or a sharded index).
       dtype: "float32" or "bfloat16" to override the checkpoint's dtype.
+      layer_layout: "scan" (stacked layer weights, scanned) or "unrolled" (per-layer
+        weights, unrolled loop); None: "unrolled" on CPU, "scan" on accelerators (see
+        `params.py`). Training code that scans the stacked weights asks for "scan".
     """
     path = Path(path)
+    layout = layer_layout or default_layer_layout()
+    if layout not in LAYER_LAYOUTS:  # before reading any weights
+        raise ValueError(f"layer_layout={layout!r} is not one of {LAYER_LAYOUTS}")
     cfg, params, heads, generation_config = hf_io.load_checkpoint(path, dtype=dtype)
+    params = with_layer_layout(params, layout)
     tokenizer = None
     if any((path / f).exists() for f in _TOKENIZER_FILES):
         from transformers import AutoTokenizer  # transformers' tokenizers need no torch
@@ -73,7 +82,8 @@ def load_model(path, dtype: str | None = None) -> Model:
 
 def save_model(model: Model, path, max_shard_bytes: int | None = None) -> None:
     """Writes `model` in HF layout (loadable by `transformers.AutoModelForCausalLM`)."""
-    hf_io.save_checkpoint(path, model.cfg, model.params, heads=model.heads or None,
+    hf_io.save_checkpoint(path, model.cfg, with_layer_layout(model.params, "scan"),
+                          heads=model.heads or None,
                           generation_config=model.generation_config or None,
                           max_shard_bytes=max_shard_bytes)
     if model.tokenizer is not None:

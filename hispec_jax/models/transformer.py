@@ -1,9 +1,10 @@
 """Pure-functional decoder: embed, run any layer range over a block of positions, RMSNorm.
 
 The one primitive every decoding method is built from is `run_layers`: it continues hidden
-states from layer `start` through layer `stop - 1` (a `lax.scan` over the static slice of the
-stacked weights, so compile time does not grow with depth), reading the KV cache of exactly
-those layers and returning the block's new keys/values (`KVBlock`) for the caller to write.
+states from layer `start` through layer `stop - 1` (a `lax.scan` over the stacked weights, so
+compile time does not grow with depth, or an unrolled loop over per-layer weights: see the
+layer layouts in `params.py`), reading the KV cache of exactly those layers and returning
+the block's new keys/values (`KVBlock`) for the caller to write.
 
 Shapes (nanodo suffixes): B batch, T block length, S cache capacity, D hidden, N query heads,
 K kv heads, G = N / K, H head dim, F MLP width, V vocab.
@@ -40,8 +41,8 @@ def embed(params: Params, tokens_BxT: jax.Array) -> jax.Array:
     return jnp.take(params["embed"], tokens_BxT, axis=0)
 
 
-def _attention(layer_params, cfg: ModelConfig, x_BxTxD, positions_BxT, context_k_BxSxKxH,
-               context_v_BxSxKxH):
+def _attention(layer_params, cfg: ModelConfig, x_BxTxD, positions_BxT, context_k_BxKxSxH,
+               context_v_BxKxSxH):
     """Self-attention of a block over the cached context plus the block itself.
 
     The cache is only read: a query at block index j sees cache slots < the block's first
@@ -60,26 +61,29 @@ def _attention(layer_params, cfg: ModelConfig, x_BxTxD, positions_BxT, context_k
         k_BxTxKxH = rms_norm(k_BxTxKxH, layer_params["k_norm"], cfg.rms_norm_eps)
     q_BxTxNxH = apply_rope(q_BxTxNxH, positions_BxT, inv_freq)
     k_BxTxKxH = apply_rope(k_BxTxKxH, positions_BxT, inv_freq)
-    k_BxTxKxH = k_BxTxKxH.astype(context_k_BxSxKxH.dtype)
-    v_BxTxKxH = v_BxTxKxH.astype(context_v_BxSxKxH.dtype)
+    k_BxTxKxH = k_BxTxKxH.astype(context_k_BxKxSxH.dtype)
+    v_BxTxKxH = v_BxTxKxH.astype(context_v_BxKxSxH.dtype)
 
     q_BxTxKxGxH = q_BxTxNxH.reshape(B, T, K, G, H) * (H**-0.5)
-    scores_ctx = jnp.einsum("BTKGH,BSKH->BKGTS", q_BxTxKxGxH, context_k_BxSxKxH,
+    scores_ctx = jnp.einsum("BTKGH,BKSH->BKGTS", q_BxTxKxGxH, context_k_BxKxSxH,
                             preferred_element_type=jnp.float32)
     scores_blk = jnp.einsum("BTKGH,BUKH->BKGTU", q_BxTxKxGxH, k_BxTxKxH,
                             preferred_element_type=jnp.float32)
-    S = context_k_BxSxKxH.shape[1]
+    S = context_k_BxKxSxH.shape[2]
     start_B = positions_BxT[:, 0]
     ctx_visible_BxS = jnp.arange(S)[None, :] < start_B[:, None]
     blk_visible_TxU = jnp.arange(T)[None, :] <= jnp.arange(T)[:, None]
     scores_ctx = jnp.where(ctx_visible_BxS[:, None, None, None, :], scores_ctx, -1e30)
     scores_blk = jnp.where(blk_visible_TxU[None, None, None], scores_blk, -1e30)
     probs = jax.nn.softmax(jnp.concatenate([scores_ctx, scores_blk], axis=-1), axis=-1)
-    probs = probs.astype(context_v_BxSxKxH.dtype)
-    out_BxTxKxGxH = (jnp.einsum("BKGTS,BSKH->BTKGH", probs[..., :S], context_v_BxSxKxH)
+    probs = probs.astype(context_v_BxKxSxH.dtype)
+    out_BxTxKxGxH = (jnp.einsum("BKGTS,BKSH->BTKGH", probs[..., :S], context_v_BxKxSxH)
                      + jnp.einsum("BKGTU,BUKH->BTKGH", probs[..., S:], v_BxTxKxH))
-    out_BxTxNxH = out_BxTxKxGxH.reshape(B, T, cfg.num_heads, H)
-    attn_BxTxD = jnp.einsum("BTNH,NHD->BTD", out_BxTxNxH, layer_params["wo"])
+    # As one [B, T, N*H] x [N*H, D] matmul: (N, H) flattened in the weights' own row-major
+    # order, so XLA needs no relayout copy of wo (a 4-D einsum got one per layer and step).
+    N = cfg.num_heads
+    out_BxTxNH = out_BxTxKxGxH.reshape(B, T, N * H)
+    attn_BxTxD = out_BxTxNH @ layer_params["wo"].reshape(N * H, -1)
     return attn_BxTxD, k_BxTxKxH, v_BxTxKxH
 
 
@@ -111,21 +115,44 @@ def run_layers(params: Params, cfg: ModelConfig, x_BxTxD: jax.Array, positions_B
         raise ValueError(f"layer range [{start}, {stop}) is outside [0, {cfg.num_layers}]")
     if stop > cache.num_layers:
         raise ValueError(f"cache holds {cache.num_layers} layers, layer range needs {stop}")
-    # Index each layer's weights and cache inside the scan: slicing the stacked arrays
-    # outside (`w[start:stop]` as scan inputs) makes XLA materialize a copy of them.
+    layers = params["layers"]
+    if isinstance(layers, (tuple, list)):  # the "unrolled" layout: one buffer set per layer
+        ks, vs = [], []
+        for layer in range(start, stop):
+            x_BxTxD, k, v = _layer(layers[layer], cfg, x_BxTxD, positions_BxT,
+                                   cache.k[layer], cache.v[layer])
+            ks.append(k)
+            vs.append(v)
+        if not ks:
+            B, T, _ = x_BxTxD.shape
+            empty = jnp.zeros((0, B, T, cfg.num_kv_heads, cfg.head_dim), cache.k.dtype)
+            return x_BxTxD, KVBlock(k=empty, v=empty)
+        return x_BxTxD, KVBlock(k=jnp.stack(ks), v=jnp.stack(vs))
+
+    # The "scan" layout. Index each layer's weights and cache inside the scan: slicing the
+    # stacked arrays outside (`w[start:stop]` as scan inputs) makes XLA materialize a copy.
     take = lambda a, layer: jax.lax.dynamic_index_in_dim(a, layer, keepdims=False)
 
     def step(x, layer):
-        layer_params = jax.tree.map(lambda w: take(w, layer), params["layers"])
-        h = rms_norm(x, layer_params["attn_norm"], cfg.rms_norm_eps)
-        attn, k, v = _attention(layer_params, cfg, h, positions_BxT, take(cache.k, layer),
-                                take(cache.v, layer))
-        x = x + attn
-        h = rms_norm(x, layer_params["mlp_norm"], cfg.rms_norm_eps)
-        return x + _mlp(layer_params, h), (k, v)
+        layer_params = jax.tree.map(lambda w: take(w, layer), layers)
+        x, k, v = _layer(layer_params, cfg, x, positions_BxT, take(cache.k, layer),
+                         take(cache.v, layer))
+        return x, (k, v)
 
     x_BxTxD, (k_LxBxTxKxH, v_LxBxTxKxH) = jax.lax.scan(step, x_BxTxD, jnp.arange(start, stop))
     return x_BxTxD, KVBlock(k=k_LxBxTxKxH, v=v_LxBxTxKxH)
+
+
+def _layer(layer_params, cfg: ModelConfig, x_BxTxD, positions_BxT, context_k_BxKxSxH,
+           context_v_BxKxSxH):
+    """One pre-norm decoder layer: x + attention(norm(x)), then + MLP(norm(.)).
+    Returns (x [B, T, D], the block's k and v [B, T, K, H])."""
+    h = rms_norm(x_BxTxD, layer_params["attn_norm"], cfg.rms_norm_eps)
+    attn, k, v = _attention(layer_params, cfg, h, positions_BxT, context_k_BxKxSxH,
+                            context_v_BxKxSxH)
+    x_BxTxD = x_BxTxD + attn
+    h = rms_norm(x_BxTxD, layer_params["mlp_norm"], cfg.rms_norm_eps)
+    return x_BxTxD + _mlp(layer_params, h), k, v
 
 
 def run_layers_cached(params: Params, cfg: ModelConfig, x_BxTxD, positions_BxT, cache: KVCache,

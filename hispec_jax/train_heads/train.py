@@ -36,7 +36,7 @@ import numpy as np
 
 from hispec_jax.models import hf_io
 from hispec_jax.models.model import Model, load_model, save_model
-from hispec_jax.models.params import ExitHeads
+from hispec_jax.models.params import ExitHeads, with_layer_layout
 from hispec_jax.train_heads import steps
 from hispec_jax.train_heads.checkpoint import Checkpointer, abstract_like
 from hispec_jax.train_heads.config import check_config
@@ -268,7 +268,10 @@ def train(config, model: Model | None = None, log: Callable[[str], None] = print
 
     check_config(config)
     if model is None:
-        model = load_model(config.model_path, dtype=config.model_dtype or None)
+        model = load_model(config.model_path, dtype=config.model_dtype or None,
+                           layer_layout="scan")
+    # The feature pass scans the stacked layers.
+    model = dataclasses.replace(model, params=with_layer_layout(model.params, "scan"))
     cfg = model.cfg
     head_layers = check_head_layers(cfg, config.head_layers)
     rank = check_rank(cfg, config.head_rank or None)
