@@ -76,13 +76,15 @@ def main(argv=None):
     ap.add_argument("--draft-exits", default="", help="LayerSkip sweep, e.g. 1,2,4 (default: L/8, L/4)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--layer-layout", default=None, choices=["scan", "unrolled"],
+                    help="layer weights layout of --model (default: load_model's, unrolled on CPU)")
     ap.add_argument("--out", default=None, help="write results as JSON here")
     ap.add_argument("--temperatures", default="",
                     help="sampling mode instead: e.g. 0.6,1.0 runs AR and HiSpec (token-wise and "
                          "blockwise verification) at each temperature")
     args = ap.parse_args(argv)
 
-    model = (load_model(args.model) if args.model else
+    model = (load_model(args.model, layer_layout=args.layer_layout) if args.model else
              synthetic_model(args.synthetic, args.layers, args.hidden, args.vocab, args.seed))
     L = model.cfg.num_layers
     prompts = load_prompts(model, args)
