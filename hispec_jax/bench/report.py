@@ -32,7 +32,8 @@ def method_table(rows: list[dict[str, Any]]) -> str:
     return "".join(lines)
 
 
-def _best(rows, method: str):
+def best_row(rows, method: str):
+    """The fastest result row of `method` ("layerskip", "hispec", "transformers"), or None."""
     candidates = [r for r in rows if r["options"].get("method") == method]
     return max(candidates, key=lambda r: r["tokens_per_second"]) if candidates else None
 
@@ -41,14 +42,14 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     """The headline ratios the targets are about."""
     out = []
     for dataset, rows in report["methods"].items():
-        ls, hs = _best(rows, "layerskip"), _best(rows, "hispec")
+        ls, hs = best_row(rows, "layerskip"), best_row(rows, "hispec")
         if hs and ls:
             out.append(f"- {dataset}: best HiSpec ({hs['name']}) {hs['speedup_vs_ar']:.2f}x AR, "
                        f"{hs['tokens_per_second'] / ls['tokens_per_second']:.2f}x the best "
                        f"LayerSkip ({ls['name']}, {ls['speedup_vs_ar']:.2f}x AR)")
     for dataset, rows in report["peers"].items():
-        ours = _best(rows, "hispec")
-        theirs = _best(rows, "transformers")
+        ours = best_row(rows, "hispec")
+        theirs = best_row(rows, "transformers")
         if ours and theirs:
             out.append(f"- {dataset}: our best HiSpec is {ours['tokens_per_second'] / theirs['tokens_per_second']:.2f}x "
                        f"the best transformers method ({theirs['name']}, "

@@ -104,6 +104,7 @@ class Bench:
         config.validate(self.model)
         self.out_dir = Path(config.out_dir)
         self.hf_model = None
+        self.specs: dict[str, MethodSpec] = {}  # every method run so far, by name
         cfg = self.model.cfg
         self.report: dict[str, Any] = {
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -135,6 +136,7 @@ class Bench:
 
     def _ours(self, prompts, specs: list[MethodSpec], batch_size: int | None = None
               ) -> list[Runner]:
+        self.specs.update((spec.name, spec) for spec in specs)
         capacity = suite.common_cache_len(self.model, prompts, specs, self.config.max_new_tokens)
         return [suite.hispec_runner(self.model, prompts, spec,
                                     max_new_tokens=self.config.max_new_tokens,
@@ -196,12 +198,10 @@ class Bench:
         n_new = self.config.max_new_tokens
         for dataset in self.config.datasets:
             rows = self.report["methods"][dataset]
-            best_ls = max((r for r in rows if r["options"]["method"] == "layerskip"),
-                          key=lambda r: r["tokens_per_second"])
-            best_hs = max((r for r in rows if r["options"]["method"] == "hispec"),
-                          key=lambda r: r["tokens_per_second"])
+            best_ls = report.best_row(rows, "layerskip")
+            best_hs = report.best_row(rows, "hispec")
             d, n = best_ls["options"]["draft_exit"], best_ls["options"]["draft_len"]
-            specs = [MethodSpec.of("ar", "ar"), _spec_of(best_ls), _spec_of(best_hs)]
+            specs = [self.specs[name] for name in ("ar", best_ls["name"], best_hs["name"])]
             prompts = self._prompts(dataset)
             runners = self._ours(prompts, specs, batch_size=1)
             runners.append(_hf_runner(self.hf_model, prompts, n_new, "transformers greedy"))
@@ -277,14 +277,6 @@ class Bench:
             paths.append(plots.batch_plot(b["batch_sizes"], tps, out / "batch_sizes.png",
                                           f"throughput by batch size ({b['dataset']})"))
         return paths
-
-
-def _spec_of(row: dict[str, Any]) -> MethodSpec:
-    options = dict(row["options"])
-    method = options.pop("method")
-    if "verify_exits" in options:
-        options["verify_exits"] = tuple(options["verify_exits"])
-    return MethodSpec.of(row["name"], method, **options)
 
 
 def _hf_runner(hf_model, prompts, max_new_tokens: int, name: str, **kwargs) -> Runner:
