@@ -76,9 +76,9 @@ def _release_compiled_programs():
     yield
     import jax
 
-    from hispec_jax.decoding import generate as generate_lib
+    from hispec_jax.decoding import engine as engine_lib
 
-    generate_lib._COMPILED.clear()
+    engine_lib.clear_compiled()
     jax.clear_caches()
 
 

@@ -12,12 +12,10 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from hispec_jax.decoding.engine import Hierarchy, run_hierarchy
+from hispec_jax.decoding.engine import Engine, Hierarchy, Shapes
 from hispec_jax.decoding.generate import plan_shapes
 from hispec_jax.decoding.methods import make_method
 from hispec_jax.decoding.prefill import prefill
-from hispec_jax.decoding.request import Request
-from hispec_jax.decoding.sampling import SamplingArrays
 from hispec_jax.models.config import ModelConfig
 from hispec_jax.models.heads import exit_logits
 from hispec_jax.models.kv_cache import KVCache
@@ -52,15 +50,6 @@ def sds(shape, dtype):
 def cache_structs(cfg, batch=BATCH, capacity=CAPACITY, layers=None):
     shape = (layers or cfg.num_layers, batch, cfg.num_kv_heads, capacity, cfg.head_dim)
     return KVCache(k=sds(shape, BF16), v=sds(shape, BF16))
-
-
-def request_structs(batch=BATCH, capacity=CAPACITY, num_eos=1):
-    return Request(
-        tokens_BxS=sds((batch, capacity), I32), prompt_lens_B=sds((batch,), I32),
-        max_new_B=sds((batch,), I32), eos_ids_E=sds((num_eos,), I32),
-        sequence_keys_Bx2=sds((batch, 2), jnp.uint32),
-        sampling=SamplingArrays(temperature=sds((), jnp.float32), top_k=sds((), I32),
-                                top_p=sds((), jnp.float32)))
 
 
 def live_bytes():
@@ -117,9 +106,10 @@ def lower_decode_step(cfg):
 
 def lower_ar_loop(cfg, greedy=True):
     """The whole autoregressive loop (prefill + while loop): the engine with one level."""
-    return run_hierarchy.lower(
-        shape_structs(cfg), {}, request_structs(), cache_structs(cfg), sds((0,), I32), cfg=cfg,
-        hierarchy=Hierarchy(exits=(cfg.num_layers,)), greedy=greedy, prompt_block=BLOCK)
+    model = Model(cfg=cfg, params=shape_structs(cfg))
+    engine = Engine.for_model(model, Hierarchy(exits=(cfg.num_layers,)),
+                              Shapes(batch=BATCH, capacity=CAPACITY, prompt_block=BLOCK), greedy)
+    return engine.lower()
 
 
 @pytest.mark.parametrize("name", CONFIGS)
@@ -136,15 +126,16 @@ def test_decode_step_lowers(name):
 def test_ar_loop_lowers_8b(greedy):
     cfg = LLAMA3_8B
     lowered = lower_ar_loop(cfg, greedy)
-    state = lowered.out_info
-    assert state.out.tokens_BxS.shape == (BATCH, CAPACITY)
-    assert state.out.num_new_B.shape == (BATCH,)
-    assert state.cache.k.shape == (cfg.num_layers, BATCH, cfg.num_kv_heads, CAPACITY, cfg.head_dim)
+    out, counters, cache = lowered.out_info
+    assert out.tokens_BxS.shape == (BATCH, CAPACITY)
+    assert out.num_new_B.shape == (BATCH,)
+    assert counters.rounds.shape == ()
+    assert cache.k.shape == (cfg.num_layers, BATCH, cfg.num_kv_heads, CAPACITY, cfg.head_dim)
 
 
 def test_method_lowers_like_generate_does():
-    """The exact path `generate` takes (`make_method(...).lower`), with a shape-only Model and
-    the shapes `plan_shapes` picks for a 100-token prompt: AR, early exit, LayerSkip, HiSpec."""
+    """The exact path `generate` takes (`make_method`, `plan_shapes`, `Engine.lower`), with a
+    shape-only Model and a 100-token prompt: AR, early exit, LayerSkip, HiSpec."""
     cfg = LLAMA3_8B
     model = Model(cfg=cfg, params=shape_structs(cfg))
     for method, opts in (("ar", {}), ("exit", {"exit_layer": 8}),
@@ -154,22 +145,21 @@ def test_method_lowers_like_generate_does():
         block, capacity = plan_shapes(100, 64, decoder.lookahead(), cfg.max_position_embeddings,
                                       None)
         assert block == 128 and capacity >= 100 + 64 + decoder.lookahead()
-        layers = decoder.cache_layers(cfg)
-        lowered = decoder.lower(model, request_structs(capacity=capacity),
-                                cache_structs(cfg, capacity=capacity, layers=layers),
-                                greedy=True, prompt_block=block)
-        out, _, _ = lowered.out_info
+        engine = Engine.for_model(model, decoder.hierarchy,
+                                  Shapes(batch=BATCH, capacity=capacity, prompt_block=block))
+        out, _, cache = engine.lower().out_info
         assert out.tokens_BxS.shape == (BATCH, capacity), method
         assert out.num_new_B.shape == (BATCH,), method
+        assert cache.k.shape == (decoder.cache_layers(cfg), BATCH, cfg.num_kv_heads, capacity,
+                                 cfg.head_dim), method
 
 
 def lower_hispec_loop(cfg):
     model = Model(cfg=cfg, params=shape_structs(cfg))
     decoder = make_method(model, "hispec", draft_exit=4, verify_exits=(8,))
-    capacity = 1024
-    return decoder.lower(model, request_structs(capacity=capacity),
-                         cache_structs(cfg, capacity=capacity, layers=decoder.cache_layers(cfg)),
-                         greedy=True, prompt_block=BLOCK)
+    engine = Engine.for_model(model, decoder.hierarchy,
+                              Shapes(batch=BATCH, capacity=1024, prompt_block=BLOCK))
+    return engine.lower()
 
 
 def test_lowered_size_does_not_grow_with_depth():

@@ -139,9 +139,9 @@ def test_prompts_are_skipped_not_cut():
     (["--rounds", "0"], "rounds must be"),
 ])
 def test_bad_bench_arguments_fail_before_compiling(byte_model_dir, capsys, args, message):
-    from hispec_jax.decoding import generate as generate_lib
+    from hispec_jax.decoding import engine as engine_lib
 
-    before = generate_lib.compilations
+    before = engine_lib.compilations
     assert main(["bench", "--model", str(byte_model_dir), "--no-progress", *args]) == 2
     assert message in capsys.readouterr().err
-    assert generate_lib.compilations == before
+    assert engine_lib.compilations == before

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hispec_jax import Model, ModelConfig, generate
-from hispec_jax.decoding import generate as generate_lib
+from hispec_jax.decoding import engine as engine_lib
 from hispec_jax.decoding import methods
 from hispec_jax.models.params import init_params, layer_layout, with_layer_layout
 
@@ -175,11 +175,11 @@ def test_defaults_follow_the_paper():
 ])
 def test_bad_configurations_raise_before_compiling(options, match):
     model = tiny_model(4, 0)
-    compiled_before = generate_lib.compilations
+    compiled_before = engine_lib.compilations
     options = {"max_new_tokens": 8, **options}
     with pytest.raises(ValueError, match=match):
         generate(model, [[1, 2]], **options)
-    assert generate_lib.compilations == compiled_before
+    assert engine_lib.compilations == compiled_before
 
 
 def test_exit_without_head_is_rejected():

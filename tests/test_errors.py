@@ -6,6 +6,7 @@ import pytest
 
 import hispec_jax
 from hispec_jax import load_model
+from hispec_jax.decoding import engine as engine_lib
 from hispec_jax.decoding import generate as generate_module
 
 OK = [1, 5, 6, 7]
@@ -17,11 +18,11 @@ def model(hf_models):
 
 
 def assert_rejected(model, match, prompts=(OK,), **kwargs):
-    before = generate_module.compilations
+    before = engine_lib.compilations
     with pytest.raises(ValueError, match=match):
         hispec_jax.generate(model, list(prompts) if isinstance(prompts, tuple) else prompts,
                             **kwargs)
-    assert generate_module.compilations == before, "compiled something before rejecting"
+    assert engine_lib.compilations == before, "compiled something before rejecting"
 
 
 # (id, prompts, kwargs, regex the message must match)

@@ -19,12 +19,10 @@ import time
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
 
 from hispec_jax.decoding import generate as generate_lib
 from hispec_jax.decoding import methods
-from hispec_jax.decoding.sampling import SamplingParams
-from hispec_jax.models.kv_cache import KVCache
+from hispec_jax.decoding.engine import Engine, Shapes
 from hispec_jax.models.model import Model
 
 # Statistics of paper Table 9 and the engine's cost counters, copied from `generate` stats.
@@ -116,20 +114,18 @@ def hispec_runner(model: Model, prompts: list[list[int]], spec: MethodSpec, *,
 def compile_loop(model: Model, decoder: methods.Decoder, prompts, batch_size: int,
                  max_new_tokens: int, capacity: int) -> tuple[float, int]:
     """(seconds to lower and compile the loop of the longest prompt's batch, bytes of XLA's
-    memory analysis of it). The loop is compiled afresh (not taken from `generate`'s cache),
-    so every method's compile time is measured even when an earlier phase compiled it.
-    Bytes: arguments (weights, cache, request) + outputs + temporaries, the donated cache
-    counted once: on CPU the peak the loop can reach; accelerators report the same analysis."""
-    longest = max(prompts, key=len)
+    memory analysis of it). The loop is compiled afresh (not taken from the engine's
+    compile cache), so every method's compile time is measured even when an earlier phase
+    compiled it. Bytes: arguments (weights, cache, request) + outputs + temporaries, the
+    donated cache counted once: on CPU the peak the loop can reach; accelerators report the
+    same analysis."""
     block, capacity = generate_lib.plan_shapes(
-        len(longest), max_new_tokens, decoder.lookahead(), model.cfg.max_position_embeddings,
-        capacity)
-    eos = jnp.asarray([-1], jnp.int32)
-    req = generate_lib._make_request([longest], batch_size, 0, capacity, max_new_tokens, eos,
-                                     SamplingParams())
-    cache = KVCache.zeros(model.cfg, batch_size, capacity, decoder.cache_layers(model.cfg))
+        max(map(len, prompts)), max_new_tokens, decoder.lookahead(),
+        model.cfg.max_position_embeddings, capacity)
+    shapes = Shapes(batch=batch_size, capacity=capacity, prompt_block=block)
+    engine = Engine.for_model(model, decoder.hierarchy, shapes, greedy=True)
     t0 = time.perf_counter()
-    compiled = decoder.lower(model, req, cache, greedy=True, prompt_block=block).compile()
+    compiled = engine.lower().compile()
     seconds = time.perf_counter() - t0
     m = compiled.memory_analysis()
     return seconds, int(m.argument_size_in_bytes + m.output_size_in_bytes

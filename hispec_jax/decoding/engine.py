@@ -12,31 +12,44 @@ Tokens up to position c_k are *accepted by level k*; the token at c_k itself is 
 newest choice (a draft, or a verifier's correction/bonus) and has not been processed by
 level k yet. c_0 >= c_1 >= ... >= c_{K-1}, and the committed length is c_{K-1} + 1.
 
-Every loop iteration performs one action for the whole batch (lockstep schedule, each
-sequence with its own positions and counts):
-
-    draft (level 0):     run token at c_0 through [0, e_0), exit e_0 proposes c_0 + 1
-    verify (level k>0):  continue the buffered layer-e_{k-1} states of positions
-                         [c_k, c_{k-1}) through [e_{k-1}, e_k); exit e_k checks the tokens
-                         at c_k + 1 .. c_{k-1} (acceptance rule); at the first rejection its
-                         own token replaces the proposal and every lower level rolls back
-                         to that position
-
     tokens   . . . . A A A A D D D D D ?        A: accepted by level 1,  D: drafts
     c_2 (top) ------^       |         |         (K = 3)
     c_1 ---------------------^         |
     c_0 --------------------------------^       ? = newest draft (unprocessed)
 
-The action is the highest level k whose input holds at least `window + 1` positions (or
-covers the rest of the budget) for some active sequence (`windows.py`); otherwise the draft
-level drafts one token. Who takes part is `Hierarchy.schedule`: every unfinished sequence
-("sync", greedy) or only the sequences that wanted this action ("own", sampling, so that a
-sequence's random draws never depend on the rest of the batch). A level
-never processes a position twice while its token stays valid: verification continues the
-lower level's buffered hidden states (ring buffers of the last W positions per level), and
-KV entries of rolled-back positions are simply overwritten later (causal masking by
-absolute position makes stale slots harmless; see `kv_cache.py`). The top level's
-accepted tokens are emitted with EOS and budget cuts (`emit.py`).
+One `lax.while_loop` trip is one speculation round for the whole batch (`Engine.step`):
+
+    draft phase   up to block[0] = Nd_max + 1 draft steps (a static, unrolled loop; steps
+                  after the first run under `lax.cond` only if some sequence drafts). A
+                  sequence drafts while its level-1 input holds fewer than Nd + 1 positions:
+                  run the token at c_0 through [0, e_0), exit e_0 proposes c_0 + 1. Each
+                  draft step writes its keys/values before the next one reads them.
+    verify 1      the first verifier continues the buffered layer-e_0 states of positions
+                  [c_1, c_0) through [e_0, e_1); exit e_1 checks the tokens at
+                  c_1 + 1 .. c_0 (acceptance rule); at the first rejection its own token
+                  replaces the proposal and every lower level rolls back to that position.
+    verify k > 1  the same one level up, under `lax.cond`, when some sequence's level-k
+                  input is ready (its window policy says so, or the pending tokens cover
+                  what is left of its budget).
+
+The top level emits what it accepts (EOS and budget cuts: `emit.py`). For K = 1 a round is
+one step of the only level, which emits directly. Who takes part in a verification is
+`Hierarchy.schedule`: "sync" (greedy) verifies every unfinished sequence with something
+pending once the pass runs anyway (keeps the batch in phase; greedy output does not depend
+on it); "own" (sampling) only the sequences whose own input is ready, so a sequence's
+actions and random draws never depend on the rest of the batch.
+
+Work is never repeated: a level never processes a position twice while its token stays
+valid (verification continues the lower level's buffered hidden states, kept in ring
+buffers of the last W positions per level), each layer writes its keys/values into the
+cache in place as it runs (`run_layers_cached`), and KV entries of rolled-back positions
+are simply overwritten later (causal masking by absolute position makes stale slots
+harmless; see `kv_cache.py`).
+
+Seams: `Hierarchy.window_policy` (when a level verifies: fixed windows, App. J adaptive
+windows; `windows.py`), `Hierarchy.draft_exit` (how deep a draft runs: `draft.py`) and
+`Hierarchy.rule` (which tokens a level keeps: `acceptance.py`), each with its state in the
+engine state. A verification is four small steps: forward, acceptance, rollback, emit.
 
 Sampling mode: each level samples from / verifies against its own filtered distribution
 (`sampling.filtered_logprobs`), and keeps the distributions of the tokens it passes up in a
@@ -45,8 +58,10 @@ ring buffer, because they are the `q` the level above divides by (`acceptance.py
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
+import time
 from typing import Any
 
 import flax.struct
@@ -55,52 +70,60 @@ import jax.numpy as jnp
 
 from hispec_jax.decoding import emit
 from hispec_jax.decoding import windows as windows_lib
-from hispec_jax.decoding.acceptance import GreedyAcceptance
+from hispec_jax.decoding.acceptance import GreedyAcceptance, Verdict
+from hispec_jax.decoding.draft import StaticDraftExit
 from hispec_jax.decoding.prefill import block_positions, prefill
 from hispec_jax.decoding.request import Request
-from hispec_jax.decoding.sampling import choose_tokens, filtered_logprobs
+from hispec_jax.decoding.sampling import SamplingArrays, choose_tokens, filtered_logprobs
 from hispec_jax.models.config import ModelConfig
 from hispec_jax.models.heads import exit_logits
-from hispec_jax.models.kv_cache import KVBlock, KVCache
-from hispec_jax.models.transformer import embed, run_layers
+from hispec_jax.models.kv_cache import KVCache
+from hispec_jax.models.transformer import embed, run_layers_cached
 
 
 @dataclasses.dataclass(frozen=True)
 class Hierarchy:
-    """Static description of an exit hierarchy (a `jit` static argument).
+    """Static description of an exit hierarchy (part of the compile key).
 
     Attributes:
       exits: (e_0, ..., e_{K-1}), strictly increasing; e_{K-1} is the top level.
       max_windows: per verifying level k = 1..K-1, the largest window its input may be
         given (draft_len for k = 1, verify_window above); sizes the static blocks.
-      adaptive: adjust draft_len and the window below the top level (App. J).
+      window_policy: when a level verifies (`windows.FixedWindows`, `AdaptiveWindows`).
       rule: the acceptance rule (greedy, token-wise rejection or blockwise verification).
-      schedule: who takes part in an action. "sync": every unfinished sequence (keeps the
-        batch in phase; used for greedy decoding, whose output does not depend on the
-        schedule). "own": only the sequences that chose that action themselves, so every
-        sequence follows exactly the schedule it would follow alone and its random draws
-        do not depend on the rest of the batch (sampling).
+      schedule: who takes part in a verification. "sync": every unfinished sequence with
+        something pending (greedy). "own": only the sequences whose own input is ready
+        (sampling: a sequence's draws never depend on the rest of the batch).
+      draft_exit: how deep each draft token runs (`draft.StaticDraftExit`).
     """
 
     exits: tuple[int, ...]
     max_windows: tuple[int, ...] = ()
-    adaptive: bool = False
+    window_policy: Any = windows_lib.FixedWindows()
     rule: Any = GreedyAcceptance()
     schedule: str = "sync"
+    draft_exit: Any = StaticDraftExit()
+
+    def __post_init__(self):
+        if self.schedule not in ("sync", "own"):
+            raise ValueError(f"schedule={self.schedule!r} is not 'sync' or 'own'")
+        if len(self.max_windows) != len(self.exits) - 1:
+            raise ValueError(f"max_windows={self.max_windows} needs one entry per verifying "
+                             f"level ({len(self.exits) - 1} for exits {self.exits})")
 
     @property
     def num_levels(self) -> int:
         return len(self.exits)
 
     @property
-    def blocks(self) -> tuple[int, ...]:
-        """Static block length of each verifying level's pass (index k - 1 for level k)."""
-        return windows_lib.block_lengths(tuple(w + 1 for w in self.max_windows))
+    def adaptive(self) -> bool:
+        return isinstance(self.window_policy, windows_lib.AdaptiveWindows)
 
     @property
-    def max_block(self) -> int:
-        """The longest block any action processes (drafts process 1 position)."""
-        return max(self.blocks, default=1)
+    def blocks(self) -> tuple[int, ...]:
+        """Static block length of each verifying level's pass (index k - 1 for level k);
+        blocks[0] is also the most draft steps a round runs."""
+        return windows_lib.block_lengths(tuple(w + 1 for w in self.max_windows))
 
     @property
     def ring(self) -> int:
@@ -110,10 +133,18 @@ class Hierarchy:
     @property
     def lookahead(self) -> int:
         """How far past the committed length tokens and KV entries may be written."""
-        return sum(self.blocks) + 1
+        return sum(self.blocks) + 1 if self.num_levels > 1 else 0
 
     def layer_range(self, level: int) -> tuple[int, int]:
         return (self.exits[level - 1] if level else 0), self.exits[level]
+
+    def covers(self, other: "Hierarchy") -> bool:
+        """Whether a loop compiled for this hierarchy can run `other`'s windows (the same
+        hierarchy with window bounds at least as large)."""
+        if len(self.max_windows) != len(other.max_windows):
+            return False
+        return (dataclasses.replace(self, max_windows=other.max_windows) == other
+                and all(a >= b for a, b in zip(self.max_windows, other.max_windows)))
 
 
 @flax.struct.dataclass
@@ -121,8 +152,9 @@ class Counters:
     """Cost and acceptance counters, summed over the batch (K = number of levels).
 
     Attributes:
-      actions_K: [K] loop iterations spent at each level (level 0: draft steps).
-      layer_passes: [] sequential layer passes (each action adds its level's depth once).
+      rounds: [] loop trips (speculation rounds).
+      actions_K: [K] passes run at each level (level 0: draft steps).
+      layer_passes: [] sequential layer passes (each pass adds its depth once).
       layer_token_evals: [] layers x valid tokens actually computed (decode, not prefill).
       verifications_K: [K] (sequence, verification) pairs with something to verify.
       proposed_K: [K] tokens submitted to each verifying level.
@@ -132,6 +164,7 @@ class Counters:
       true_rejects: [] of those, rejections the top level agreed with.
     """
 
+    rounds: jax.Array
     actions_K: jax.Array
     layer_passes: jax.Array
     layer_token_evals: jax.Array
@@ -146,7 +179,7 @@ class Counters:
     def zeros(cls, K: int) -> "Counters":
         z = jnp.zeros((), jnp.int32)
         zk = jnp.zeros((K,), jnp.int32)
-        return cls(zk, z, z, zk, zk, zk, z, z, z)
+        return cls(z, zk, z, z, zk, zk, zk, z, z, z)
 
 
 @flax.struct.dataclass
@@ -156,18 +189,18 @@ class EngineState:
     Attributes:
       out: output buffer; `out.tokens_BxS` also holds tentative tokens past the committed
         length (slot == position).
-      cache: KV cache [L', B, K, S, H] of layers [0, top).
+      cache: KV cache [L', B, K, S, H] of layers [0, top), written in place.
       processed_BxK: [B, K] int32, c_k per level.
       hidden: K - 1 ring buffers [B, W, D]; entry k holds layer-e_k states of positions
         [c_{k+1}, c_k) at slot position % W.
       rejected_pos_BxW, rejected_tok_BxW: [B, W] int32, the drafts the level below the top
         rejected, by position % W (position -1: none), for the true-reject rate.
-      windows_BxK1: [B, K - 1] int32, current windows (draft_len, verify windows).
-      rates_BxK1: [B, K - 1] float32, running acceptance rate of levels 1..K-1 (adaptive).
+      windows: the window policy's state (`windows.WindowState`).
+      draft_state: the draft-exit policy's state (empty for a static exit).
       dists: sampling rules only: K - 1 ring buffers [B, W, V] float32; entry k holds level
         k's log-distribution for the tokens it passed up (positions (c_{k+1}, c_k]), the `q`
         of the level above. Empty for greedy decoding.
-      draws_B: [B] int32, actions each sequence took part in; with the sequence's key it
+      draws_B: [B] int32, passes each sequence took part in; with the sequence's key it
         seeds every random draw, so draws never repeat and never depend on other sequences.
       counters: `Counters`.
     """
@@ -178,11 +211,34 @@ class EngineState:
     hidden: tuple[jax.Array, ...]
     rejected_pos_BxW: jax.Array
     rejected_tok_BxW: jax.Array
-    windows_BxK1: jax.Array
-    rates_BxK1: jax.Array
+    windows: windows_lib.WindowState
+    draft_state: Any
     dists: tuple[jax.Array, ...]
     draws_B: jax.Array
     counters: Counters
+
+
+@dataclasses.dataclass(frozen=True)
+class _Forward:
+    """A verification's forward pass over its block of T positions.
+
+    Attributes:
+      start_B: [B] c_k, the block's first position.
+      n_B: [B] positions in the block (0 for sequences not taking part).
+      positions_BxT: [B, T] block positions (padding: S).
+      proposed_pos_BxT: [B, T] positions of the checked tokens (start + 1 + j).
+      proposed_BxT: [B, T] the tokens proposed by the level below.
+      h_BxTxD: layer-e_k hidden states.
+      target_BxTxV: logits (greedy) or filtered log-probabilities (sampling) of level k.
+    """
+
+    start_B: jax.Array
+    n_B: jax.Array
+    positions_BxT: jax.Array
+    proposed_pos_BxT: jax.Array
+    proposed_BxT: jax.Array
+    h_BxTxD: jax.Array
+    target_BxTxV: jax.Array
 
 
 def _gather_positions(tokens_BxS, positions_BxT):
@@ -196,55 +252,41 @@ def _scatter_tokens(tokens_BxS, positions_B, values_B, mask_B):
     return tokens_BxS.at[jnp.arange(tokens_BxS.shape[0]), positions_B].set(values_B, mode="drop")
 
 
-class _Step:
-    """The actions of one compiled loop (closes over static settings and loop inputs)."""
+class _Round:
+    """The passes of one speculation round (closes over the static settings and the loop's
+    inputs; every method maps an `EngineState` to an `EngineState`)."""
 
-    def __init__(self, params, heads, req: Request, cfg: ModelConfig, h: Hierarchy, greedy: bool):
+    def __init__(self, params, heads, req: Request, cfg: ModelConfig, h: Hierarchy,
+                 greedy: bool):
         self.params, self.heads, self.req, self.cfg, self.h, self.greedy = (
             params, heads, req, cfg, h, greedy)
 
-    # ---- readiness and schedule ------------------------------------------------------
-    def action(self, state: EngineState) -> tuple[jax.Array, jax.Array]:
-        """(level to run, [B] which sequences take part).
-
-        Each unfinished sequence wants the highest level k whose input (level k-1's
-        processed-but-unverified positions) holds `window + 1` positions, or covers what is
-        left of its budget; else it wants to draft. The batch runs the highest wanted level.
-        """
-        K = self.h.num_levels
+    # ---- readiness --------------------------------------------------------------------
+    def pending(self, state: EngineState, k: int) -> jax.Array:
+        """[B] positions level k - 1 processed that level k has not verified."""
         c = state.processed_BxK
-        out = state.out
-        active_B = ~out.done_B
+        return c[:, k - 1] - c[:, k]
+
+    def ready(self, state: EngineState, k: int) -> jax.Array:
+        """[B] bool: level k's input is ready (its window is full, or the tokens accepted by
+        level k - 1 beyond the committed length cover the rest of the budget: drafting
+        further would be wasted work)."""
+        out, pending_B = state.out, self.pending(state, k)
+        ahead_B = state.processed_BxK[:, k - 1] + 1 - out.lengths_B
         remaining_B = self.req.max_new_B - out.num_new_B
-        wants_B = jnp.zeros_like(remaining_B)
-        for k in range(1, K):
-            pending_B = c[:, k - 1] - c[:, k]
-            # Tokens already accepted at level k-1 beyond the committed length: once they
-            # cover the remaining budget, drafting further is wasted work.
-            ahead_B = c[:, k - 1] + 1 - out.lengths_B
-            ready_B = (pending_B >= state.windows_BxK1[:, k - 1] + 1) | (
-                (ahead_B >= remaining_B) & (pending_B > 0))
-            wants_B = jnp.where(ready_B, k, wants_B)
-        level = jnp.max(jnp.where(active_B, wants_B, 0))
+        return (self.h.window_policy.ready(state.windows, k, pending_B)
+                | ((ahead_B >= remaining_B) & (pending_B > 0)))
+
+    def participants(self, state: EngineState, k: int) -> jax.Array:
+        active_B = ~state.out.done_B
         if self.h.schedule == "own":
-            return level, active_B & (wants_B == level)
-        return level, active_B
+            return active_B & self.ready(state, k)
+        return active_B & (self.pending(state, k) > 0)
 
     def keys(self, state: EngineState, purpose: int) -> jax.Array:
-        """Per-sequence PRNG keys for this action's draws (fresh for every action)."""
+        """Per-sequence PRNG keys for this pass's draws (fresh for every pass)."""
         keys_Bx2 = jax.vmap(jax.random.fold_in)(self.req.sequence_keys_Bx2, state.draws_B)
         return jax.vmap(lambda k: jax.random.fold_in(k, purpose))(keys_Bx2)
-
-    def kv_update(self, kv: KVBlock, positions_BxT, start: int) -> tuple[KVBlock, jax.Array]:
-        """Pads a level's new keys/values to every cached layer and the largest block, so all
-        branches return one shape; layers and entries outside get the sentinel position."""
-        L, T = self.h.exits[-1], self.h.max_block
-        n, B, t = kv.k.shape[:3]
-        S = self.req.tokens_BxS.shape[1]
-        pad = lambda a: jnp.zeros((L, B, T) + a.shape[3:], a.dtype).at[start:start + n, :, :t].set(a)
-        positions_LxBxT = jnp.full((L, B, T), S, jnp.int32).at[start:start + n, :, :t].set(
-            jnp.broadcast_to(positions_BxT, (n, B, t)))
-        return KVBlock(k=pad(kv.k), v=pad(kv.v)), positions_LxBxT
 
     def _ring_write(self, ring_BxWx, positions_BxT, values_BxTx, mask_BxT):
         W = self.h.ring
@@ -255,125 +297,192 @@ class _Step:
     def _ring_read(self, ring_BxWx, positions_BxT):
         return ring_BxWx[jnp.arange(ring_BxWx.shape[0])[:, None], positions_BxT % self.h.ring]
 
+    # ---- the round ----------------------------------------------------------------------
+    def __call__(self, state: EngineState) -> EngineState:
+        K = self.h.num_levels
+        state = state.replace(counters=state.counters.replace(
+            rounds=state.counters.rounds + 1))
+        if K == 1:  # the only level drafts and emits one token per round
+            return self.draft(state, ~state.out.done_B)
+        state = self.draft_phase(state)
+        state = self.verify(state, 1, self.participants(state, 1))
+        for k in range(2, K):
+            part_B = self.participants(state, k)
+            if self.h.schedule == "sync":  # run only if some sequence's input is ready
+                run = jnp.any(part_B & self.ready(state, k))
+            else:
+                run = jnp.any(part_B)
+            state = jax.lax.cond(run, functools.partial(self.verify, k=k, part_B=part_B),
+                                 lambda s: s, state)
+        return state
+
+    def draft_phase(self, state: EngineState) -> EngineState:
+        """Drafts until every sequence's level-1 input is ready. A sequence whose input to a
+        higher level is already ready does not draft (that level verifies first)."""
+        K = self.h.num_levels
+        active_B = ~state.out.done_B
+        higher_ready_B = jnp.zeros_like(active_B)
+        for k in range(2, K):
+            higher_ready_B |= self.ready(state, k)
+        for step in range(self.h.blocks[0]):
+            part_B = active_B & ~higher_ready_B & ~self.ready(state, 1)
+            if step == 0:
+                state = self.draft(state, part_B)
+            else:
+                state = jax.lax.cond(jnp.any(part_B), functools.partial(self.draft, part_B=part_B),
+                                     lambda s: s, state)
+        return state
+
     # ---- level 0: draft one token -----------------------------------------------------
-    def draft(self, state: EngineState, cache: KVCache, part_B: jax.Array):
+    def draft(self, state: EngineState, part_B: jax.Array) -> EngineState:
         cfg, h = self.cfg, self.h
         out, c = state.out, state.processed_BxK
         S = out.tokens_BxS.shape[1]
         pos_B = c[:, 0]
         token_B = _gather_positions(out.tokens_BxS, pos_B[:, None])[:, 0]
         positions_Bx1 = jnp.where(part_B, pos_B, S)[:, None]
-        hi = h.exits[0]
         with jax.named_scope("draft"):
-            h_Bx1xD, kv = run_layers(self.params, cfg, embed(self.params, token_B[:, None]),
-                                     positions_Bx1, cache, 0, hi)
-            logits_BxV = exit_logits(self.params, self.heads, cfg, h_Bx1xD, hi)[:, 0]
+            d = h.draft_exit.draft(self.params, self.heads, cfg, embed(self.params, token_B[:, None]),
+                                   positions_Bx1, state.cache, h.exits[0], state.draft_state)
             if self.greedy:
-                next_B = jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32)
+                next_B = jnp.argmax(d.logits_BxV, axis=-1).astype(jnp.int32)
             else:
-                logp_BxV = filtered_logprobs(logits_BxV, self.req.sampling)
+                logp_BxV = filtered_logprobs(d.logits_BxV, self.req.sampling)
                 next_B = jax.vmap(jax.random.categorical)(self.keys(state, 0), logp_BxV)
                 next_B = next_B.astype(jnp.int32)
         hidden, dists = state.hidden, state.dists
         if h.num_levels > 1:
-            hidden = (self._ring_write(hidden[0], pos_B[:, None], h_Bx1xD, part_B[:, None]),) + hidden[1:]
+            hidden = (self._ring_write(hidden[0], pos_B[:, None], d.h_Bx1xD, part_B[:, None]),) + hidden[1:]
             if dists:
                 dists = (self._ring_write(dists[0], pos_B[:, None] + 1, logp_BxV[:, None],
                                           part_B[:, None]),) + dists[1:]
-        tokens_BxS = _scatter_tokens(out.tokens_BxS, pos_B + 1, next_B, part_B)
-        out = out.replace(tokens_BxS=tokens_BxS)
+        out = out.replace(tokens_BxS=_scatter_tokens(out.tokens_BxS, pos_B + 1, next_B, part_B))
         counters = state.counters
         if h.num_levels == 1:  # the draft level is the top level: emit directly
             out, emitted_B = emit.append_block(out, next_B[:, None], part_B.astype(jnp.int32),
                                                self.req.eos_ids_E, self.req.max_new_B)
             counters = counters.replace(emitted=counters.emitted + jnp.sum(emitted_B))
-        c = c.at[:, 0].add(part_B.astype(jnp.int32))
         counters = counters.replace(
             actions_K=counters.actions_K.at[0].add(1),
-            layer_passes=counters.layer_passes + hi,
-            layer_token_evals=counters.layer_token_evals + hi * jnp.sum(part_B))
-        state = state.replace(out=out, processed_BxK=c, hidden=hidden, dists=dists,
-                              draws_B=state.draws_B + part_B, counters=counters)
-        return state, self.kv_update(kv, positions_Bx1, 0)
+            layer_passes=counters.layer_passes + d.layer_passes,
+            layer_token_evals=counters.layer_token_evals + d.layer_passes * jnp.sum(part_B))
+        return state.replace(out=out, cache=d.cache, hidden=hidden, dists=dists,
+                             processed_BxK=c.at[:, 0].add(part_B.astype(jnp.int32)),
+                             draft_state=d.state, draws_B=state.draws_B + part_B,
+                             counters=counters)
 
     # ---- level k > 0: verify the level below --------------------------------------------
-    def verify(self, state: EngineState, cache: KVCache, part_B: jax.Array, k: int):
-        cfg, h = self.cfg, self.h
-        K, W = h.num_levels, h.ring
-        T = h.blocks[k - 1]
-        lo, hi = h.layer_range(k)
-        out, c = state.out, state.processed_BxK
-        S = out.tokens_BxS.shape[1]
-        B = c.shape[0]
+    def verify(self, state: EngineState, k: int, part_B: jax.Array) -> EngineState:
+        """Forward, acceptance, rollback, emit (top level), then policy and counters."""
+        with jax.named_scope(f"verify_level{k}"):
+            fwd, state = self.forward(state, k, part_B)
+            verdict = self.accept(state, k, fwd)
+            state = self.rollback(state, k, part_B, fwd, verdict)
+            if k == self.h.num_levels - 1:
+                state = self.emit_accepted(state, part_B, fwd)
+            return self.record(state, k, part_B, fwd, verdict)
+
+    def forward(self, state: EngineState, k: int, part_B: jax.Array):
+        """Continues the buffered layer-e_{k-1} states of [c_k, c_{k-1}) through level k's
+        layers (writing their keys/values) and computes level k's exit."""
+        cfg, T = self.cfg, self.h.blocks[k - 1]
+        lo, hi = self.h.layer_range(k)
+        c, tokens_BxS = state.processed_BxK, state.out.tokens_BxS
+        S = tokens_BxS.shape[1]
         start_B = c[:, k]
         n_B = jnp.where(part_B, c[:, k - 1] - start_B, 0)
+        positions_BxT = block_positions(start_B, n_B, T, S)
+        proposed_pos_BxT = start_B[:, None] + 1 + jnp.arange(T)[None, :]
+        x_BxTxD = self._ring_read(state.hidden[k - 1], positions_BxT)
+        h_BxTxD, cache = run_layers_cached(self.params, cfg, x_BxTxD, positions_BxT, state.cache,
+                                           lo, hi)
+        logits_BxTxV = exit_logits(self.params, self.heads, cfg, h_BxTxD, hi)
+        target_BxTxV = (logits_BxTxV if self.greedy
+                        else filtered_logprobs(logits_BxTxV, self.req.sampling))
+        fwd = _Forward(start_B=start_B, n_B=n_B, positions_BxT=positions_BxT,
+                       proposed_pos_BxT=proposed_pos_BxT,
+                       proposed_BxT=_gather_positions(tokens_BxS, proposed_pos_BxT),
+                       h_BxTxD=h_BxTxD, target_BxTxV=target_BxTxV)
+        return fwd, state.replace(cache=cache)
+
+    def accept(self, state: EngineState, k: int, fwd: _Forward) -> Verdict:
+        """The acceptance rule on the block (the level below's distributions as `q`)."""
+        proposal_BxTxV = None if self.greedy else self._ring_read(state.dists[k - 1],
+                                                                  fwd.proposed_pos_BxT)
+        return self.h.rule.accept(fwd.target_BxTxV, proposal_BxTxV, fwd.proposed_BxT, fwd.n_B,
+                                  self.keys(state, k))
+
+    def rollback(self, state: EngineState, k: int, part_B: jax.Array, fwd: _Forward,
+                 verdict: Verdict) -> EngineState:
+        """Advances c_k past the accepted prefix; at a rejection, writes level k's token at
+        the rejected position and rolls every lower level back to it. Buffers this level's
+        states (and distributions) for the level above.
+
+            before   c_k                 c_{k-1}          (level k checks x1..x5)
+                     |  x1 x2 x3 x4 x5   |
+            reject   c_k       r          -> c_k = c_{k-1} = ... = c_0 = pos(r)
+            at x3                            (r = level k's token replaces x3)
+        """
+        K = self.h.num_levels
+        c, out = state.processed_BxK, state.out
+        valid_BxT = jnp.arange(fwd.positions_BxT.shape[1])[None, :] < fwd.n_B[:, None]
+        m_B = verdict.num_accepted_B
+        rejected_B = part_B & (m_B < fwd.n_B)
+        reject_pos_B = fwd.start_B + m_B + 1
+        hidden, dists = list(state.hidden), list(state.dists)
+        if k < K - 1:
+            hidden[k] = self._ring_write(hidden[k], fwd.positions_BxT, fwd.h_BxTxD, valid_BxT)
+            if dists:
+                dists[k] = self._ring_write(dists[k], fwd.proposed_pos_BxT, fwd.target_BxTxV,
+                                            valid_BxT)
+        tokens_BxS = _scatter_tokens(out.tokens_BxS, reject_pos_B, verdict.next_token_B,
+                                     rejected_B)
+        new_ck_B = jnp.where(rejected_B, reject_pos_B, c[:, k - 1])
+        c = c.at[:, k].set(jnp.where(part_B, new_ck_B, fwd.start_B))
+        for lower in range(k):
+            c = c.at[:, lower].set(jnp.where(rejected_B, reject_pos_B, c[:, lower]))
+        return state.replace(out=out.replace(tokens_BxS=tokens_BxS), processed_BxK=c,
+                             hidden=tuple(hidden), dists=tuple(dists))
+
+    def emit_accepted(self, state: EngineState, part_B: jax.Array, fwd: _Forward) -> EngineState:
+        """The top level emits the tokens it accepted plus its correction (EOS/budget cuts)."""
+        K = self.h.num_levels
+        count_B = jnp.where(part_B, state.processed_BxK[:, K - 1] - fwd.start_B, 0)
+        block_BxT = _gather_positions(state.out.tokens_BxS, fwd.proposed_pos_BxT)
+        out, emitted_B = emit.append_block(state.out, block_BxT, count_B, self.req.eos_ids_E,
+                                           self.req.max_new_B)
+        counters = state.counters
+        return state.replace(out=out, counters=counters.replace(
+            emitted=counters.emitted + jnp.sum(emitted_B)))
+
+    def record(self, state: EngineState, k: int, part_B: jax.Array, fwd: _Forward,
+               verdict: Verdict) -> EngineState:
+        """Window policy update, true-reject bookkeeping (App. H) and counters."""
+        K, W = self.h.num_levels, self.h.ring
+        lo, hi = self.h.layer_range(k)
+        m_B, n_B = verdict.num_accepted_B, fwd.n_B
+        T = fwd.positions_BxT.shape[1]
         j_T = jnp.arange(T)
         valid_BxT = j_T[None, :] < n_B[:, None]
-        positions_BxT = block_positions(start_B, n_B, T, S)
-        proposed_pos_BxT = start_B[:, None] + 1 + j_T[None, :]
-        batch_Bx1 = jnp.arange(B)[:, None]
-        with jax.named_scope(f"verify_level{k}"):
-            x_BxTxD = self._ring_read(state.hidden[k - 1], positions_BxT)
-            h_BxTxD, kv = run_layers(self.params, cfg, x_BxTxD, positions_BxT, cache, lo, hi)
-            logits_BxTxV = exit_logits(self.params, self.heads, cfg, h_BxTxD, hi)
-            proposed_BxT = _gather_positions(out.tokens_BxS, proposed_pos_BxT)
-            if self.greedy:
-                target_BxTxV, proposal_BxTxV = logits_BxTxV, None
-            else:
-                target_BxTxV = filtered_logprobs(logits_BxTxV, self.req.sampling)
-                proposal_BxTxV = self._ring_read(state.dists[k - 1], proposed_pos_BxT)
-            verdict = h.rule.accept(target_BxTxV, proposal_BxTxV, proposed_BxT, n_B,
-                                    self.keys(state, k))
-        m_B = verdict.num_accepted_B
-        rejected_B = part_B & (m_B < n_B)
-        reject_pos_B = start_B + m_B + 1
-        hidden, dists = list(state.hidden), list(state.dists)
-        if k < K - 1:  # buffer this level's states (and distributions) for the level above
-            hidden[k] = self._ring_write(hidden[k], positions_BxT, h_BxTxD, valid_BxT)
-            if dists:
-                dists[k] = self._ring_write(dists[k], proposed_pos_BxT, target_BxTxV, valid_BxT)
-        tokens_BxS = _scatter_tokens(out.tokens_BxS, reject_pos_B, verdict.next_token_B, rejected_B)
-        new_ck_B = jnp.where(rejected_B, reject_pos_B, c[:, k - 1])
-        new_ck_B = jnp.where(part_B, new_ck_B, start_B)
-        c = c.at[:, k].set(new_ck_B)
-        for lower in range(k):  # roll lower levels back to the corrected position
-            c = c.at[:, lower].set(jnp.where(rejected_B, reject_pos_B, c[:, lower]))
-        out = out.replace(tokens_BxS=tokens_BxS)
-
+        batch_Bx1 = jnp.arange(n_B.shape[0])[:, None]
         counters = state.counters
         rej_pos, rej_tok = state.rejected_pos_BxW, state.rejected_tok_BxW
         if K >= 3 and k == K - 2:  # record this level's rejections for the true-reject rate
+            rejected_B = part_B & (m_B < n_B)
             record_BxT = valid_BxT & (j_T[None, :] == m_B[:, None]) & rejected_B[:, None]
-            rec_slots_BxT = jnp.where(valid_BxT, proposed_pos_BxT % W, W)
-            rej_pos = rej_pos.at[batch_Bx1, rec_slots_BxT].set(
-                jnp.where(record_BxT, proposed_pos_BxT, -1), mode="drop")
-            rej_tok = rej_tok.at[batch_Bx1, rec_slots_BxT].set(proposed_BxT, mode="drop")
+            slots_BxT = jnp.where(valid_BxT, fwd.proposed_pos_BxT % W, W)
+            rej_pos = rej_pos.at[batch_Bx1, slots_BxT].set(
+                jnp.where(record_BxT, fwd.proposed_pos_BxT, -1), mode="drop")
+            rej_tok = rej_tok.at[batch_Bx1, slots_BxT].set(fwd.proposed_BxT, mode="drop")
         if K >= 3 and k == K - 1:  # check recorded rejections where the prefix was accepted
             checked_BxT = valid_BxT & (j_T[None, :] <= m_B[:, None])
-            rec_slots_BxT = proposed_pos_BxT % W
-            has_rec_BxT = checked_BxT & (rej_pos[batch_Bx1, rec_slots_BxT] == proposed_pos_BxT)
-            agree_BxT = verdict.predictions_BxT != rej_tok[batch_Bx1, rec_slots_BxT]
+            slots_BxT = fwd.proposed_pos_BxT % W
+            has_rec_BxT = checked_BxT & (rej_pos[batch_Bx1, slots_BxT] == fwd.proposed_pos_BxT)
+            agree_BxT = verdict.predictions_BxT != rej_tok[batch_Bx1, slots_BxT]
             counters = counters.replace(
                 reject_checks=counters.reject_checks + jnp.sum(has_rec_BxT),
                 true_rejects=counters.true_rejects + jnp.sum(has_rec_BxT & agree_BxT))
-
-        if k == K - 1:  # top level: emit what it accepted
-            count_B = jnp.where(part_B, new_ck_B - start_B, 0)
-            block_BxT = _gather_positions(tokens_BxS, proposed_pos_BxT)
-            out, emitted_B = emit.append_block(out, block_BxT, count_B, self.req.eos_ids_E,
-                                               self.req.max_new_B)
-            counters = counters.replace(emitted=counters.emitted + jnp.sum(emitted_B))
-
-        windows_BxK1, rates_BxK1 = state.windows_BxK1, state.rates_BxK1
-        if h.adaptive:
-            rate_B = windows_lib.ema(rates_BxK1[:, k - 1], m_B, n_B, n_B > 0)
-            rates_BxK1 = rates_BxK1.at[:, k - 1].set(rate_B)
-            policy = windows_lib.AdaptiveWindows()
-            if k == 1:
-                windows_BxK1 = windows_BxK1.at[:, 0].set(policy.update_draft(rate_B, windows_BxK1[:, 0]))
-            if k == K - 1 and K >= 3:
-                windows_BxK1 = windows_BxK1.at[:, K - 2].set(
-                    policy.update_verify(rate_B, windows_BxK1[:, K - 2]))
+        windows = self.h.window_policy.update(state.windows, k, K, m_B, n_B, part_B)
         depth = hi - lo
         counters = counters.replace(
             actions_K=counters.actions_K.at[k].add(1),
@@ -382,69 +491,193 @@ class _Step:
             verifications_K=counters.verifications_K.at[k].add(jnp.sum(n_B > 0)),
             proposed_K=counters.proposed_K.at[k].add(jnp.sum(n_B)),
             accepted_K=counters.accepted_K.at[k].add(jnp.sum(jnp.where(part_B, m_B, 0))))
-        state = state.replace(out=out, processed_BxK=c, hidden=tuple(hidden), dists=tuple(dists),
-                              rejected_pos_BxW=rej_pos, rejected_tok_BxW=rej_tok,
-                              windows_BxK1=windows_BxK1, rates_BxK1=rates_BxK1,
-                              draws_B=state.draws_B + part_B, counters=counters)
-        return state, self.kv_update(kv, positions_BxT, lo)
+        return state.replace(rejected_pos_BxW=rej_pos, rejected_tok_BxW=rej_tok,
+                             windows=windows, draws_B=state.draws_B + part_B,
+                             counters=counters)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "hierarchy", "greedy", "prompt_block"))
-def run_hierarchy(params, heads, req: Request, cache: KVCache, windows_K1: jax.Array, *,
-                  cfg: ModelConfig, hierarchy: Hierarchy, greedy: bool,
-                  prompt_block: int) -> EngineState:
-    """Prefill, then the draft / verify state machine until every sequence is done.
+# ---------------------------------------------------------------------------- the Engine
+@dataclasses.dataclass(frozen=True)
+class Shapes:
+    """The static shapes of one compiled loop.
 
-    Args:
-      params, heads: model parameters and exit heads.
-      req: the batch (prompts, budgets, EOS ids, PRNG keys, sampling settings).
-      cache: an empty cache with at least `hierarchy.exits[-1]` layers.
-      windows_K1: [K - 1] int32 initial windows (draft_len, then verify windows); arrays,
-        so changing them does not recompile.
-      cfg, hierarchy, greedy, prompt_block: static.
+    Attributes:
+      batch: B, sequences per loop (padding rows included).
+      capacity: S, cache positions per sequence.
+      prompt_block: T, the prefill block (a power-of-two bucket of the longest prompt).
+      num_eos: E, EOS ids (padded with -1; at least 1).
     """
-    h = hierarchy
-    K, top = h.num_levels, h.exits[-1]
-    B = req.prompt_lens_B.shape[0]
-    if not greedy and K > 1 and not h.rule.needs_proposal_dists:
-        raise ValueError("sampling with a speculative hierarchy needs a sampling acceptance rule")
-    with jax.named_scope("prefill"):
-        h_BxD, cache = prefill(params, cfg, req.tokens_BxS[:, :prompt_block], req.prompt_lens_B,
-                               cache, top)
-        logits_BxV = exit_logits(params, heads, cfg, h_BxD[:, None], top)[:, 0]
-        first_keys = jax.vmap(jax.random.fold_in)(req.sequence_keys_Bx2, jnp.full((B,), -1))
-        first_B = choose_tokens(logits_BxV, greedy, req.sampling, first_keys)
-        out = emit.start_output(req.tokens_BxS, req.prompt_lens_B, req.max_new_B)
-        out, _ = emit.append_block(out, first_B[:, None], jnp.ones_like(first_B), req.eos_ids_E,
-                                   req.max_new_B)
-    dtype = jnp.dtype(cfg.dtype)
-    sampled_dists = not greedy and K > 1
-    state = EngineState(
-        out=out,
-        cache=cache,
-        processed_BxK=jnp.broadcast_to(req.prompt_lens_B[:, None], (B, K)).astype(jnp.int32),
-        hidden=tuple(jnp.zeros((B, h.ring, cfg.hidden_size), dtype) for _ in range(K - 1)),
-        rejected_pos_BxW=jnp.full((B, h.ring), -1, jnp.int32),
-        rejected_tok_BxW=jnp.zeros((B, h.ring), jnp.int32),
-        windows_BxK1=jnp.broadcast_to(windows_K1.astype(jnp.int32), (B, K - 1)),
-        rates_BxK1=jnp.ones((B, K - 1), jnp.float32),
-        dists=tuple(jnp.full((B, h.ring, cfg.vocab_size), -jnp.inf, jnp.float32)
-                    for _ in range(K - 1)) if sampled_dists else (),
-        draws_B=jnp.zeros((B,), jnp.int32),
-        counters=Counters.zeros(K),
-    )
-    step = _Step(params, heads, req, cfg, h, greedy)
-    branches = [step.draft] + [functools.partial(step.verify, k=k) for k in range(1, K)]
 
-    def body(state: EngineState) -> EngineState:
-        # The cache is only read inside the branches; the chosen action's new keys/values
-        # are written here, outside control flow, so XLA updates the cache in place.
-        cache, rest = state.cache, state.replace(cache=None)
-        level, part_B = step.action(rest)
-        if K == 1:
-            rest, (kv, positions_LxBxT) = step.draft(rest, cache, part_B)
-        else:
-            rest, (kv, positions_LxBxT) = jax.lax.switch(level, branches, rest, cache, part_B)
-        return rest.replace(cache=cache.write_all_layers(positions_LxBxT, kv))
+    batch: int
+    capacity: int
+    prompt_block: int
+    num_eos: int = 1
 
-    return jax.lax.while_loop(lambda s: jnp.any(~s.out.done_B), body, state)
+
+def _signature(tree) -> tuple:
+    """A hashable description of a pytree of arrays: structure, shapes and dtypes."""
+    leaves, treedef = jax.tree.flatten(tree)
+    return treedef, tuple((tuple(x.shape), jnp.dtype(x.dtype).name) for x in leaves)
+
+
+def _structs(signature) -> Any:
+    treedef, leaves = signature
+    return jax.tree.unflatten(treedef, [jax.ShapeDtypeStruct(s, d) for s, d in leaves])
+
+
+@dataclasses.dataclass(frozen=True)
+class Engine:
+    """One compiled decoding loop: a model's architecture and parameter layout, an exit
+    hierarchy and the shapes (gemma's sampler pattern: a frozen description with
+    `init_state` / `step` / `run`, and one compile cache keyed by the object itself).
+
+    Attributes:
+      cfg: the model architecture.
+      hierarchy: the exit hierarchy and its policies.
+      shapes: batch, cache capacity, prompt block, EOS count.
+      greedy: argmax decoding (static: removes sorting from the loop).
+      params_signature, heads_signature: structure, shapes and dtypes of the model's
+        parameters and exit heads (the layer layout and trained heads are part of the key).
+      shardings: `in_shardings` for `jax.jit` of `run`'s arguments (None: one device).
+    """
+
+    cfg: ModelConfig
+    hierarchy: Hierarchy
+    shapes: Shapes
+    greedy: bool
+    params_signature: tuple
+    heads_signature: tuple
+    shardings: Any = None
+
+    @classmethod
+    def for_model(cls, model, hierarchy: Hierarchy, shapes: Shapes, greedy: bool = True,
+                  shardings=None) -> "Engine":
+        """The engine for `model` (a `Model`; its arrays may be `jax.ShapeDtypeStruct`s)."""
+        return cls(cfg=model.cfg, hierarchy=hierarchy, shapes=shapes, greedy=greedy,
+                   params_signature=_signature(model.params),
+                   heads_signature=_signature(model.heads), shardings=shardings)
+
+    @property
+    def cache_layers(self) -> int:
+        return self.hierarchy.exits[-1]
+
+    @property
+    def per_layer_cache(self) -> bool:
+        """The cache layout follows the layer layout: per-layer buffers for "unrolled"."""
+        return isinstance(_structs(self.params_signature)["layers"], (tuple, list))
+
+    def empty_cache(self) -> KVCache:
+        return KVCache.zeros(self.cfg, self.shapes.batch, self.shapes.capacity, self.cache_layers,
+                             per_layer=self.per_layer_cache)
+
+    # ---- the loop, as pure functions -----------------------------------------------------
+    def init_state(self, params, heads, req: Request, cache: KVCache,
+                   windows_K1: jax.Array) -> EngineState:
+        """Prefill the prompts, emit each sequence's first token, build the loop state.
+
+        Args:
+          req: the batch (prompts, budgets, EOS ids, PRNG keys, sampling settings).
+          cache: an empty cache with at least `hierarchy.exits[-1]` layers.
+          windows_K1: [K - 1] int32 initial windows (draft_len, then verify windows).
+        """
+        h, cfg, greedy = self.hierarchy, self.cfg, self.greedy
+        K, top = h.num_levels, h.exits[-1]
+        B = req.prompt_lens_B.shape[0]
+        if not greedy and K > 1 and not h.rule.needs_proposal_dists:
+            raise ValueError("sampling with a speculative hierarchy needs a sampling acceptance rule")
+        with jax.named_scope("prefill"):
+            h_BxD, cache = prefill(params, cfg, req.tokens_BxS[:, :self.shapes.prompt_block],
+                                   req.prompt_lens_B, cache, top)
+            logits_BxV = exit_logits(params, heads, cfg, h_BxD[:, None], top)[:, 0]
+            first_keys = jax.vmap(jax.random.fold_in)(req.sequence_keys_Bx2, jnp.full((B,), -1))
+            first_B = choose_tokens(logits_BxV, greedy, req.sampling, first_keys)
+            out = emit.start_output(req.tokens_BxS, req.prompt_lens_B, req.max_new_B)
+            out, _ = emit.append_block(out, first_B[:, None], jnp.ones_like(first_B),
+                                       req.eos_ids_E, req.max_new_B)
+        dtype = jnp.dtype(cfg.dtype)
+        return EngineState(
+            out=out,
+            cache=cache,
+            processed_BxK=jnp.broadcast_to(req.prompt_lens_B[:, None], (B, K)).astype(jnp.int32),
+            hidden=tuple(jnp.zeros((B, h.ring, cfg.hidden_size), dtype) for _ in range(K - 1)),
+            rejected_pos_BxW=jnp.full((B, h.ring), -1, jnp.int32),
+            rejected_tok_BxW=jnp.zeros((B, h.ring), jnp.int32),
+            windows=h.window_policy.init(windows_K1, B),
+            draft_state=h.draft_exit.init(B),
+            dists=tuple(jnp.full((B, h.ring, cfg.vocab_size), -jnp.inf, jnp.float32)
+                        for _ in range(K - 1)) if not greedy and K > 1 else (),
+            draws_B=jnp.zeros((B,), jnp.int32),
+            counters=Counters.zeros(K),
+        )
+
+    def step(self, params, heads, req: Request, state: EngineState) -> EngineState:
+        """One speculation round for the whole batch (one trip of the loop)."""
+        return _Round(params, heads, req, self.cfg, self.hierarchy, self.greedy)(state)
+
+    def run(self, params, heads, req: Request, cache: KVCache, windows_K1: jax.Array):
+        """Prefill, then rounds until every sequence is done.
+
+        Returns (output, counters, final cache); the cache is returned so that a donated
+        input cache backs the loop's cache in place.
+        """
+        state = self.init_state(params, heads, req, cache, windows_K1)
+        state = jax.lax.while_loop(lambda s: jnp.any(~s.out.done_B),
+                                   lambda s: self.step(params, heads, req, s), state)
+        return state.out, state.counters, state.cache
+
+    # ---- compilation -------------------------------------------------------------------
+    def abstract_arguments(self) -> tuple:
+        """`run`'s arguments as `jax.ShapeDtypeStruct`s (nothing allocated)."""
+        B, S, E = self.shapes.batch, self.shapes.capacity, self.shapes.num_eos
+        i32, f32 = jnp.int32, jnp.float32
+        sds = jax.ShapeDtypeStruct
+        req = Request(tokens_BxS=sds((B, S), i32), prompt_lens_B=sds((B,), i32),
+                      max_new_B=sds((B,), i32), eos_ids_E=sds((E,), i32),
+                      sequence_keys_Bx2=sds((B, 2), jnp.uint32),
+                      sampling=SamplingArrays(sds((), f32), sds((), i32), sds((), f32)))
+        cache = jax.eval_shape(self.empty_cache)
+        windows = sds((self.hierarchy.num_levels - 1,), i32)
+        return (_structs(self.params_signature), _structs(self.heads_signature), req, cache,
+                windows)
+
+    def lower(self) -> jax.stages.Lowered:
+        """`run` lowered on abstract arguments (the cache argument is donated)."""
+        shardings = {} if self.shardings is None else {"in_shardings": self.shardings}
+        jitted = jax.jit(self.run, donate_argnums=(3,), **shardings)
+        return jitted.lower(*self.abstract_arguments())
+
+    def compiled(self):
+        """(the compiled `run`, seconds spent compiling: 0 when this process already
+        compiled an equal engine). Least recently used executables beyond `MAX_COMPILED`
+        are dropped."""
+        global compilations
+        if self in _COMPILED:
+            _COMPILED.move_to_end(self)
+            return _COMPILED[self], 0.0
+        t0 = time.perf_counter()
+        executable = self.lower().compile()
+        compilations += 1
+        _COMPILED[self] = executable
+        while len(_COMPILED) > MAX_COMPILED:
+            _COMPILED.popitem(last=False)
+        return executable, time.perf_counter() - t0
+
+    def compiled_covering(self) -> "Engine":
+        """An already compiled engine equal to this one except for larger window bounds
+        (its loop runs these windows without a new compilation), else this engine."""
+        for other in reversed(_COMPILED):
+            if (dataclasses.replace(other, hierarchy=self.hierarchy) == self
+                    and other.hierarchy.covers(self.hierarchy)):
+                return other
+        return self
+
+
+# Engine -> compiled executable, for this process (least recently used dropped first).
+_COMPILED: collections.OrderedDict[Engine, Any] = collections.OrderedDict()
+MAX_COMPILED = 32
+compilations = 0  # loops compiled by this process (tests check that bad input compiles none)
+
+
+def clear_compiled() -> None:
+    """Drops every compiled loop of this process."""
+    _COMPILED.clear()

@@ -2,13 +2,13 @@
 
 Validates everything before any compilation, tokenizes, splits prompts into batches, pads
 every batch to one shape (prompt block = a power-of-two length bucket, batch padded with
-finished rows), compiles each distinct shape once per process (AOT `lower().compile()`,
-timed and counted), runs the method's compiled loop and returns token ids, texts and stats.
+finished rows), gets the compiled loop of the `engine.Engine` for those shapes (each
+distinct engine compiles once per process, timed and counted), runs it and returns token
+ids, texts and stats.
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import time
 from typing import Any, Sequence
@@ -17,21 +17,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hispec_jax.decoding import engine as engine_lib
 from hispec_jax.decoding import methods as methods_lib
 from hispec_jax.decoding.request import Request
 from hispec_jax.decoding.sampling import SamplingParams, sequence_keys
-from hispec_jax.models.kv_cache import KVCache
 from hispec_jax.models.model import Model
 
 MIN_PROMPT_BLOCK = 16
 CAPACITY_MULTIPLE = 64
-
-# (method, static settings, argument shapes) -> compiled executable, for this process;
-# least recently used entries are dropped beyond MAX_COMPILED.
-_COMPILED: collections.OrderedDict[Any, Any] = collections.OrderedDict()
-MAX_COMPILED = 32
-compilations = 0  # loops compiled by this process (tests check that bad input compiles none)
-
 
 @dataclasses.dataclass
 class GenerationResult:
@@ -158,32 +151,31 @@ def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int =
     max_prompt_len = max(len(p) for p in prompt_ids)
     block, capacity = plan_shapes(max_prompt_len, max_new_tokens, decoder.lookahead(),
                                   model.cfg.max_position_embeddings, max_cache_len)
-    if not isinstance(method, methods_lib.Decoder):
-        # Run in an already compiled loop with larger window bounds when its (longer)
-        # lookahead still fits these shapes; else compile this decoder's own loop.
-        reused = _reuse_bounds(decoder)
-        try:
-            fits = plan_shapes(max_prompt_len, max_new_tokens, reused.lookahead(),
-                               model.cfg.max_position_embeddings, max_cache_len) == (block, capacity)
-        except ValueError:
-            fits = False
-        if fits:
-            decoder = reused
     eos = () if ignore_eos else model.eos_token_ids
     eos_ids_E = jnp.asarray(list(eos) or [-1], jnp.int32)
+    shapes = engine_lib.Shapes(batch=batch_size, capacity=capacity, prompt_block=block,
+                               num_eos=int(eos_ids_E.shape[0]))
+    engine = engine_lib.Engine.for_model(model, decoder.hierarchy, shapes, sampling.greedy)
+    if not isinstance(method, methods_lib.Decoder):
+        # Run in an already compiled loop of this model and these shapes whose window bounds
+        # are larger, when its (longer) lookahead still fits the cache; else compile.
+        covering = engine.compiled_covering()
+        if max_prompt_len + max_new_tokens + covering.hierarchy.lookahead <= capacity:
+            engine = covering
+    compiled_before = engine_lib.compilations
+    compiled, compile_seconds = engine.compiled()
+    compile_count = engine_lib.compilations - compiled_before
+    windows_K1 = decoder.windows_array()
 
     token_ids: list[list[int]] = []
-    compile_seconds, compile_count, run_seconds = 0.0, 0, 0.0
+    run_seconds = 0.0
     method_stats, batch_sequences = [], []
     for start in range(0, len(prompt_ids), batch_size):
         batch = prompt_ids[start:start + batch_size]
-        req = _make_request(batch, batch_size, start, capacity, max_new_tokens, eos_ids_E, sampling)
-        cache = KVCache.zeros(model.cfg, batch_size, capacity, decoder.cache_layers(model.cfg))
-        compiled, seconds = _compile(decoder, model, req, cache, sampling.greedy, block)
-        compile_seconds += seconds
-        compile_count += seconds > 0
+        req = make_request(batch, batch_size, start, capacity, max_new_tokens, eos_ids_E, sampling)
+        cache = engine.empty_cache()
         t0 = time.perf_counter()
-        out, raw_stats, _ = compiled(model.params, model.heads, req, cache, *decoder.arguments())
+        out, raw_stats, _ = compiled(model.params, model.heads, req, cache, windows_K1)
         jax.block_until_ready(out)
         run_seconds += time.perf_counter() - t0
         tokens_BxS, prompt_lens_B, num_new_B = jax.device_get(
@@ -206,7 +198,7 @@ def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int =
         "batch_size": batch_size,
         "prompt_block": block,
         "cache_capacity": capacity,
-        **decoder.summarize(method_stats, batch_sequences),
+        **methods_lib.summarize_counters(engine.hierarchy, method_stats, batch_sequences),
     }
     texts = None
     if model.tokenizer is not None:
@@ -215,9 +207,13 @@ def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int =
                             stats=stats)
 
 
-def _make_request(batch, batch_size, first_index, capacity, max_new_tokens, eos_ids_E,
-                  sampling: SamplingParams) -> Request:
-    """Right-pads prompts into [batch_size, capacity]; padding rows get max_new = 0."""
+def make_request(batch: list[list[int]], batch_size: int, first_index: int, capacity: int,
+                 max_new_tokens: int, eos_ids_E: jax.Array, sampling: SamplingParams) -> Request:
+    """A `Request`: prompts right-padded into [batch_size, capacity]; padding rows get
+    max_new = 0 (finished from the start). `first_index` is the first prompt's index in
+    the whole request: it seeds that sequence's PRNG key."""
+    if len(batch) > batch_size:
+        raise ValueError(f"{len(batch)} prompts do not fit batch_size={batch_size}")
     tokens = np.zeros((batch_size, capacity), np.int32)
     lens = np.ones((batch_size,), np.int32)
     max_new = np.zeros((batch_size,), np.int32)
@@ -230,32 +226,3 @@ def _make_request(batch, batch_size, first_index, capacity, max_new_tokens, eos_
         max_new_B=jnp.asarray(max_new), eos_ids_E=eos_ids_E,
         sequence_keys_Bx2=sequence_keys(sampling.seed, np.arange(first_index, first_index + batch_size)),
         sampling=sampling.arrays())
-
-
-def _reuse_bounds(decoder):
-    """`decoder` with the window bounds of an already compiled loop that covers it, so that
-    smaller windows run in the compiled loop instead of compiling a new one."""
-    for key in reversed(_COMPILED):
-        compiled_hierarchy = key[0]
-        candidate = dataclasses.replace(decoder, hierarchy=compiled_hierarchy)
-        if candidate.covers(decoder):
-            return candidate
-    return decoder
-
-
-def _compile(decoder, model: Model, req: Request, cache: KVCache, greedy: bool, block: int):
-    """The compiled loop for these shapes, and the seconds spent compiling it (0 if cached)."""
-    leaves, treedef = jax.tree.flatten((model.params, model.heads, req, cache))
-    key = (decoder.hierarchy, model.cfg, greedy, block, str(treedef),
-           tuple((x.shape, str(x.dtype)) for x in leaves))
-    if key in _COMPILED:
-        _COMPILED.move_to_end(key)
-        return _COMPILED[key], 0.0
-    t0 = time.perf_counter()
-    compiled = decoder.lower(model, req, cache, greedy=greedy, prompt_block=block).compile()
-    global compilations
-    compilations += 1
-    _COMPILED[key] = compiled
-    while len(_COMPILED) > MAX_COMPILED:
-        _COMPILED.popitem(last=False)
-    return compiled, time.perf_counter() - t0

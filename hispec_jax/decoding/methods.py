@@ -1,9 +1,9 @@
 """Decoding methods: every method is an exit hierarchy run by the one engine (`engine.py`).
 
-`make_method` turns a method name and options into a `Decoder` (validating everything
+`make_method` turns a method name and options into a `Decoder` (plain data, validated
 before any compilation); `Decoder` tells `generate` how many cache layers it needs, how far
-past the last emitted token it may write (`lookahead`), how to lower its loop, and how to
-summarize the loop's counters into stats.
+past the last emitted token it may write (`lookahead`), and how to summarize the loop's
+counters into stats. Compiling is `engine.Engine`'s job.
 """
 
 from __future__ import annotations
@@ -17,52 +17,42 @@ import jax
 import jax.numpy as jnp
 
 from hispec_jax.decoding.acceptance import RULES, GreedyAcceptance
-from hispec_jax.decoding.engine import Counters, Hierarchy, run_hierarchy
-from hispec_jax.decoding.windows import DRAFT_LEN_RANGE, VERIFY_WINDOW_RANGE
+from hispec_jax.decoding.engine import Counters, Hierarchy
+from hispec_jax.decoding.windows import (DRAFT_LEN_RANGE, VERIFY_WINDOW_RANGE, AdaptiveWindows,
+                                         FixedWindows)
 from hispec_jax.models.config import ModelConfig
 from hispec_jax.models.model import Model
 
 
 @dataclasses.dataclass(frozen=True)
 class Decoder:
-    """A decoding method: an exit hierarchy (static) and its initial windows (an array).
+    """A decoding method as plain data: an exit hierarchy (static) and its initial windows.
 
     K = 1 is autoregressive decoding from `exits[0]` (`ar`: the final layer; `exit`: an
-    early exit); K = 2 LayerSkip self-speculation; K >= 3 HiSpec.
+    early exit); K = 2 LayerSkip self-speculation; K >= 3 HiSpec. `generate` builds an
+    `engine.Engine` from it and the request's shapes.
     """
 
     hierarchy: Hierarchy
     windows: tuple[int, ...] = ()  # initial (draft_len, verify_window, ...), K - 1 entries
 
+    def __post_init__(self):
+        if len(self.windows) != self.hierarchy.num_levels - 1:
+            raise ValueError(f"windows={self.windows} needs one entry per verifying level "
+                             f"({self.hierarchy.num_levels - 1})")
+        if any(w > b for w, b in zip(self.windows, self.hierarchy.max_windows)):
+            raise ValueError(f"windows={self.windows} exceed the hierarchy's bounds "
+                             f"max_windows={self.hierarchy.max_windows}")
+
     def cache_layers(self, cfg: ModelConfig) -> int:
         return self.hierarchy.exits[-1]
 
     def lookahead(self) -> int:
-        return self.hierarchy.lookahead if self.hierarchy.num_levels > 1 else 0
+        return self.hierarchy.lookahead
 
-    def arguments(self) -> tuple[jax.Array, ...]:
-        """Loop inputs that vary between calls without recompiling."""
-        return (jnp.asarray(self.windows, jnp.int32).reshape(len(self.windows)),)
-
-    def lower(self, model: Model, req, cache, *, greedy: bool, prompt_block: int):
-        hierarchy = self.hierarchy
-
-        def run(params, heads, req, cache, windows):
-            state = run_hierarchy(params, heads, req, cache, windows, cfg=model.cfg,
-                                  hierarchy=hierarchy, greedy=greedy, prompt_block=prompt_block)
-            # The final cache is returned only so the donated input cache can back the
-            # loop's cache in place (XLA reuses donated buffers for outputs).
-            return state.out, state.counters, state.cache
-
-        return jax.jit(run, donate_argnums=(3,)).lower(model.params, model.heads, req, cache,
-                                                        *self.arguments())
-
-    def covers(self, other: "Decoder") -> bool:
-        """Whether this decoder's compiled loop can run `other`'s windows (same hierarchy,
-        bounds at least as large)."""
-        a, b = self.hierarchy, other.hierarchy
-        return (dataclasses.replace(a, max_windows=()) == dataclasses.replace(b, max_windows=())
-                and all(x >= y for x, y in zip(a.max_windows, b.max_windows)))
+    def windows_array(self) -> jax.Array:
+        """The initial windows [K - 1] int32 (an argument of the loop: no recompiles)."""
+        return jnp.asarray(self.windows, jnp.int32).reshape(len(self.windows))
 
     def summarize(self, counters: list[Counters], batch_sequences: list[int]):
         return summarize_counters(self.hierarchy, counters, batch_sequences)
@@ -79,6 +69,8 @@ def summarize_counters(h: Hierarchy, counters: list[Counters],
     full_verifications = int(total.verifications_K[K - 1])
     stats = {
         "exits": list(h.exits),
+        "window_bounds": list(h.max_windows),
+        "rounds": int(total.rounds),
         "actions_per_level": total.actions_K.tolist(),
         "acceptance_rate_per_level": [None] + [rate(accepted[k], proposed[k]) for k in range(1, K)],
         "final_acceptance_rate": rate(accepted[K - 1], proposed[K - 1]) if K > 1 else None,
@@ -202,7 +194,8 @@ def make_method(model: Model, method: str, *, exit_layer: int | None = None,
         rule, schedule = GreedyAcceptance(), "sync"
     else:
         rule, schedule = RULES[acceptance or "tokenwise"], "own"
-    hierarchy = Hierarchy(exits=exits, max_windows=max_windows, adaptive=bool(adaptive),
+    hierarchy = Hierarchy(exits=exits, max_windows=max_windows,
+                          window_policy=AdaptiveWindows() if adaptive else FixedWindows(),
                           rule=rule, schedule=schedule)
     return Decoder(hierarchy=hierarchy, windows=windows)
 

@@ -1,6 +1,7 @@
 """Fixed-shape KV cache with per-sequence positions.
 
     k, v: [L, B, K, S, H]     S = cache capacity (max_len), slot index == absolute position
+                              (or L arrays [B, K, S, H]: `KVCache.per_layer`)
 
 The kv-head axis K sits before the slot axis S so that a layer's slice [B, K, S, H] has the
 attention matmuls' batch axes (B, K) outermost. With [B, S, K, H] XLA relaid out (copied)
@@ -19,6 +20,8 @@ writes are dropped (`mode="drop"`).
 
 from __future__ import annotations
 
+from typing import Any
+
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -36,49 +39,80 @@ class KVBlock:
 
 @flax.struct.dataclass
 class KVCache:
-    """Keys and values of every cached layer.
+    """Keys and values of every cached layer, in one of two layouts (as the weights):
+
+        stacked     k, v: [L', B, K, S, H]          (the "scan" layer layout)
+        per layer   k, v: L' arrays [B, K, S, H]    (the "unrolled" layer layout)
+
+    Per-layer buffers let XLA update each layer in place even inside `lax.cond` branches
+    that run several layers; with one stacked buffer it copied the whole cache there.
 
     Attributes:
-      k: [L', B, K, S, H] keys after RoPE (L' <= L: a cache may hold only the first L' layers).
-      v: [L', B, K, S, H] values.
+      k: keys after RoPE (L' <= L: a cache may hold only the first L' layers).
+      v: values.
     """
 
-    k: jax.Array
-    v: jax.Array
+    k: Any
+    v: Any
+
+    @property
+    def per_layer(self) -> bool:
+        return isinstance(self.k, (tuple, list))
 
     @property
     def capacity(self) -> int:
         """S: the number of positions each sequence can hold."""
-        return self.k.shape[3]
+        return self.k[0].shape[2] if self.per_layer else self.k.shape[3]
 
     @property
     def num_layers(self) -> int:
-        return self.k.shape[0]
+        return len(self.k) if self.per_layer else self.k.shape[0]
+
+    @property
+    def dtype(self):
+        return (self.k[0] if self.per_layer else self.k).dtype
 
     @classmethod
     def zeros(cls, cfg: ModelConfig, batch: int, capacity: int, num_layers: int | None = None,
-              dtype=None) -> "KVCache":
+              dtype=None, per_layer: bool = False) -> "KVCache":
         """An empty cache for `batch` sequences of up to `capacity` positions."""
-        shape = (num_layers or cfg.num_layers, batch, cfg.num_kv_heads, capacity, cfg.head_dim)
+        num_layers = num_layers or cfg.num_layers
+        layer_shape = (batch, cfg.num_kv_heads, capacity, cfg.head_dim)
         dtype = dtype or jnp.dtype(cfg.dtype)
-        return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
+        if per_layer:
+            zeros = lambda: tuple(jnp.zeros(layer_shape, dtype) for _ in range(num_layers))
+            return cls(k=zeros(), v=zeros())
+        return cls(k=jnp.zeros((num_layers,) + layer_shape, dtype),
+                   v=jnp.zeros((num_layers,) + layer_shape, dtype))
 
-    def write_block(self, start: int, positions_BxT: jax.Array, block: "KVBlock") -> "KVCache":
-        """Writes a block's keys/values for layers [start, start + n); sentinel S is dropped."""
-        n = block.k.shape[0]
-        layer_Lx1x1 = jnp.arange(start, start + n)[:, None, None]
-        batch_1xBx1 = jnp.arange(positions_BxT.shape[0])[None, :, None]
-        pos_1xBxT = positions_BxT[None]
-        # Advanced indices around the K slice: the indexed shape is [n, B, T, K, H], the block's.
-        k = self.k.at[layer_Lx1x1, batch_1xBx1, :, pos_1xBxT].set(block.k.astype(self.k.dtype), mode="drop")
-        v = self.v.at[layer_Lx1x1, batch_1xBx1, :, pos_1xBxT].set(block.v.astype(self.v.dtype), mode="drop")
-        return KVCache(k=k, v=v)
+    def layer_keys(self, layer) -> jax.Array:
+        """Keys [B, K, S, H] of one layer (a static int, or a traced index when stacked)."""
+        return self._layer(self.k, layer)
 
-    def write_all_layers(self, positions_LxBxT: jax.Array, block: "KVBlock") -> "KVCache":
-        """Writes a block covering every cached layer, with per-layer positions (S: skip)."""
-        L, B, _ = positions_LxBxT.shape
-        layer_Lx1x1 = jnp.arange(L)[:, None, None]
-        batch_1xBx1 = jnp.arange(B)[None, :, None]
-        k = self.k.at[layer_Lx1x1, batch_1xBx1, :, positions_LxBxT].set(block.k.astype(self.k.dtype), mode="drop")
-        v = self.v.at[layer_Lx1x1, batch_1xBx1, :, positions_LxBxT].set(block.v.astype(self.v.dtype), mode="drop")
-        return KVCache(k=k, v=v)
+    def layer_values(self, layer) -> jax.Array:
+        """Values [B, K, S, H] of one layer."""
+        return self._layer(self.v, layer)
+
+    def _layer(self, x, layer):
+        if self.per_layer:
+            return x[layer]
+        return jax.lax.dynamic_index_in_dim(x, layer, keepdims=False)
+
+    def write_layer(self, layer, positions_BxT: jax.Array, k_BxTxKxH: jax.Array,
+                    v_BxTxKxH: jax.Array) -> "KVCache":
+        """Writes one layer's block keys/values at their positions (sentinel S is dropped).
+
+        Only that layer's slots are written: inside a layer loop that carries the cache,
+        XLA performs the scatter in place.
+        """
+        batch_Bx1 = jnp.arange(positions_BxT.shape[0])[:, None]
+        if self.per_layer:
+            # Advanced indices around the K slice: the indexed shape is [B, T, K, H].
+            write = lambda x, new: x.at[batch_Bx1, :, positions_BxT].set(new.astype(x.dtype),
+                                                                       mode="drop")
+            k, v = list(self.k), list(self.v)
+            k[layer], v[layer] = write(k[layer], k_BxTxKxH), write(v[layer], v_BxTxKxH)
+            return KVCache(k=tuple(k), v=tuple(v))
+        write = lambda x, new: x.at[layer, batch_Bx1, :, positions_BxT].set(new.astype(x.dtype),
+                                                                          mode="drop")
+        return KVCache(k=write(self.k, k_BxTxKxH), v=write(self.v, v_BxTxKxH))

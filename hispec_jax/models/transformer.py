@@ -1,10 +1,12 @@
 """Pure-functional decoder: embed, run any layer range over a block of positions, RMSNorm.
 
-The one primitive every decoding method is built from is `run_layers`: it continues hidden
-states from layer `start` through layer `stop - 1` (a `lax.scan` over the stacked weights, so
-compile time does not grow with depth, or an unrolled loop over per-layer weights: see the
-layer layouts in `params.py`), reading the KV cache of exactly those layers and returning
-the block's new keys/values (`KVBlock`) for the caller to write.
+The one primitive every decoding method is built from is running a layer range: it
+continues hidden states from layer `start` through layer `stop - 1` (a `lax.scan` over the
+stacked weights, so compile time does not grow with depth, or an unrolled loop over
+per-layer weights: see the layer layouts in `params.py`), reading the KV cache of exactly
+those layers. Decoding uses `run_layers_cached`, which writes each layer's new keys/values
+into the cache in place inside the layer loop; training uses `run_layers`, which returns
+them (`KVBlock`).
 
 Shapes (nanodo suffixes): B batch, T block length, S cache capacity, D hidden, N query heads,
 K kv heads, G = N / K, H head dim, F MLP width, V vocab.
@@ -41,15 +43,9 @@ def embed(params: Params, tokens_BxT: jax.Array) -> jax.Array:
     return jnp.take(params["embed"], tokens_BxT, axis=0)
 
 
-def _attention(layer_params, cfg: ModelConfig, x_BxTxD, positions_BxT, context_k_BxKxSxH,
-               context_v_BxKxSxH):
-    """Self-attention of a block over the cached context plus the block itself.
-
-    The cache is only read: a query at block index j sees cache slots < the block's first
-    position (that sequence's valid context) and block entries i <= j. The block's own
-    keys/values are returned for the caller to write into the cache, which keeps the big
-    cache buffer out of control flow (no copies inside `lax.switch` branches).
-    """
+def _project_qkv(layer_params, cfg: ModelConfig, x_BxTxD, positions_BxT, kv_dtype):
+    """Queries [B, T, K, G, H] (scaled by H^-1/2), keys and values [B, T, K, H] (kv_dtype),
+    with q/k norm (Qwen3) and RoPE applied."""
     B, T, _ = x_BxTxD.shape
     K, G, H = cfg.num_kv_heads, cfg.q_per_kv, cfg.head_dim
     inv_freq = jnp.asarray(cfg.inv_freq)
@@ -61,30 +57,60 @@ def _attention(layer_params, cfg: ModelConfig, x_BxTxD, positions_BxT, context_k
         k_BxTxKxH = rms_norm(k_BxTxKxH, layer_params["k_norm"], cfg.rms_norm_eps)
     q_BxTxNxH = apply_rope(q_BxTxNxH, positions_BxT, inv_freq)
     k_BxTxKxH = apply_rope(k_BxTxKxH, positions_BxT, inv_freq)
-    k_BxTxKxH = k_BxTxKxH.astype(context_k_BxKxSxH.dtype)
-    v_BxTxKxH = v_BxTxKxH.astype(context_v_BxKxSxH.dtype)
-
     q_BxTxKxGxH = q_BxTxNxH.reshape(B, T, K, G, H) * (H**-0.5)
-    scores_ctx = jnp.einsum("BTKGH,BKSH->BKGTS", q_BxTxKxGxH, context_k_BxKxSxH,
-                            preferred_element_type=jnp.float32)
-    scores_blk = jnp.einsum("BTKGH,BUKH->BKGTU", q_BxTxKxGxH, k_BxTxKxH,
-                            preferred_element_type=jnp.float32)
-    S = context_k_BxKxSxH.shape[2]
-    start_B = positions_BxT[:, 0]
-    ctx_visible_BxS = jnp.arange(S)[None, :] < start_B[:, None]
-    blk_visible_TxU = jnp.arange(T)[None, :] <= jnp.arange(T)[:, None]
-    scores_ctx = jnp.where(ctx_visible_BxS[:, None, None, None, :], scores_ctx, -1e30)
-    scores_blk = jnp.where(blk_visible_TxU[None, None, None], scores_blk, -1e30)
-    probs = jax.nn.softmax(jnp.concatenate([scores_ctx, scores_blk], axis=-1), axis=-1)
-    probs = probs.astype(context_v_BxKxSxH.dtype)
-    out_BxTxKxGxH = (jnp.einsum("BKGTS,BKSH->BTKGH", probs[..., :S], context_v_BxKxSxH)
-                     + jnp.einsum("BKGTU,BUKH->BTKGH", probs[..., S:], v_BxTxKxH))
+    return q_BxTxKxGxH, k_BxTxKxH.astype(kv_dtype), v_BxTxKxH.astype(kv_dtype)
+
+
+def _attend(q_BxTxKxGxH, keys_BxKxSxH, values_BxKxSxH, visible_BxTxS):
+    """Softmax attention of every query over the slots it may see -> [B, T, K, G, H]."""
+    scores = jnp.einsum("BTKGH,BKSH->BKGTS", q_BxTxKxGxH, keys_BxKxSxH,
+                        preferred_element_type=jnp.float32)
+    scores = jnp.where(visible_BxTxS[:, None, None], scores, -1e30)
+    probs = jax.nn.softmax(scores, axis=-1).astype(values_BxKxSxH.dtype)
+    return jnp.einsum("BKGTS,BKSH->BTKGH", probs, values_BxKxSxH)
+
+
+def _attention_output(layer_params, cfg: ModelConfig, out_BxTxKxGxH):
     # As one [B, T, N*H] x [N*H, D] matmul: (N, H) flattened in the weights' own row-major
     # order, so XLA needs no relayout copy of wo (a 4-D einsum got one per layer and step).
-    N = cfg.num_heads
-    out_BxTxNH = out_BxTxKxGxH.reshape(B, T, N * H)
-    attn_BxTxD = out_BxTxNH @ layer_params["wo"].reshape(N * H, -1)
-    return attn_BxTxD, k_BxTxKxH, v_BxTxKxH
+    B, T = out_BxTxKxGxH.shape[:2]
+    NH = cfg.num_heads * cfg.head_dim
+    return out_BxTxKxGxH.reshape(B, T, NH) @ layer_params["wo"].reshape(NH, -1)
+
+
+def _block_attention(layer_params, cfg: ModelConfig, x_BxTxD, positions_BxT, context_k_BxKxSxH,
+                     context_v_BxKxSxH):
+    """Self-attention of a block over a read-only context plus the block itself (training
+    and feature extraction): a query at block index j sees context slots < the block's
+    first position and block entries i <= j. Returns (output, the block's k and v)."""
+    T = x_BxTxD.shape[1]
+    q, k_BxTxKxH, v_BxTxKxH = _project_qkv(layer_params, cfg, x_BxTxD, positions_BxT,
+                                           context_k_BxKxSxH.dtype)
+    S = context_k_BxKxSxH.shape[2]
+    keys = jnp.concatenate([context_k_BxKxSxH, k_BxTxKxH.transpose(0, 2, 1, 3)], axis=2)
+    values = jnp.concatenate([context_v_BxKxSxH, v_BxTxKxH.transpose(0, 2, 1, 3)], axis=2)
+    ctx_visible_BxS = jnp.arange(S)[None, :] < positions_BxT[:, :1]
+    blk_visible_TxU = jnp.arange(T)[None, :] <= jnp.arange(T)[:, None]
+    visible_BxTxSU = jnp.concatenate(
+        [jnp.broadcast_to(ctx_visible_BxS[:, None, :], (ctx_visible_BxS.shape[0], T, S)),
+         jnp.broadcast_to(blk_visible_TxU[None], (ctx_visible_BxS.shape[0], T, T))], axis=-1)
+    out = _attend(q, keys, values, visible_BxTxSU)
+    return _attention_output(layer_params, cfg, out), k_BxTxKxH, v_BxTxKxH
+
+
+def _cached_attention(layer_params, cfg: ModelConfig, x_BxTxD, positions_BxT, write_positions_BxT,
+                      cache: KVCache, layer):
+    """Self-attention that first writes the block's keys/values into the cache (at
+    `write_positions_BxT`; sentinel S is dropped), then reads the updated layer: a query at
+    position p sees slots <= p (the valid context below the block's first position, and
+    the block's own entries up to itself). Writing before reading makes the read depend on
+    the write, so XLA updates the carried cache in place instead of copying it."""
+    q, k_BxTxKxH, v_BxTxKxH = _project_qkv(layer_params, cfg, x_BxTxD, positions_BxT,
+                                           cache.dtype)
+    cache = cache.write_layer(layer, write_positions_BxT, k_BxTxKxH, v_BxTxKxH)
+    visible_BxTxS = jnp.arange(cache.capacity)[None, None, :] <= positions_BxT[:, :, None]
+    out = _attend(q, cache.layer_keys(layer), cache.layer_values(layer), visible_BxTxS)
+    return _attention_output(layer_params, cfg, out), cache
 
 
 def _mlp(layer_params, x_BxTxD):
@@ -109,7 +135,7 @@ def run_layers(params: Params, cfg: ModelConfig, x_BxTxD: jax.Array, positions_B
 
     Returns:
       (hidden states leaving layer stop - 1, i.e. "layer-`stop` states", the block's new
-      keys/values for layers [start, stop), to write with `KVCache.write_block`).
+      keys/values for layers [start, stop) as a `KVBlock`).
     """
     if not 0 <= start <= stop <= cfg.num_layers:
         raise ValueError(f"layer range [{start}, {stop}) is outside [0, {cfg.num_layers}]")
@@ -119,13 +145,14 @@ def run_layers(params: Params, cfg: ModelConfig, x_BxTxD: jax.Array, positions_B
     if isinstance(layers, (tuple, list)):  # the "unrolled" layout: one buffer set per layer
         ks, vs = [], []
         for layer in range(start, stop):
-            x_BxTxD, k, v = _layer(layers[layer], cfg, x_BxTxD, positions_BxT,
-                                   cache.k[layer], cache.v[layer])
+            attention = lambda h, lp=layers[layer], layer=layer: _unpack(_block_attention(
+                lp, cfg, h, positions_BxT, cache.layer_keys(layer), cache.layer_values(layer)))
+            x_BxTxD, (k, v) = _layer(layers[layer], cfg, x_BxTxD, attention)
             ks.append(k)
             vs.append(v)
         if not ks:
             B, T, _ = x_BxTxD.shape
-            empty = jnp.zeros((0, B, T, cfg.num_kv_heads, cfg.head_dim), cache.k.dtype)
+            empty = jnp.zeros((0, B, T, cfg.num_kv_heads, cfg.head_dim), cache.dtype)
             return x_BxTxD, KVBlock(k=empty, v=empty)
         return x_BxTxD, KVBlock(k=jnp.stack(ks), v=jnp.stack(vs))
 
@@ -135,28 +162,82 @@ def run_layers(params: Params, cfg: ModelConfig, x_BxTxD: jax.Array, positions_B
 
     def step(x, layer):
         layer_params = jax.tree.map(lambda w: take(w, layer), layers)
-        x, k, v = _layer(layer_params, cfg, x, positions_BxT, take(cache.k, layer),
-                         take(cache.v, layer))
+        attention = lambda h: _unpack(_block_attention(
+            layer_params, cfg, h, positions_BxT, cache.layer_keys(layer), cache.layer_values(layer)))
+        x, (k, v) = _layer(layer_params, cfg, x, attention)
         return x, (k, v)
 
     x_BxTxD, (k_LxBxTxKxH, v_LxBxTxKxH) = jax.lax.scan(step, x_BxTxD, jnp.arange(start, stop))
     return x_BxTxD, KVBlock(k=k_LxBxTxKxH, v=v_LxBxTxKxH)
 
 
-def _layer(layer_params, cfg: ModelConfig, x_BxTxD, positions_BxT, context_k_BxKxSxH,
-           context_v_BxKxSxH):
+def _unpack(attention_k_v):
+    out, k, v = attention_k_v
+    return out, (k, v)
+
+
+def _layer(layer_params, cfg: ModelConfig, x_BxTxD, attention):
     """One pre-norm decoder layer: x + attention(norm(x)), then + MLP(norm(.)).
-    Returns (x [B, T, D], the block's k and v [B, T, K, H])."""
+    `attention(normed x) -> (output [B, T, D], aux)`; returns (x [B, T, D], aux)."""
     h = rms_norm(x_BxTxD, layer_params["attn_norm"], cfg.rms_norm_eps)
-    attn, k, v = _attention(layer_params, cfg, h, positions_BxT, context_k_BxKxSxH,
-                            context_v_BxKxSxH)
+    attn, aux = attention(h)
     x_BxTxD = x_BxTxD + attn
     h = rms_norm(x_BxTxD, layer_params["mlp_norm"], cfg.rms_norm_eps)
-    return x_BxTxD + _mlp(layer_params, h), k, v
+    return x_BxTxD + _mlp(layer_params, h), aux
 
 
-def run_layers_cached(params: Params, cfg: ModelConfig, x_BxTxD, positions_BxT, cache: KVCache,
-                      start: int, stop: int) -> tuple[jax.Array, KVCache]:
-    """`run_layers`, then write the block's keys/values into the cache."""
-    x_BxTxD, block = run_layers(params, cfg, x_BxTxD, positions_BxT, cache, start, stop)
-    return x_BxTxD, cache.write_block(start, positions_BxT, block)
+def run_layers_cached(params: Params, cfg: ModelConfig, x_BxTxD: jax.Array,
+                      positions_BxT: jax.Array, cache: KVCache, start: int, stop: int, *,
+                      stop_BxT: jax.Array | None = None) -> tuple[jax.Array, KVCache]:
+    """Runs layers [start, stop) over a block and writes its keys/values into the cache in
+    place, layer by layer (only layers [start, stop) are touched).
+
+    Each layer attends over the cache slots < the block's first position plus the block
+    itself (as `run_layers`), then writes the block's new keys/values into its own cache
+    slice; padded entries (position S) are dropped. The cache is carried through the layer
+    loop, so XLA updates it in place (no per-step copy of the cache or of a padded block).
+
+    Args:
+      stop_BxT: optional per-token stop layer (a token runs layer l only if l < its stop;
+        beyond it the token's hidden state passes through unchanged and nothing is written
+        for it). Lets one pass carry tokens of different exit depths (dynamic-exit
+        drafting); None: every token runs every layer in [start, stop).
+
+    Returns:
+      (hidden states leaving layer stop - 1 (or each token's own stop), the updated cache).
+    """
+    if not 0 <= start <= stop <= cfg.num_layers:
+        raise ValueError(f"layer range [{start}, {stop}) is outside [0, {cfg.num_layers}]")
+    if stop > cache.num_layers:
+        raise ValueError(f"cache holds {cache.num_layers} layers, layer range needs {stop}")
+    S = cache.capacity
+
+    def one_layer(layer_params, layer, x_BxTxD, cache):
+        write_positions_BxT = positions_BxT
+        if stop_BxT is not None:
+            runs_BxT = layer < stop_BxT
+            write_positions_BxT = jnp.where(runs_BxT, positions_BxT, S)
+        attention = lambda h: _cached_attention(layer_params, cfg, h, positions_BxT,
+                                                write_positions_BxT, cache, layer)
+        new_x, cache = _layer(layer_params, cfg, x_BxTxD, attention)
+        if stop_BxT is not None:
+            new_x = jnp.where(runs_BxT[..., None], new_x, x_BxTxD)
+        return new_x, cache
+
+    layers = params["layers"]
+    if isinstance(layers, (tuple, list)):  # the "unrolled" layout
+        for layer in range(start, stop):
+            x_BxTxD, cache = one_layer(layers[layer], layer, x_BxTxD, cache)
+        return x_BxTxD, cache
+
+    if cache.per_layer:
+        raise ValueError("the scan layer layout needs a stacked cache (KVCache.zeros(..., "
+                         "per_layer=False))")
+    take = lambda a, layer: jax.lax.dynamic_index_in_dim(a, layer, keepdims=False)
+
+    def step(carry, layer):
+        x, cache = carry
+        return one_layer(jax.tree.map(lambda w: take(w, layer), layers), layer, x, cache), None
+
+    (x_BxTxD, cache), _ = jax.lax.scan(step, (x_BxTxD, cache), jnp.arange(start, stop))
+    return x_BxTxD, cache
