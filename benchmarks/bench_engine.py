@@ -18,6 +18,7 @@ engine, not a model's quality.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
 import statistics
@@ -29,7 +30,7 @@ import numpy as np
 from hispec_jax import Model, ModelConfig, generate, load_model
 from hispec_jax.bench import prompts as bench_prompts, suite
 from hispec_jax.decoding import methods
-from hispec_jax.models.params import init_params
+from hispec_jax.models.params import default_layer_layout, init_params, with_layer_layout
 
 
 def synthetic_model(kind: str, layers: int, hidden: int, vocab: int, seed: int) -> Model:
@@ -84,8 +85,12 @@ def main(argv=None):
                          "blockwise verification) at each temperature")
     args = ap.parse_args(argv)
 
-    model = (load_model(args.model, layer_layout=args.layer_layout) if args.model else
-             synthetic_model(args.synthetic, args.layers, args.hidden, args.vocab, args.seed))
+    if args.model:
+        model = load_model(args.model, layer_layout=args.layer_layout)
+    else:
+        model = synthetic_model(args.synthetic, args.layers, args.hidden, args.vocab, args.seed)
+        layout = args.layer_layout or default_layer_layout()
+        model = dataclasses.replace(model, params=with_layer_layout(model.params, layout))
     L = model.cfg.num_layers
     prompts = load_prompts(model, args)
     if args.temperatures:
@@ -122,7 +127,8 @@ def main(argv=None):
                          "stats": {k: r.stats.get(k) for k in (
                              "exits", "acceptance_rate_per_level", "final_acceptance_rate",
                              "true_reject_rate", "false_accept_rate", "tokens_per_full_pass",
-                             "layer_passes_per_token", "layer_token_evals")}}
+                             "layer_passes_per_token", "layer_token_evals", "layer_passes",
+                             "rounds", "actions_per_level", "new_tokens")}}
     for _ in range(args.rounds):  # interleaved timing
         for name, opts in configs:
             r = generate(model, prompts, **common, **opts)
@@ -135,8 +141,11 @@ def main(argv=None):
           f"D={model.cfg.hidden_size} V={model.cfg.vocab_size}, {len(prompts)} prompts, "
           f"batch {args.batch_size}, {args.max_new_tokens} new tokens")
     print("| method | exits | tokens/s | speedup | identical | accept/level | final acc | "
-          "true rej | tok/full pass | layer passes/tok | extra mem vs AR |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "true rej | tok/full pass | layer passes/tok | loop trips/tok | ms/layer pass "
+          "| time/tok vs passes x AR's ms/pass | extra mem vs AR |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    ar_lp = results["ar"]["stats"]["layer_passes_per_token"] or L
+    ar_ms_per_pass = 1e3 / (ar_tps * ar_lp) * args.batch_size
     for name, res in results.items():
         tps = statistics.median(res["tps"])
         s = res["stats"]
@@ -144,9 +153,19 @@ def main(argv=None):
         accept = "/".join(fmt(a) for a in (s["acceptance_rate_per_level"] or [None])[1:]) or "-"
         extra = (res["memory"] - ar_mem) / ar_mem * 100
         res["speedup"] = tps / ar_tps
+        # Loop trips (the old engine ran one action per trip; v2 one round per trip) and
+        # wall time per sequential layer pass, per sequence of the batch.
+        trips = s.get("rounds") or sum(s["actions_per_level"] or [0])
+        per_seq_tokens = s["new_tokens"] / len(prompts)
+        batches = -(-len(prompts) // args.batch_size)
+        trips_per_tok = trips / batches / per_seq_tokens
+        ms_per_pass = 1e3 / (tps * s["layer_passes_per_token"]) * args.batch_size
+        res.update(trips_per_token=trips_per_tok, ms_per_layer_pass=ms_per_pass,
+                   time_vs_prediction=ms_per_pass / ar_ms_per_pass)
         print(f"| {name} | {s['exits']} | {tps:.1f} | {tps / ar_tps:.2f}x | {res['identical_to_ar']} "
               f"| {accept} | {fmt(s['final_acceptance_rate'])} | {fmt(s['true_reject_rate'])} "
               f"| {fmt(s['tokens_per_full_pass'])} | {fmt(s['layer_passes_per_token'])} "
+              f"| {trips_per_tok:.2f} | {ms_per_pass:.3f} | {ms_per_pass / ar_ms_per_pass:.2f} "
               f"| {extra:+.2f}% |")
     if args.out:
         with open(args.out, "w") as f:
