@@ -115,7 +115,10 @@ def test_step_rejects_at_the_first_wrong_draft(model, wrong_at):
     assert emitted(state) == [first] + truth[:wrong_at + 1]
     assert state.processed_BxK[0].tolist() == [4 + wrong_at] * 2
     assert state.counters.accepted_K.tolist() == [0, wrong_at]
-    assert state.counters.actions_K.tolist() == [0, 1], "a full input drafts nothing first"
+    # A full input drafts nothing: the round's first draft step (unconditional) runs with
+    # every row masked, so only the verifier's 3 positions x 3 layers count as work.
+    assert state.counters.actions_K.tolist() == [1, 1]
+    assert int(state.counters.layer_token_evals) == 3 * (L - 1)
 
 
 def test_step_cuts_the_block_at_eos(model):
