@@ -14,32 +14,19 @@ import argparse
 import sys
 
 import jax
-import jax.numpy as jnp
 
 from hispec_jax import Model
 from hispec_jax.decoding import methods
-from hispec_jax.decoding.request import Request
-from hispec_jax.decoding.sampling import SamplingParams
+from hispec_jax.decoding.engine import Engine, Shapes
 from hispec_jax.models import presets
-from hispec_jax.models.kv_cache import KVCache
 from hispec_jax.models.params import shape_structs
-
-
-def abstract_request(batch: int, capacity: int, sampling: SamplingParams) -> Request:
-    s = jax.ShapeDtypeStruct
-    arrays = sampling.arrays()
-    return Request(tokens_BxS=s((batch, capacity), jnp.int32), prompt_lens_B=s((batch,), jnp.int32),
-                   max_new_B=s((batch,), jnp.int32), eos_ids_E=s((1,), jnp.int32),
-                   sequence_keys_Bx2=s((batch, 2), jnp.uint32),
-                   sampling=jax.tree.map(lambda a: s(a.shape, a.dtype), arrays))
 
 
 def analyze(cfg, method: str, batch: int, capacity: int, prompt_block: int, greedy: bool, **opts):
     model = Model(cfg=cfg, params=shape_structs(cfg))
     decoder = methods.make_method(model, method, greedy=greedy, **opts)
-    req = abstract_request(batch, capacity, SamplingParams(temperature=0.0 if greedy else 1.0))
-    cache = jax.eval_shape(lambda: KVCache.zeros(cfg, batch, capacity, decoder.cache_layers(cfg)))
-    compiled = decoder.lower(model, req, cache, greedy=greedy, prompt_block=prompt_block).compile()
+    shapes = Shapes(batch=batch, capacity=capacity, prompt_block=prompt_block)
+    compiled = Engine.for_model(model, decoder.hierarchy, shapes, greedy).lower().compile()
     m = compiled.memory_analysis()
     return {"argument": m.argument_size_in_bytes, "output": m.output_size_in_bytes,
             "temp": m.temp_size_in_bytes,
