@@ -115,6 +115,12 @@ def read_metadata(path) -> dict[str, Any]:
     return {k: _field(reader, k) for k in reader.fields if k not in big and not k.startswith("GGUF.")}
 
 
+def _decimal(value) -> float:
+    """A float32 metadata value as the shortest decimal that rounds to it (1e-06, not
+    9.99999997e-07): the value the model was published with."""
+    return float(str(np.float32(value)))
+
+
 def config_from_metadata(reader, dtype: str = "float32") -> ModelConfig:
     """The `ModelConfig` a GGUF file describes; raises ValueError naming what is unsupported."""
     arch = _field(reader, "general.architecture", required=True)
@@ -152,7 +158,7 @@ def config_from_metadata(reader, dtype: str = "float32") -> ModelConfig:
     if rope_dims != head_dim:
         raise ValueError(f"GGUF metadata: {arch}.rope.dimension_count={rope_dims} != head_dim="
                          f"{head_dim} (partial rotary embeddings) is not supported")
-    rope_theta = float(get("rope.freq_base", 10000.0))
+    rope_theta = _decimal(get("rope.freq_base", 10000.0))
     scaling_type = get("rope.scaling.type", "none")
     if scaling_type == "none":
         rope_scaling = None
@@ -170,7 +176,7 @@ def config_from_metadata(reader, dtype: str = "float32") -> ModelConfig:
         num_heads=num_heads,
         num_kv_heads=int(get("attention.head_count_kv", num_heads)),
         head_dim=head_dim,
-        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon")),
+        rms_norm_eps=_decimal(get("attention.layer_norm_rms_epsilon")),
         rope_theta=rope_theta,
         rope_scaling=None if rope_scaling is None else tuple(sorted(rope_scaling.items())),
         max_position_embeddings=int(get("context_length")),
@@ -220,24 +226,37 @@ def _supported_type(qtype) -> bool:
     return True
 
 
-def _dequantize(tensor, dtype) -> np.ndarray:
-    """A GGUF tensor as a numpy array in `dtype`, numpy order (`[out, in]` for a matrix).
+def _dequantize(tensor, dtype, out: np.ndarray | None = None) -> np.ndarray:
+    """A GGUF tensor as a numpy array in `dtype`, numpy order (`[out, in]` for a matrix),
+    written into `out` when given.
 
-    Converted `_CHUNK_ELEMENTS` values at a time straight into the output, so temporaries stay
+    Converted `_CHUNK_ELEMENTS` values at a time straight into the result, so temporaries stay
     small and no float32 copy of a whole bfloat16 tensor is made."""
     import gguf
 
     shape = tuple(int(n) for n in reversed(tensor.shape))
     rows = np.asarray(tensor.data).reshape(-1, tensor.data.shape[-1])
-    out = np.empty((rows.shape[0], shape[-1]), dtype)
+    result = np.empty(shape, dtype) if out is None else out
+    result_rows = result.reshape(rows.shape[0], shape[-1])  # a view: `result` is contiguous
     step = max(1, _CHUNK_ELEMENTS // shape[-1])
     for r in range(0, rows.shape[0], step):
         chunk = rows[r:r + step]
         if tensor.tensor_type == gguf.GGMLQuantizationType.F32:
-            out[r:r + step] = chunk.view(np.float32)
+            result_rows[r:r + step] = chunk.view(np.float32)
         else:
-            out[r:r + step] = gguf.quants.dequantize(chunk, tensor.tensor_type)
-    return out.reshape(shape)
+            result_rows[r:r + step] = gguf.quants.dequantize(chunk, tensor.tensor_type)
+    return result
+
+
+def _aligned_empty(shape, dtype, alignment: int = 64) -> np.ndarray:
+    """An uninitialized C-contiguous array whose data is `alignment`-byte aligned.
+
+    On the CPU backend `jax.device_put` adopts such a buffer without copying it (an
+    unaligned one is copied), so a parameter never exists twice while loading."""
+    nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+    raw = np.empty(nbytes + alignment, np.uint8)
+    offset = -raw.ctypes.data % alignment
+    return raw[offset:offset + nbytes].view(dtype).reshape(shape)
 
 
 def _unpermute_heads(w: np.ndarray, num_heads: int) -> np.ndarray:
@@ -303,11 +322,16 @@ def load_weights(reader, cfg: ModelConfig, layer_layout: str = "scan") -> Params
     arch = _field(reader, "general.architecture")
     heads = {"wq": cfg.num_heads, "wk": cfg.num_kv_heads} if arch in _UNPERMUTE_QK else {}
 
-    def ours(tensor, key: str, shape, n_in: int) -> np.ndarray:
+    def convert(tensor, key: str, n_in: int, out: np.ndarray) -> None:
+        """Writes `tensor` in our layout into `out` (its per-layer shape)."""
+        if n_in == 0:
+            _dequantize(tensor, dtype, out=out)
+            return
         w = _dequantize(tensor, dtype)
         if key in heads:
             w = _unpermute_heads(w, heads[key])
-        return w if n_in == 0 else w.T.reshape(shape)
+        # out viewed as [in, out] (a view: contiguous), filled with the transposed matrix.
+        out.reshape(math.prod(out.shape[:n_in]), -1)[...] = w.T
 
     L = cfg.num_layers
     params: Params = {}
@@ -318,19 +342,23 @@ def load_weights(reader, cfg: ModelConfig, layer_layout: str = "scan") -> Params
             continue
         tensors = slots.pop(our)
         if our[0] != "layers":
-            params[our[0]] = jax.device_put(ours(tensors[0], our[0], specs[our[0]].shape, n_in))
+            value = _aligned_empty(specs[our[0]].shape, dtype)
+            convert(tensors[0], our[0], n_in, value)
+            params[our[0]] = jax.device_put(value)
             continue
         key = our[1]
         shape = specs["layers"][key].shape[1:]
         if layer_layout == "unrolled":
             for i, t in enumerate(tensors):
-                unrolled[i][key] = jax.device_put(ours(t, key, shape, n_in))
+                value = _aligned_empty(shape, dtype)
+                convert(t, key, n_in, value)
+                unrolled[i][key] = jax.device_put(value)
         else:
-            buffer = np.empty((L, *shape), dtype)
+            value = _aligned_empty((L, *shape), dtype)
             for i, t in enumerate(tensors):
-                buffer[i] = ours(t, key, shape, n_in)
-            stacked[key] = jax.device_put(buffer)
-            del buffer
+                convert(t, key, n_in, value[i])
+            stacked[key] = jax.device_put(value)
+        del value
     params["layers"] = tuple(unrolled) if layer_layout == "unrolled" else stacked
     return params
 
