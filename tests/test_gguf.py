@@ -403,3 +403,16 @@ def test_smollm2_chat_answer():
     ref = _transformers_model(path)
     ids = result.prompt_token_ids[0]
     assert result.token_ids[0][:8] == _greedy_hf(ref, ids, 8)
+
+
+def test_loading_does_not_import_torch(gguf_paths):
+    """GGUF import (weights, config, tokenizer) runs without torch."""
+    import subprocess
+    import sys
+
+    code = ("import sys, hispec_jax; m = hispec_jax.load_model(sys.argv[1]); "
+            "assert m.tokenizer is not None; print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, str(gguf_paths["llama_q4_0"])],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"

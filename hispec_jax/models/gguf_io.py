@@ -56,7 +56,7 @@ from hispec_jax.models.params import LAYER_LAYOUTS, Params, param_specs
 
 # GGUF `general.architecture` -> our `model_type`.
 SUPPORTED_ARCHITECTURES = {"llama": "llama", "qwen3": "qwen3"}
-_UNPERMUTE_QK = ("llama",)  # architectures whose Q/K rows llama.cpp permutes
+_UNPERMUTE_QK = ("llama",)  # model types whose Q/K rows llama.cpp permutes
 
 # (GGUF name template, our path, n_in) as in hf_io: n_in = 0 copied as is; n_in > 0 a matrix
 # [out, in] whose first n_in axes of our (per-layer) shape are its input: ours = W.T.reshape.
@@ -319,8 +319,8 @@ def load_weights(reader, cfg: ModelConfig, layer_layout: str = "scan") -> Params
     slots = _tensor_index(reader, cfg)
     specs = param_specs(cfg)
     dtype = _NP_DTYPES[cfg.dtype]
-    arch = _field(reader, "general.architecture")
-    heads = {"wq": cfg.num_heads, "wk": cfg.num_kv_heads} if arch in _UNPERMUTE_QK else {}
+    unpermute = cfg.model_type in _UNPERMUTE_QK
+    heads = {"wq": cfg.num_heads, "wk": cfg.num_kv_heads} if unpermute else {}
 
     def convert(tensor, key: str, n_in: int, out: np.ndarray) -> None:
         """Writes `tensor` in our layout into `out` (its per-layer shape)."""
@@ -439,5 +439,9 @@ def load_checkpoint(path, dtype: str | None = None, layer_layout: str = "scan"):
     cfg = config_from_metadata(reader, dtype or "float32")
     _tensor_index(reader, cfg)  # every check before the slow parts
     tokenizer = load_tokenizer(reader)
+    gen = generation_config(reader)
+    # The parsed metadata (for a 49k vocabulary ~90 MB of small numpy arrays) is done with;
+    # drop it before the weights are converted. Tensors keep their own views of the file.
+    reader.fields.clear()
     params = load_weights(reader, cfg, layer_layout)
-    return cfg, params, tokenizer, generation_config(reader)
+    return cfg, params, tokenizer, gen
