@@ -47,6 +47,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import gguf
 import jax
 import ml_dtypes
 import numpy as np
@@ -88,8 +89,6 @@ _LLAMA3_ROPE = {"rope_type": "llama3", "low_freq_factor": 1.0, "high_freq_factor
 
 
 def _reader(path: Path):
-    import gguf
-
     if not path.is_file():
         raise ValueError(f"{path}: no such GGUF file")
     try:
@@ -105,14 +104,6 @@ def _field(reader, key: str, default: Any = None, required: bool = False) -> Any
             raise ValueError(f"GGUF metadata: missing {key!r}")
         return default
     return field.contents()
-
-
-def read_metadata(path) -> dict[str, Any]:
-    """All metadata of a GGUF file except the tokenizer's big arrays (for inspection)."""
-    reader = _reader(Path(path))
-    big = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type",
-           "tokenizer.ggml.scores")
-    return {k: _field(reader, k) for k in reader.fields if k not in big and not k.startswith("GGUF.")}
 
 
 def _decimal(value) -> float:
@@ -216,9 +207,7 @@ def _llama3_rope_scaling(cfg: ModelConfig, rope_freqs: np.ndarray) -> tuple:
 
 def _supported_type(qtype) -> bool:
     """Whether `gguf.quants.dequantize` implements `qtype` (probed on one zero block)."""
-    import gguf
-
-    block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    _, type_size = gguf.GGML_QUANT_SIZES[qtype]
     try:
         gguf.quants.dequantize(np.zeros((1, type_size), np.uint8), qtype)
     except NotImplementedError:
@@ -232,8 +221,6 @@ def _dequantize(tensor, dtype, out: np.ndarray | None = None) -> np.ndarray:
 
     Converted `_CHUNK_ELEMENTS` values at a time straight into the result, so temporaries stay
     small and no float32 copy of a whole bfloat16 tensor is made."""
-    import gguf
-
     shape = tuple(int(n) for n in reversed(tensor.shape))
     rows = np.asarray(tensor.data).reshape(-1, tensor.data.shape[-1])
     result = np.empty(shape, dtype) if out is None else out
