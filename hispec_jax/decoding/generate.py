@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hispec_jax.decoding import chat as chat_lib
 from hispec_jax.decoding import engine as engine_lib
 from hispec_jax.decoding import methods as methods_lib
 from hispec_jax.decoding.request import Request
@@ -25,6 +26,7 @@ from hispec_jax.models.model import Model
 
 MIN_PROMPT_BLOCK = 16
 CAPACITY_MULTIPLE = 64
+
 
 @dataclasses.dataclass
 class GenerationResult:
@@ -113,7 +115,7 @@ def plan_shapes(max_prompt_len: int, max_new_tokens: int, lookahead: int, max_le
 def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int = 64,
              batch_size: int | None = None, ignore_eos: bool = False, temperature: float = 0.0,
              top_k: int = 0, top_p: float = 1.0, seed: int = 0, max_cache_len: int | None = None,
-             **method_options) -> GenerationResult:
+             chat: bool = False, **method_options) -> GenerationResult:
     """Generates continuations of `prompts` with a decoding method.
 
     Args:
@@ -128,6 +130,8 @@ def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int =
       max_cache_len: a fixed KV-cache capacity (positions per sequence). Default: the prompt
         bucket + max_new_tokens (+ the method's lookahead), rounded up to a multiple of 64,
         at most the model's context length.
+      chat: render each prompt (a user message, or a list of {"role", "content"} messages)
+        with the model's chat template and also stop at its end-of-turn token (`chat.py`).
       **method_options: the method's settings (e.g. exit_layer, draft_exit, verify_exits,
         draft_len, verify_window, adaptive, acceptance="tokenwise"|"blockwise").
     """
@@ -142,7 +146,7 @@ def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int =
         decoder = method
     else:
         decoder = methods_lib.make_method(model, method, greedy=sampling.greedy, **method_options)
-    prompt_ids = tokenize(model, prompts)
+    prompt_ids = tokenize(model, chat_lib.chat_prompt_ids(model, prompts) if chat else prompts)
     if batch_size is None:
         batch_size = len(prompt_ids)
     if not _is_int(batch_size) or batch_size < 1:
@@ -152,6 +156,8 @@ def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int =
     block, capacity = plan_shapes(max_prompt_len, max_new_tokens, decoder.lookahead(),
                                   model.cfg.max_position_embeddings, max_cache_len)
     eos = () if ignore_eos else model.eos_token_ids
+    if chat and not ignore_eos:
+        eos = tuple(dict.fromkeys(eos + chat_lib.end_of_turn_ids(model)))
     eos_ids_E = jnp.asarray(list(eos) or [-1], jnp.int32)
     shapes = engine_lib.Shapes(batch=batch_size, capacity=capacity, prompt_block=block,
                                num_eos=int(eos_ids_E.shape[0]))

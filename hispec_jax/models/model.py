@@ -1,4 +1,5 @@
-"""`Model`: config + parameters + exit heads + tokenizer, loaded from / saved to a HF directory."""
+"""`Model`: config + parameters + exit heads + tokenizer, loaded from a HF directory or a GGUF
+file, saved to a HF directory."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from hispec_jax.models import hf_io
+from hispec_jax.models import gguf_io, hf_io
 from hispec_jax.models.config import ModelConfig
 from hispec_jax.models.heads import head_kind
 from hispec_jax.models.params import (LAYER_LAYOUTS, ExitHeads, Params, default_layer_layout,
@@ -26,7 +27,7 @@ class Model:
       heads: trained exit heads by exit layer (`{}`: every exit uses the shared head).
       tokenizer: a HF tokenizer, or None (then prompts must be token ids).
       generation_config: the checkpoint's `generation_config.json` as a dict.
-      path: the directory it was loaded from, if any.
+      path: the directory (or GGUF file) it was loaded from, if any.
     """
 
     cfg: ModelConfig
@@ -56,11 +57,14 @@ class Model:
 
 
 def load_model(path, dtype: str | None = None, layer_layout: str | None = None) -> Model:
-    """Loads a local Hugging Face directory (safetensors weights, config, tokenizer, heads).
+    """Loads a local Hugging Face directory or a llama.cpp `.gguf` file.
 
     Args:
-      path: directory with config.json and model.safetensors (or a sharded index).
-      dtype: "float32" or "bfloat16" to override the checkpoint's dtype.
+      path: a directory with config.json and model.safetensors (or a sharded index), its
+        tokenizer and exit heads; or a `.gguf` file (weights dequantized, tokenizer and chat
+        template from its metadata; see `gguf_io.py`).
+      dtype: "float32" or "bfloat16" to override the checkpoint's dtype (GGUF: the dtype
+        weights are dequantized to; default float32).
       layer_layout: "scan" (stacked layer weights, scanned) or "unrolled" (per-layer
         weights, unrolled loop); None: "unrolled" on CPU, "scan" on accelerators (see
         `params.py`). Training code that scans the stacked weights asks for "scan".
@@ -69,6 +73,11 @@ def load_model(path, dtype: str | None = None, layer_layout: str | None = None) 
     layout = layer_layout or default_layer_layout()
     if layout not in LAYER_LAYOUTS:  # before reading any weights
         raise ValueError(f"layer_layout={layout!r} is not one of {LAYER_LAYOUTS}")
+    if path.suffix.lower() == ".gguf":
+        cfg, params, tokenizer, generation_config = gguf_io.load_checkpoint(
+            path, dtype=dtype, layer_layout=layout)
+        return Model(cfg=cfg, params=params, tokenizer=tokenizer,
+                     generation_config=generation_config, path=str(path))
     cfg, params, heads, generation_config = hf_io.load_checkpoint(path, dtype=dtype)
     params = with_layer_layout(params, layout)
     tokenizer = None

@@ -1,0 +1,66 @@
+"""Per-exit top-1 agreement with the final layer on held-out ShareGPT text.
+
+For every exit e = 1..L: how often the shared final norm + LM head applied to the residual
+stream after layer e predicts the same next token as the full model (the greedy acceptance
+rate of a drafter at e), and, when the model directory has trained exit heads
+(`exit_heads.safetensors`), the same for those heads. Rows are the first N packed rows of the
+ShareGPT evaluation split (held out from `hispec train-heads`), tokenized with the model's
+tokenizer.
+
+    python benchmarks/exit_agreement.py --model DIR_OR_GGUF [--rows 16] [--seq-len 256]
+        [--out result.json]
+
+Not part of the test suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import jax
+import numpy as np
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--rows", type=int, default=16)
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+
+    import hispec_jax
+    from hispec_jax.train_heads import pretrain, steps
+    from hispec_jax.train_heads.rows import sharegpt_rows
+    from hispec_jax.train_heads.train import evaluate
+
+    model = hispec_jax.load_model(args.model, layer_layout="scan")
+    rows = sharegpt_rows(model, args.seq_len + 1, max_train_docs=1, num_eval=args.rows,
+                         seed=0).eval
+    t0 = time.perf_counter()
+    batches = [rows[i:i + args.batch_size] for i in range(0, len(rows), args.batch_size)]
+    shared = pretrain.evaluate(model.params, model.cfg, batches)
+    result = {"model": args.model, "tokens": shared["tokens"],
+              "shared_head_agreement": dict(zip(range(1, model.cfg.num_layers + 1),
+                                                shared["agreement_exits"])),
+              "final_layer_perplexity": shared["perplexity"]}
+    if model.heads:
+        layers = tuple(sorted(int(e) for e in model.heads))
+        settings = steps.StepSettings(cfg=model.cfg, head_layers=layers, temperature=2.0, top_k=0)
+        trained = evaluate(model.heads, model, rows[:, :args.seq_len], args.batch_size, settings)
+        result["trained_head_agreement"] = {int(e): round(m["top1_agreement"], 4)
+                                            for e, m in trained.items()}
+        result["head_kinds"] = {e: k for e, k in model.exit_head_kinds().items() if k != "shared"}
+    result["seconds"] = time.perf_counter() - t0
+    print(json.dumps(result, indent=1))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
