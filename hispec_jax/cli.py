@@ -172,9 +172,11 @@ def cmd_pretrain(args, extra: list[str]) -> int:
     summary = pretrain(config, progress=not args.no_progress)
     ev = summary["eval"]
     agreement = ", ".join(f"{e + 1}:{a:.3f}" for e, a in enumerate(ev["agreement_exits"]))
+    loss = ("no steps this run" if summary["first_loss"] is None else
+            f"loss {summary['first_loss']:.3f} -> {summary['last_loss']:.3f}")
     print(f"trained {summary['steps']} steps ({summary['tokens_seen']:,} tokens, "
-          f"{summary['tokens_per_second']:.0f} tokens/s); loss {summary['first_loss']:.3f} -> "
-          f"{summary['last_loss']:.3f}; held-out perplexity {ev['perplexity']:.2f}; "
+          f"{summary['tokens_per_second']:.0f} tokens/s); {loss}; "
+          f"held-out perplexity {ev['perplexity']:.2f}; "
           f"top-1 agreement with the final layer by exit: {agreement}")
     return 0
 
