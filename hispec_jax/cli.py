@@ -70,9 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help="standard deviation of the random weights")
 
     pre = sub.add_parser(
-        "pretrain", help="train an early-exit model from scratch on ShareGPT",
-        description="Trains a Llama-architecture model with a LayerSkip-style early-exit loss "
-                    "and writes it in HF layout (default: the package's default_model). "
+        "pretrain", help="train an early-exit model on ShareGPT (from scratch or init_from)",
+        description="Trains a Llama-architecture model with an early-exit loss (exit weights, "
+                    "KL distillation, LayerSkip curricula and layer dropout: "
+                    "docs/early_exit_recipes.md) and writes it in HF layout to the config's "
+                    "out_dir (configs/finetune_default.py: the package's default_model). "
                     "Override config keys with --config.KEY=VALUE (e.g. --config.num_steps=100, "
                     "--config.optim.peak_lr=1e-3).")
     pre.add_argument("--config", default=None,
