@@ -172,3 +172,23 @@ def test_shipped_model_files():
     model = load_model(path)
     assert model.params["embed"].dtype == jnp.float32
     assert model.tokenizer is not None and model.eos_token_ids
+
+
+@default_model_missing
+def test_shipped_model_loads_in_transformers():
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = str(hispec_jax.DEFAULT_MODEL_DIR)
+    tok = AutoTokenizer.from_pretrained(path)
+    ids = tok("User: Hello there\nAssistant:")["input_ids"]
+    hf = AutoModelForCausalLM.from_pretrained(path).eval()
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits.float().numpy()
+    model = load_model(path)
+    x = jnp.asarray([ids])
+    L = model.cfg.num_layers
+    h, _ = run_layers(model.params, model.cfg, embed(model.params, x), jnp.arange(len(ids))[None],
+                      KVCache.zeros(model.cfg, 1, len(ids)), 0, L)
+    ours = exit_logits(model.params, {}, model.cfg, h, L)
+    np.testing.assert_allclose(np.asarray(ours), ref, rtol=2e-4, atol=2e-4)
