@@ -1,6 +1,10 @@
-"""Pretraining the shipped default early-exit model (`hispec pretrain`).
+"""Pretraining an early-exit model from scratch on a CPU (`hispec pretrain`'s default config).
 
-    hispec pretrain --config configs/pretrain_default.py            # the shipped model
+This is the recipe of the v1 default model (16 layers, 2 h 15 min on two CPU cores). The
+shipped v2 model is configs/pretrain_gpu.py (24 layers, 7 minutes on an H100) continued by
+configs/finetune_default.py (the improved early-exit loss); docs/default_model.md.
+
+    hispec pretrain --config configs/pretrain_default.py            # the v1 recipe
     hispec pretrain --config configs/pretrain_default.py --small    # ~1 minute smoke run
     hispec pretrain ... --config.optim.peak_lr=2e-3 --config.num_steps=100
 
@@ -43,12 +47,22 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
     d.max_eval_docs = 0           # 0: every evaluation conversation
     d.tokenizer_train_docs = 4000  # conversations the BPE tokenizer is trained on
     d.seed = 0
+    d.token_cache_dir = ""        # "": work_dir/token_cache (runs can share one cache)
 
-    # Early-exit loss: CE(final) + exit_loss_scale * sum_{e<L} w_e CE(exit e), w_e ∝ e.
-    c.exit_loss_scale = 1.0
+    # Early-exit recipe (hispec_jax/train_heads/exit_recipe.py):
+    # CE(final) + sum_{e<L} w_e [(1 - distill_weight) CE(exit e) + distill_weight KL_e].
+    c.exit_loss_scale = 1.0        # sum of the early-exit weights w_e
+    c.exit_weights = "linear"      # w_e ∝ e ("linear"), 1 ("uniform") or sqrt(e) ("sqrt")
+    c.exit_layers = ""             # supervised early exits, e.g. "3,6,12"; "": all of them
+    c.distill_weight = 0.0         # alpha: share of T² KL(final ‖ exit) in each exit's term
+    c.distill_temperature = 1.0    # T of the distillation term
+    c.curriculum = "none"          # "none", "rotational" (LayerSkip C_rot) or "gradual" (C_grad)
+    c.curriculum_rotation = 2      # R of the rotational curriculum
+    c.layer_dropout_max = 0.0      # LayerSkip layer dropout at the last layer (0: off)
     # Early exits are scored on every exit_stride-th position (offset by the layer index):
     # an unbiased estimate at a fraction of the cost of 15 extra LM heads.
     c.exit_stride = 4
+    c.init_from = ""               # a HF model dir to continue from (its weights and tokenizer)
 
     # Optimizer: clip_by_global_norm -> AdamW with a warmup-cosine learning rate.
     o = c.optim = ml_collections.ConfigDict()
@@ -74,7 +88,9 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
     c.eval_batches = 40            # held-out batches for the final evaluation
     c.save_dtype = "bfloat16"      # dtype of the shipped safetensors weights
     c.resume = True                # continue from work_dir's snapshot when there is one
-    c.out_dir = ""                 # "": the package's hispec_jax/default_model
+    # The v1 default model (16 layers, trained on this CPU); v2 ships from
+    # configs/pretrain_gpu.py + configs/finetune_default.py, so this no longer overwrites it.
+    c.out_dir = "~/.cache/hispec_jax/pretrain_default/model"  # "": hispec_jax/default_model
     c.work_dir = "~/.cache/hispec_jax/pretrain_default"
 
     if variant == "small":

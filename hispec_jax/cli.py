@@ -97,9 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help="standard deviation of the random weights")
 
     pre = sub.add_parser(
-        "pretrain", help="train an early-exit model from scratch on ShareGPT",
-        description="Trains a Llama-architecture model with a LayerSkip-style early-exit loss "
-                    "and writes it in HF layout (default: the package's default_model). "
+        "pretrain", help="train an early-exit model on ShareGPT (from scratch or init_from)",
+        description="Trains a Llama-architecture model with an early-exit loss (exit weights, "
+                    "KL distillation, LayerSkip curricula and layer dropout: "
+                    "docs/early_exit_recipes.md) and writes it in HF layout to the config's "
+                    "out_dir (configs/finetune_default.py: the package's default_model). "
                     "Override config keys with --config.KEY=VALUE (e.g. --config.num_steps=100, "
                     "--config.optim.peak_lr=1e-3).")
     pre.add_argument("--config", default=None,
@@ -199,9 +201,11 @@ def cmd_pretrain(args, extra: list[str]) -> int:
     summary = pretrain(config, progress=not args.no_progress)
     ev = summary["eval"]
     agreement = ", ".join(f"{e + 1}:{a:.3f}" for e, a in enumerate(ev["agreement_exits"]))
+    loss = ("no steps this run" if summary["first_loss"] is None else
+            f"loss {summary['first_loss']:.3f} -> {summary['last_loss']:.3f}")
     print(f"trained {summary['steps']} steps ({summary['tokens_seen']:,} tokens, "
-          f"{summary['tokens_per_second']:.0f} tokens/s); loss {summary['first_loss']:.3f} -> "
-          f"{summary['last_loss']:.3f}; held-out perplexity {ev['perplexity']:.2f}; "
+          f"{summary['tokens_per_second']:.0f} tokens/s); {loss}; "
+          f"held-out perplexity {ev['perplexity']:.2f}; "
           f"top-1 agreement with the final layer by exit: {agreement}")
     return 0
 

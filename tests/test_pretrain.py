@@ -126,12 +126,23 @@ def test_unknown_override_is_an_error(tmp_path, capsys):
     assert "no_such_key" in capsys.readouterr().err
 
 
-def test_default_config_is_the_shipped_architecture():
-    config = pt.load_pretrain_config(PRESETS_DIR / "pretrain_default.py")
-    m = config.model
-    assert m.num_layers >= 16 and m.num_layers // 8 != m.num_layers // 4
+def test_shipped_model_configs():
+    """Stage 1 (pretrain_gpu) feeds stage 2 (finetune_default), which writes the package's
+    default model with the shipped architecture; the v1 CPU config no longer overwrites it."""
+    gpu = pt.load_pretrain_config(PRESETS_DIR / "pretrain_gpu.py")
+    fine = pt.load_pretrain_config(PRESETS_DIR / "finetune_default.py")
+    assert fine.model.to_dict() == gpu.model.to_dict()
+    m = fine.model
+    assert m.num_layers >= 16 and len({m.num_layers // 8, m.num_layers // 4,
+                                       m.num_layers // 2}) == 3
     assert (m.hidden_size, m.vocab_size, m.tie_word_embeddings) == (256, 2048, True)
-    assert pt.resolve_dirs(config)[0] == Path(hispec_jax.DEFAULT_MODEL_DIR)
+    assert Path(fine.init_from).expanduser() == pt.resolve_dirs(gpu)[0]
+    assert pt.resolve_dirs(fine)[0] == Path(hispec_jax.DEFAULT_MODEL_DIR)
+    v1 = pt.load_pretrain_config(PRESETS_DIR / "pretrain_default.py")
+    assert pt.resolve_dirs(v1)[0] != Path(hispec_jax.DEFAULT_MODEL_DIR)
+    shipped = json.loads((Path(hispec_jax.DEFAULT_MODEL_DIR) / "config.json").read_text())
+    assert (shipped["num_hidden_layers"], shipped["hidden_size"], shipped["vocab_size"]) == (
+        m.num_layers, m.hidden_size, m.vocab_size)
 
 
 default_model_missing = pytest.mark.skipif(
@@ -161,3 +172,23 @@ def test_shipped_model_files():
     model = load_model(path)
     assert model.params["embed"].dtype == jnp.float32
     assert model.tokenizer is not None and model.eos_token_ids
+
+
+@default_model_missing
+def test_shipped_model_loads_in_transformers():
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = str(hispec_jax.DEFAULT_MODEL_DIR)
+    tok = AutoTokenizer.from_pretrained(path)
+    ids = tok("User: Hello there\nAssistant:")["input_ids"]
+    hf = AutoModelForCausalLM.from_pretrained(path).eval()
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits.float().numpy()
+    model = load_model(path)
+    x = jnp.asarray([ids])
+    L = model.cfg.num_layers
+    h, _ = run_layers(model.params, model.cfg, embed(model.params, x), jnp.arange(len(ids))[None],
+                      KVCache.zeros(model.cfg, 1, len(ids)), 0, L)
+    ours = exit_logits(model.params, {}, model.cfg, h, L)
+    np.testing.assert_allclose(np.asarray(ours), ref, rtol=2e-4, atol=2e-4)

@@ -132,16 +132,51 @@ def split_sharegpt(records: Sequence[Any]) -> tuple[list[Any], list[Any]]:
     return list(records[:cut]), list(records[cut:])
 
 
-def conversation_text(record: dict[str, Any]) -> str:
-    """A conversation as text: one "User: ..." / "Assistant: ..." line group per turn."""
-    parts = []
+def _turns(record: dict[str, Any]):
+    """(role marker, text) of each non-empty turn."""
     for turn in record.get("conversations", []):
         value = turn.get("value") or ""
-        if not value:
+        if value:
+            yield ROLE_MARKERS.get(str(turn.get("from", "")).lower(),
+                                   str(turn.get("from", ""))), value
+
+
+def conversation_text(record: dict[str, Any]) -> str:
+    """A conversation as text: one "User: ..." / "Assistant: ..." line group per turn."""
+    return "".join(f"{role}: {value}\n" for role, value in _turns(record))
+
+
+def reply_spans(record: dict[str, Any]) -> list[tuple[int, int]]:
+    """Character spans [start, end) of the assistant replies in `conversation_text(record)`:
+    from the space after "Assistant:" (byte-level BPE attaches it to the reply's first word)
+    through the reply's closing newline."""
+    spans, pos = [], 0
+    for role, value in _turns(record):
+        piece = f"{role}: {value}\n"
+        if role == "Assistant":
+            spans.append((pos + len(role) + 1, pos + len(piece)))
+        pos += len(piece)
+    return spans
+
+
+def reply_token_masks(tokenizer, records: Sequence[dict[str, Any]]) -> list[np.ndarray]:
+    """Per record with non-empty text, an int32 0/1 array aligned with its `tokenize_docs`
+    ids: 1 for the tokens that start inside an assistant reply (`reply_spans`), 0 for the
+    user turns, role markers and specials. Evaluation "on replies" scores those tokens."""
+    backend = tokenizer.backend_tokenizer
+    masks = []
+    for record in records:
+        text = conversation_text(record)
+        if not text:
             continue
-        role = ROLE_MARKERS.get(str(turn.get("from", "")).lower(), str(turn.get("from", "")))
-        parts.append(f"{role}: {value}\n")
-    return "".join(parts)
+        enc = backend.encode(text, add_special_tokens=True)
+        starts = np.asarray([o[0] for o in enc.offsets])
+        special = np.asarray(enc.special_tokens_mask, bool)
+        inside = np.zeros(len(starts), bool)
+        for a, b in reply_spans(record):
+            inside |= (starts >= a) & (starts < b)
+        masks.append((inside & ~special).astype(np.int32))
+    return masks
 
 
 def load_humaneval_prompts() -> list[str]:

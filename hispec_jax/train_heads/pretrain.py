@@ -1,29 +1,31 @@
-"""Pretraining an early-exit model from scratch with a LayerSkip-style early-exit loss.
+"""Pretraining an early-exit model with a LayerSkip-style early-exit loss, from scratch or
+continued from an existing model (`init_from`).
 
 The shared exit head (the model's final norm + LM head) is supervised at every layer's
-output, so every exit `e` can draft. The loss, in float32, with per-layer cross entropies
-`CE_e` of the shared head applied to the layer-`e` states:
+output, so every exit `e` can draft. The loss (`exit_recipe`, float32) is
 
-    loss = CE_L + exit_loss_scale * sum_{e=1}^{L-1} w_e CE_e,   w_e = e / sum_{e'<L} e'
+    loss = CE_L + sum_{e<L, active} w_e [(1 - distill_weight) CE_e + distill_weight KL_e]
 
-Early-exit weights grow linearly with depth (deeper exits are asked for more, as in
-LayerSkip's depth-increasing scale, without its curriculum), sum to `exit_loss_scale`, and
-every one of them is smaller than the final layer's weight 1, so the full model stays
-the main objective.
+with exit weights `w_e` per `exit_weights` (linear in e, uniform or sqrt; summing to
+`exit_loss_scale`, restricted to `exit_layers`), a curriculum choosing the active exits
+(none, LayerSkip's rotational or gradual), `KL_e` the distillation of exit e from the final
+layer's distribution, and optional LayerSkip layer dropout. `exit_recipe` documents each.
 
-Pipeline (`pretrain`): ShareGPT training split -> byte-level BPE tokenizer -> cached token
-ids -> `PackedBatches` -> jitted AdamW steps (clip_by_global_norm; linear warmup, then a
-cosine over training progress: steps / num_steps, or elapsed / time_budget_s when a
-wall-clock budget is set and that is further along)
--> held-out evaluation (perplexity, per-exit top-1 agreement with the final layer) -> a HF
-directory (`save_model` + tokenizer + generation_config.json). The training state is
-snapshotted to `work_dir/state.msgpack` so an interrupted run resumes at the same batch.
+Pipeline (`pretrain`): ShareGPT training split -> byte-level BPE tokenizer (or the
+`init_from` model's) -> cached token ids -> `PackedBatches` -> jitted AdamW steps
+(clip_by_global_norm; linear warmup, then a cosine over training progress: steps /
+num_steps, or elapsed / time_budget_s when a wall-clock budget is set and that is further
+along) -> held-out evaluation (perplexity, per-exit top-1 agreement with the final layer,
+over all held-out tokens and over the assistant replies only) -> a HF directory
+(`save_model` + tokenizer + generation_config.json). The training state is snapshotted to
+`work_dir/state.msgpack` so an interrupted run resumes at the same batch.
 
 Shapes: B batch, T sequence length, D hidden, V vocab, L layers.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -31,7 +33,7 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import flax.serialization
 import flax.struct
@@ -42,13 +44,10 @@ import numpy as np
 import optax
 
 from hispec_jax.models.config import ModelConfig
-from hispec_jax.models.heads import exit_logits
-from hispec_jax.models.kv_cache import KVCache
-from hispec_jax.models.model import Model, save_model
+from hispec_jax.models.model import Model, load_model, save_model
 from hispec_jax.models.params import Params, init_params
 from hispec_jax.models.presets import model_config_from_ml_collections
-from hispec_jax.models.transformer import embed, run_layers
-from hispec_jax.train_heads import data
+from hispec_jax.train_heads import data, exit_recipe
 
 log = logging.getLogger(__name__)
 
@@ -57,73 +56,13 @@ SUMMARY_FILENAME = "training_summary.json"
 PACKAGE_DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[1] / "default_model"
 
 
-# ----- loss ----------------------------------------------------------------------------
+# ----- loss: hispec_jax.train_heads.exit_recipe ---------------------------------------
 
-def exit_loss_weights(num_layers: int, exit_loss_scale: float) -> np.ndarray:
-    """Per-exit loss weights [L]: w_e ∝ e for e < L summing to `exit_loss_scale`; w_L = 1."""
-    e = np.arange(1, num_layers, dtype=np.float64)
-    early = exit_loss_scale * e / e.sum() if num_layers > 1 else e
-    return np.concatenate([early, [1.0]]).astype(np.float32)
-
-
-def scan_exits(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array,
-               per_exit: Callable[[jax.Array, jax.Array], Any]):
-    """Runs every layer over a block (no context), applying `per_exit` to each layer's output.
-
-    Each scan step is the library's `run_layers` for one layer with an empty (capacity 0)
-    KV cache and positions 0..T-1, so the block attends to itself causally: the exact
-    per-layer math the decoders use. `per_exit(h_BxTxD, layer_index)` gets the 0-based
-    layer index (a traced scalar). Returns (layer-L states [B, T, D], `per_exit` outputs
-    stacked on a leading [L] axis).
-    """
-    B, T = tokens_BxT.shape
-    positions_BxT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-    no_context = KVCache.zeros(cfg, B, 0, num_layers=1)
-
-    def step(x_BxTxD, xs):
-        layer_params, index = xs
-        one_layer = {"layers": jax.tree.map(lambda w: w[None], layer_params)}
-        x_BxTxD, _ = run_layers(one_layer, cfg, x_BxTxD, positions_BxT, no_context, 0, 1)
-        return x_BxTxD, per_exit(x_BxTxD, index)
-
-    return jax.lax.scan(step, embed(params, tokens_BxT),
-                        (params["layers"], jnp.arange(cfg.num_layers)))
-
-
-def _shared_head_logits(params: Params, cfg: ModelConfig, h_BxTxD: jax.Array) -> jax.Array:
-    # Exit L always uses the shared head (final norm + LM head), whatever the states' depth.
-    return exit_logits(params, {}, cfg, h_BxTxD, cfg.num_layers)
-
-
-def _mean_ce(logits_BxTxV: jax.Array, targets_BxT: jax.Array) -> jax.Array:
-    target_logit = jnp.take_along_axis(logits_BxTxV, targets_BxT[..., None], axis=-1)[..., 0]
-    return jnp.mean(jax.nn.logsumexp(logits_BxTxV, axis=-1) - target_logit)
-
-
-def exit_cross_entropies(params: Params, cfg: ModelConfig, batch_BxT1: jax.Array,
-                         exit_stride: int = 1) -> jax.Array:
-    """Mean next-token cross entropy [L] of the shared head at every exit (float32).
-
-    The final layer's is over every position. With `exit_stride` s > 1 an early exit e is
-    scored on the positions t ≡ e (mod s) only: an unbiased estimate at 1/s of the head
-    cost (the exit heads are a third of the training FLOPs at s = 1 for the default model).
-    """
-    inputs, targets = batch_BxT1[:, :-1], batch_BxT1[:, 1:]
-    T = inputs.shape[1]
-    n = T // exit_stride
-
-    def ce(h_BxTxD, index):
-        if exit_stride == 1:
-            return _mean_ce(_shared_head_logits(params, cfg, h_BxTxD), targets)
-        t = jnp.arange(n) * exit_stride + index % exit_stride
-        logits = _shared_head_logits(params, cfg, jnp.take(h_BxTxD, t, axis=1))
-        return _mean_ce(logits, jnp.take(targets, t, axis=1))
-
-    h_BxTxD, ce_L = scan_exits(params, cfg, inputs, ce)
-    if exit_stride == 1:
-        return ce_L
-    final = _mean_ce(_shared_head_logits(params, cfg, h_BxTxD), targets)
-    return ce_L.at[-1].set(final)
+# Re-exported: the loss pieces used to live here.
+exit_loss_weights = exit_recipe.exit_loss_weights
+exit_cross_entropies = exit_recipe.exit_cross_entropies
+scan_exits = exit_recipe.scan_exits
+_shared_head_logits = exit_recipe.shared_head_logits
 
 
 # ----- optimizer and train step --------------------------------------------------------
@@ -168,21 +107,29 @@ def training_progress(config: ml_collections.ConfigDict, step: int, elapsed_s: f
     return progress
 
 
-def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation, weights_L: np.ndarray,
-                    exit_stride: int = 1):
-    """A jitted `(state, batch [B, T+1], lr) -> (state, metrics)`; the state is donated."""
-    weights_L = jnp.asarray(weights_L)
+def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation,
+                    config: ml_collections.ConfigDict):
+    """A jitted `(state, batch [B, T+1], lr, weights [L], key) -> (state, metrics)` for the
+    recipe in `config` (`exit_recipe`); the state is donated. The per-step exit weights
+    (curriculum) are an argument, so they never recompile; `key` draws the layer dropout."""
+    rates_L = jnp.asarray(exit_recipe.layer_dropout_rates(cfg.num_layers,
+                                                          config.layer_dropout_max))
+    use_dropout = config.layer_dropout_max > 0
 
-    def loss_fn(params, batch):
-        ce_L = exit_cross_entropies(params, cfg, batch, exit_stride)
-        return jnp.sum(weights_L * ce_L), ce_L
+    def loss_fn(params, batch, weights_L, key):
+        keep = exit_recipe.layer_keep_mask(key, rates_L, batch.shape[0]) if use_dropout else None
+        terms = exit_recipe.exit_losses(params, cfg, batch, config.exit_stride,
+                                        config.distill_temperature, keep)
+        return exit_recipe.combine_losses(terms, weights_L, config.distill_weight), terms
 
     @functools.partial(jax.jit, donate_argnums=(0,))
-    def train_step(state: TrainState, batch, lr):
-        (loss, ce_L), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
+    def train_step(state: TrainState, batch, lr, weights_L, key):
+        (loss, terms), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+            state.params, batch, weights_L, key)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = jax.tree.map(lambda p, u: p + (lr * u).astype(p.dtype), state.params, updates)
-        metrics = {"loss": loss, "ce_exits": ce_L, "grad_norm": optax.tree.norm(grads)}
+        metrics = {"loss": loss, "ce_exits": terms["ce"], "kl_exits": terms["kl"],
+                   "agreement_exits": terms["agreement"], "grad_norm": optax.tree.norm(grads)}
         return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
     return train_step
@@ -191,34 +138,27 @@ def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation, weights_
 # ----- evaluation ----------------------------------------------------------------------
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
-def _eval_batch(params: Params, cfg: ModelConfig, batch_BxT1: jax.Array):
+def _eval_batch(params: Params, cfg: ModelConfig, batch_BxT1: jax.Array,
+                weight_WxBxT: jax.Array):
+    """Per-exit sums [W, L] of weight * (NLL, agreement with layer L, correct) over a batch,
+    one row per token weighting (e.g. every token, reply tokens only)."""
     inputs, targets = batch_BxT1[:, :-1], batch_BxT1[:, 1:]
 
     def stats(h_BxTxD, index):
         logits = _shared_head_logits(params, cfg, h_BxTxD)
         target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-        nll = jnp.sum(jax.nn.logsumexp(logits, axis=-1) - target_logit)
-        return nll, jnp.argmax(logits, axis=-1)
+        nll_BxT = jax.nn.logsumexp(logits, axis=-1) - target_logit
+        return jnp.sum(weight_WxBxT * nll_BxT, axis=(1, 2)), jnp.argmax(logits, axis=-1)
 
-    _, (nll_L, argmax_LxBxT) = scan_exits(params, cfg, inputs, stats)
-    agree_L = jnp.sum(argmax_LxBxT == argmax_LxBxT[-1], axis=(1, 2))
-    correct_L = jnp.sum(argmax_LxBxT == targets, axis=(1, 2))
-    return nll_L, agree_L, correct_L
+    _, (nll_LxW, argmax_LxBxT) = scan_exits(params, cfg, inputs, stats)
+    agree_LxBxT = (argmax_LxBxT == argmax_LxBxT[-1]).astype(jnp.float32)
+    correct_LxBxT = (argmax_LxBxT == targets).astype(jnp.float32)
+    agree_WxL = jnp.einsum("WBT,LBT->WL", weight_WxBxT, agree_LxBxT)
+    correct_WxL = jnp.einsum("WBT,LBT->WL", weight_WxBxT, correct_LxBxT)
+    return nll_LxW.T, agree_WxL, correct_WxL
 
 
-def evaluate(params: Params, cfg: ModelConfig, batches) -> dict[str, Any]:
-    """Held-out metrics over `batches` ([B, T+1] arrays), per exit e = 1..L.
-
-    Returns {"tokens", "perplexity" (final layer), "ce_exits" [L], "agreement_exits" [L]
-    (top-1 agreement of exit e with the final layer: the greedy acceptance rate),
-    "accuracy_exits" [L] (top-1 next-token accuracy)}.
-    """
-    L = cfg.num_layers
-    nll, agree, correct, tokens = np.zeros(L), np.zeros(L), np.zeros(L), 0
-    for batch in batches:
-        n, a, c = jax.device_get(_eval_batch(params, cfg, jnp.asarray(batch)))
-        nll, agree, correct = nll + n, agree + a, correct + c
-        tokens += batch.shape[0] * (batch.shape[1] - 1)
+def _metrics(nll, agree, correct, tokens) -> dict[str, Any]:
     ce = nll / max(tokens, 1)
     return {"tokens": int(tokens), "perplexity": float(math.exp(ce[-1])),
             "ce_exits": [round(float(x), 4) for x in ce],
@@ -226,24 +166,54 @@ def evaluate(params: Params, cfg: ModelConfig, batches) -> dict[str, Any]:
             "accuracy_exits": [round(float(x), 4) for x in correct / max(tokens, 1)]}
 
 
+def evaluate(params: Params, cfg: ModelConfig, batches, reply_masks=None) -> dict[str, Any]:
+    """Held-out metrics over `batches` ([B, T+1] arrays), per exit e = 1..L.
+
+    Returns {"tokens", "perplexity" (final layer), "ce_exits" [L], "agreement_exits" [L]
+    (top-1 agreement of exit e with the final layer: the greedy acceptance rate),
+    "accuracy_exits" [L] (top-1 next-token accuracy)} over every target token. With
+    `reply_masks` ([B, T+1] 0/1 arrays aligned with `batches`, 1 on assistant-reply tokens),
+    the same metrics over the target tokens inside replies are under "replies".
+    """
+    L = cfg.num_layers
+    W = 1 if reply_masks is None else 2
+    nll, agree, correct, tokens = np.zeros((W, L)), np.zeros((W, L)), np.zeros((W, L)), np.zeros(W)
+    masks = iter(reply_masks) if reply_masks is not None else None
+    for batch in batches:
+        weights = [np.ones((batch.shape[0], batch.shape[1] - 1), np.float32)]
+        if masks is not None:
+            weights.append(np.asarray(next(masks))[:, 1:].astype(np.float32))
+        weights = np.stack(weights)
+        n, a, c = jax.device_get(_eval_batch(params, cfg, jnp.asarray(batch),
+                                             jnp.asarray(weights)))
+        nll, agree, correct = nll + n, agree + a, correct + c
+        tokens += weights.sum(axis=(1, 2))
+    out = _metrics(nll[0], agree[0], correct[0], tokens[0])
+    if W == 2:
+        out["replies"] = _metrics(nll[1], agree[1], correct[1], tokens[1])
+    return out
+
+
 # ----- data ----------------------------------------------------------------------------
 
-def prepare_data(config: ml_collections.ConfigDict, work_dir: Path):
-    """(tokenizer, train PackedBatches, eval PackedBatches) for the ShareGPT split."""
+def prepare_data(config: ml_collections.ConfigDict, work_dir: Path, tokenizer=None):
+    """(tokenizer, train PackedBatches, eval PackedBatches, eval reply-mask PackedBatches)
+    for the ShareGPT split. `tokenizer` (e.g. the `init_from` model's) is used as is;
+    None: the one in work_dir (resume) or a newly trained one."""
     d = config.data
     sharegpt = data.load_sharegpt()
     train_records, eval_records = data.split_sharegpt(sharegpt.records)
     train_texts = [t for t in map(data.conversation_text, train_records) if t]
-    eval_texts = [t for t in map(data.conversation_text, eval_records) if t]
+    eval_records = [r for r in eval_records if data.conversation_text(r)]
     if d.max_train_docs:
         train_texts = train_texts[:d.max_train_docs]
     if d.max_eval_docs:
-        eval_texts = eval_texts[:d.max_eval_docs]
+        eval_records = eval_records[:d.max_eval_docs]
+    eval_texts = [data.conversation_text(r) for r in eval_records]
 
     vocab_size = config.model.vocab_size
     tok_dir = work_dir / "tokenizer"
-    tokenizer = None
-    if config.resume and (tok_dir / "tokenizer.json").exists():
+    if tokenizer is None and config.resume and (tok_dir / "tokenizer.json").exists():
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(str(tok_dir))
@@ -255,14 +225,36 @@ def prepare_data(config: ml_collections.ConfigDict, work_dir: Path):
                                          model_max_length=config.model.max_position_embeddings)
     if len(tokenizer) > vocab_size:
         raise ValueError(f"tokenizer has {len(tokenizer)} tokens > vocab_size={vocab_size}")
-    cache = work_dir / "token_cache"
+    cache = Path(d.token_cache_dir).expanduser() if d.token_cache_dir else work_dir / "token_cache"
     train_docs = data.tokenize_docs(tokenizer, train_texts, cache)
     eval_docs = data.tokenize_docs(tokenizer, eval_texts, cache)
+    reply_masks = data.reply_token_masks(tokenizer, eval_records)
+    if [len(m) for m in reply_masks] != [len(x) for x in eval_docs]:
+        raise AssertionError("reply masks are not aligned with the evaluation tokens")
     eos = tokenizer.eos_token_id
     train = data.PackedBatches(train_docs, d.seq_len, d.batch_size, d.seed, eos_id=eos)
     evals = data.PackedBatches(eval_docs, d.seq_len, d.batch_size, d.seed, eos_id=eos,
                                shuffle=False)
-    return tokenizer, train, evals
+    # The same packing over the masks (0 for the </s> separators): row for row aligned.
+    eval_masks = data.PackedBatches(reply_masks, d.seq_len, d.batch_size, d.seed, eos_id=0,
+                                    shuffle=False)
+    return tokenizer, train, evals, eval_masks
+
+
+def load_init_model(config: ml_collections.ConfigDict, cfg: ModelConfig) -> Model:
+    """The `init_from` HF directory as float32 stacked-layer params; ValueError naming the
+    fields where its architecture differs from `config.model`."""
+    model = load_model(Path(config.init_from).expanduser(), dtype="float32", layer_layout="scan")
+    differ = [f for f in dataclasses.fields(ModelConfig)
+              if getattr(model.cfg, f.name) != getattr(cfg, f.name)]
+    if differ:
+        raise ValueError("init_from model differs from config.model in " + ", ".join(
+            f"{f.name} ({getattr(model.cfg, f.name)!r} vs {getattr(cfg, f.name)!r})"
+            for f in differ))
+    if model.heads:
+        raise ValueError("init_from model has trained exit heads; pretrain trains the shared "
+                         "head only")
+    return model
 
 
 # ----- the run -------------------------------------------------------------------------
@@ -290,13 +282,19 @@ def pretrain(config: ml_collections.ConfigDict, progress: bool = True) -> dict[s
     work_dir.mkdir(parents=True, exist_ok=True)
     cfg = model_config_from_ml_collections(config.model)
 
+    exit_recipe.validate_recipe(config, cfg.num_layers)
+    init_model = load_init_model(config, cfg) if config.init_from else None
+
     t0 = time.time()
-    tokenizer, train_batches, eval_batches = prepare_data(config, work_dir)
+    tokenizer, train_batches, eval_batches, eval_masks = prepare_data(
+        config, work_dir, init_model.tokenizer if init_model is not None else None)
     data_seconds = time.time() - t0
 
     tx = make_optimizer(config.optim)
-    weights_L = exit_loss_weights(cfg.num_layers, config.exit_loss_scale)
-    params = init_params(cfg, jax.random.key(config.seed), init_std=config.init_std)
+    if init_model is not None:
+        params = init_model.params
+    else:
+        params = init_params(cfg, jax.random.key(config.seed), init_std=config.init_std)
     state = TrainState(step=jnp.zeros((), jnp.int32), elapsed_s=jnp.zeros((), jnp.float32),
                        params=params, opt_state=tx.init(params))
     state_path = work_dir / STATE_FILENAME
@@ -305,7 +303,8 @@ def pretrain(config: ml_collections.ConfigDict, progress: bool = True) -> dict[s
         state = jax.tree.map(jnp.asarray, state)
         log.warning("resuming from %s at step %d", state_path, int(state.step))
     start_step, start_elapsed = int(state.step), float(state.elapsed_s)
-    train_step = make_train_step(cfg, tx, weights_L, config.exit_stride)
+    train_step = make_train_step(cfg, tx, config)
+    dropout_key = jax.random.key(config.seed + 1)
 
     log_path = work_dir / "metrics.jsonl"
     tokens_per_step = config.data.batch_size * config.data.seq_len
@@ -324,6 +323,8 @@ def pretrain(config: ml_collections.ConfigDict, progress: bool = True) -> dict[s
         m = jax.device_get(metrics)
         return {"step": step, "loss": float(m["loss"]), "ce_final": float(m["ce_exits"][-1]),
                 "ce_exits": [round(float(x), 4) for x in m["ce_exits"]],
+                "kl_exits": [round(float(x), 4) for x in m["kl_exits"]],
+                "agreement_exits": [round(float(x), 4) for x in m["agreement_exits"]],
                 "grad_norm": float(m["grad_norm"]), "lr": lr}
 
     def save_state():
@@ -335,8 +336,12 @@ def pretrain(config: ml_collections.ConfigDict, progress: bool = True) -> dict[s
             if training_progress(config, step, elapsed()) >= 1.0:
                 log.warning("time budget %.0f s used up at step %d", config.time_budget_s, step)
                 break
-            lr = learning_rate(config.optim, step, training_progress(config, step, elapsed()))
-            state, metrics = train_step(state, jnp.asarray(batch), jnp.float32(lr))
+            progress_now = training_progress(config, step, elapsed())
+            lr = learning_rate(config.optim, step, progress_now)
+            weights_L = exit_recipe.step_exit_weights(config, cfg.num_layers, step, progress_now)
+            state, metrics = train_step(state, jnp.asarray(batch), jnp.float32(lr),
+                                        jnp.asarray(weights_L),
+                                        jax.random.fold_in(dropout_key, step))
             if pending is not None:
                 rec = flush(pending)
                 if (rec["step"] + 1) % config.log_every == 0 or rec["step"] == start_step:
@@ -370,7 +375,8 @@ def pretrain(config: ml_collections.ConfigDict, progress: bool = True) -> dict[s
         save_state()
 
     n_eval = min(config.eval_batches, eval_batches.batches_per_epoch)
-    metrics = evaluate(state.params, cfg, (eval_batches.batch(i) for i in range(n_eval)))
+    metrics = evaluate(state.params, cfg, (eval_batches.batch(i) for i in range(n_eval)),
+                       (eval_masks.batch(i) for i in range(n_eval)))
 
     save_model_dir(out_dir, cfg, state.params, tokenizer, config.save_dtype)
     summary = {
@@ -383,7 +389,10 @@ def pretrain(config: ml_collections.ConfigDict, progress: bool = True) -> dict[s
         "first_loss": history[0]["loss"] if history else None,
         "last_loss": history[-1]["loss"] if history else None,
         "train_docs": len(train_batches.docs), "train_tokens_per_epoch": train_batches.num_tokens,
-        "eval": metrics, "exit_loss_weights": [round(float(w), 4) for w in weights_L],
+        "eval": metrics,
+        "exit_loss_weights": [round(float(w), 4) for w in exit_recipe.exit_loss_weights(
+            cfg.num_layers, config.exit_loss_scale, config.exit_weights,
+            exit_recipe.parse_exit_layers(config.exit_layers, cfg.num_layers))],
         "num_params": int(sum(x.size for x in jax.tree.leaves(state.params))),
         "config": config.to_dict(),
     }
