@@ -13,7 +13,8 @@ from hispec_jax.models.config import ModelConfig
 from hispec_jax.models.model import Model, load_model, save_model
 
 # The shipped early-exit model (docs/default_model.md): what `hispec generate` uses
-# without --model. Retrain it with `hispec pretrain --config configs/pretrain_default.py`.
+# without --model. Rebuild it with `hispec pretrain --config configs/pretrain_gpu.py`, then
+# `hispec pretrain --config configs/finetune_default.py`.
 DEFAULT_MODEL_DIR: str = _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "default_model")
 
 __all__ = [
