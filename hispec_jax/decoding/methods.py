@@ -54,9 +54,6 @@ class Decoder:
         """The initial windows [K - 1] int32 (an argument of the loop: no recompiles)."""
         return jnp.asarray(self.windows, jnp.int32).reshape(len(self.windows))
 
-    def summarize(self, counters: list[Counters], batch_sequences: list[int]):
-        return summarize_counters(self.hierarchy, counters, batch_sequences)
-
 
 def summarize_counters(h: Hierarchy, counters: list[Counters],
                        batch_sequences: list[int]) -> dict[str, Any]:
