@@ -21,7 +21,7 @@ import transformers
 import gguf_files as gf
 import hispec_jax
 from hispec_jax.decoding import chat as chat_lib
-from hispec_jax.decoding import generate as generate_module
+from hispec_jax.decoding import engine as engine_lib
 from hispec_jax.models import gguf_io, hf_io
 from hispec_jax.models.heads import exit_logits
 from hispec_jax.models.kv_cache import KVCache
@@ -364,7 +364,7 @@ def test_chat_stops_at_end_of_turn(tmp_path, hf_models, vocab):
 
 def test_chat_errors(gguf_paths, tmp_path, hf_models, vocab):
     model = hispec_jax.load_model(gguf_paths["llama_tied_q4_1"])
-    before = generate_module.compilations
+    before = engine_lib.compilations
     with pytest.raises(ValueError, match=r"prompts\[0\].*chat=True"):
         hispec_jax.generate(model, [[5, 6, 7]], chat=True)
     with pytest.raises(ValueError, match="needs 'role' and 'content'"):
@@ -375,7 +375,7 @@ def test_chat_errors(gguf_paths, tmp_path, hf_models, vocab):
         hispec_jax.generate(hispec_jax.load_model(path), "hi", chat=True)
     with pytest.raises(ValueError, match="no tokenizer"):
         hispec_jax.generate(dataclasses.replace(model, tokenizer=None), "hi", chat=True)
-    assert generate_module.compilations == before
+    assert engine_lib.compilations == before
 
 
 # ----- the real SmolLM2 file, only when `hispec pull smollm2-135m-instruct` has run ---------
