@@ -48,23 +48,24 @@ def test_prefill_logits_every_exit(hf_models, kind, layout):
         np.testing.assert_allclose(o, r, atol=ATOL, rtol=0, err_msg=f"exit {e}")
 
 
-@pytest.mark.parametrize("layout", ["scan", "unrolled"])
+@pytest.mark.parametrize("layout,batch", [("scan", 2), ("unrolled", 2), ("unrolled", 1)])
 @pytest.mark.parametrize("kind", KINDS)
-def test_token_by_token_decode_every_exit(hf_models, kind, layout):
-    """Prefill 5 tokens, then feed one token at a time through the cache."""
+def test_token_by_token_decode_every_exit(hf_models, kind, layout, batch):
+    """Prefill 5 tokens, then feed one token at a time through the cache (batch 1 takes
+    the single-query attention path on the CPU)."""
     hf_model, path = hf_models[kind]
     model = load_model(path, layer_layout=layout)
     T, P = 14, 5
-    tokens = np.random.RandomState(1).randint(0, model.cfg.vocab_size, (2, T))
+    tokens = np.random.RandomState(1).randint(0, model.cfg.vocab_size, (batch, T))
     ref = hf_exit_logits(hf_model, tokens)
-    cache = KVCache.zeros(model.cfg, 2, 16)
-    positions = jnp.broadcast_to(jnp.arange(P), (2, P))
+    cache = KVCache.zeros(model.cfg, batch, 16, per_layer=layout == "unrolled")
+    positions = jnp.broadcast_to(jnp.arange(P), (batch, P))
     got, cache = our_exit_logits_by_layer(model, embed(model.params, jnp.asarray(tokens[:, :P])),
                                           positions, cache)
     for t in range(P, T):
         step, cache = our_exit_logits_by_layer(
             model, embed(model.params, jnp.asarray(tokens[:, t:t + 1])),
-            jnp.full((2, 1), t), cache)
+            jnp.full((batch, 1), t), cache)
         got = [np.concatenate([g, s], axis=1) for g, s in zip(got, step)]
     for e, (o, r) in enumerate(zip(got, ref), start=1):
         np.testing.assert_allclose(o, r, atol=ATOL, rtol=0, err_msg=f"exit {e}")

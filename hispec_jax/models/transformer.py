@@ -63,11 +63,36 @@ def _project_qkv(layer_params, cfg: ModelConfig, x_BxTxD, positions_BxT, kv_dtyp
 
 def _attend(q_BxTxKxGxH, keys_BxKxSxH, values_BxKxSxH, visible_BxTxS):
     """Softmax attention of every query over the slots it may see -> [B, T, K, G, H]."""
+    if _single_query_on_cpu(q_BxTxKxGxH):
+        return _attend_single_query(q_BxTxKxGxH[:, 0], keys_BxKxSxH, values_BxKxSxH,
+                                    visible_BxTxS[:, 0])[:, None]
     scores = jnp.einsum("BTKGH,BKSH->BKGTS", q_BxTxKxGxH, keys_BxKxSxH,
                         preferred_element_type=jnp.float32)
     scores = jnp.where(visible_BxTxS[:, None, None], scores, -1e30)
     probs = jax.nn.softmax(scores, axis=-1).astype(values_BxKxSxH.dtype)
     return jnp.einsum("BKGTS,BKSH->BTKGH", probs, values_BxKxSxH)
+
+
+def _single_query_on_cpu(q_BxTxKxGxH) -> bool:
+    """One sequence, one query position (batch-1 decoding and drafting), on XLA:CPU.
+
+    There the two attention dots over a cache layer that was just updated in place make
+    XLA:CPU copy the layer (each key and value buffer 3-4 times per step: the update is
+    duplicated into the dot's operand); elementwise products with reductions read it once
+    (8.4 vs 30.7 ms per 8-layer step at S = 4096, BENCHMARKS.md). Larger blocks and batches
+    keep the dots, which are faster there."""
+    B, T = q_BxTxKxGxH.shape[:2]
+    return B == 1 and T == 1 and jax.default_backend() == "cpu"
+
+
+def _attend_single_query(q_BxKxGxH, keys_BxKxSxH, values_BxKxSxH, visible_BxS):
+    """`_attend` for one query per sequence as products and reductions -> [B, K, G, H]."""
+    scores_BxKxGxS = jnp.sum(q_BxKxGxH[:, :, :, None, :].astype(jnp.float32)
+                             * keys_BxKxSxH[:, :, None, :, :], axis=-1)
+    scores_BxKxGxS = jnp.where(visible_BxS[:, None, None], scores_BxKxGxS, -1e30)
+    probs = jax.nn.softmax(scores_BxKxGxS, axis=-1).astype(values_BxKxSxH.dtype)
+    weighted = (probs[..., None] * values_BxKxSxH[:, :, None, :, :]).astype(jnp.float32)
+    return jnp.sum(weighted, axis=-2).astype(values_BxKxSxH.dtype)
 
 
 def _attention_output(layer_params, cfg: ModelConfig, out_BxTxKxGxH):
