@@ -161,9 +161,15 @@ def layer_layout(params: Params) -> str:
 
 
 def default_layer_layout() -> str:
-    """"unrolled" on the CPU backend (no per-layer weight-slice copies), "scan" elsewhere
-    (compile time independent of depth)."""
-    return "unrolled" if jax.default_backend() == "cpu" else "scan"
+    """The layout chosen per backend by measurement: "unrolled" on CPU and GPU, "scan" on TPU.
+
+    Scanning slices each layer's weights out of the stacked arrays inside the loop, and
+    XLA:CPU and XLA:GPU materialize those slices (copies of every layer's weights at every
+    decoding step): AR at Llama-3-8B shapes on an H100 ran 56.5 tok/s scanned vs 147.9
+    unrolled, on CPU the compiled step accesses ~2x the analytic bytes. Unrolled compiles
+    in time linear in depth (docs/layer_layouts.md). On TPU XLA reads the slices in place,
+    and the scan keeps compile time flat (not measured by this project: no TPU)."""
+    return "scan" if jax.default_backend() == "tpu" else "unrolled"
 
 
 def with_layer_layout(params: Params, layout: str) -> Params:

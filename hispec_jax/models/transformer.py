@@ -74,15 +74,15 @@ def _attend(q_BxTxKxGxH, keys_BxKxSxH, values_BxKxSxH, visible_BxTxS):
 
 
 def _single_query_on_cpu(q_BxTxKxGxH) -> bool:
-    """One sequence, one query position (batch-1 decoding and drafting), on XLA:CPU.
+    """One query position per sequence (decoding and drafting steps), on XLA:CPU.
 
     There the two attention dots over a cache layer that was just updated in place make
-    XLA:CPU copy the layer (each key and value buffer 3-4 times per step: the update is
-    duplicated into the dot's operand); elementwise products with reductions read it once
-    (8.4 vs 30.7 ms per 8-layer step at S = 4096, BENCHMARKS.md). Larger blocks and batches
-    keep the dots, which are faster there."""
-    B, T = q_BxTxKxGxH.shape[:2]
-    return B == 1 and T == 1 and jax.default_backend() == "cpu"
+    XLA:CPU copy or relayout the layer (at batch 1 each key and value buffer 3-4 times per
+    step: the update is duplicated into the dot's operand); elementwise products with
+    reductions read it once. AR step at S = 2048, 8 layers, side by side: 19.7 -> 14.0 ms at
+    batch 1, 28.1 -> 22.1 at batch 2, 53.4 -> 46.5 at batch 4 (BENCHMARKS.md). Blocks of
+    several queries keep the dots, which are several times faster there."""
+    return q_BxTxKxGxH.shape[1] == 1 and jax.default_backend() == "cpu"
 
 
 def _attend_single_query(q_BxKxGxH, keys_BxKxSxH, values_BxKxSxH, visible_BxS):
