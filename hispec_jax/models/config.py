@@ -12,10 +12,12 @@ import functools
 import math
 from typing import Any
 
+import jax
 import numpy as np
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen3")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+MATMUL_PRECISIONS = ("highest", "high", "default")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +40,12 @@ class ModelConfig:
       tie_word_embeddings: LM head is the transposed embedding.
       qk_norm: per-head RMSNorm on queries and keys before RoPE (Qwen3).
       dtype: parameter and activation dtype name ("float32" or "bfloat16").
+      matmul_precision: the precision of every matmul of the model ("highest", "high" or
+        "default": `jax.lax.Precision`). "highest" (the default) makes float32 matmuls
+        exact float32 on GPUs and TPUs too, whose default passes round inputs to TF32 or
+        bfloat16; then a speculative method's greedy output equals AR's even at near-ties
+        (with TF32, HiSpec diverged from AR on an H100). "default" is faster on GPUs/TPUs
+        and gives up that guarantee; bfloat16 models' inputs are exact either way.
     """
 
     model_type: str
@@ -55,6 +63,7 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     qk_norm: bool = False
     dtype: str = "float32"
+    matmul_precision: str = "highest"
 
     def __post_init__(self):
         if self.model_type not in SUPPORTED_MODEL_TYPES:
@@ -74,6 +83,9 @@ class ModelConfig:
             raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype={self.dtype!r} must be 'float32' or 'bfloat16'")
+        if self.matmul_precision not in MATMUL_PRECISIONS:
+            raise ValueError(f"matmul_precision={self.matmul_precision!r} is not one of "
+                             f"{MATMUL_PRECISIONS}")
         rope_type = self.rope_scaling_dict.get("rope_type", "default")
         if rope_type not in SUPPORTED_ROPE_TYPES:
             raise ValueError(
@@ -84,6 +96,11 @@ class ModelConfig:
     @property
     def rope_scaling_dict(self) -> dict[str, Any]:
         return dict(self.rope_scaling or ())
+
+    @property
+    def precision(self) -> jax.lax.Precision:
+        """`matmul_precision` as the `precision=` argument of the model's matmuls."""
+        return jax.lax.Precision[self.matmul_precision.upper()]
 
     @property
     def q_per_kv(self) -> int:

@@ -10,6 +10,8 @@ Trained heads: their own RMSNorm, then a full `D×V` projection (`proj`) or a lo
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -37,14 +39,15 @@ def exit_logits(params: Params, heads: ExitHeads, cfg: ModelConfig, h_BxTxD: jax
                 exit_layer: int) -> jax.Array:
     """Float32 logits [B, T, V] of exit `exit_layer` (static) from layer-`exit_layer` states."""
     kind = head_kind(cfg, heads, exit_layer)
+    dot = functools.partial(jnp.einsum, precision=cfg.precision)
     if kind == "shared":
         x = rms_norm(h_BxTxD, params["final_norm"], cfg.rms_norm_eps)
         if cfg.tie_word_embeddings:  # contract with the embedding directly: no transposed copy
-            return jnp.einsum("BTD,VD->BTV", x, params["embed"], preferred_element_type=jnp.float32)
-        return jnp.einsum("BTD,DV->BTV", x, params["lm_head"], preferred_element_type=jnp.float32)
+            return dot("BTD,VD->BTV", x, params["embed"], preferred_element_type=jnp.float32)
+        return dot("BTD,DV->BTV", x, params["lm_head"], preferred_element_type=jnp.float32)
     head = heads[str(exit_layer)]
     x = rms_norm(h_BxTxD, head["norm"], cfg.rms_norm_eps)
     if kind == "full":
-        return jnp.einsum("BTD,DV->BTV", x, head["proj"], preferred_element_type=jnp.float32)
-    r_BxTxR = jnp.einsum("BTD,DR->BTR", x, head["proj_down"])
-    return jnp.einsum("BTR,RV->BTV", r_BxTxR, head["proj_up"], preferred_element_type=jnp.float32)
+        return dot("BTD,DV->BTV", x, head["proj"], preferred_element_type=jnp.float32)
+    r_BxTxR = dot("BTD,DR->BTR", x, head["proj_down"])
+    return dot("BTR,RV->BTV", r_BxTxR, head["proj_up"], preferred_element_type=jnp.float32)

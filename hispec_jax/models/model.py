@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from hispec_jax.models import gguf_io, hf_io
-from hispec_jax.models.config import ModelConfig
+from hispec_jax.models.config import MATMUL_PRECISIONS, ModelConfig
 from hispec_jax.models.heads import head_kind
 from hispec_jax.models.params import (LAYER_LAYOUTS, ExitHeads, Params, default_layer_layout,
                                       with_layer_layout)
@@ -56,7 +56,8 @@ class Model:
         return {e: head_kind(self.cfg, self.heads, e) for e in range(1, self.cfg.num_layers + 1)}
 
 
-def load_model(path, dtype: str | None = None, layer_layout: str | None = None) -> Model:
+def load_model(path, dtype: str | None = None, layer_layout: str | None = None,
+               matmul_precision: str = "highest") -> Model:
     """Loads a local Hugging Face directory or a llama.cpp `.gguf` file.
 
     Args:
@@ -66,19 +67,26 @@ def load_model(path, dtype: str | None = None, layer_layout: str | None = None) 
       dtype: "float32" or "bfloat16" to override the checkpoint's dtype (GGUF: the dtype
         weights are dequantized to; default float32).
       layer_layout: "scan" (stacked layer weights, scanned) or "unrolled" (per-layer
-        weights, unrolled loop); None: "unrolled" on CPU, "scan" on accelerators (see
-        `params.py`). Training code that scans the stacked weights asks for "scan".
+        weights, unrolled loop); None: "unrolled" on CPU and GPU, "scan" on TPU (see
+        `params.default_layer_layout`). Training code that scans the stacked weights asks
+        for "scan".
+      matmul_precision: "highest" (exact float32 matmuls on every backend: speculative
+        greedy output equals AR), "high" or "default" (TF32/bfloat16 passes on GPUs/TPUs:
+        faster, not exact); see `ModelConfig`.
     """
     path = Path(path)
     layout = layer_layout or default_layer_layout()
     if layout not in LAYER_LAYOUTS:  # before reading any weights
         raise ValueError(f"layer_layout={layout!r} is not one of {LAYER_LAYOUTS}")
+    if matmul_precision not in MATMUL_PRECISIONS:
+        raise ValueError(f"matmul_precision={matmul_precision!r} is not one of {MATMUL_PRECISIONS}")
     if path.suffix.lower() == ".gguf":
         cfg, params, tokenizer, generation_config = gguf_io.load_checkpoint(
             path, dtype=dtype, layer_layout=layout)
-        return Model(cfg=cfg, params=params, tokenizer=tokenizer,
+        return Model(cfg=cfg.replace(matmul_precision=matmul_precision), params=params, tokenizer=tokenizer,
                      generation_config=generation_config, path=str(path))
     cfg, params, heads, generation_config = hf_io.load_checkpoint(path, dtype=dtype)
+    cfg = cfg.replace(matmul_precision=matmul_precision)
     params = with_layer_layout(params, layout)
     tokenizer = None
     if any((path / f).exists() for f in _TOKENIZER_FILES):

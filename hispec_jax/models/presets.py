@@ -103,15 +103,16 @@ def apply_overrides(cfg: ml_collections.ConfigDict, overrides: dict[str, str]) -
 
 
 def model_config_from_ml_collections(cfg: ml_collections.ConfigDict) -> ModelConfig:
-    """The `ModelConfig` a preset describes; every ModelConfig field must be present."""
+    """The `ModelConfig` a preset describes; every ModelConfig field must be present, except
+    `matmul_precision` (a numerics setting, not architecture: "highest" when absent)."""
     fields = [f.name for f in dataclasses.fields(ModelConfig)]
-    missing = [k for k in fields if k not in cfg]
+    missing = [k for k in fields if k not in cfg and k != "matmul_precision"]
     if missing:
         raise ValueError(f"model config is missing key(s) {missing}")
     unknown = sorted(set(cfg.keys()) - set(fields))
     if unknown:
         raise ValueError(f"model config has unknown key(s) {unknown}; ModelConfig fields: {fields}")
-    values = {k: cfg[k] for k in fields}
+    values = {k: cfg[k] for k in fields if k in cfg}
     rope = values["rope_scaling"]
     if rope is not None:
         rope = rope.to_dict() if isinstance(rope, ml_collections.ConfigDict) else dict(rope)

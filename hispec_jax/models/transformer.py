@@ -14,6 +14,8 @@ K kv heads, G = N / K, H head dim, F MLP width, V vocab.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -49,9 +51,10 @@ def _project_qkv(layer_params, cfg: ModelConfig, x_BxTxD, positions_BxT, kv_dtyp
     B, T, _ = x_BxTxD.shape
     K, G, H = cfg.num_kv_heads, cfg.q_per_kv, cfg.head_dim
     inv_freq = jnp.asarray(cfg.inv_freq)
-    q_BxTxNxH = jnp.einsum("BTD,DNH->BTNH", x_BxTxD, layer_params["wq"])
-    k_BxTxKxH = jnp.einsum("BTD,DKH->BTKH", x_BxTxD, layer_params["wk"])
-    v_BxTxKxH = jnp.einsum("BTD,DKH->BTKH", x_BxTxD, layer_params["wv"])
+    dot = functools.partial(jnp.einsum, precision=cfg.precision)
+    q_BxTxNxH = dot("BTD,DNH->BTNH", x_BxTxD, layer_params["wq"])
+    k_BxTxKxH = dot("BTD,DKH->BTKH", x_BxTxD, layer_params["wk"])
+    v_BxTxKxH = dot("BTD,DKH->BTKH", x_BxTxD, layer_params["wv"])
     if cfg.qk_norm:
         q_BxTxNxH = rms_norm(q_BxTxNxH, layer_params["q_norm"], cfg.rms_norm_eps)
         k_BxTxKxH = rms_norm(k_BxTxKxH, layer_params["k_norm"], cfg.rms_norm_eps)
@@ -61,16 +64,16 @@ def _project_qkv(layer_params, cfg: ModelConfig, x_BxTxD, positions_BxT, kv_dtyp
     return q_BxTxKxGxH, k_BxTxKxH.astype(kv_dtype), v_BxTxKxH.astype(kv_dtype)
 
 
-def _attend(q_BxTxKxGxH, keys_BxKxSxH, values_BxKxSxH, visible_BxTxS):
+def _attend(q_BxTxKxGxH, keys_BxKxSxH, values_BxKxSxH, visible_BxTxS, precision=None):
     """Softmax attention of every query over the slots it may see -> [B, T, K, G, H]."""
     if _single_query_on_cpu(q_BxTxKxGxH):
         return _attend_single_query(q_BxTxKxGxH[:, 0], keys_BxKxSxH, values_BxKxSxH,
                                     visible_BxTxS[:, 0])[:, None]
     scores = jnp.einsum("BTKGH,BKSH->BKGTS", q_BxTxKxGxH, keys_BxKxSxH,
-                        preferred_element_type=jnp.float32)
+                        preferred_element_type=jnp.float32, precision=precision)
     scores = jnp.where(visible_BxTxS[:, None, None], scores, -1e30)
     probs = jax.nn.softmax(scores, axis=-1).astype(values_BxKxSxH.dtype)
-    return jnp.einsum("BKGTS,BKSH->BTKGH", probs, values_BxKxSxH)
+    return jnp.einsum("BKGTS,BKSH->BTKGH", probs, values_BxKxSxH, precision=precision)
 
 
 def _single_query_on_cpu(q_BxTxKxGxH) -> bool:
@@ -100,7 +103,8 @@ def _attention_output(layer_params, cfg: ModelConfig, out_BxTxKxGxH):
     # order, so XLA needs no relayout copy of wo (a 4-D einsum got one per layer and step).
     B, T = out_BxTxKxGxH.shape[:2]
     NH = cfg.num_heads * cfg.head_dim
-    return out_BxTxKxGxH.reshape(B, T, NH) @ layer_params["wo"].reshape(NH, -1)
+    return jnp.matmul(out_BxTxKxGxH.reshape(B, T, NH), layer_params["wo"].reshape(NH, -1),
+                      precision=cfg.precision)
 
 
 def _block_attention(layer_params, cfg: ModelConfig, x_BxTxD, positions_BxT, context_k_BxKxSxH,
@@ -119,7 +123,7 @@ def _block_attention(layer_params, cfg: ModelConfig, x_BxTxD, positions_BxT, con
     visible_BxTxSU = jnp.concatenate(
         [jnp.broadcast_to(ctx_visible_BxS[:, None, :], (ctx_visible_BxS.shape[0], T, S)),
          jnp.broadcast_to(blk_visible_TxU[None], (ctx_visible_BxS.shape[0], T, T))], axis=-1)
-    out = _attend(q, keys, values, visible_BxTxSU)
+    out = _attend(q, keys, values, visible_BxTxSU, cfg.precision)
     return _attention_output(layer_params, cfg, out), k_BxTxKxH, v_BxTxKxH
 
 
@@ -134,14 +138,16 @@ def _cached_attention(layer_params, cfg: ModelConfig, x_BxTxD, positions_BxT, wr
                                            cache.dtype)
     cache = cache.write_layer(layer, write_positions_BxT, k_BxTxKxH, v_BxTxKxH)
     visible_BxTxS = jnp.arange(cache.capacity)[None, None, :] <= positions_BxT[:, :, None]
-    out = _attend(q, cache.layer_keys(layer), cache.layer_values(layer), visible_BxTxS)
+    out = _attend(q, cache.layer_keys(layer), cache.layer_values(layer), visible_BxTxS,
+                  cfg.precision)
     return _attention_output(layer_params, cfg, out), cache
 
 
-def _mlp(layer_params, x_BxTxD):
-    gate_BxTxF = jnp.einsum("BTD,DF->BTF", x_BxTxD, layer_params["w_gate"])
-    up_BxTxF = jnp.einsum("BTD,DF->BTF", x_BxTxD, layer_params["w_up"])
-    return jnp.einsum("BTF,FD->BTD", jax.nn.silu(gate_BxTxF) * up_BxTxF, layer_params["w_down"])
+def _mlp(layer_params, cfg: ModelConfig, x_BxTxD):
+    dot = functools.partial(jnp.einsum, precision=cfg.precision)
+    gate_BxTxF = dot("BTD,DF->BTF", x_BxTxD, layer_params["w_gate"])
+    up_BxTxF = dot("BTD,DF->BTF", x_BxTxD, layer_params["w_up"])
+    return dot("BTF,FD->BTD", jax.nn.silu(gate_BxTxF) * up_BxTxF, layer_params["w_down"])
 
 
 def run_layers(params: Params, cfg: ModelConfig, x_BxTxD: jax.Array, positions_BxT: jax.Array,
@@ -208,7 +214,7 @@ def _layer(layer_params, cfg: ModelConfig, x_BxTxD, attention):
     attn, aux = attention(h)
     x_BxTxD = x_BxTxD + attn
     h = rms_norm(x_BxTxD, layer_params["mlp_norm"], cfg.rms_norm_eps)
-    return x_BxTxD + _mlp(layer_params, h), aux
+    return x_BxTxD + _mlp(layer_params, cfg, h), aux
 
 
 def run_layers_cached(params: Params, cfg: ModelConfig, x_BxTxD: jax.Array,
