@@ -25,4 +25,5 @@ def get_config() -> ml_collections.ConfigDict:
     c.tie_word_embeddings = False
     c.qk_norm = False
     c.dtype = "bfloat16"
+    c.matmul_precision = "highest"  # exact float32 matmuls on GPU/TPU too (ModelConfig)
     return c

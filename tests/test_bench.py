@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from hispec_jax.bench import prompts as prompts_lib
-from hispec_jax.bench import suite, sweeps
+from hispec_jax.bench import report, suite, sweeps
 from hispec_jax.cli import main
 from hispec_jax.models.config import ModelConfig
 from hispec_jax.models.model import load_model, save_model
@@ -113,11 +113,22 @@ def test_compare_checks_tokens_and_interleaves():
             return 2.0
         return suite.Runner(name, warmup, timed)
 
-    results = suite.compare([runner("ar", [[1, 2]]), runner("x", [[1, 3]])], rounds=2)
+    results = suite.compare([runner("ar", [[1, 2], [4, 5, 6]]), runner("x", [[1, 3], [4, 5, 6]])],
+                            rounds=2)
     assert [r.identical_to_ar for r in results] == [True, False]
+    assert results[1].departures_from_ar == [1, None]
+    row = results[1].to_json(results[0])
+    assert report.identical_cell(row) == "False (1/2 prompts, first at 1)"
+    assert report.identical_cell(results[0].to_json()) == "True"
     assert calls == [("warmup", "ar"), ("warmup", "x"), ("round", "ar"), ("round", "x"),
                      ("round", "ar"), ("round", "x")]
     assert results[0].tokens_per_second == 2.0
+
+
+def test_first_departure():
+    assert suite.first_departure([1, 2, 3], [1, 2, 3]) is None
+    assert suite.first_departure([1, 2, 3], [1, 9, 3]) == 1
+    assert suite.first_departure([1, 2], [1, 2, 3]) == 2
 
 
 def test_prompts_are_skipped_not_cut():

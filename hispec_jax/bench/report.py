@@ -18,6 +18,15 @@ METHOD_HEADER = ("| method | tokens/s | speedup vs AR | identical to AR | final 
                  "ms / layer pass | compile s | loop memory MiB |\n" + "|---" * 12 + "|\n")
 
 
+def identical_cell(row: dict[str, Any]) -> str:
+    """"True", or where the output departs from AR: "False (2/8 prompts, first at 83)"."""
+    if row["identical_to_ar"] or not row.get("departures_from_ar"):
+        return str(row["identical_to_ar"])
+    departed = [d for d in row["departures_from_ar"] if d is not None]
+    return (f"False ({len(departed)}/{len(row['departures_from_ar'])} prompts, "
+            f"first at {min(departed)})")
+
+
 def method_table(rows: list[dict[str, Any]]) -> str:
     """One row per method: speed, losslessness, Table 9 statistics, costs."""
     lines = [METHOD_HEADER]
@@ -25,7 +34,7 @@ def method_table(rows: list[dict[str, Any]]) -> str:
         s = r.get("stats", {})
         lines.append(
             f"| {r['name']} | {r['tokens_per_second']:.1f} | {_f(r.get('speedup_vs_ar'), 2, 'x')} "
-            f"| {r['identical_to_ar']} | {_f(s.get('final_acceptance_rate'))} "
+            f"| {identical_cell(r)} | {_f(s.get('final_acceptance_rate'))} "
             f"| {_f(s.get('true_reject_rate'))} | {_f(s.get('false_accept_rate'))} "
             f"| {_f(s.get('tokens_per_full_pass'))} | {_f(s.get('layer_passes_per_token'), 1)} "
             f"| {_f(r.get('ms_per_layer_pass'), 3)} | {_f(r.get('compile_seconds'), 1)} | {_mib(r.get('memory_bytes'))} |\n")

@@ -28,7 +28,7 @@ from hispec_jax.models.model import Model
 # Statistics of paper Table 9 and the engine's cost counters, copied from `generate` stats.
 STAT_KEYS = ("exits", "acceptance_rate_per_level", "final_acceptance_rate", "true_reject_rate",
              "false_accept_rate", "tokens_per_full_pass", "layer_passes_per_token",
-             "layer_passes")
+             "layer_passes", "actions_per_level", "rounds", "new_tokens")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +59,8 @@ class Result:
     memory_bytes: int | None = None       # XLA memory analysis of the compiled loop
     stats: dict[str, Any] = dataclasses.field(default_factory=dict)
     identical_to_ar: bool | None = None
+    # per prompt, the first output position where the tokens differ from AR's (None: same)
+    departures_from_ar: list[int | None] = dataclasses.field(default_factory=list)
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
@@ -151,13 +153,27 @@ def compare(runners: list[Runner], rounds: int, progress: Callable[[str], None] 
     for runner in runners:
         tick(f"warm-up {runner.name}")
         result = runner.warmup()
-        result.identical_to_ar = result.token_ids == (results[0] if results else result).token_ids
+        reference = (results[0] if results else result).token_ids
+        result.identical_to_ar = result.token_ids == reference
+        result.departures_from_ar = [first_departure(ours, ar)
+                                     for ours, ar in zip(result.token_ids, reference)]
         results.append(result)
     for _ in range(rounds):
         for runner, result in zip(runners, results):
             tick(runner.name)
             result.seconds.append(runner.timed_round())
     return results
+
+
+def first_departure(tokens: list[int], reference: list[int]) -> int | None:
+    """The first position where `tokens` differs from `reference` (a length difference
+    counts at the shorter length), None when they are equal. Greedy speculative decoding is
+    exact in exact arithmetic; with bfloat16 weights or TF32/bfloat16 matmul passes a
+    near-tie can flip, and everything after that position legitimately differs."""
+    for i, (a, b) in enumerate(zip(tokens, reference)):
+        if a != b:
+            return i
+    return None if len(tokens) == len(reference) else min(len(tokens), len(reference))
 
 
 def device_description() -> str:

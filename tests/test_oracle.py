@@ -1,0 +1,71 @@
+"""`hispec_jax.bench.oracle`: the always-agree variant, the cost model and a small run."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from hispec_jax import Model, ModelConfig
+from hispec_jax.bench import oracle
+from hispec_jax.models.heads import exit_logits
+from hispec_jax.models.kv_cache import KVCache
+from hispec_jax.models.params import init_params, with_layer_layout
+from hispec_jax.models.transformer import embed, run_layers_cached
+
+
+def tiny(layout="unrolled") -> Model:
+    cfg = ModelConfig(model_type="llama", vocab_size=96, hidden_size=32, intermediate_size=48,
+                      num_layers=4, num_heads=4, num_kv_heads=2, head_dim=8)
+    params = init_params(cfg, jax.random.PRNGKey(1), init_std=0.3)
+    return Model(cfg=cfg, params=with_layer_layout(params, layout))
+
+
+@pytest.mark.parametrize("layout", ["scan", "unrolled"])
+def test_always_agree_every_exit_equals_the_final_layer(layout):
+    model = oracle.always_agree(tiny(layout))
+    tokens = jnp.arange(10)[None] * 7 % 96
+    x = embed(model.params, tokens)
+    cache = KVCache.zeros(model.cfg, 1, 16, per_layer=layout == "unrolled")
+    final = None
+    for e in range(4, 0, -1):
+        h, _ = run_layers_cached(model.params, model.cfg, x, jnp.arange(10)[None], cache, 0, e)
+        logits = exit_logits(model.params, {}, model.cfg, h, e)
+        final = logits if final is None else final
+        assert jnp.array_equal(jnp.argmax(logits, -1), jnp.argmax(final, -1)), e
+    # and the original model's exits do not (the variant changed something)
+    assert not jnp.array_equal(tiny(layout).params["embed"], 0)
+
+
+def test_head_cost_and_prediction():
+    model = tiny()
+    layer_bytes = sum(x.nbytes for x in jax.tree.leaves(model.params["layers"])) / 4
+    assert oracle.head_cost_in_layers(model, 4) == pytest.approx(32 * 96 * 4 / layer_bytes)
+    stats = {"new_tokens": 10, "layer_passes": 20, "actions_per_level": [8, 2], "exits": [1, 4]}
+    passes, units = oracle.cost_units(model, stats)
+    assert passes == 2.0
+    assert units == pytest.approx(2.0 + 10 * oracle.head_cost_in_layers(model, 4) / 10)
+
+
+def test_small_run_reports_every_method():
+    model = tiny()
+    specs = oracle.default_specs(model)[:2]  # AR and LayerSkip L/4 n=8 (compile time)
+    report = oracle.run(model, specs, prompts=1, prompt_len=5, max_new_tokens=12,
+                        batch_size=1, rounds=1)
+    rows = {r["name"]: r for r in report["rows"]}
+    assert list(rows) == [s.name for s in specs]
+    assert all(r["identical_to_ar"] for r in rows.values())
+    assert rows["ar"]["predicted_speedup"] == 1.0
+    # every draft is accepted: LayerSkip L/4 n=8 runs far fewer layer passes than AR
+    ls = rows["layerskip d=2 n=8"]
+    assert ls["layer_passes_per_token"] < 0.6 * rows["ar"]["layer_passes_per_token"]
+    assert ls["predicted_speedup"] > 1.6
+    assert report["ar_fraction_of_roofline"] is None  # CPU: bandwidth unknown
+    text = oracle.markdown(report)
+    assert "| layerskip d=2 n=8 |" in text and "roofline" in text
+
+
+def test_bad_methods_are_named():
+    with pytest.raises(ValueError, match="'hispec:1:2' is not layerskip:D:N"):
+        oracle._parse_specs("hispec:1:2", tiny())
+    with pytest.raises(ValueError, match="first method of an oracle run must be AR"):
+        oracle.run(tiny(), oracle.default_specs(tiny())[1:], prompts=1, prompt_len=4,
+                   max_new_tokens=4, batch_size=1, rounds=1)
