@@ -303,7 +303,9 @@ def pretrain(config: ml_collections.ConfigDict, progress: bool = True) -> dict[s
         state = jax.tree.map(jnp.asarray, state)
         log.warning("resuming from %s at step %d", state_path, int(state.step))
     start_step, start_elapsed = int(state.step), float(state.elapsed_s)
-    train_step = make_train_step(cfg, tx, config)
+    # Training takes the backend's fast default matmul passes (TF32 / bfloat16 on GPUs and
+    # TPUs); the exact "highest" precision is what decoding needs (ModelConfig).
+    train_step = make_train_step(cfg.replace(matmul_precision="default"), tx, config)
     dropout_key = jax.random.key(config.seed + 1)
 
     log_path = work_dir / "metrics.jsonl"

@@ -299,7 +299,9 @@ def train(config, model: Model | None = None, log: Callable[[str], None] = print
         weight_decay=config.weight_decay, b1=config.adam_b1, b2=config.adam_b2,
         eps=config.adam_eps, clip_norm=config.grad_clip_norm)
     steps.learning_rate_schedule(opt)  # validates warmup < total
-    settings = steps.StepSettings(cfg=cfg, head_layers=head_layers,
+    # the backend's fast default matmul passes for training ("highest" is for decoding)
+    settings = steps.StepSettings(cfg=cfg.replace(matmul_precision="default"),
+                                  head_layers=head_layers,
                                   temperature=float(config.temperature), top_k=config.target_top_k)
     state = steps.init_state(init_heads(model.params, cfg, head_layers, rank),
                              steps.make_optimizer(opt), config.seed)
