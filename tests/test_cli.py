@@ -83,7 +83,7 @@ def test_bad_exit_layer_is_a_usage_error(capsys, model_dir):
                      "the cat"])
     captured = capsys.readouterr()
     assert code == 2
-    assert "exit_layer" in captured.err
+    assert "--exit-layer 99: must be in [1, 4]" in captured.err  # the flag, the value, the range
     assert captured.out == ""
 
 
@@ -111,7 +111,7 @@ def test_installed_console_script(model_dir, api_result):
         [str(script), "generate", "--model", model_dir, "--method", "exit", "--exit-layer", "0",
          "the cat"], capture_output=True, text=True, env=env, timeout=300)
     assert bad.returncode == 2
-    assert "exit_layer" in bad.stderr
+    assert "--exit-layer 0: must be in [1, 4]" in bad.stderr
 
 
 # ----- GGUF: generate --model x.gguf, --chat, convert, pull ---------------------------------
