@@ -3,27 +3,58 @@
     model = hispec_jax.load_model("path/to/hf_dir")
     result = hispec_jax.generate(model, ["Hello"], method="hispec", max_new_tokens=64)
     result.texts, result.token_ids, result.stats
+
+The names below are imported on first use (PEP 562), so `import hispec_jax` (and the
+`hispec` command's argument checks) does not pay for importing JAX.
 """
 
+import importlib as _importlib
+import logging as _logging
 import os as _os
-
-from hispec_jax.decoding.generate import GenerationResult, generate
-from hispec_jax.decoding.sampling import SamplingParams
-from hispec_jax.models.config import ModelConfig
-from hispec_jax.models.model import Model, load_model, save_model
+from typing import TYPE_CHECKING
 
 # The shipped early-exit model (docs/default_model.md): what `hispec generate` uses
 # without --model. Rebuild it with `hispec pretrain --config configs/pretrain_gpu.py`, then
 # `hispec pretrain --config configs/finetune_default.py`.
 DEFAULT_MODEL_DIR: str = _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "default_model")
 
-__all__ = [
-    "DEFAULT_MODEL_DIR",
-    "GenerationResult",
-    "Model",
-    "ModelConfig",
-    "SamplingParams",
-    "generate",
-    "load_model",
-    "save_model",
-]
+_LAZY = {
+    "GenerationResult": "hispec_jax.decoding.generate",
+    "generate": "hispec_jax.decoding.generate",
+    "SamplingParams": "hispec_jax.decoding.sampling",
+    "ModelConfig": "hispec_jax.models.config",
+    "Model": "hispec_jax.models.model",
+    "load_model": "hispec_jax.models.model",
+    "save_model": "hispec_jax.models.model",
+}
+
+__all__ = ["DEFAULT_MODEL_DIR", *sorted(_LAZY)]
+
+if TYPE_CHECKING:
+    from hispec_jax.decoding.generate import GenerationResult, generate
+    from hispec_jax.decoding.sampling import SamplingParams
+    from hispec_jax.models.config import ModelConfig
+    from hispec_jax.models.model import Model, load_model, save_model
+
+
+def __getattr__(name):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'hispec_jax' has no attribute {name!r}")
+    value = getattr(_importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
+
+class _NoTorchAdvice(_logging.Filter):
+    """transformers warns "PyTorch was not found" when it is imported without torch; hispec-jax
+    only uses its tokenizers, which need no torch, so that warning reads like a broken install."""
+
+    def filter(self, record):
+        return "PyTorch was not found" not in str(record.msg)
+
+
+_logging.getLogger("transformers").addFilter(_NoTorchAdvice())

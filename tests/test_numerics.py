@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+import jax
 import jax.numpy as jnp
 
 from hispec_jax import load_model
@@ -25,11 +26,17 @@ def hf_exit_logits(hf_model, tokens):
     return per_exit + [out.logits.numpy()]
 
 
+# Jitted as the decoding engine runs it (one compilation per layer range and block shape);
+# run eagerly, a scanned layer range re-traced its scan at every call (~90 s per test).
+_run_layers_cached = jax.jit(run_layers_cached, static_argnames=("cfg", "start", "stop"))
+
+
 def our_exit_logits_by_layer(model, x, positions, cache):
     """Runs one layer at a time so every exit's logits come from one cached pass."""
     per_exit = []
     for e in range(1, model.cfg.num_layers + 1):
-        x, cache = run_layers_cached(model.params, model.cfg, x, positions, cache, e - 1, e)
+        x, cache = _run_layers_cached(model.params, model.cfg, x, positions, cache,
+                                      start=e - 1, stop=e)
         per_exit.append(np.asarray(exit_logits(model.params, {}, model.cfg, x, e)))
     return per_exit, cache
 

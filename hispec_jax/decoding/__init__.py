@@ -1,6 +1,25 @@
-"""Decoding: methods (`make_method`), the one engine that runs them (`Engine`), `generate`."""
+"""Decoding: methods (`make_method`), the one engine that runs them (`Engine`), `generate`.
 
-from hispec_jax.decoding.engine import Engine, Hierarchy, Shapes
-from hispec_jax.decoding.methods import Decoder, make_method
+Names are imported on first use, so `hispec_jax.decoding.options` (argument checks without
+JAX) can be imported alone.
+"""
 
-__all__ = ["Decoder", "Engine", "Hierarchy", "Shapes", "make_method"]
+import importlib as _importlib
+
+_LAZY = {
+    "Engine": "hispec_jax.decoding.engine",
+    "Hierarchy": "hispec_jax.decoding.engine",
+    "Shapes": "hispec_jax.decoding.engine",
+    "Decoder": "hispec_jax.decoding.methods",
+    "make_method": "hispec_jax.decoding.methods",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'hispec_jax.decoding' has no attribute {name!r}")
+    value = getattr(_importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value

@@ -10,6 +10,7 @@ ids, texts and stats.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from typing import Any, Sequence
 
@@ -36,7 +37,8 @@ class GenerationResult:
       token_ids: new token ids per prompt (EOS included when emitted, nothing after it).
       texts: decoded new tokens per prompt (None without a tokenizer).
       prompt_token_ids: the tokenized prompts.
-      stats: tokens_per_second (new tokens / wall time of the compiled runs, compilation
+      stats: model (its directory or file name), model_path, num_layers, method,
+        tokens_per_second (new tokens / wall time of the compiled runs, compilation
         excluded), compile_seconds, compile_count, decode_seconds, new_tokens, and the
         method's own counters.
     """
@@ -195,6 +197,9 @@ def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int =
     new_tokens = sum(len(t) for t in token_ids)
     stats = {
         "method": method if isinstance(method, str) else "custom",
+        "model": model_name(model),
+        "model_path": model.path,
+        "num_layers": model.cfg.num_layers,
         "new_tokens": new_tokens,
         "tokens_per_second": new_tokens / run_seconds if run_seconds > 0 else 0.0,
         "decode_seconds": run_seconds,
@@ -211,6 +216,13 @@ def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int =
         texts = [model.tokenizer.decode(t, skip_special_tokens=True) for t in token_ids]
     return GenerationResult(token_ids=token_ids, texts=texts, prompt_token_ids=prompt_ids,
                             stats=stats)
+
+
+def model_name(model: Model) -> str:
+    """A short name for summaries: the model's directory or file name."""
+    if model.path is None:
+        return f"in-memory {model.cfg.model_type} model"
+    return os.path.basename(os.path.normpath(model.path))
 
 
 def make_request(batch: list[list[int]], batch_size: int, first_index: int, capacity: int,

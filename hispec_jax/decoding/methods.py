@@ -16,6 +16,7 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
+from hispec_jax.decoding import options as options_lib
 from hispec_jax.decoding.acceptance import RULES, GreedyAcceptance
 from hispec_jax.decoding.engine import Counters, Hierarchy
 from hispec_jax.decoding.windows import (DRAFT_LEN_RANGE, VERIFY_WINDOW_RANGE, AdaptiveWindows,
@@ -88,7 +89,7 @@ def summarize_counters(h: Hierarchy, counters: list[Counters],
     return stats
 
 
-METHODS = ("ar", "exit", "layerskip", "hispec")
+METHODS = options_lib.METHODS
 
 
 def available_exits(model: Model) -> tuple[int, ...]:
@@ -133,31 +134,21 @@ def make_method(model: Model, method: str, *, exit_layer: int | None = None,
     """
     cfg = model.cfg
     L = cfg.num_layers
-    spec_opts = {"draft_exit": draft_exit, "verify_exits": verify_exits, "draft_len": draft_len,
-                 "verify_window": verify_window, "adaptive": adaptive or None,
-                 "acceptance": acceptance}
-    given = sorted(k for k, v in spec_opts.items() if v is not None)
-    if method in ("ar", "exit"):
-        if given:
-            raise ValueError(f"method {method!r} does not take {', '.join(given)}")
-        if method == "ar":
-            if exit_layer is not None:
-                raise ValueError("method 'ar' does not take exit_layer (use method='exit')")
-            return Decoder(Hierarchy(exits=(L,)))
-        if exit_layer is None:
-            raise ValueError("method 'exit' needs exit_layer")
+    # What needs no weights (names, which method takes what, ranges) is checked by the rules
+    # the command line also applies before importing JAX (`options.py`); here: exit heads
+    # and defaults.
+    options_lib.check_method_options(
+        method, num_layers=L, exit_layer=exit_layer, draft_exit=draft_exit,
+        verify_exits=verify_exits, draft_len=draft_len, verify_window=verify_window,
+        adaptive=adaptive, acceptance=acceptance)
+    if method == "ar":
+        return Decoder(Hierarchy(exits=(L,)))
+    if method == "exit":
         return Decoder(Hierarchy(exits=(_check_exit(model, "exit_layer", exit_layer),)))
-    if method not in METHODS:
-        raise ValueError(f"method={method!r} is not one of {METHODS}")
-    if exit_layer is not None:
-        raise ValueError(f"method {method!r} does not take exit_layer (use draft_exit)")
     default_draft, default_verify = default_exits(model)
     draft = _check_exit(model, "draft_exit", default_draft if draft_exit is None else draft_exit,
                         below_top=True)
     if method == "layerskip":
-        if verify_exits is not None or verify_window is not None:
-            raise ValueError("method 'layerskip' has no intermediate verifier: "
-                             "verify_exits / verify_window are not allowed")
         mids: tuple[int, ...] = ()
     else:
         if verify_exits is None:
@@ -185,8 +176,6 @@ def make_method(model: Model, method: str, *, exit_layer: int | None = None,
     if adaptive:
         max_windows = (max(nd, DRAFT_LEN_RANGE[1]),) + tuple(
             max(w, VERIFY_WINDOW_RANGE[1]) for w in windows[1:])
-    if acceptance is not None and acceptance not in RULES:
-        raise ValueError(f"acceptance={acceptance!r} is not one of {sorted(RULES)}")
     if greedy:  # every rule reduces to the greedy one for one-hot distributions
         rule, schedule = GreedyAcceptance(), "sync"
     else:

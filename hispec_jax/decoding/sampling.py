@@ -17,6 +17,8 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from hispec_jax.decoding import options
+
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
@@ -37,14 +39,7 @@ class SamplingParams:
     seed: int = 0
 
     def __post_init__(self):
-        if not (isinstance(self.temperature, (int, float)) and self.temperature >= 0):
-            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
-        if not (isinstance(self.top_k, int) and not isinstance(self.top_k, bool) and self.top_k >= 0):
-            raise ValueError(f"top_k must be an integer >= 0, got {self.top_k!r}")
-        if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if not isinstance(self.seed, int):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        options.check_sampling(self.temperature, self.top_k, self.top_p, self.seed)
 
     @property
     def greedy(self) -> bool:

@@ -1,0 +1,149 @@
+"""Decoding settings that can be checked without a model's weights and without JAX.
+
+`generate` (through `methods.make_method` and `SamplingParams`) and the `hispec` command line
+use the same rules, so the command line rejects a bad setting in milliseconds, before JAX
+is imported or weights are read. Rules that need the model (which exits have trained
+heads, the default exits) stay in `methods.py`.
+
+Every error is an `OptionError`: a `ValueError` that also carries the setting's `name`, the
+`value` given and `allowed` (what would be accepted), so the command line can name its flag.
+This module imports nothing but the standard library.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+METHODS = ("ar", "exit", "layerskip", "hispec")
+SPECULATIVE_METHODS = ("layerskip", "hispec")
+SPECULATIVE_OPTIONS = ("draft_exit", "verify_exits", "draft_len", "verify_window", "adaptive",
+                       "acceptance")
+ACCEPTANCE_RULES = ("blockwise", "tokenwise")
+
+
+class OptionError(ValueError):
+    """A bad decoding setting: `name` (the keyword argument), `value`, `allowed` (text)."""
+
+    def __init__(self, name: str, value, allowed: str, message: str | None = None):
+        self.name, self.value, self.allowed = name, value, allowed
+        super().__init__(message or f"{name}={value!r}: {allowed}")
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _is_real(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def check_positive_int(name: str, value) -> int:
+    """An integer >= 1 (max_new_tokens, batch_size, draft_len, verify_window)."""
+    if not _is_int(value) or value < 1:
+        raise OptionError(name, value, "must be an integer >= 1",
+                          f"{name} must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
+def check_sampling(temperature, top_k, top_p, seed) -> None:
+    """temperature >= 0 (0: greedy), top_k >= 0 (0: off), top_p in (0, 1], integer seed."""
+    if not (_is_real(temperature) and math.isfinite(temperature) and temperature >= 0):
+        raise OptionError("temperature", temperature, "must be a finite number >= 0 (0: greedy)",
+                          f"temperature must be >= 0, got {temperature!r}")
+    if not (_is_int(top_k) and top_k >= 0):
+        raise OptionError("top_k", top_k, "must be an integer >= 0 (0: no limit)",
+                          f"top_k must be an integer >= 0, got {top_k!r}")
+    if not (_is_real(top_p) and 0 < top_p <= 1):
+        raise OptionError("top_p", top_p, "must be in (0, 1] (1: no limit)",
+                          f"top_p must be in (0, 1], got {top_p!r}")
+    if not _is_int(seed):
+        raise OptionError("seed", seed, "must be an integer", f"seed must be an integer, got {seed!r}")
+
+
+def _check_layer(name: str, value, num_layers: int | None, below_top: bool) -> None:
+    if not _is_int(value):
+        raise OptionError(name, value, "must be an integer layer",
+                          f"{name} must be an integer layer, got {value!r}")
+    if num_layers is None:
+        if value < 1:
+            raise OptionError(name, value, "must be a layer >= 1",
+                              f"{name}={value} is outside [1, L] (layers count from 1)")
+        return
+    top = num_layers - 1 if below_top else num_layers
+    note = (f"the model has {num_layers} layers"
+            + ("; the final layer is always the top verifier" if below_top else ""))
+    if not 1 <= value <= top:
+        raise OptionError(name, value, f"must be in [1, {top}] ({note})",
+                          f"{name}={value} is outside [1, {top}] ({note})")
+
+
+def check_method_options(method, *, num_layers: int | None = None, exit_layer=None,
+                         draft_exit=None, verify_exits=None, draft_len=None, verify_window=None,
+                         adaptive=False, acceptance=None) -> None:
+    """Raises `OptionError` if `method` or its options are invalid.
+
+    Checks what needs no weights: the method name, which options the method takes, integer
+    ranges (layers in [1, num_layers] when `num_layers` is given), strictly increasing
+    explicit exits and the acceptance rule. `None` / False mean "not given".
+    """
+    if method not in METHODS:
+        raise OptionError("method", method, f"must be one of {', '.join(METHODS)}",
+                          f"method={method!r} is not one of {METHODS}")
+    given = {"draft_exit": draft_exit, "verify_exits": verify_exits, "draft_len": draft_len,
+             "verify_window": verify_window, "adaptive": adaptive or None,
+             "acceptance": acceptance}
+    given = {k: v for k, v in given.items() if v is not None}
+    if method in ("ar", "exit"):
+        if given:
+            name = sorted(given)[0]
+            raise OptionError(name, given[name],
+                              f"method {method!r} does not take it (only "
+                              f"{' and '.join(SPECULATIVE_METHODS)} do)",
+                              f"method {method!r} does not take {', '.join(sorted(given))}")
+        if method == "ar" and exit_layer is not None:
+            raise OptionError("exit_layer", exit_layer,
+                              "method 'ar' does not take it (use method 'exit')",
+                              "method 'ar' does not take exit_layer (use method='exit')")
+        if method == "exit":
+            if exit_layer is None:
+                raise OptionError("exit_layer", None, "method 'exit' needs it",
+                                  "method 'exit' needs exit_layer")
+            _check_layer("exit_layer", exit_layer, num_layers, below_top=False)
+        return
+    if exit_layer is not None:
+        raise OptionError("exit_layer", exit_layer,
+                          f"method {method!r} does not take it (use draft_exit)",
+                          f"method {method!r} does not take exit_layer (use draft_exit)")
+    if method == "layerskip":
+        for name in ("verify_exits", "verify_window"):
+            if name in given:
+                raise OptionError(name, given[name],
+                                  "method 'layerskip' has no intermediate verifier "
+                                  "(use method 'hispec')",
+                                  "method 'layerskip' has no intermediate verifier: "
+                                  "verify_exits / verify_window are not allowed")
+    if draft_exit is not None:
+        _check_layer("draft_exit", draft_exit, num_layers, below_top=True)
+    if verify_exits is not None:
+        exits = (verify_exits,) if _is_int(verify_exits) else tuple(verify_exits)
+        if not exits:
+            raise OptionError("verify_exits", verify_exits, "must name at least one exit",
+                              "verify_exits must name at least one intermediate exit")
+        for e in exits:
+            _check_layer("verify_exits", e, num_layers, below_top=True)
+        chain = ((draft_exit,) if draft_exit is not None else ()) + exits
+        if any(a >= b for a, b in zip(chain, chain[1:])):
+            raise OptionError(
+                "verify_exits", verify_exits,
+                "must be strictly increasing and above the draft exit"
+                + (f" ({draft_exit})" if draft_exit is not None else ""),
+                f"exits must be strictly increasing: draft_exit={draft_exit}, "
+                f"verify_exits={list(exits)}")
+    if draft_len is not None:
+        check_positive_int("draft_len", draft_len)
+    if verify_window is not None:
+        check_positive_int("verify_window", verify_window)
+    if acceptance is not None and acceptance not in ACCEPTANCE_RULES:
+        raise OptionError("acceptance", acceptance, f"must be one of {', '.join(ACCEPTANCE_RULES)}",
+                          f"acceptance={acceptance!r} is not one of {list(ACCEPTANCE_RULES)}")

@@ -1,0 +1,79 @@
+"""The README's examples run as written: its Python blocks (in order, in one interpreter, from
+the repository root), its fresh-machine command (a) minus the install, and its test command
+(b) is exactly the one .ci/run runs."""
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+README = (REPO / "README.md").read_text()
+
+
+def fresh_machine_commands() -> tuple[str, str]:
+    """Commands (a) and (b) of the README's "On a fresh machine" bash block."""
+    section = README[README.index("## On a fresh machine"):]
+    block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
+    commands = [c.strip() for c in re.split(r"^# \([ab]\)[^\n]*\n", block, flags=re.M) if c.strip()]
+    assert len(commands) == 2, commands
+    return commands[0], commands[1]
+
+
+def test_exactly_two_commands_and_ci_runs_command_b():
+    a, b = fresh_machine_commands()
+    assert a.startswith("pip install -e . && hispec generate")
+    assert b.startswith("pip install -e '.[test]' && python -m pytest")
+    ci = (REPO / ".ci" / "run").read_text().splitlines()
+    assert ci[-1] == b, "the last line of .ci/run must be the README's test command (b)"
+
+
+def test_command_a_generates_with_the_default_model():
+    a, _ = fresh_machine_commands()
+    generate = a.removeprefix("pip install -e . && ")
+    argv = shlex.split(generate)
+    assert argv[0] == "hispec"
+    script = Path(sys.executable).parent / "hispec"
+    proc = subprocess.run([str(script), *argv[1:]], capture_output=True, text=True, timeout=600,
+                          cwd=REPO, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(argv[-1])  # the prompt, then its continuation
+    assert len(proc.stdout) > len(argv[-1]) + 20
+    assert re.search(r"^\[hispec\] default_model \(24 layers, exits [\d,]+\): 48 tokens, ",
+                     proc.stderr, re.M), proc.stderr
+    assert "PyTorch was not found" not in proc.stderr
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    """A tiny chat GGUF file standing in for `hispec pull smollm2-135m-instruct`."""
+    import torch
+    import transformers
+
+    import gguf_files
+
+    vocab = gguf_files.byte_level_vocab()
+    torch.manual_seed(0)
+    hf_model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=len(vocab[0]), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        initializer_range=0.3, tie_word_embeddings=True)).eval()
+    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
+    gguf_files.write_gguf(path, hf_model, gguf_files.Q.Q4_1, vocab=vocab)
+    return path
+
+
+def test_python_examples_run_as_written(tiny_gguf, tmp_path):
+    blocks = re.findall(r"```python\n(.*?)```", README, re.S)
+    assert len(blocks) >= 5
+    script = tmp_path / "readme_examples.py"
+    script.write_text("\n\n".join(f"# ---- README python block {i + 1}\n{b}"
+                                  for i, b in enumerate(blocks)))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=900, cwd=REPO,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu", "M": str(tiny_gguf)})
+    assert proc.returncode == 0, proc.stderr[-4000:]
