@@ -16,6 +16,9 @@
                  [--max-new-tokens N] [--batch-size B] [--draft-exits ...] [--draft-lens ...]
                  [--grid-exits ...|none] [--tuned LD,LI,ND,NI] [--batch-sizes 1,4,16|none]
                  [--no-transformers] [--no-agreement] [--quick] [--out-dir DIR]
+    hispec bench-oracle [--model PATH | --shapes PRESET] [--methods ...] [--out FILE]
+                        (the always-agree variant: measured speedup vs the layer-pass
+                        prediction, AR's share of the HBM roofline; `--help` for all flags)
 """
 
 from __future__ import annotations
@@ -165,6 +168,10 @@ def build_parser() -> argparse.ArgumentParser:
     heads.add_argument("--config", default="train_heads_default",
                        help="a configs/train_heads_*.py file or name (default: train_heads_default)")
 
+    sub.add_parser(
+        "bench-oracle", add_help=False,
+        help="the engine against its layer-pass prediction on the always-agree variant of a "
+             "model (see `hispec bench-oracle --help`)")
     bench = add_parser(
         "bench", help="benchmark AR, LayerSkip, HiSpec and transformers side by side",
         description="Greedy decoding of ShareGPT evaluation and HumanEval prompts with AR, a "
@@ -430,6 +437,10 @@ def cmd_bench(args) -> int:
 def main(argv=None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
+    if args.command == "bench-oracle":  # its own parser (hispec_jax/bench/oracle.py)
+        from hispec_jax.bench import oracle
+
+        return oracle.main(extra)
     if extra and args.command not in ("init-model", "pretrain", "train-heads"):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:

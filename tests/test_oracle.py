@@ -69,3 +69,12 @@ def test_bad_methods_are_named():
     with pytest.raises(ValueError, match="first method of an oracle run must be AR"):
         oracle.run(tiny(), oracle.default_specs(tiny())[1:], prompts=1, prompt_len=4,
                    max_new_tokens=4, batch_size=1, rounds=1)
+
+
+def test_cli_names_a_bad_method(capsys):
+    from hispec_jax.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench-oracle", "--shapes", "tiny", "--methods", "hispec:1:2"])
+    assert exit_info.value.code == 2
+    assert "'hispec:1:2' is not layerskip:D:N" in capsys.readouterr().err

@@ -14,9 +14,9 @@ time comes to the work it does.
                     context) x tokens/s / the device's memory bandwidth (accelerators whose
                     bandwidth is known)
 
-    python -m hispec_jax.bench.oracle --shapes tiny                 # a preset, random weights
-    python -m hispec_jax.bench.oracle --model hispec_jax/default_model
-    python -m hispec_jax.bench.oracle --shapes llama3-8b --dtype bfloat16   # on a GPU
+    hispec bench-oracle --shapes tiny                     # a preset, random weights
+    hispec bench-oracle --model hispec_jax/default_model
+    hispec bench-oracle --shapes llama3-8b --dtype bfloat16   # on a GPU
 
 Prompts are random token ids (the oracle needs no tokenizer); greedy; EOS ignored; the
 methods are timed in interleaved rounds (`suite.compare`) and checked token-identical to AR.
@@ -219,7 +219,8 @@ def _parse_specs(text: str, model: Model) -> list[MethodSpec]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="hispec bench-oracle", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="hispec bench-oracle", description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     source = ap.add_mutually_exclusive_group()
     source.add_argument("--model", help="a HF directory or .gguf file (its always-agree variant)")
     source.add_argument("--shapes", help="a model preset with random weights: tiny, llama3-8b, "

@@ -653,14 +653,21 @@ class Engine:
         global compilations
         if self in _COMPILED:
             _COMPILED.move_to_end(self)
-            return _COMPILED[self], 0.0
+            return _COMPILED[self][0], 0.0
         t0 = time.perf_counter()
         executable = self.lower().compile()
+        seconds = time.perf_counter() - t0
         compilations += 1
-        _COMPILED[self] = executable
+        _COMPILED[self] = (executable, seconds)
         while len(_COMPILED) > MAX_COMPILED:
             _COMPILED.popitem(last=False)
-        return executable, time.perf_counter() - t0
+        return executable, seconds
+
+    def compile_seconds(self) -> float | None:
+        """Seconds this process spent compiling this engine's loop (None: not compiled, or
+        dropped from the cache)."""
+        entry = _COMPILED.get(self)
+        return None if entry is None else entry[1]
 
     def compiled_covering(self) -> "Engine":
         """An already compiled engine equal to this one except for larger window bounds
@@ -672,8 +679,9 @@ class Engine:
         return self
 
 
-# Engine -> compiled executable, for this process (least recently used dropped first).
-_COMPILED: collections.OrderedDict[Engine, Any] = collections.OrderedDict()
+# Engine -> (compiled executable, seconds it took), for this process (least recently used
+# dropped first).
+_COMPILED: collections.OrderedDict[Engine, tuple[Any, float]] = collections.OrderedDict()
 MAX_COMPILED = 32
 compilations = 0  # loops compiled by this process (tests check that bad input compiles none)
 
