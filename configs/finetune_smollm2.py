@@ -12,9 +12,14 @@ training split in the project's `User: ... / Assistant: ...` format, with KL dis
 from the final layer to a few exits (the term that moved agreement in
 docs/early_exit_recipes.md). Only the supervised exits' logits are computed: with
 V = 49,152 the LM head costs 8 layers, so scoring all 29 exits would cost more than the
-model. The budget is wall clock (45 minutes on one core of the shared CPU machine); the
-results are in docs/smollm2_early_exit.md. A GPU run: raise `time_budget_s` (or set it to 0
-and `num_steps`), `data.batch_size` and `data.seq_len` (commands in the doc).
+model. The budget is wall clock (45 minutes on one core of the shared CPU machine).
+
+Result of this recipe as written (docs/smollm2_early_exit.md, section 4): 98 steps
+(25k tokens) raised the supervised exits' agreement with the final layer (8: 3.9 -> 11.0 %,
+15: 9.5 -> 18.5 %, 22: 22.7 -> 38.3 %, 26: 42.9 -> 51.6 %) but the final layer's held-out
+perplexity went from 7.7 to 78: peak_lr and exit_loss_scale are too aggressive for a short
+run. The doc lists what the next run should change and the GPU command (overrides of this
+file).
 """
 
 import ml_collections
