@@ -210,6 +210,31 @@ def test_distillation_does_not_train_the_teacher():
     np.testing.assert_allclose(er.combine_losses(terms, w, 0.3), expected, rtol=1e-6)
 
 
+
+def test_scored_exits_compute_only_those_exits():
+    """`scored_exits` skips the other exits' logits: the scored terms, the final CE and the
+    gradient of a loss that weighs only the scored exits are those of the full computation."""
+    params = init_params(TINY, jax.random.key(6), init_std=0.3)
+    batch = jax.random.randint(jax.random.key(7), (2, 11), 0, TINY.vocab_size)
+    full = er.exit_losses(params, TINY, batch, 2, 2.0)
+    some = er.exit_losses(params, TINY, batch, 2, 2.0, scored_exits=(1, 3))
+    for key in ("ce", "kl", "agreement"):
+        a, b = np.asarray(some[key]), np.asarray(full[key])
+        np.testing.assert_allclose(a[[0, 2, 4]], b[[0, 2, 4]], rtol=1e-6)
+        assert np.all(a[[1, 3]] == 0), key
+    weights = jnp.asarray([0.7, 0.0, 1.3, 0.0, 1.0])
+
+    def loss(p, scored):
+        return er.combine_losses(er.exit_losses(p, TINY, batch, 2, 2.0, scored_exits=scored),
+                                 weights, 0.5)
+
+    for g_full, g_some in zip(jax.tree.leaves(jax.grad(loss)(params, None)),
+                              jax.tree.leaves(jax.grad(loss)(params, (1, 3)))):
+        np.testing.assert_allclose(g_some, g_full, rtol=1e-4, atol=1e-6)
+    none = er.exit_losses(params, TINY, batch, 2, 2.0, scored_exits=())
+    np.testing.assert_allclose(none["ce"][-1], full["ce"][-1], rtol=1e-6)
+    assert np.all(np.asarray(none["kl"]) == 0)
+
 # ----- reply masks ---------------------------------------------------------------------
 
 def test_reply_token_masks_mark_the_assistant_replies(tmp_path):
@@ -271,7 +296,8 @@ def test_recipe_keys_are_in_every_pretrain_config():
     keys = {"exit_loss_scale", "exit_weights", "exit_layers", "distill_weight",
             "distill_temperature", "curriculum", "curriculum_rotation", "layer_dropout_max",
             "exit_stride", "init_from"}
-    for name in ("pretrain_default.py", "pretrain_gpu.py", "finetune_default.py"):
+    for name in ("pretrain_default.py", "pretrain_gpu.py", "finetune_default.py",
+                 "finetune_smollm2.py"):
         config = pt.load_pretrain_config(PRESETS_DIR / name)
         assert keys <= set(config.keys()), name
         assert "token_cache_dir" in config.data

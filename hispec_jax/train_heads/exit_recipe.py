@@ -205,14 +205,19 @@ def exit_positions(num_layers: int, num_positions: int, exit_stride: int) -> np.
 
 
 def exit_losses(params: Params, cfg: ModelConfig, batch_BxT1: jax.Array, exit_stride: int = 1,
-                distill_temperature: float = 1.0, keep_LxB: jax.Array | None = None
-                ) -> dict[str, jax.Array]:
+                distill_temperature: float = 1.0, keep_LxB: jax.Array | None = None,
+                scored_exits: tuple[int, ...] | None = None) -> dict[str, jax.Array]:
     """Per-exit loss terms [L] of one batch (float32), each a mean over scored tokens.
 
     Returns {"ce": next-token cross entropy (exit L over every position, exit e < L over
     its `exit_positions`), "kl": T² · KL(final ‖ exit) at temperature
     `distill_temperature` against the final layer's (gradient-stopped) distribution at the
     same positions (0 for exit L), "agreement": top-1 agreement with the final layer}.
+
+    `scored_exits` (1-based early exits, static; None: all of 1..L-1) are the exits whose
+    logits are computed at all; the others' terms are 0. On a large-vocabulary model the
+    LM head at every exit costs more than the layers, so a run supervising a few exits
+    (`exit_layers`) scores only those (S = len(scored_exits) below).
     """
     inputs, targets_BxT = batch_BxT1[:, :-1], batch_BxT1[:, 1:]
     L, T = cfg.num_layers, inputs.shape[1]
@@ -223,19 +228,27 @@ def exit_losses(params: Params, cfg: ModelConfig, batch_BxT1: jax.Array, exit_st
     final_BxTxV = shared_head_logits(params, cfg, h_BxTxD)
     ce_final = jnp.mean(_ce(final_BxTxV, targets_BxT))
 
-    logits_LxBxNxV = shared_head_logits(params, cfg, h_LxBxNxD)
-    targets_LxBxN = jnp.take(targets_BxT, pos_LxN, axis=1).transpose(1, 0, 2)
-    ce_L = jnp.mean(_ce(logits_LxBxNxV, targets_LxBxN), axis=(1, 2))
+    rows_S = np.asarray(range(L - 1) if scored_exits is None
+                        else [e - 1 for e in scored_exits], np.int32)
+    zeros_L = jnp.zeros((L,), jnp.float32)
+    if rows_S.size == 0:
+        return {"ce": zeros_L.at[-1].set(ce_final), "kl": zeros_L,
+                "agreement": zeros_L.at[-1].set(1.0)}
+    pos_SxN = pos_LxN[rows_S]
+    logits_SxBxNxV = shared_head_logits(params, cfg, h_LxBxNxD[rows_S])
+    targets_SxBxN = jnp.take(targets_BxT, pos_SxN, axis=1).transpose(1, 0, 2)
+    ce_S = jnp.mean(_ce(logits_SxBxNxV, targets_SxBxN), axis=(1, 2))
 
-    teacher_LxBxNxV = jax.lax.stop_gradient(
-        jnp.take(final_BxTxV, pos_LxN, axis=1).transpose(1, 0, 2, 3))
+    teacher_SxBxNxV = jax.lax.stop_gradient(
+        jnp.take(final_BxTxV, pos_SxN, axis=1).transpose(1, 0, 2, 3))
     t = distill_temperature
-    teacher = Targets(log_probs=jax.nn.log_softmax(teacher_LxBxNxV / t, axis=-1))
-    kl_L = t**2 * jnp.mean(kl_per_token(teacher, logits_LxBxNxV, t), axis=(1, 2))
-    agree_L = jnp.mean(jnp.argmax(logits_LxBxNxV, -1) == jnp.argmax(teacher_LxBxNxV, -1),
+    teacher = Targets(log_probs=jax.nn.log_softmax(teacher_SxBxNxV / t, axis=-1))
+    kl_S = t**2 * jnp.mean(kl_per_token(teacher, logits_SxBxNxV, t), axis=(1, 2))
+    agree_S = jnp.mean(jnp.argmax(logits_SxBxNxV, -1) == jnp.argmax(teacher_SxBxNxV, -1),
                        axis=(1, 2))
-    return {"ce": ce_L.at[-1].set(ce_final), "kl": kl_L.at[-1].set(0.0),
-            "agreement": agree_L.at[-1].set(1.0)}
+    return {"ce": zeros_L.at[rows_S].set(ce_S).at[-1].set(ce_final),
+            "kl": zeros_L.at[rows_S].set(kl_S),
+            "agreement": zeros_L.at[rows_S].set(agree_S).at[-1].set(1.0)}
 
 
 def combine_losses(terms: dict[str, jax.Array], weights_L: jax.Array,

@@ -115,11 +115,13 @@ def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation,
     rates_L = jnp.asarray(exit_recipe.layer_dropout_rates(cfg.num_layers,
                                                           config.layer_dropout_max))
     use_dropout = config.layer_dropout_max > 0
+    # Only the supervised exits' logits are computed (the others weigh 0 at every step).
+    scored = exit_recipe.parse_exit_layers(config.exit_layers, cfg.num_layers)
 
     def loss_fn(params, batch, weights_L, key):
         keep = exit_recipe.layer_keep_mask(key, rates_L, batch.shape[0]) if use_dropout else None
         terms = exit_recipe.exit_losses(params, cfg, batch, config.exit_stride,
-                                        config.distill_temperature, keep)
+                                        config.distill_temperature, keep, scored)
         return exit_recipe.combine_losses(terms, weights_L, config.distill_weight), terms
 
     @functools.partial(jax.jit, donate_argnums=(0,))
