@@ -51,7 +51,7 @@ def auto_decoder(model: Model, batch_size: int, greedy: bool = True, plan_file=N
     return plan.decoder(model, greedy=greedy), plan
 
 
-def verify(model: Model, plans: list, batch_size: int, prompts: list[list[int]],
+def measure_plans(model: Model, plans: list, batch_size: int, prompts: list[list[int]],
            new_tokens: int, costs: latency.Costs, repeats: int = 3,
            max_cache_len: int | None = None) -> list[dict[str, Any]]:
     """Measured tokens/s of each plan (generate's own figure, median of `repeats` after a
@@ -113,7 +113,7 @@ def tune_and_verify(model: Model, batch_size: int = 1, *, quick: bool = False,
         if progress:
             progress(f"verify: {len(report['plans'])} plans on {verify_prompts} held-out prompts")
         prompts = holdout_prompts(model, verify_prompts)
-        report["verify"] = verify(model, report["plans"], batch_size, prompts, verify_tokens,
+        report["verify"] = measure_plans(model, report["plans"], batch_size, prompts, verify_tokens,
                                   report["calibration"].costs)
         if plot:
             report["plot"] = predicted_vs_measured_plot(report["verify"], plot)
