@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import statistics
 import time
 from typing import Any
 
@@ -57,7 +56,7 @@ class Settings:
     max_prompt_tokens: int = 64
     new_tokens: int = 64
     block_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
-    repeats: int = 5
+    repeats: int = 7
     capacity: int = 256
     temperature: float = 0.0
 
@@ -171,13 +170,29 @@ def measure_alpha(model: Model, sequences: list[list[int]], starts: list[int],
 
 
 # ------------------------------------------------------------------------- stage costs
-def _timed(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def _timed(fn, calls: int) -> float:
+    """Seconds per call of `calls` back-to-back calls."""
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        out = fn()
+    jax.block_until_ready(out)
+    return (time.perf_counter() - t0) / calls
+
+
+def monotone(values) -> list[float]:
+    """The non-decreasing least-squares fit of `values` (pool adjacent violators): a pass
+    over a longer block never costs less, so a sample that contention slowed is averaged
+    with its neighbours instead of bending the curve."""
+    blocks = [[float(v), 1] for v in values]
+    i = 0
+    while i < len(blocks) - 1:
+        if blocks[i][0] > blocks[i + 1][0]:
+            (a, n), (b, m) = blocks[i], blocks[i + 1]
+            blocks[i:i + 2] = [[(a * n + b * m) / (n + m), n + m]]
+            i = max(i - 1, 0)
+        else:
+            i += 1
+    return [v for v, n in blocks for _ in range(n)]
 
 
 def measure_stage_costs(model: Model, batch: int, capacity: int, block_sizes, repeats: int,
@@ -218,15 +233,16 @@ def measure_stage_costs(model: Model, batch: int, capacity: int, block_sizes, re
         samples = {key: [] for key in progs}
         for _ in range(repeats):  # interleaved: machine noise hits all three alike
             for key in progs:
-                samples[key].append(_timed(lambda: call(key), 1))
-        t = {key: statistics.median(v) for key, v in samples.items()}
+                samples[key].append(_timed(lambda: call(key), 3))
+        # the minimum: contention from other processes only ever adds time
+        t = {key: min(v) for key, v in samples.items()}
         layer = (t["hi"] - t["lo"]) / (n2 - n1) if n2 > n1 else 0.0
         if layer <= 0:  # noise swamped the difference: charge the dispatch to the layers
             layer = t["hi"] / n2
         head = t["head"] - t["lo"]
         layer_s.append(layer)
         head_s.append(head if head > 0 else 0.5 * layer)
-    return layer_s, head_s
+    return monotone(layer_s), monotone(head_s)
 
 
 # ------------------------------------------------------------------------- loop costs
@@ -235,7 +251,7 @@ def _generate_seconds(model, prompts, repeats, **kwargs):
     for _ in range(repeats + 1):  # the first call compiles (not counted)
         result = generate_lib.generate(model, prompts, ignore_eos=True, **kwargs)
         seconds.append(result.stats["decode_seconds"])
-    return statistics.median(seconds[1:]), result
+    return min(seconds[1:]), result  # contention only ever adds time
 
 
 def calibrate(model: Model, batch_size: int = 1, prompts: list[list[int]] | None = None,
@@ -292,13 +308,25 @@ def calibrate(model: Model, batch_size: int = 1, prompts: list[list[int]] | None
             (L - draft) * costs.layer(blocks((nd,))[0]) + costs.head(blocks((nd,))[0]))
         rest = t_ls - t_prefill - work  # = rounds * round_s + (drafts + verifies) * pass_s
         passes = drafts + verifies
+        scale = 1.0
         if passes > rounds:
             pass_s = (rest - rounds * fixed_ar) / (passes - rounds)
             round_s = fixed_ar - pass_s
-            if pass_s < 0 or round_s < 0:  # noise: keep the one that explains more
-                pass_s = max(min(pass_s, fixed_ar), 0.0) if fixed_ar > 0 else 0.0
-                pass_s = max(pass_s, 0.0)
-                round_s = max(fixed_ar - pass_s, 0.0)
+        if not (pass_s >= 0 and round_s >= 0):
+            # The stage timings do not add up to the loops' (the layers ran slower or faster
+            # inside the loop than alone): fit a scale on them and one fixed cost per pass,
+            #   t_ar = scale * w_ar + p,   t_ls - prefill = scale * w_ls + passes * p
+            w_ar = L * costs.layer(1) + costs.head(1)
+            det = w_ar * passes - work
+            if det > 0:
+                scale = (per_round_ar * passes - (t_ls - t_prefill)) / det
+                pass_s = per_round_ar - scale * w_ar
+            if not (det > 0 and scale > 0 and pass_s >= 0):
+                scale, pass_s = per_round_ar / w_ar, 0.0
+            round_s = 0.0
+            costs = dataclasses.replace(costs, layer_s=tuple(scale * x for x in costs.layer_s),
+                                        head_s=tuple(scale * x for x in costs.head_s))
+        loop["stage_scale"] = scale
         loop.update(layerskip_seconds=t_ls, layerskip_rounds=rounds,
                     layerskip_passes=passes, layerskip_draft_exit=draft, layerskip_draft_len=nd)
     costs = dataclasses.replace(costs, pass_s=float(max(pass_s, 0.0)),
