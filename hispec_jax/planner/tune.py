@@ -53,11 +53,13 @@ def auto_decoder(model: Model, batch_size: int, greedy: bool = True, plan_file=N
 
 def measure_plans(model: Model, plans: list, batch_size: int, prompts: list[list[int]],
            new_tokens: int, costs: latency.Costs, repeats: int = 3,
-           max_cache_len: int | None = None) -> list[dict[str, Any]]:
+           max_cache_len: int | None = None, progress=None) -> list[dict[str, Any]]:
     """Measured tokens/s of each plan (generate's own figure, median of `repeats` after a
     compiling call) beside its predicted end-to-end tokens/s for the same request."""
     rows = []
     for plan in plans:
+        if progress:
+            progress(f"verify {plan.name()}")
         decoder = plan.decoder(model)
         seconds, tokens, result = [], 0, None
         for _ in range(repeats + 1):
@@ -114,7 +116,7 @@ def tune_and_verify(model: Model, batch_size: int = 1, *, quick: bool = False,
             progress(f"verify: {len(report['plans'])} plans on {verify_prompts} held-out prompts")
         prompts = holdout_prompts(model, verify_prompts)
         report["verify"] = measure_plans(model, report["plans"], batch_size, prompts, verify_tokens,
-                                  report["calibration"].costs)
+                                  report["calibration"].costs, progress=progress)
         if plot:
             report["plot"] = predicted_vs_measured_plot(report["verify"], plot)
     return report
