@@ -158,7 +158,7 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     measured = {r["plan"]: r for r in (report.get("verify") or [])}
     header = f"{'plan':40s} {'pred tok/s':>10s} {'pred x AR':>9s} {'tok/round':>9s}"
     if measured:
-        header += f" {'pred e2e':>9s} {'measured':>9s} {'meas/pred':>9s}"
+        header += f" {'pred e2e':>9s} {'measured':>9s} {'meas/pred':>9s} {'meas tok/rnd':>12s}"
     lines.append(header)
     for p in report["plans"]:
         line = (f"{p.name():40s} {p.predicted_tokens_per_second:10.1f} "
@@ -166,7 +166,8 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         r = measured.get(p.name())
         if r:
             line += (f" {r['predicted_end_to_end']:9.1f} {r['measured_tokens_per_second']:9.1f} "
-                     f"{r['measured_tokens_per_second'] / r['predicted_end_to_end']:9.2f}")
+                     f"{r['measured_tokens_per_second'] / r['predicted_end_to_end']:9.2f} "
+                     f"{r['tokens_per_round_measured']:12.2f}")
         lines.append(line)
     if report.get("path"):
         lines.append(f"saved the plan ({report['plans'][0].name()}) to {report['path']}")
