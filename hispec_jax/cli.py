@@ -1,6 +1,6 @@
 """The `hispec` command line: parses, calls library functions, prints.
 
-    hispec generate [--model PATH] [--method ar|exit|layerskip|hispec] [--exit-layer N]
+    hispec generate [--model PATH] [--method ar|exit|layerskip|hispec|auto] [--exit-layer N]
                     [--draft-exit N] [--verify-exits N[,N...]] [--draft-len N] [--verify-window N]
                     [--adaptive] [--acceptance tokenwise|blockwise]
                     [--max-new-tokens N] [--batch-size N] [--ignore-eos]
@@ -19,6 +19,8 @@
     hispec bench-oracle [--model PATH | --shapes PRESET] [--methods ...] [--out FILE]
                         (the always-agree variant: measured speedup vs the layer-pass
                         prediction, AR's share of the HBM roofline; `--help` for all flags)
+    hispec tune [--model PATH] [--batch-size B] [--quick] [--max-levels K] [--verify]
+                [--out FILE] [--plot PNG]
 """
 
 from __future__ import annotations
@@ -73,7 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--method", default="ar", choices=list(options_lib.METHODS),
                      help="ar: autoregressive; exit: early-exit inference from --exit-layer "
                           "(lossy); layerskip: self-speculation (--draft-exit, L); hispec: "
-                          "hierarchical speculation (--draft-exit, --verify-exits, L)")
+                          "hierarchical speculation (--draft-exit, --verify-exits, L); auto: "
+                          "the plan `hispec tune` saved for this model, device and batch size "
+                          "(a quick tune first when there is none)")
     gen.add_argument("--exit-layer", type=int, default=None, metavar="N",
                      help="exit layer of --method exit (required there), 1..L")
     gen.add_argument("--draft-exit", type=int, default=None, metavar="N",
@@ -210,6 +214,28 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out-dir", default="hispec_bench_results",
                        help="where report.md, report.json and the plots go")
     bench.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+    tune = add_parser(
+        "tune", help="choose the latency-optimal hierarchy (HSD) for a model on this device",
+        description="Measures exit-pair acceptance on calibration prompts (ShareGPT training "
+                    "split) and the engine's stage costs on this device, searches exits and "
+                    "windows with the HSD latency model, prints the top plans and saves the "
+                    "best for --method auto. See docs/planner.md.")
+    tune.add_argument("--model", default=None, help="local model directory (default: shipped)")
+    tune.add_argument("--batch-size", type=int, default=1, help="batch size the plan is for")
+    tune.add_argument("--quick", action="store_true", help="fewer prompts, tokens and block sizes")
+    tune.add_argument("--max-levels", type=int, default=3, choices=[1, 2, 3, 4],
+                      help="deepest hierarchy searched (4: a coarse K = 4 grid too)")
+    tune.add_argument("--top", type=int, default=8, help="plans to print")
+    tune.add_argument("--verify", action="store_true",
+                      help="also measure every printed plan's tokens/s (and plot predicted "
+                           "vs measured)")
+    tune.add_argument("--verify-prompts", type=int, default=4,
+                      help="held-out ShareGPT prompts for --verify")
+    tune.add_argument("--verify-tokens", type=int, default=64, help="new tokens for --verify")
+    tune.add_argument("--out", default=None,
+                      help="plan file to write (default: the plan cache, see docs/planner.md)")
+    tune.add_argument("--plot", default=None, help="PNG of predicted vs measured (--verify)")
     return parser
 
 
@@ -434,6 +460,22 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_tune(args) -> int:
+    from hispec_jax.models.model import load_model
+    from hispec_jax.planner import tune as tune_lib
+
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+    model = load_model(args.model or _default_model_dir())
+    report = tune_lib.tune_and_verify(
+        model, args.batch_size, quick=args.quick, max_levels=args.max_levels, top=args.top,
+        out=args.out, verify=args.verify, verify_prompts=args.verify_prompts,
+        verify_tokens=args.verify_tokens, plot=args.plot,
+        progress=lambda msg: print(f"[tune] {msg}", file=sys.stderr))
+    print("\n".join(tune_lib.summary_lines(report)))
+    return 0
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -458,6 +500,8 @@ def main(argv=None) -> int:
             return cmd_train_heads(args, extra)
         if args.command == "bench":
             return cmd_bench(args)
+        if args.command == "tune":
+            return cmd_tune(args)
     except ValueError as e:
         print(f"hispec: error: {e}", file=sys.stderr)
         return 2

@@ -124,7 +124,9 @@ def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int =
       model: a loaded `Model`.
       prompts: a string, a list of strings, or a list of token-id lists.
       method: "ar" (autoregressive), "exit" (early-exit inference from `exit_layer`),
-        "layerskip" or "hispec" (see `methods.make_method`), or a `methods.Decoder`.
+        "layerskip" or "hispec" (see `methods.make_method`), "auto" (the plan `hispec tune`
+        saved for this model, device and batch size; a quick tune first when there is
+        none: `planner/`), or a `methods.Decoder`.
       max_new_tokens: per-sequence budget of new tokens (>= 1).
       batch_size: split prompts into batches of this many (default: one batch).
       ignore_eos: keep generating past EOS.
@@ -146,6 +148,11 @@ def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int =
         if method_options:
             raise ValueError("method options are part of a Decoder; pass none with one")
         decoder = method
+    elif method == "auto":
+        given = sorted(k for k, v in method_options.items() if v is not None and v is not False)
+        if given:
+            raise ValueError(f"method 'auto' does not take {', '.join(given)} "
+                             "(the tuned plan sets them)")
     else:
         decoder = methods_lib.make_method(model, method, greedy=sampling.greedy, **method_options)
     prompt_ids = tokenize(model, chat_lib.chat_prompt_ids(model, prompts) if chat else prompts)
@@ -154,6 +161,11 @@ def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int =
     if not _is_int(batch_size) or batch_size < 1:
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
     batch_size = int(batch_size)
+    plan = None
+    if method == "auto":  # the tuned plan for (model, device, batch size): planner/tune.py
+        from hispec_jax.planner import tune as tune_lib
+
+        decoder, plan = tune_lib.auto_decoder(model, batch_size, greedy=sampling.greedy)
     max_prompt_len = max(len(p) for p in prompt_ids)
     block, capacity = plan_shapes(max_prompt_len, max_new_tokens, decoder.lookahead(),
                                   model.cfg.max_position_embeddings, max_cache_len)
@@ -200,6 +212,7 @@ def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int =
         "model": model_name(model),
         "model_path": model.path,
         "num_layers": model.cfg.num_layers,
+        **({"plan": plan.name()} if plan is not None else {}),
         "new_tokens": new_tokens,
         "tokens_per_second": new_tokens / run_seconds if run_seconds > 0 else 0.0,
         "decode_seconds": run_seconds,

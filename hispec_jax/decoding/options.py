@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import numbers
 
-METHODS = ("ar", "exit", "layerskip", "hispec")
+METHODS = ("ar", "exit", "layerskip", "hispec", "auto")  # auto: a saved plan (planner)
 SPECULATIVE_METHODS = ("layerskip", "hispec")
 SPECULATIVE_OPTIONS = ("draft_exit", "verify_exits", "draft_len", "verify_window", "adaptive",
                        "acceptance")
@@ -94,17 +94,17 @@ def check_method_options(method, *, num_layers: int | None = None, exit_layer=No
              "verify_window": verify_window, "adaptive": adaptive or None,
              "acceptance": acceptance}
     given = {k: v for k, v in given.items() if v is not None}
-    if method in ("ar", "exit"):
+    if method in ("ar", "exit", "auto"):
         if given:
             name = sorted(given)[0]
             raise OptionError(name, given[name],
                               f"method {method!r} does not take it (only "
                               f"{' and '.join(SPECULATIVE_METHODS)} do)",
                               f"method {method!r} does not take {', '.join(sorted(given))}")
-        if method == "ar" and exit_layer is not None:
+        if method in ("ar", "auto") and exit_layer is not None:
             raise OptionError("exit_layer", exit_layer,
-                              "method 'ar' does not take it (use method 'exit')",
-                              "method 'ar' does not take exit_layer (use method='exit')")
+                              f"method {method!r} does not take it (use method 'exit')",
+                              f"method {method!r} does not take exit_layer (use method='exit')")
         if method == "exit":
             if exit_layer is None:
                 raise OptionError("exit_layer", None, "method 'exit' needs it",

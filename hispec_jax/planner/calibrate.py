@@ -1,0 +1,335 @@
+"""Measurement for the latency model: one pass on calibration prompts.
+
+    acceptance   alpha(a, b) for every pair of exits on the model's own greedy continuations
+                 of the calibration prompts (teacher-forced, every exit's head on its layer):
+                 greedy: top-1 agreement; sampling: E[sum_v min(p_a(v), p_b(v))]
+                 (1 - total variation) at the given temperature
+    stage costs  wall seconds of `run_layers_cached` (one layer) and `exit_logits` + argmax
+                 (one head) over blocks of T tokens at the batch size asked for, on a cache
+                 of the engine's layout, jitted with the cache donated like the engine's loop
+    loop costs   `generate` itself: AR at a budget of 1 token (prefill and host work) and of
+                 n tokens (per-token AR time), and one LayerSkip run; its counters (rounds,
+                 passes) give the fixed cost of a pass and of a loop trip by solving two
+                 linear equations (clamped at 0)
+
+The calibration prompts are first user turns of the ShareGPT *training* split (benchmarks
+use the held-out split) unless the caller gives prompts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hispec_jax.decoding import generate as generate_lib
+from hispec_jax.decoding import methods
+from hispec_jax.models.heads import exit_logits
+from hispec_jax.models.kv_cache import KVCache
+from hispec_jax.models.model import Model
+from hispec_jax.models.params import with_layer_layout
+from hispec_jax.planner.latency import Costs, blocks
+from hispec_jax.train_heads.pretrain import scan_exits
+from hispec_jax.models.transformer import run_layers_cached
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """How much to measure.
+
+    Attributes:
+      num_prompts: calibration prompts (the batch is filled by repeating them if fewer).
+      max_prompt_tokens: longest calibration prompt.
+      new_tokens: continuation length per prompt (AR timing and acceptance positions).
+      block_sizes: block lengths T the stage costs are measured at.
+      repeats: timed calls per measurement (the median is kept).
+      capacity: KV-cache positions of every measured loop and stage.
+      temperature: 0 for greedy acceptance (top-1 agreement), else the sampling temperature.
+    """
+
+    num_prompts: int = 8
+    max_prompt_tokens: int = 64
+    new_tokens: int = 64
+    block_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    repeats: int = 7
+    capacity: int = 256
+    temperature: float = 0.0
+
+    @classmethod
+    def quick(cls) -> "Settings":
+        return cls(num_prompts=4, max_prompt_tokens=48, new_tokens=32, block_sizes=(1, 4, 16),
+                   repeats=3, capacity=192)
+
+
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+    """What `calibrate` measured.
+
+    Attributes:
+      exits: the exits with a head, ascending (the last is L).
+      alpha: [E, E] acceptance between exits[i] and exits[j] (symmetric, 1 on the diagonal).
+      costs: the device costs at the batch size.
+      tokens: positions the acceptance was measured on.
+      seconds: wall seconds the calibration took (compilations included).
+      loop: the raw loop timings (for the record).
+    """
+
+    exits: tuple[int, ...]
+    alpha: np.ndarray
+    costs: Costs
+    tokens: int
+    seconds: float
+    loop: dict[str, Any]
+
+    def alpha_of(self, a: int, b: int) -> float:
+        index = {e: i for i, e in enumerate(self.exits)}
+        return float(self.alpha[index[a], index[b]])
+
+    def to_json(self) -> dict[str, Any]:
+        return {"exits": list(self.exits), "alpha": np.round(self.alpha, 5).tolist(),
+                "costs": self.costs.to_json(), "tokens": self.tokens,
+                "seconds": round(self.seconds, 2), "loop": self.loop}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "Calibration":
+        return cls(exits=tuple(d["exits"]), alpha=np.asarray(d["alpha"], float),
+                   costs=Costs.from_json(d["costs"]), tokens=int(d["tokens"]),
+                   seconds=float(d["seconds"]), loop=dict(d.get("loop", {})))
+
+
+def calibration_prompts(model: Model, num_prompts: int, max_prompt_tokens: int,
+                        seed: int = 0) -> list[list[int]]:
+    """First user turns of the ShareGPT training split (`"User: ...\\nAssistant:"`, as the
+    benchmark prompts), or random token prompts for a model without a tokenizer."""
+    if model.tokenizer is not None:
+        try:
+            from hispec_jax.train_heads import data
+
+            train, _ = data.split_sharegpt(data.load_sharegpt().records)
+        except (ImportError, FileNotFoundError):
+            train = []
+        prompts = []
+        for record in train:
+            turns = [t.get("value") or "" for t in record.get("conversations", [])
+                     if str(t.get("from", "")).lower() in ("human", "user")]
+            if turns and turns[0].strip():
+                ids = model.tokenizer(f"User: {turns[0].strip()}\nAssistant:")["input_ids"]
+                if len(ids) <= max_prompt_tokens:
+                    prompts.append(list(ids))
+                    if len(prompts) == num_prompts:
+                        return prompts
+        if prompts:
+            return prompts
+    rng = np.random.default_rng(seed)
+    length = max(2, min(max_prompt_tokens, 16))
+    return [rng.integers(3, model.cfg.vocab_size, size=length).tolist() for _ in range(num_prompts)]
+
+
+# ------------------------------------------------------------------------- acceptance
+@functools.partial(jax.jit, static_argnames=("model_cfg", "exits", "temperature"))
+def _pair_counts(params, heads, tokens_BxT, valid_BxT, *, model_cfg, exits, temperature):
+    """[E, E] summed agreement (greedy) or overlap sum_v min(p_a, p_b) over valid positions."""
+    params = with_layer_layout(params, "scan")  # scan_exits scans the stacked layers
+    _, h_LxBxTxD = scan_exits(params, model_cfg, tokens_BxT, lambda h, index: h)
+    logits = [exit_logits(params, heads, model_cfg, h_LxBxTxD[e - 1], e) for e in exits]
+    valid = valid_BxT.astype(jnp.float32)
+    if temperature == 0.0:
+        top_ExBxT = jnp.stack([jnp.argmax(x, -1) for x in logits])
+        same = (top_ExBxT[:, None] == top_ExBxT[None]).astype(jnp.float32)
+        return jnp.sum(same * valid, axis=(2, 3))
+    p_ExBxTxV = jnp.stack([jax.nn.softmax(x.astype(jnp.float32) / temperature, -1) for x in logits])
+    overlap = jax.lax.map(lambda p_BxTxV: jnp.sum(jnp.minimum(p_BxTxV[None], p_ExBxTxV), -1),
+                          p_ExBxTxV)  # [E, E, B, T]
+    return jnp.sum(overlap * valid, axis=(2, 3))
+
+
+def measure_alpha(model: Model, sequences: list[list[int]], starts: list[int],
+                  temperature: float = 0.0, chunk: int = 2) -> tuple[tuple[int, ...], np.ndarray, int]:
+    """(exits, alpha [E, E], positions) on `sequences`, counting the predictions made at
+    positions >= starts[i] - 1 (the continuation, the regime decoding sees)."""
+    exits = tuple(methods.available_exits(model))
+    T = max(16, 1 << (max(map(len, sequences)) - 1).bit_length())
+    counts, total = np.zeros((len(exits), len(exits))), 0
+    for lo in range(0, len(sequences), chunk):
+        part = sequences[lo:lo + chunk]
+        tokens = np.zeros((chunk, T), np.int32)
+        valid = np.zeros((chunk, T), bool)
+        for b, s in enumerate(part):
+            tokens[b, :len(s)] = s
+            valid[b, max(starts[lo + b] - 1, 0):len(s) - 1] = True
+        counts += np.asarray(_pair_counts(model.params, model.heads, tokens, valid,
+                                          model_cfg=model.cfg, exits=exits,
+                                          temperature=float(temperature)))
+        total += int(valid.sum())
+    return exits, counts / max(total, 1), total
+
+
+# ------------------------------------------------------------------------- stage costs
+def _timed(fn, calls: int) -> float:
+    """Seconds per call of `calls` back-to-back calls."""
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        out = fn()
+    jax.block_until_ready(out)
+    return (time.perf_counter() - t0) / calls
+
+
+def monotone(values) -> list[float]:
+    """The non-decreasing least-squares fit of `values` (pool adjacent violators): a pass
+    over a longer block never costs less, so a sample that contention slowed is averaged
+    with its neighbours instead of bending the curve."""
+    blocks = [[float(v), 1] for v in values]
+    i = 0
+    while i < len(blocks) - 1:
+        if blocks[i][0] > blocks[i + 1][0]:
+            (a, n), (b, m) = blocks[i], blocks[i + 1]
+            blocks[i:i + 2] = [[(a * n + b * m) / (n + m), n + m]]
+            i = max(i - 1, 0)
+        else:
+            i += 1
+    return [v for v, n in blocks for _ in range(n)]
+
+
+def measure_stage_costs(model: Model, batch: int, capacity: int, block_sizes, repeats: int,
+                        context: int | None = None) -> tuple[list[float], list[float]]:
+    """(seconds of one layer, seconds of one exit head + argmax) per block length T, at
+    `batch` sequences with `context` cached positions before the block.
+
+    Per T three jitted programs run layers [0, n1), [0, n2) and [0, n1) + exit n1's head;
+    differences cancel the per-call dispatch cost (that cost is the engine's pass/round
+    overhead, fitted from loop runs)."""
+    cfg = model.cfg
+    L = cfg.num_layers
+    n1, n2 = (2, min(6, L)) if L >= 3 else (1, L)
+    context = capacity // 2 if context is None else context
+    per_layer = isinstance(model.params["layers"], (tuple, list))
+    layer_s, head_s = [], []
+    for T in block_sizes:
+        positions = jnp.broadcast_to(context + jnp.arange(T, dtype=jnp.int32), (batch, T))
+        x = jnp.asarray(np.random.default_rng(0).normal(size=(batch, T, cfg.hidden_size)) * 0.1,
+                        jnp.dtype(cfg.dtype))
+
+        def program(stop, head):
+            def f(params, heads, x, cache):
+                h, cache = run_layers_cached(params, cfg, x, positions, cache, 0, stop)
+                out = jnp.argmax(exit_logits(params, heads, cfg, h, stop), -1) if head else h
+                return out, cache
+            return jax.jit(f, donate_argnums=(3,))
+
+        progs = {"lo": program(n1, False), "hi": program(n2, False), "head": program(n1, True)}
+        caches = {k: KVCache.zeros(cfg, batch, capacity, n2, per_layer=per_layer) for k in progs}
+
+        def call(key):
+            out, caches[key] = progs[key](model.params, model.heads, x, caches[key])
+            return out
+
+        for key in progs:  # compile + warm
+            jax.block_until_ready(call(key))
+        samples = {key: [] for key in progs}
+        for _ in range(repeats):  # interleaved: machine noise hits all three alike
+            for key in progs:
+                samples[key].append(_timed(lambda: call(key), 3))
+        # the minimum: contention from other processes only ever adds time
+        t = {key: min(v) for key, v in samples.items()}
+        layer = (t["hi"] - t["lo"]) / (n2 - n1) if n2 > n1 else 0.0
+        if layer <= 0:  # noise swamped the difference: charge the dispatch to the layers
+            layer = t["hi"] / n2
+        head = t["head"] - t["lo"]
+        layer_s.append(layer)
+        head_s.append(head if head > 0 else 0.5 * layer)
+    return monotone(layer_s), monotone(head_s)
+
+
+# ------------------------------------------------------------------------- loop costs
+def _generate_seconds(model, prompts, repeats, **kwargs):
+    seconds, result = [], None
+    for _ in range(repeats + 1):  # the first call compiles (not counted)
+        result = generate_lib.generate(model, prompts, ignore_eos=True, **kwargs)
+        seconds.append(result.stats["decode_seconds"])
+    return min(seconds[1:]), result  # contention only ever adds time
+
+
+def calibrate(model: Model, batch_size: int = 1, prompts: list[list[int]] | None = None,
+              settings: Settings = Settings(), progress=None) -> Calibration:
+    """Measures acceptance between every pair of exits and the costs of the engine's pieces
+    on this device at `batch_size` (see the module docstring)."""
+    tick = progress or (lambda msg: None)
+    t_start = time.perf_counter()
+    s = settings
+    if prompts is None:
+        prompts = calibration_prompts(model, s.num_prompts, s.max_prompt_tokens)
+    batch_prompts = [prompts[i % len(prompts)] for i in range(batch_size)]
+    L = model.cfg.num_layers
+    capacity = min(s.capacity, model.cfg.max_position_embeddings)
+    common = dict(batch_size=batch_size, max_cache_len=capacity)
+
+    tick("AR continuations (acceptance positions) and AR timing")
+    ar = generate_lib.generate(model, prompts, method="ar", max_new_tokens=s.new_tokens,
+                               ignore_eos=True, batch_size=batch_size, max_cache_len=capacity)
+    t_ar_run, _ = _generate_seconds(model, batch_prompts, s.repeats, method="ar",
+                                    max_new_tokens=s.new_tokens, **common)
+    t_prefill, _ = _generate_seconds(model, batch_prompts, s.repeats, method="ar",
+                                     max_new_tokens=1, **common)
+    per_round_ar = (t_ar_run - t_prefill) / max(s.new_tokens - 1, 1)
+    if per_round_ar <= 0:  # noise: no separate prefill estimate
+        per_round_ar, t_prefill = t_ar_run / s.new_tokens, 0.0
+
+    tick("acceptance between every pair of exits")
+    sequences = [p + t for p, t in zip(ar.prompt_token_ids, ar.token_ids)]
+    exits, alpha, tokens = measure_alpha(model, sequences, [len(p) for p in ar.prompt_token_ids],
+                                         s.temperature)
+
+    tick("stage costs (layers, exit head) per block length")
+    layer_s, head_s = measure_stage_costs(model, batch_size, capacity, s.block_sizes, s.repeats,
+                                          context=min(capacity // 2, s.max_prompt_tokens + s.new_tokens // 2))
+    costs = Costs(batch=batch_size, num_layers=L, block_sizes=tuple(s.block_sizes),
+                  layer_s=tuple(layer_s), head_s=tuple(head_s))
+
+    loop: dict[str, Any] = {"ar_seconds": t_ar_run, "prefill_seconds": t_prefill,
+                            "ar_seconds_per_round": per_round_ar}
+    fixed_ar = per_round_ar - (L * costs.layer(1) + costs.head(1))  # = pass_s + round_s
+    pass_s, round_s = 0.0, max(fixed_ar, 0.0)
+    candidates = [e for e in exits if e < L]
+    if candidates:
+        tick("LayerSkip loop (fixed cost of a pass and of a round)")
+        draft = methods.default_exits(model)[0]
+        nd = 2
+        t_ls, r = _generate_seconds(model, batch_prompts, s.repeats, method="layerskip",
+                                    draft_exit=draft, draft_len=nd,
+                                    max_new_tokens=s.new_tokens, **common)
+        rounds = r.stats["rounds"]
+        drafts, verifies = r.stats["actions_per_level"]
+        work = drafts * (draft * costs.layer(1) + costs.head(1)) + verifies * (
+            (L - draft) * costs.layer(blocks((nd,))[0]) + costs.head(blocks((nd,))[0]))
+        rest = t_ls - t_prefill - work  # = rounds * round_s + (drafts + verifies) * pass_s
+        passes = drafts + verifies
+        scale = 1.0
+        if passes > rounds:
+            pass_s = (rest - rounds * fixed_ar) / (passes - rounds)
+            round_s = fixed_ar - pass_s
+        if not (pass_s >= 0 and round_s >= 0):
+            # The stage timings do not add up to the loops' (the layers ran slower or faster
+            # inside the loop than alone): fit a scale on them and one fixed cost per pass,
+            #   t_ar = scale * w_ar + p,   t_ls - prefill = scale * w_ls + passes * p
+            w_ar = L * costs.layer(1) + costs.head(1)
+            det = w_ar * passes - work
+            if det > 0:
+                scale = (per_round_ar * passes - (t_ls - t_prefill)) / det
+                pass_s = per_round_ar - scale * w_ar
+            if not (det > 0 and scale > 0 and pass_s >= 0):
+                scale, pass_s = per_round_ar / w_ar, 0.0
+            round_s = 0.0
+            costs = dataclasses.replace(costs, layer_s=tuple(scale * x for x in costs.layer_s),
+                                        head_s=tuple(scale * x for x in costs.head_s))
+        loop["stage_scale"] = scale
+        loop.update(layerskip_seconds=t_ls, layerskip_rounds=rounds,
+                    layerskip_passes=passes, layerskip_draft_exit=draft, layerskip_draft_len=nd)
+    costs = dataclasses.replace(costs, pass_s=float(max(pass_s, 0.0)),
+                                round_s=float(max(round_s, 0.0)), prefill_s=float(t_prefill))
+    return Calibration(exits=exits, alpha=alpha, costs=costs, tokens=tokens,
+                       seconds=time.perf_counter() - t_start, loop=loop)

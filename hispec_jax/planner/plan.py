@@ -1,0 +1,166 @@
+"""A plan (the hierarchy `tune` chose) and the plan file.
+
+Plan files live in `$HISPEC_CACHE_DIR/plans/` (default `~/.cache/hispec_jax/plans/`), one per
+(model, device, batch size): `<model key>-<device key>-b<B>.json`. `hispec tune --out`
+writes one anywhere else (e.g. next to the model); `load_plan` also looks in the model's
+directory for `plans/<device key>-b<B>.json`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from hispec_jax.decoding import methods
+from hispec_jax.models.model import Model
+
+FORMAT_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """One hierarchy with its predicted speed.
+
+    Attributes:
+      exits: (e_0, ..., e_{K-1} = L); K = 1 is AR.
+      windows: (draft_len Nd, verify_window Ni, ...), K - 1 entries (initial windows when
+        adaptive).
+      adaptive: App. J adaptive windows.
+      predicted_tokens_per_second: steady-state decoding speed at the plan's batch size.
+      predicted_speedup: over AR's predicted speed.
+      tokens_per_round: expected tokens per sequence per loop trip.
+    """
+
+    exits: tuple[int, ...]
+    windows: tuple[int, ...] = ()
+    adaptive: bool = False
+    predicted_tokens_per_second: float = 0.0
+    predicted_speedup: float = 1.0
+    tokens_per_round: float = 1.0
+
+    @property
+    def method(self) -> str:
+        return {1: "ar", 2: "layerskip"}.get(len(self.exits), "hispec")
+
+    def method_options(self) -> dict[str, Any]:
+        """Options of `make_method(model, self.method, **options)`."""
+        if len(self.exits) == 1:
+            return {}
+        opts: dict[str, Any] = {"draft_exit": self.exits[0], "draft_len": self.windows[0]}
+        if len(self.exits) > 2:
+            opts["verify_exits"] = tuple(self.exits[1:-1])
+            opts["verify_window"] = self.windows[1]
+        if self.adaptive:
+            opts["adaptive"] = True
+        return opts
+
+    def decoder(self, model: Model, greedy: bool = True) -> methods.Decoder:
+        """The plan as a `Decoder` (middle levels of K >= 4 get their own windows)."""
+        decoder = methods.make_method(model, self.method, greedy=greedy, **self.method_options())
+        if len(self.exits) > 3 and not self.adaptive:
+            windows = tuple(self.windows)
+            decoder = dataclasses.replace(
+                decoder, windows=windows,
+                hierarchy=dataclasses.replace(decoder.hierarchy, max_windows=windows))
+        return decoder
+
+    def name(self) -> str:
+        if len(self.exits) == 1:
+            return "ar"
+        if len(self.exits) == 2:
+            return f"layerskip d={self.exits[0]} nd={self.windows[0]}" + (" adaptive" if self.adaptive else "")
+        mids = ",".join(map(str, self.exits[1:-1]))
+        wins = ",".join(map(str, self.windows[1:]))
+        return (f"hispec d={self.exits[0]} i={mids} nd={self.windows[0]} ni={wins}"
+                + (" adaptive" if self.adaptive else ""))
+
+    def to_json(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["method"], d["name"] = self.method, self.name()
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "Plan":
+        fields = {f.name for f in dataclasses.fields(cls)}
+        d = {k: v for k, v in d.items() if k in fields}
+        d["exits"], d["windows"] = tuple(d["exits"]), tuple(d.get("windows", ()))
+        return cls(**d)
+
+
+def device_key() -> str:
+    """e.g. 'cpu-2cores' or 'gpu-nvidia-h100-80gb-hbm3'."""
+    d = jax.devices()[0]
+    if d.platform == "cpu":
+        what = f"{len(os.sched_getaffinity(0))}cores"
+    else:
+        what = d.device_kind
+    return re.sub(r"[^a-z0-9]+", "-", f"{d.platform}-{what}".lower()).strip("-")
+
+
+def model_key(model: Model) -> str:
+    """A short name + hash of the model's identity: its config, exit heads and a few of its
+    weights (a retrained or different checkpoint gets a different key)."""
+    h = hashlib.sha1(repr(model.cfg).encode())
+    h.update(repr(sorted(model.heads)).encode())
+    embed = np.asarray(model.params["embed"])
+    h.update(np.ascontiguousarray(embed[:4]).tobytes())
+    h.update(np.float64(np.asarray(embed, np.float64).sum()).tobytes())
+    name = Path(model.path).name if model.path else "model"
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", name)[:40] or "model"
+    return f"{name}-{h.hexdigest()[:12]}"
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("HISPEC_CACHE_DIR", "~/.cache/hispec_jax")
+    return Path(base).expanduser() / "plans"
+
+
+def plan_path(model: Model, batch_size: int) -> Path:
+    return cache_dir() / f"{model_key(model)}-{device_key()}-b{batch_size}.json"
+
+
+def save_plan_file(path: Path, payload: dict[str, Any]) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(payload, indent=1))
+    tmp.replace(path)
+    return path
+
+
+def plan_payload(model: Model, batch_size: int, plans: list[Plan], calibration=None,
+                 extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The plan file's contents: the chosen plan first, then the runners-up."""
+    return {"version": FORMAT_VERSION, "model": model_key(model), "device": device_key(),
+            "batch_size": batch_size, "plans": [p.to_json() for p in plans],
+            "calibration": calibration.to_json() if calibration is not None else None,
+            **(extra or {})}
+
+
+def load_plan(model: Model, batch_size: int, path: str | Path | None = None) -> Plan | None:
+    """The saved plan for (model, this device, batch size), or None. Looks at `path` if
+    given, else the model directory's `plans/`, else the cache. A file made for another
+    model, device or batch size is ignored."""
+    candidates = [Path(path)] if path else []
+    if not path and model.path and Path(model.path).is_dir():
+        candidates.append(Path(model.path) / "plans" / f"{device_key()}-b{batch_size}.json")
+    if not path:
+        candidates.append(plan_path(model, batch_size))
+    for p in candidates:
+        if not p.is_file():
+            continue
+        d = json.loads(p.read_text())
+        if (d.get("version") != FORMAT_VERSION or d.get("model") != model_key(model)
+                or d.get("device") != device_key() or d.get("batch_size") != batch_size):
+            continue
+        if d.get("plans"):
+            return Plan.from_json(d["plans"][0])
+    return None

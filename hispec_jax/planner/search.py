@@ -1,0 +1,126 @@
+"""Exhaustive search over exits and windows with the latency model (HSD, SPEC section 5).
+
+    K = 1   AR
+    K = 2   LayerSkip: every exit d < L with a head, Nd in `draft_lens`
+    K = 3   HiSpec: every pair d < i < L, Nd in `draft_lens`, Ni in `verify_windows`
+    K = 4   (max_levels >= 4) a coarse grid: exits from `coarse_exits`, Nd in 1..3,
+            windows in {2, 4, 8}
+
+Batch 1 ranks with the exact renewal formulas (`latency.predict`). At larger batches the
+best `rescore` candidates (and K >= 4 ones) are re-scored with the engine-faithful
+simulator, which sees the "sync" schedule; adaptive (App. J) windows are scored by
+simulation for the best exits of K = 2 and K = 3. A few thousand candidates take seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Callable, Sequence
+
+from hispec_jax.planner import latency
+from hispec_jax.planner.latency import Costs
+from hispec_jax.planner.plan import Plan
+
+AlphaFn = Callable[[int, int], float]
+
+
+def score(exits, windows, alpha: AlphaFn, costs: Costs, *, adaptive: bool = False,
+          simulate: bool = False, rounds: int = 3000) -> latency.Prediction:
+    alphas = latency.level_alphas(tuple(exits), alpha)
+    if adaptive or simulate:
+        return latency.simulate(tuple(exits), tuple(windows), alphas, costs, rounds=rounds,
+                                adaptive=adaptive)
+    return latency.predict(tuple(exits), tuple(windows), alphas, costs)
+
+
+def _plan(exits, windows, pred: latency.Prediction, ar_tps: float, adaptive=False) -> Plan:
+    return Plan(exits=tuple(exits), windows=tuple(windows), adaptive=adaptive,
+                predicted_tokens_per_second=pred.tokens_per_second,
+                predicted_speedup=pred.tokens_per_second / ar_tps,
+                tokens_per_round=pred.tokens_per_round)
+
+
+def search(exits: Sequence[int], alpha: AlphaFn, costs: Costs, *, max_levels: int = 3,
+           draft_lens: Sequence[int] = range(1, 9), verify_windows: Sequence[int] = range(2, 17),
+           coarse_exits: Sequence[int] | None = None, adaptive: bool = True,
+           rescore: int = 24, top: int = 8) -> list[Plan]:
+    """Plans ranked by predicted tokens/s (best first), at most `top`, always followed by
+    the best plan of each kind (AR, LayerSkip, HiSpec) when it is not among them.
+
+    Args:
+      exits: exits with a head, ascending; the last is the final layer L.
+      alpha: alpha(a, b), acceptance of exit a's tokens by exit b.
+      costs: measured costs (their batch size is the plans').
+    """
+    L = exits[-1]
+    lower = [e for e in exits if e < L]
+    ar = latency.predict((L,), (), [], costs)
+    ar_tps = ar.tokens_per_second
+    scored: list[tuple[float, tuple, tuple, bool]] = [(ar_tps, (L,), (), False)]
+    for d in lower:
+        for nd in draft_lens:
+            p = score((d, L), (nd,), alpha, costs)
+            scored.append((p.tokens_per_second, (d, L), (nd,), False))
+    if max_levels >= 3:
+        for d, i in itertools.combinations(lower, 2):
+            for nd in draft_lens:
+                for ni in verify_windows:
+                    p = score((d, i, L), (nd, ni), alpha, costs)
+                    scored.append((p.tokens_per_second, (d, i, L), (nd, ni), False))
+    batch = costs.batch > 1
+    if max_levels >= 4:
+        coarse = list(coarse_exits) if coarse_exits is not None else [
+            e for e in lower if e <= L // 2 and e % 2 == 0] or lower
+        for a, b, c in itertools.combinations(coarse, 3):
+            for nd, n2, n3 in itertools.product((1, 2, 3), (2, 4, 8), (2, 4, 8)):
+                p = score((a, b, c, L), (nd, n2, n3), alpha, costs, simulate=True, rounds=600)
+                scored.append((p.tokens_per_second, (a, b, c, L), (nd, n2, n3), False))
+    scored.sort(key=lambda s: -s[0])
+    if batch:  # the exact formulas are batch-1 formulas: re-score the front by simulation
+        front = [s for s in scored[:rescore] if len(s[1]) > 1]
+        rest = [s for s in scored[rescore:]]
+        front = [(score(e, w, alpha, costs, simulate=True).tokens_per_second, e, w, a)
+                 for _, e, w, a in front]
+        scored = sorted(front + [s for s in scored[:rescore] if len(s[1]) == 1], key=lambda s: -s[0]) + rest
+    if adaptive:
+        for K in (2, 3):
+            best = next((s for s in scored if len(s[1]) == K), None)
+            if best is not None:
+                init = (2,) if K == 2 else (2, 4)
+                p = score(best[1], init, alpha, costs, adaptive=True)
+                scored.append((p.tokens_per_second, best[1], init, True))
+        scored.sort(key=lambda s: -s[0])
+    plans, seen = [], set()
+    for tps, e, w, a in scored:
+        if (e, w, a) in seen:
+            continue
+        seen.add((e, w, a))
+        pred = score(e, w, alpha, costs, adaptive=a, simulate=batch and len(e) > 1) \
+            if len(plans) < top else None
+        if pred is None:
+            break
+        plans.append(_plan(e, w, pred, ar_tps, a))
+    for K in (1, 2, 3):  # the best of each kind, for the side-by-side table
+        if any(len(p.exits) == K or (K == 3 and len(p.exits) > 3) for p in plans):
+            continue
+        best = next((s for s in scored if len(s[1]) == K), None)
+        if best is not None:
+            _, e, w, a = best
+            plans.append(_plan(e, w, score(e, w, alpha, costs, adaptive=a,
+                                           simulate=batch and len(e) > 1), ar_tps, a))
+    return plans
+
+
+def best_of_kind(plans: list[Plan], kind: str) -> Plan | None:
+    return next((p for p in plans if p.method == kind), None)
+
+
+def with_prediction(plan: Plan, alpha: AlphaFn, costs: Costs) -> Plan:
+    """`plan` re-scored (e.g. for another batch size's costs)."""
+    ar = latency.predict((plan.exits[-1],), (), [], costs).tokens_per_second
+    pred = score(plan.exits, plan.windows, alpha, costs, adaptive=plan.adaptive,
+                 simulate=costs.batch > 1 and len(plan.exits) > 1)
+    return dataclasses.replace(plan, predicted_tokens_per_second=pred.tokens_per_second,
+                               predicted_speedup=pred.tokens_per_second / ar,
+                               tokens_per_round=pred.tokens_per_round)

@@ -1,0 +1,176 @@
+"""`tune` = measure -> model -> search -> plan file, and what method="auto" runs.
+
+    report = tune(model, batch_size=1)          # calibrate, search, save, return the plans
+    decoder = auto_decoder(model, batch_size)   # the saved plan, else a quick tune first
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from hispec_jax.decoding import generate as generate_lib
+from hispec_jax.models.model import Model
+from hispec_jax.planner import calibrate as calibrate_lib
+from hispec_jax.planner import latency, plan as plan_lib, search as search_lib
+
+
+def tune(model: Model, batch_size: int = 1, *, quick: bool = False,
+         settings: calibrate_lib.Settings | None = None, prompts=None, max_levels: int = 3,
+         top: int = 8, out: str | Path | None = None, save: bool = True,
+         progress=None) -> dict[str, Any]:
+    """Calibrates on this device, searches, saves the plan file; returns
+    {"plans": [Plan, ...] best first, "calibration": Calibration, "path": saved file}."""
+    settings = settings or (calibrate_lib.Settings.quick() if quick else calibrate_lib.Settings())
+    cal = calibrate_lib.calibrate(model, batch_size, prompts=prompts, settings=settings,
+                                  progress=progress)
+    t0 = time.perf_counter()
+    plans = search_lib.search(cal.exits, cal.alpha_of, cal.costs, max_levels=max_levels, top=top)
+    search_seconds = time.perf_counter() - t0
+    path = None
+    if save:
+        payload = plan_lib.plan_payload(model, batch_size, plans, cal,
+                                        {"search_seconds": round(search_seconds, 2),
+                                         "settings": vars(settings) if hasattr(settings, "__dict__")
+                                         else None})
+        path = plan_lib.save_plan_file(Path(out) if out else plan_lib.plan_path(model, batch_size),
+                                       payload)
+    return {"plans": plans, "calibration": cal, "path": path, "search_seconds": search_seconds}
+
+
+def auto_decoder(model: Model, batch_size: int, greedy: bool = True, plan_file=None):
+    """The `Decoder` of the saved plan for (model, device, batch size); tunes quickly first
+    (saying so on stderr) when there is none."""
+    plan = plan_lib.load_plan(model, batch_size, plan_file)
+    if plan is None:
+        print(f"hispec: no tuned plan for this model, device and batch size {batch_size}; "
+              "running a quick tune (hispec tune --model ... to tune fully)", file=sys.stderr)
+        plan = tune(model, batch_size, quick=True)["plans"][0]
+    return plan.decoder(model, greedy=greedy), plan
+
+
+def measure_plans(model: Model, plans: list, batch_size: int, prompts: list[list[int]],
+           new_tokens: int, costs: latency.Costs, repeats: int = 3,
+           max_cache_len: int | None = None, progress=None) -> list[dict[str, Any]]:
+    """Measured tokens/s of each plan (generate's own figure, median of `repeats` after a
+    compiling call) beside its predicted end-to-end tokens/s for the same request."""
+    rows = []
+    for plan in plans:
+        if progress:
+            progress(f"verify {plan.name()}")
+        decoder = plan.decoder(model)
+        seconds, tokens, result = [], 0, None
+        for _ in range(repeats + 1):
+            result = generate_lib.generate(model, prompts, method=decoder, max_new_tokens=new_tokens,
+                                           batch_size=batch_size, ignore_eos=True,
+                                           max_cache_len=max_cache_len)
+            seconds.append(result.stats["decode_seconds"])
+            tokens = result.stats["new_tokens"]
+        measured = sorted(tokens / s for s in seconds[1:])[len(seconds[1:]) // 2]
+        pred = latency.Prediction(plan.tokens_per_round, batch_size / plan.predicted_tokens_per_second,
+                                  plan.predicted_tokens_per_second)
+        batches = -(-len(prompts) // batch_size)
+        per_call = latency.end_to_end_tokens_per_second(pred, costs, new_tokens)
+        rows.append({"plan": plan.name(), "predicted_tokens_per_second": plan.predicted_tokens_per_second,
+                     "predicted_end_to_end": per_call * (len(prompts) / (batches * batch_size)),
+                     "measured_tokens_per_second": measured,
+                     "tokens_per_round_predicted": plan.tokens_per_round,
+                     # per sequence per loop trip (each sequence's first token is prefill's)
+                     "tokens_per_round_measured": (tokens - len(prompts)) * batches
+                     / (len(prompts) * max(result.stats["rounds"], 1)),
+                     "acceptance_per_level": result.stats["acceptance_rate_per_level"]})
+    return rows
+
+
+def holdout_prompts(model: Model, num_prompts: int, max_prompt_tokens: int = 64) -> list[list[int]]:
+    """Held-out prompts for --verify: the ShareGPT evaluation split (never calibrated on),
+    or seeded random prompts for a model without a tokenizer."""
+    if model.tokenizer is not None:
+        from hispec_jax.bench import prompts as prompts_lib
+
+        try:
+            return prompts_lib.load_prompts("sharegpt", model.tokenizer, num_prompts,
+                                            max_prompt_tokens)
+        except (ImportError, FileNotFoundError, ValueError):
+            pass
+    import numpy as np
+
+    rng = np.random.default_rng(1)  # not the calibration prompts' seed
+    return [rng.integers(3, model.cfg.vocab_size, size=12).tolist() for _ in range(num_prompts)]
+
+
+def tune_and_verify(model: Model, batch_size: int = 1, *, quick: bool = False,
+                    max_levels: int = 3, top: int = 8, out=None, verify: bool = False,
+                    verify_prompts: int = 4, verify_tokens: int = 64, plot=None,
+                    settings: calibrate_lib.Settings | None = None,
+                    progress=None) -> dict[str, Any]:
+    """`hispec tune`: `tune`, then (with `verify`) measured tokens/s of the printed plans
+    on held-out prompts, and a predicted-vs-measured plot."""
+    report = tune(model, batch_size, quick=quick, settings=settings, max_levels=max_levels,
+                  top=top, out=out, progress=progress)
+    report["verify"] = None
+    if verify:
+        if progress:
+            progress(f"verify: {len(report['plans'])} plans on {verify_prompts} held-out prompts")
+        prompts = holdout_prompts(model, verify_prompts)
+        report["verify"] = measure_plans(model, report["plans"], batch_size, prompts, verify_tokens,
+                                  report["calibration"].costs, progress=progress)
+        if plot:
+            report["plot"] = predicted_vs_measured_plot(report["verify"], plot)
+    return report
+
+
+def predicted_vs_measured_plot(rows: list[dict[str, Any]], path) -> str:
+    """Predicted (end to end) vs measured tokens/s per plan (cf. HiSpec Fig. 9)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    pred = [r["predicted_end_to_end"] for r in rows]
+    meas = [r["measured_tokens_per_second"] for r in rows]
+    ax.scatter(pred, meas)
+    for r, x, y in zip(rows, pred, meas):
+        ax.annotate(r["plan"], (x, y), fontsize=6)
+    lo, hi = min(pred + meas) * 0.9, max(pred + meas) * 1.1
+    ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
+    ax.fill_between([lo, hi], [lo * 0.85, hi * 0.85], [lo * 1.15, hi * 1.15], alpha=0.1)
+    ax.set_xlabel("predicted tokens/s")
+    ax.set_ylabel("measured tokens/s")
+    ax.set_title("hispec tune: predicted vs measured (band: ±15 %)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return str(path)
+
+
+def summary_lines(report: dict[str, Any]) -> list[str]:
+    """The table `hispec tune` prints."""
+    cal = report["calibration"]
+    c = cal.costs
+    lines = [f"calibration: {cal.tokens} positions, {cal.seconds:.1f} s; batch {c.batch}; "
+             f"layer {1e6 * c.layer(1):.0f} us (T=1), head {1e6 * c.head(1):.0f} us, "
+             f"pass {1e6 * c.pass_s:.0f} us, round {1e6 * c.round_s:.0f} us, "
+             f"prefill {1e3 * c.prefill_s:.1f} ms"]
+    measured = {r["plan"]: r for r in (report.get("verify") or [])}
+    header = f"{'plan':40s} {'pred tok/s':>10s} {'pred x AR':>9s} {'tok/round':>9s}"
+    if measured:
+        header += f" {'pred e2e':>9s} {'measured':>9s} {'meas/pred':>9s} {'meas tok/rnd':>12s}"
+    lines.append(header)
+    for p in report["plans"]:
+        line = (f"{p.name():40s} {p.predicted_tokens_per_second:10.1f} "
+                f"{p.predicted_speedup:9.2f} {p.tokens_per_round:9.2f}")
+        r = measured.get(p.name())
+        if r:
+            line += (f" {r['predicted_end_to_end']:9.1f} {r['measured_tokens_per_second']:9.1f} "
+                     f"{r['measured_tokens_per_second'] / r['predicted_end_to_end']:9.2f} "
+                     f"{r['tokens_per_round_measured']:12.2f}")
+        lines.append(line)
+    if report.get("path"):
+        lines.append(f"saved the plan ({report['plans'][0].name()}) to {report['path']}")
+    if report.get("plot"):
+        lines.append(f"wrote {report['plot']}")
+    return lines

@@ -1,0 +1,180 @@
+"""`hispec_jax.planner`: the latency model against closed forms and simulation, the search
+on synthetic tables, plan files, method="auto" (== AR greedy) and `hispec tune`."""
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from hispec_jax.planner import latency, plan as plan_lib, search as search_lib
+from hispec_jax.planner.latency import Costs
+
+COSTS = Costs(batch=1, num_layers=24, block_sizes=(1, 4, 16, 32),
+              layer_s=(1e-4, 1.3e-4, 2.5e-4, 4e-4), head_s=(5e-5, 6e-5, 1e-4, 1.6e-4),
+              pass_s=3e-5, round_s=5e-5)
+EXITS = tuple(range(1, 25))
+
+
+def test_expected_emitted_closed_form():
+    for alpha in (0.0, 0.3, 0.9):
+        for n in (1, 3, 7):
+            dist = latency.emitted_distribution(alpha, n)
+            assert dist.sum() == pytest.approx(1.0)
+            assert np.dot(np.arange(n + 1), dist) == pytest.approx(
+                (1 - alpha ** n) / (1 - alpha))
+    assert latency.expected_emitted(1.0, 5) == 5
+
+
+def test_ar_and_layerskip_match_closed_forms():
+    c = COSTS
+    ar = latency.predict((24,), (), [], c)
+    assert ar.seconds_per_token == pytest.approx(24 * c.layer(1) + c.head(1) + c.pass_s + c.round_s)
+    d, nd, a = 3, 2, 0.7
+    ls = latency.predict((d, 24), (nd,), [a], c)
+    tokens = (1 - a ** (nd + 1)) / (1 - a)
+    round_s = (c.round_s + (nd + 1) * c.stage(0, d, 1) + c.stage(d, 24, nd + 1))
+    assert ls.tokens_per_round == pytest.approx(tokens)
+    assert ls.seconds_per_token == pytest.approx(round_s / tokens)
+
+
+@pytest.mark.parametrize("exits,windows,alphas", [
+    ((3, 24), (2,), [0.6]),
+    ((3, 6, 24), (2, 4), [0.8, 0.7]),
+    ((2, 8, 24), (3, 8), [0.5, 0.9]),
+    ((1, 4, 24), (1, 16), [0.95, 0.4]),
+])
+def test_exact_formulas_match_the_engine_simulator_at_batch_1(exits, windows, alphas):
+    exact = latency.predict(exits, windows, alphas, COSTS)
+    sim = latency.simulate(exits, windows, alphas, COSTS, rounds=10000, seed=1)
+    assert sim.tokens_per_round == pytest.approx(exact.tokens_per_round, rel=0.06)
+    assert sim.seconds_per_token == pytest.approx(exact.seconds_per_token, rel=0.06)
+
+
+def test_hsd_f_is_the_expected_number_of_deliveries():
+    # deliveries of exactly 1 token: reaching 5 takes 5; of exactly 2: reaching 5 takes 3
+    one = np.array([0.0, 1.0])
+    assert latency.collect(one, 5)[0] == pytest.approx(5)
+    two = np.array([0.0, 0.0, 1.0])
+    f, held = latency.collect(two, 5)
+    assert f == pytest.approx(3) and held[6] == pytest.approx(1.0)
+
+
+def test_k4_and_batch_simulation_are_consistent():
+    # K = 4 exact-formula approximation within 5 % of the simulator; a batch of
+    # always-accepting sequences behaves like batch 1 (all in phase)
+    ex, w, a = (2, 6, 12, 24), (2, 4, 4), [0.8, 0.8, 0.8]
+    approx = latency.predict(ex, w, a, COSTS)
+    sim = latency.simulate(ex, w, a, COSTS, rounds=6000, seed=2)
+    assert sim.seconds_per_token == pytest.approx(approx.seconds_per_token, rel=0.05)
+    c8 = dataclasses.replace(COSTS, batch=8)
+    b1 = latency.predict((3, 6, 24), (2, 4), [1.0, 1.0], COSTS)
+    b8 = latency.simulate((3, 6, 24), (2, 4), [1.0, 1.0], c8, rounds=200)
+    assert b8.tokens_per_round == pytest.approx(b1.tokens_per_round)
+    assert b8.tokens_per_second == pytest.approx(8 * b1.tokens_per_second)
+
+
+def test_search_always_agree_speculates_deep_from_the_cheapest_exit():
+    plans = search_lib.search(EXITS, lambda a, b: 1.0, COSTS, verify_windows=range(2, 9),
+                              adaptive=False)
+    best = plans[0]
+    assert best.exits[0] == 1 and len(best.exits) >= 2
+    assert best.predicted_speedup > 3 and best.tokens_per_round >= 4
+    assert best.predicted_tokens_per_second == max(p.predicted_tokens_per_second for p in plans)
+    assert search_lib.best_of_kind(plans, "ar") is not None  # kept for the side-by-side
+
+
+def test_search_never_agree_picks_ar():
+    plans = search_lib.search(EXITS, lambda a, b: 0.0, COSTS, verify_windows=range(2, 5))
+    assert plans[0].exits == (24,) and plans[0].method == "ar"
+    assert plans[0].predicted_speedup == pytest.approx(1.0)
+
+
+def test_search_prefers_hispec_when_an_intermediate_exit_filters_well():
+    # cheap draft exit 1 agrees 0.9 with exit 6, exit 6 agrees 0.95 with the top, but the
+    # draft agrees only 0.3 with the top: a middle verifier pays off
+    table = {(1, 6): 0.9, (6, 24): 0.95, (1, 24): 0.3}
+    alpha = lambda a, b: table.get((a, b), 0.05)
+    plans = search_lib.search(EXITS, alpha, COSTS, verify_windows=range(2, 9), adaptive=False)
+    assert plans[0].exits == (1, 6, 24)
+    assert search_lib.best_of_kind(plans, "layerskip") is not None
+    assert search_lib.best_of_kind(plans, "ar") is not None
+
+
+def test_plan_json_round_trip_and_options():
+    p = plan_lib.Plan(exits=(2, 5, 24), windows=(3, 6), predicted_tokens_per_second=12.5,
+                      predicted_speedup=1.3, tokens_per_round=2.2)
+    assert plan_lib.Plan.from_json(json.loads(json.dumps(p.to_json()))) == p
+    assert p.method == "hispec" and p.method_options() == {
+        "draft_exit": 2, "draft_len": 3, "verify_exits": (5,), "verify_window": 6}
+    assert plan_lib.Plan(exits=(24,)).method_options() == {}
+    assert plan_lib.Plan(exits=(4, 24), windows=(2,)).name() == "layerskip d=4 nd=2"
+
+
+# ---------------------------------------------------------------- with a tiny model (JAX)
+def _tiny():
+    import jax
+
+    from hispec_jax import Model, ModelConfig
+    from hispec_jax.models.params import init_params, with_layer_layout
+
+    cfg = ModelConfig(model_type="llama", vocab_size=96, hidden_size=32, intermediate_size=48,
+                      num_layers=4, num_heads=4, num_kv_heads=2, head_dim=8,
+                      max_position_embeddings=256)
+    params = init_params(cfg, jax.random.PRNGKey(1), init_std=0.3)
+    return Model(cfg=cfg, params=with_layer_layout(params, "unrolled"))
+
+
+def test_plan_files_are_keyed_by_model_device_and_batch(tmp_path, monkeypatch):
+    monkeypatch.setenv("HISPEC_CACHE_DIR", str(tmp_path))
+    model = _tiny()
+    p = plan_lib.Plan(exits=(1, 4), windows=(2,))
+    plan_lib.save_plan_file(plan_lib.plan_path(model, 2), plan_lib.plan_payload(model, 2, [p]))
+    assert plan_lib.load_plan(model, 2) == p
+    assert plan_lib.load_plan(model, 1) is None  # another batch size
+    other = dataclasses.replace(model, params={**model.params, "embed": model.params["embed"] + 1})
+    assert plan_lib.load_plan(other, 2) is None  # another model
+
+
+def test_generate_auto_uses_the_saved_plan_and_equals_ar(tmp_path, monkeypatch):
+    from hispec_jax import generate
+
+    monkeypatch.setenv("HISPEC_CACHE_DIR", str(tmp_path))
+    model = _tiny()
+    p = plan_lib.Plan(exits=(1, 4), windows=(2,))
+    plan_lib.save_plan_file(plan_lib.plan_path(model, 2), plan_lib.plan_payload(model, 2, [p]))
+    prompts = [[5, 6, 7, 8, 9], [10, 11, 12]]
+    auto = generate(model, prompts, method="auto", max_new_tokens=12, ignore_eos=True)
+    ar = generate(model, prompts, method="ar", max_new_tokens=12, ignore_eos=True)
+    assert auto.stats["plan"] == "layerskip d=1 nd=2"
+    assert auto.stats["exits"] == [1, 4]
+    assert auto.token_ids == ar.token_ids
+    with pytest.raises(ValueError, match="does not take draft_exit"):
+        generate(model, prompts, method="auto", draft_exit=2)
+
+
+def test_tune_cli_on_a_tiny_model(tmp_path, monkeypatch, capsys):
+    """The whole pipeline once, at the smallest settings: calibrate (AR and LayerSkip
+    loops, acceptance, stage costs), search, save; then method='auto' finds the plan."""
+    from hispec_jax import cli, generate, save_model
+    from hispec_jax.models.model import load_model
+    from hispec_jax.planner import calibrate, tune
+
+    monkeypatch.setenv("HISPEC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(calibrate.Settings, "quick", classmethod(lambda cls: cls(
+        num_prompts=2, max_prompt_tokens=8, new_tokens=12, block_sizes=(1, 4), repeats=1,
+        capacity=64)))
+    save_model(_tiny(), tmp_path / "tiny")
+    assert cli.main(["tune", "--model", str(tmp_path / "tiny"), "--quick", "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "pred tok/s" in out and "saved the plan" in out
+    model = load_model(tmp_path / "tiny")
+    saved = plan_lib.load_plan(model, 1)
+    assert saved is not None
+    payload = json.loads(plan_lib.plan_path(model, 1).read_text())
+    alpha = np.asarray(payload["calibration"]["alpha"])
+    assert alpha.shape == (4, 4) and np.allclose(np.diag(alpha), 1) and np.allclose(alpha, alpha.T)
+    assert ((alpha >= 0) & (alpha <= 1)).all()
+    assert tune.auto_decoder(model, 1)[1] == saved
+    result = generate(model, [[5, 6, 7]], method="auto", max_new_tokens=6, ignore_eos=True)
+    assert result.stats["plan"] == saved.name()
