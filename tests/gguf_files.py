@@ -211,3 +211,19 @@ def write_gguf(path, hf_model, qtype=Q.F32, arch: str = "llama", vocab=None,
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def tiny_chat_gguf(path):
+    """A 2-layer Llama with tied embeddings, byte-level chat vocab, written as Q4_1 to `path`
+    (stands in for `hispec pull smollm2-135m-instruct` in CLI and README tests)."""
+    import torch
+    import transformers
+
+    vocab = byte_level_vocab()
+    torch.manual_seed(0)
+    hf_model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=len(vocab[0]), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        initializer_range=0.3, tie_word_embeddings=True)).eval()
+    write_gguf(path, hf_model, Q.Q4_1, vocab=vocab)
+    return path

@@ -51,20 +51,9 @@ def test_command_a_generates_with_the_default_model():
 @pytest.fixture(scope="module")
 def tiny_gguf(tmp_path_factory):
     """A tiny chat GGUF file standing in for `hispec pull smollm2-135m-instruct`."""
-    import torch
-    import transformers
-
     import gguf_files
 
-    vocab = gguf_files.byte_level_vocab()
-    torch.manual_seed(0)
-    hf_model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        vocab_size=len(vocab[0]), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-        initializer_range=0.3, tie_word_embeddings=True)).eval()
-    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
-    gguf_files.write_gguf(path, hf_model, gguf_files.Q.Q4_1, vocab=vocab)
-    return path
+    return gguf_files.tiny_chat_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf")
 
 
 def test_python_examples_run_as_written(tiny_gguf, tmp_path):

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hispec_jax.bench import suite
+from hispec_jax.bench.roofline import nbytes, step_weight_bytes
 from hispec_jax.bench.suite import MethodSpec
 from hispec_jax.models.heads import head_kind
 from hispec_jax.models.model import Model, load_model
@@ -69,18 +70,14 @@ def preset_model(name: str, dtype: str | None, seed: int = 0) -> Model:
     return Model(cfg=cfg, params=params, generation_config={})
 
 
-def _nbytes(tree) -> int:
-    return sum(x.size * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
-
-
 def head_cost_in_layers(model: Model, exit_layer: int) -> float:
     """One evaluation of exit `exit_layer`'s head, in units of one layer's weight bytes."""
     cfg = model.cfg
-    layer_bytes = _nbytes(model.params["layers"]) / cfg.num_layers
+    layer_bytes = nbytes(model.params["layers"]) / cfg.num_layers
     if head_kind(cfg, model.heads, exit_layer) == "shared":
         head_bytes = cfg.hidden_size * cfg.vocab_size * jnp.dtype(cfg.dtype).itemsize
     else:
-        head_bytes = _nbytes(model.heads[str(exit_layer)])
+        head_bytes = nbytes(model.heads[str(exit_layer)])
     return head_bytes / layer_bytes
 
 
@@ -88,9 +85,7 @@ def ar_bytes_per_token(model: Model, context: float) -> float:
     """Weights read per AR step (the LM head included, the embedding table not) + KV read
     at `context` positions, per sequence at batch 1."""
     cfg = model.cfg
-    weights = _nbytes(model.params) - _nbytes(model.params["embed"])
-    if cfg.tie_word_embeddings:
-        weights += _nbytes(model.params["embed"])
+    weights = step_weight_bytes(model)
     kv_per_position = (2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim
                        * jnp.dtype(cfg.dtype).itemsize)
     return weights + kv_per_position * context

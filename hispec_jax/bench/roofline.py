@@ -46,8 +46,17 @@ class StepBytes:
         return self.compiled / (self.analytic + self.scatter_charge)
 
 
-def _nbytes(tree) -> int:
+def nbytes(tree) -> int:
     return sum(x.size * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
+
+
+def step_weight_bytes(model: Model) -> int:
+    """Weights one decoding step reads: every parameter but the embedding table (one row of
+    it is read), plus the table itself when it is the (tied) LM head."""
+    weights = nbytes(model.params) - nbytes(model.params["embed"])
+    if model.cfg.tie_word_embeddings:
+        weights += nbytes(model.params["embed"])
+    return weights
 
 
 def ar_engine(model: Model, batch: int, capacity: int) -> Engine:
@@ -64,10 +73,7 @@ def compiled_step_bytes(model: Model, batch: int, capacity: int) -> StepBytes:
     compiled = jax.jit(engine.step, donate_argnums=3).lower(params, heads, req, state).compile()
     analysis = compiled.cost_analysis()
     analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
-    weights = _nbytes(model.params) - _nbytes(model.params["embed"])
-    if model.cfg.tie_word_embeddings:  # the embedding is the LM head: read in full
-        weights += _nbytes(model.params["embed"])
-    kv = _nbytes(cache)
-    return StepBytes(weights=weights, kv_read=kv, scatter_charge=0 if batch == 1 else 2 * kv,
+    kv = nbytes(cache)
+    return StepBytes(weights=step_weight_bytes(model), kv_read=kv, scatter_charge=0 if batch == 1 else 2 * kv,
                      compiled=int(analysis["bytes accessed"]))
 
