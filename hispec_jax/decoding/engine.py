@@ -68,6 +68,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from hispec_jax.decoding import draft as draft_lib
 from hispec_jax.decoding import emit
 from hispec_jax.decoding import windows as windows_lib
 from hispec_jax.decoding.acceptance import GreedyAcceptance, Verdict
@@ -94,7 +95,14 @@ class Hierarchy:
       schedule: who takes part in a verification. "sync": every unfinished sequence with
         something pending (greedy). "own": only the sequences whose own input is ready
         (sampling: a sequence's draws never depend on the rest of the batch).
-      draft_exit: how deep each draft token runs (`draft.StaticDraftExit`).
+      draft_exit: how deep each draft token runs (`draft.StaticDraftExit`, or SpecBound's
+        `draft.DynamicDraftExit`).
+      companion: None, or a verification-length selector for level 1 (SV, `sv.py`): level 1
+        then only scores the drafts and passes a prefix of them, with the draft's
+        distributions, to the top level (K = 3).
+      top_blocks: the block lengths the top level's pass is compiled at (ascending, the
+        last one `blocks[-1]`); each verification runs the shortest that holds every
+        participant's pending tokens (`lax.switch`). Empty: one block, `blocks[-1]`.
     """
 
     exits: tuple[int, ...]
@@ -103,6 +111,8 @@ class Hierarchy:
     rule: Any = GreedyAcceptance()
     schedule: str = "sync"
     draft_exit: Any = StaticDraftExit()
+    companion: Any = None
+    top_blocks: tuple[int, ...] = ()
 
     def __post_init__(self):
         if self.schedule not in ("sync", "own"):
@@ -110,6 +120,13 @@ class Hierarchy:
         if len(self.max_windows) != len(self.exits) - 1:
             raise ValueError(f"max_windows={self.max_windows} needs one entry per verifying "
                              f"level ({len(self.exits) - 1} for exits {self.exits})")
+        if self.companion is not None and len(self.exits) != 3:
+            raise ValueError(f"a level-1 companion needs exactly 3 levels, got exits {self.exits}")
+        if self.top_blocks and (list(self.top_blocks) != sorted(set(self.top_blocks))
+                                or self.top_blocks[-1] != self.blocks[-1]
+                                or self.top_blocks[0] < 1):
+            raise ValueError(f"top_blocks={self.top_blocks} must be ascending, >= 1 and end "
+                             f"at the top level's block {self.blocks[-1]}")
 
     @property
     def num_levels(self) -> int:
@@ -124,6 +141,12 @@ class Hierarchy:
         """Static block length of each verifying level's pass (index k - 1 for level k);
         blocks[0] is also the most draft steps a round runs."""
         return windows_lib.block_lengths(tuple(w + 1 for w in self.max_windows))
+
+    @property
+    def keeps_dists(self) -> bool:
+        """Whether levels keep the distributions of the tokens they pass up (sampling, and
+        the SV companion, whose signals compare the draft's and its own distribution)."""
+        return self.num_levels > 1 and self.companion is not None
 
     @property
     def ring(self) -> int:
@@ -162,6 +185,9 @@ class Counters:
       emitted: [] tokens the top level emitted (after EOS and budget cuts).
       reject_checks: [] rejections by the level below the top, later checked by the top.
       true_rejects: [] of those, rejections the top level agreed with.
+      verified_hist: [blocks[-1] + 1] top-level verifications by how many tokens each
+        sequence submitted (SV's verified lengths).
+      draft_depth_hist: [L + 1] draft tokens by the layer they exited at (SpecBound).
     """
 
     rounds: jax.Array
@@ -174,12 +200,16 @@ class Counters:
     emitted: jax.Array
     reject_checks: jax.Array
     true_rejects: jax.Array
+    verified_hist: jax.Array
+    draft_depth_hist: jax.Array
 
     @classmethod
-    def zeros(cls, K: int) -> "Counters":
+    def zeros(cls, K: int, max_verified: int = 0, num_layers: int = 0) -> "Counters":
         z = jnp.zeros((), jnp.int32)
         zk = jnp.zeros((K,), jnp.int32)
-        return cls(z, zk, z, z, zk, zk, zk, z, z, z)
+        return cls(z, zk, z, z, zk, zk, zk, z, z, z,
+                   jnp.zeros((max_verified + 1,), jnp.int32),
+                   jnp.zeros((num_layers + 1,), jnp.int32))
 
 
 @flax.struct.dataclass
@@ -230,6 +260,8 @@ class _Forward:
       proposed_BxT: [B, T] the tokens proposed by the level below.
       h_BxTxD: layer-e_k hidden states.
       target_BxTxV: logits (greedy) or filtered log-probabilities (sampling) of level k.
+      layer_passes: [] sequential layer passes the pass ran.
+      layer_token_evals: [] layers x valid tokens it computed.
     """
 
     start_B: jax.Array
@@ -239,6 +271,8 @@ class _Forward:
     proposed_BxT: jax.Array
     h_BxTxD: jax.Array
     target_BxTxV: jax.Array
+    layer_passes: Any
+    layer_token_evals: Any
 
 
 def _gather_positions(tokens_BxS, positions_BxT):
@@ -274,8 +308,12 @@ class _Round:
         out, pending_B = state.out, self.pending(state, k)
         ahead_B = state.processed_BxK[:, k - 1] + 1 - out.lengths_B
         remaining_B = self.req.max_new_B - out.num_new_B
-        return (self.h.window_policy.ready(state.windows, k, pending_B)
-                | ((ahead_B >= remaining_B) & (pending_B > 0)))
+        ready_B = (self.h.window_policy.ready(state.windows, k, pending_B)
+                   | ((ahead_B >= remaining_B) & (pending_B > 0)))
+        if k == 1:  # the draft policy may end drafting early (SpecBound's hard token)
+            ready_B |= self.h.draft_exit.stops(state.draft_state, state.processed_BxK[:, 0],
+                                               pending_B)
+        return ready_B
 
     def participants(self, state: EngineState, k: int) -> jax.Array:
         active_B = ~state.out.done_B
@@ -305,14 +343,15 @@ class _Round:
         if K == 1:  # the only level drafts and emits one token per round
             return self.draft(state, ~state.out.done_B)
         state = self.draft_phase(state)
-        state = self.verify(state, 1, self.participants(state, 1))
+        state = self.verify_top_or_not(state, 1, self.participants(state, 1))
         for k in range(2, K):
             part_B = self.participants(state, k)
             if self.h.schedule == "sync":  # run only if some sequence's input is ready
                 run = jnp.any(part_B & self.ready(state, k))
             else:
                 run = jnp.any(part_B)
-            state = jax.lax.cond(run, functools.partial(self.verify, k=k, part_B=part_B),
+            state = jax.lax.cond(run, functools.partial(self.verify_top_or_not, k=k,
+                                                        part_B=part_B),
                                  lambda s: s, state)
         return state
 
@@ -333,6 +372,18 @@ class _Round:
                                      lambda s: s, state)
         return state
 
+    def verify_top_or_not(self, state: EngineState, k: int, part_B: jax.Array) -> EngineState:
+        """Level k's verification; the top level's runs at the shortest of `top_blocks` that
+        holds every participant's pending tokens (one `lax.switch` branch per length)."""
+        if k < self.h.num_levels - 1 or not self.h.top_blocks:
+            return self.verify(state, k, part_B)
+        sizes = jnp.asarray(self.h.top_blocks, jnp.int32)
+        longest = jnp.max(jnp.where(part_B, self.pending(state, k), 0))
+        index = jnp.minimum(jnp.searchsorted(sizes, longest), len(self.h.top_blocks) - 1)
+        branches = [functools.partial(self.verify, k=k, part_B=part_B, T=T)
+                    for T in self.h.top_blocks]
+        return jax.lax.switch(index, branches, state)
+
     # ---- level 0: draft one token -----------------------------------------------------
     def draft(self, state: EngineState, part_B: jax.Array) -> EngineState:
         cfg, h = self.cfg, self.h
@@ -340,19 +391,25 @@ class _Round:
         S = out.tokens_BxS.shape[1]
         pos_B = c[:, 0]
         token_B = _gather_positions(out.tokens_BxS, pos_B[:, None])[:, 0]
-        positions_Bx1 = jnp.where(part_B, pos_B, S)[:, None]
+        K = h.num_levels
         with jax.named_scope("draft"):
-            d = h.draft_exit.draft(self.params, self.heads, cfg, embed(self.params, token_B[:, None]),
-                                   positions_Bx1, state.cache, h.exits[0], state.draft_state)
+            d = h.draft_exit.draft(self.params, self.heads, cfg, draft_lib.DraftInput(
+                x_Bx1xD=embed(self.params, token_B[:, None]), position_B=pos_B, part_B=part_B,
+                pending_start_B=c[:, 1] if K > 1 else pos_B,
+                ring_BxWxD=state.hidden[0] if K > 1 else None, capacity=S,
+                block=h.blocks[0] if K > 1 else 1), state.cache, h.exits[0], state.draft_state)
             if self.greedy:
                 next_B = jnp.argmax(d.logits_BxV, axis=-1).astype(jnp.int32)
+                logp_BxV = jax.nn.log_softmax(d.logits_BxV, axis=-1)  # SV's signals
             else:
                 logp_BxV = filtered_logprobs(d.logits_BxV, self.req.sampling)
                 next_B = jax.vmap(jax.random.categorical)(self.keys(state, 0), logp_BxV)
                 next_B = next_B.astype(jnp.int32)
         hidden, dists = state.hidden, state.dists
-        if h.num_levels > 1:
-            hidden = (self._ring_write(hidden[0], pos_B[:, None], d.h_Bx1xD, part_B[:, None]),) + hidden[1:]
+        if K > 1:
+            ring = (d.ring_BxWxD if d.ring_BxWxD is not None
+                    else self._ring_write(hidden[0], pos_B[:, None], d.h_Bx1xD, part_B[:, None]))
+            hidden = (ring,) + hidden[1:]
             if dists:
                 dists = (self._ring_write(dists[0], pos_B[:, None] + 1, logp_BxV[:, None],
                                           part_B[:, None]),) + dists[1:]
@@ -365,27 +422,33 @@ class _Round:
         counters = counters.replace(
             actions_K=counters.actions_K.at[0].add(1),
             layer_passes=counters.layer_passes + d.layer_passes,
-            layer_token_evals=counters.layer_token_evals + d.layer_passes * jnp.sum(part_B))
+            layer_token_evals=counters.layer_token_evals + d.layer_token_evals,
+            draft_depth_hist=counters.draft_depth_hist.at[
+                jnp.where(part_B, d.depth_B, counters.draft_depth_hist.shape[0])].add(
+                    1, mode="drop"))
         return state.replace(out=out, cache=d.cache, hidden=hidden, dists=dists,
                              processed_BxK=c.at[:, 0].add(part_B.astype(jnp.int32)),
                              draft_state=d.state, draws_B=state.draws_B + part_B,
                              counters=counters)
 
     # ---- level k > 0: verify the level below --------------------------------------------
-    def verify(self, state: EngineState, k: int, part_B: jax.Array) -> EngineState:
-        """Forward, acceptance, rollback, emit (top level), then policy and counters."""
+    def verify(self, state: EngineState, k: int, part_B: jax.Array,
+               T: int | None = None) -> EngineState:
+        """Forward (over a block of T positions, default the level's static block),
+        acceptance, rollback, emit (top level), then policy and counters."""
         with jax.named_scope(f"verify_level{k}"):
-            fwd, state = self.forward(state, k, part_B)
+            fwd, state = self.forward(state, k, part_B, T)
             verdict = self.accept(state, k, fwd)
             state = self.rollback(state, k, part_B, fwd, verdict)
             if k == self.h.num_levels - 1:
                 state = self.emit_accepted(state, part_B, fwd)
             return self.record(state, k, part_B, fwd, verdict)
 
-    def forward(self, state: EngineState, k: int, part_B: jax.Array):
+    def forward(self, state: EngineState, k: int, part_B: jax.Array, T: int | None = None):
         """Continues the buffered layer-e_{k-1} states of [c_k, c_{k-1}) through level k's
-        layers (writing their keys/values) and computes level k's exit."""
-        cfg, T = self.cfg, self.h.blocks[k - 1]
+        layers (writing their keys/values) and computes level k's exit. Above a dynamic
+        draft exit (k = 1), each position starts at its own draft depth."""
+        cfg, T = self.cfg, T or self.h.blocks[k - 1]
         lo, hi = self.h.layer_range(k)
         c, tokens_BxS = state.processed_BxK, state.out.tokens_BxS
         S = tokens_BxS.shape[1]
@@ -394,6 +457,15 @@ class _Round:
         positions_BxT = block_positions(start_B, n_B, T, S)
         proposed_pos_BxT = start_B[:, None] + 1 + jnp.arange(T)[None, :]
         x_BxTxD = self._ring_read(state.hidden[k - 1], positions_BxT)
+        valid_BxT = jnp.arange(T)[None, :] < n_B[:, None]
+        passes, evals = hi - lo, (hi - lo) * jnp.sum(n_B)
+        if k == 1:
+            aligned = self.h.draft_exit.align(self.params, cfg, x_BxTxD, positions_BxT, valid_BxT,
+                                              state.cache, state.draft_state, lo)
+            if aligned is not None:  # dynamic depths: bring every position up to layer lo
+                x_BxTxD, cache, lo, passes, evals = aligned
+                state = state.replace(cache=cache)
+                passes, evals = passes + hi - lo, evals + (hi - lo) * jnp.sum(n_B)
         h_BxTxD, cache = run_layers_cached(self.params, cfg, x_BxTxD, positions_BxT, state.cache,
                                            lo, hi)
         logits_BxTxV = exit_logits(self.params, self.heads, cfg, h_BxTxD, hi)
@@ -402,13 +474,18 @@ class _Round:
         fwd = _Forward(start_B=start_B, n_B=n_B, positions_BxT=positions_BxT,
                        proposed_pos_BxT=proposed_pos_BxT,
                        proposed_BxT=_gather_positions(tokens_BxS, proposed_pos_BxT),
-                       h_BxTxD=h_BxTxD, target_BxTxV=target_BxTxV)
+                       h_BxTxD=h_BxTxD, target_BxTxV=target_BxTxV, layer_passes=passes,
+                       layer_token_evals=evals)
         return fwd, state.replace(cache=cache)
 
     def accept(self, state: EngineState, k: int, fwd: _Forward) -> Verdict:
-        """The acceptance rule on the block (the level below's distributions as `q`)."""
-        proposal_BxTxV = None if self.greedy else self._ring_read(state.dists[k - 1],
-                                                                  fwd.proposed_pos_BxT)
+        """The acceptance rule on the block (the level below's distributions as `q`); level 1
+        of an SV hierarchy asks the companion how many drafts to pass up instead."""
+        proposal_BxTxV = (self._ring_read(state.dists[k - 1], fwd.proposed_pos_BxT)
+                          if state.dists else None)
+        if k == 1 and self.h.companion is not None:
+            return self.h.companion.select(fwd.target_BxTxV, proposal_BxTxV, fwd.proposed_BxT,
+                                           fwd.n_B, self.greedy)
         return self.h.rule.accept(fwd.target_BxTxV, proposal_BxTxV, fwd.proposed_BxT, fwd.n_B,
                                   self.keys(state, k))
 
@@ -433,7 +510,10 @@ class _Round:
         if k < K - 1:
             hidden[k] = self._ring_write(hidden[k], fwd.positions_BxT, fwd.h_BxTxD, valid_BxT)
             if dists:
-                dists[k] = self._ring_write(dists[k], fwd.proposed_pos_BxT, fwd.target_BxTxV,
+                passed_BxTxV = fwd.target_BxTxV
+                if k == 1 and self.h.companion is not None:  # SV: the drafts' own q goes up
+                    passed_BxTxV = self._ring_read(dists[0], fwd.proposed_pos_BxT)
+                dists[k] = self._ring_write(dists[k], fwd.proposed_pos_BxT, passed_BxTxV,
                                             valid_BxT)
         tokens_BxS = _scatter_tokens(out.tokens_BxS, reject_pos_B, verdict.next_token_B,
                                      rejected_B)
@@ -459,7 +539,6 @@ class _Round:
                verdict: Verdict) -> EngineState:
         """Window policy update, true-reject bookkeeping (App. H) and counters."""
         K, W = self.h.num_levels, self.h.ring
-        lo, hi = self.h.layer_range(k)
         m_B, n_B = verdict.num_accepted_B, fwd.n_B
         T = fwd.positions_BxT.shape[1]
         j_T = jnp.arange(T)
@@ -467,14 +546,15 @@ class _Round:
         batch_Bx1 = jnp.arange(n_B.shape[0])[:, None]
         counters = state.counters
         rej_pos, rej_tok = state.rejected_pos_BxW, state.rejected_tok_BxW
-        if K >= 3 and k == K - 2:  # record this level's rejections for the true-reject rate
+        tracks_rejects = K >= 3 and self.h.companion is None  # SV's level 1 does not reject
+        if tracks_rejects and k == K - 2:  # record this level's rejections (true-reject rate)
             rejected_B = part_B & (m_B < n_B)
             record_BxT = valid_BxT & (j_T[None, :] == m_B[:, None]) & rejected_B[:, None]
             slots_BxT = jnp.where(valid_BxT, fwd.proposed_pos_BxT % W, W)
             rej_pos = rej_pos.at[batch_Bx1, slots_BxT].set(
                 jnp.where(record_BxT, fwd.proposed_pos_BxT, -1), mode="drop")
             rej_tok = rej_tok.at[batch_Bx1, slots_BxT].set(fwd.proposed_BxT, mode="drop")
-        if K >= 3 and k == K - 1:  # check recorded rejections where the prefix was accepted
+        if tracks_rejects and k == K - 1:  # check recorded rejections (prefix accepted)
             checked_BxT = valid_BxT & (j_T[None, :] <= m_B[:, None])
             slots_BxT = fwd.proposed_pos_BxT % W
             has_rec_BxT = checked_BxT & (rej_pos[batch_Bx1, slots_BxT] == fwd.proposed_pos_BxT)
@@ -482,12 +562,15 @@ class _Round:
             counters = counters.replace(
                 reject_checks=counters.reject_checks + jnp.sum(has_rec_BxT),
                 true_rejects=counters.true_rejects + jnp.sum(has_rec_BxT & agree_BxT))
+        if k == K - 1:
+            hist = counters.verified_hist
+            counters = counters.replace(verified_hist=hist.at[
+                jnp.where(part_B & (n_B > 0), n_B, hist.shape[0])].add(1, mode="drop"))
         windows = self.h.window_policy.update(state.windows, k, K, m_B, n_B, part_B)
-        depth = hi - lo
         counters = counters.replace(
             actions_K=counters.actions_K.at[k].add(1),
-            layer_passes=counters.layer_passes + depth,
-            layer_token_evals=counters.layer_token_evals + depth * jnp.sum(n_B),
+            layer_passes=counters.layer_passes + fwd.layer_passes,
+            layer_token_evals=counters.layer_token_evals + fwd.layer_token_evals,
             verifications_K=counters.verifications_K.at[k].add(jnp.sum(n_B > 0)),
             proposed_K=counters.proposed_K.at[k].add(jnp.sum(n_B)),
             accepted_K=counters.accepted_K.at[k].add(jnp.sum(jnp.where(part_B, m_B, 0))))
@@ -603,11 +686,11 @@ class Engine:
             rejected_pos_BxW=jnp.full((B, h.ring), -1, jnp.int32),
             rejected_tok_BxW=jnp.zeros((B, h.ring), jnp.int32),
             windows=h.window_policy.init(windows_K1, B),
-            draft_state=h.draft_exit.init(B),
+            draft_state=h.draft_exit.init(B, h.ring),
             dists=tuple(jnp.full((B, h.ring, cfg.vocab_size), -jnp.inf, jnp.float32)
-                        for _ in range(K - 1)) if not greedy and K > 1 else (),
+                        for _ in range(K - 1)) if (not greedy or h.keeps_dists) and K > 1 else (),
             draws_B=jnp.zeros((B,), jnp.int32),
-            counters=Counters.zeros(K),
+            counters=Counters.zeros(K, max(h.blocks, default=0), cfg.num_layers),
         )
 
     def step(self, params, heads, req: Request, state: EngineState) -> EngineState:

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 from hispec_jax.decoding import options as options_lib
 from hispec_jax.decoding.acceptance import RULES, GreedyAcceptance
+from hispec_jax.decoding.draft import DynamicDraftExit
 from hispec_jax.decoding.engine import Counters, Hierarchy
 from hispec_jax.decoding.windows import (DRAFT_LEN_RANGE, VERIFY_WINDOW_RANGE, AdaptiveWindows,
                                          FixedWindows)
@@ -86,6 +87,13 @@ def summarize_counters(h: Hierarchy, counters: list[Counters],
     per_sequence_tokens = sum(int(c.emitted) / max(n, 1) for c, n in zip(counters, batch_sequences))
     stats["layer_passes_per_token"] = (int(total.layer_passes) / per_sequence_tokens
                                        if per_sequence_tokens else None)
+    rounds = int(total.rounds)
+    stats["tokens_per_round"] = per_sequence_tokens / rounds if rounds else None
+    # How many tokens each top-level verification checked (SV's verified lengths), and the
+    # layer each draft token exited at (SpecBound's depths; one bar for a static exit).
+    stats["verified_length_histogram"] = total.verified_hist.tolist() if K > 1 else []
+    stats["draft_exit_histogram"] = {int(e): int(n) for e, n in
+                                     enumerate(total.draft_depth_hist.tolist()) if n}
     return stats
 
 
@@ -123,14 +131,21 @@ def _check_window(name: str, value) -> int:
 def make_method(model: Model, method: str, *, exit_layer: int | None = None,
                 draft_exit: int | None = None, verify_exits=None, draft_len: int | None = None,
                 verify_window: int | None = None, adaptive: bool = False,
-                acceptance: str | None = None, greedy: bool = True):
+                acceptance: str | None = None, sv_profile=None, tau: float | None = None,
+                anneal: float | None = None, depth_bound: int | None = None,
+                width: int | None = None, greedy: bool = True):
     """The decoding method object for `method` and its options; ValueError on bad settings.
 
     Methods: "ar" (K = 1, top = L), "exit" (K = 1, top = exit_layer), "layerskip"
-    (K = 2: draft_exit, L), "hispec" (K >= 3: draft_exit, verify_exits..., L).
+    (K = 2: draft_exit, L), "hispec" (K >= 3: draft_exit, verify_exits..., L), "sv"
+    (draft_exit, one companion exit in verify_exits, L; the companion picks how many of the
+    draft_len drafts the final layer verifies from an `sv_profile`: `sv.py`), "specbound"
+    (each draft exits at the first exit <= depth_bound whose annealed confidence clears
+    tau, at most width drafts per round: `draft.DynamicDraftExit`).
     Defaults (paper §3.3, §6): draft_exit ~ L/8, verify_exits ~ (L/4,), draft_len 2,
-    verify_window 4. `acceptance` picks the sampling-mode rule of every verifying level:
-    "tokenwise" (default) or "blockwise"; greedy decoding always uses the greedy rule.
+    verify_window 4; SpecBound: `options.SPECBOUND_DEFAULTS`, depth_bound ~ L/2.
+    `acceptance` picks the sampling-mode rule of every verifying level: "tokenwise"
+    (default) or "blockwise"; greedy decoding always uses the greedy rule.
     """
     cfg = model.cfg
     L = cfg.num_layers
@@ -140,31 +155,36 @@ def make_method(model: Model, method: str, *, exit_layer: int | None = None,
     options_lib.check_method_options(
         method, num_layers=L, exit_layer=exit_layer, draft_exit=draft_exit,
         verify_exits=verify_exits, draft_len=draft_len, verify_window=verify_window,
-        adaptive=adaptive, acceptance=acceptance)
+        adaptive=adaptive, acceptance=acceptance, sv_profile=sv_profile, tau=tau,
+        anneal=anneal, depth_bound=depth_bound, width=width)
     if method == "ar":
         return Decoder(Hierarchy(exits=(L,)))
     if method == "exit":
-        return Decoder(Hierarchy(exits=(_check_exit(model, "exit_layer", exit_layer),)))
+        return Decoder(Hierarchy(exits=(check_exit(model, "exit_layer", exit_layer),)))
+    if method == "specbound":
+        return _specbound(model, tau, anneal, depth_bound, width, acceptance, greedy)
     default_draft, default_verify = default_exits(model)
-    draft = _check_exit(model, "draft_exit", default_draft if draft_exit is None else draft_exit,
-                        below_top=True)
+    draft = check_exit(model, "draft_exit", default_draft if draft_exit is None else draft_exit,
+                       below_top=True)
     if method == "layerskip":
         mids: tuple[int, ...] = ()
     else:
         if verify_exits is None:
             if default_verify is None or (draft_exit is not None and draft >= default_verify):
-                raise ValueError("method 'hispec' needs verify_exits above draft_exit "
+                raise ValueError(f"method {method!r} needs verify_exits above draft_exit "
                                  f"(no default fits draft_exit={draft}, L={L})")
             verify_exits = (default_verify,)
         if isinstance(verify_exits, (int, np.integer)):
             verify_exits = (verify_exits,)
-        mids = tuple(_check_exit(model, "verify_exits", e, below_top=True) for e in verify_exits)
+        mids = tuple(check_exit(model, "verify_exits", e, below_top=True) for e in verify_exits)
         if not mids:
             raise ValueError("verify_exits must name at least one intermediate exit")
     exits = (draft,) + mids + (L,)
     if any(a >= b for a, b in zip(exits, exits[1:])):
         raise ValueError(f"exits must be strictly increasing: draft_exit={draft}, "
                          f"verify_exits={list(mids)}, final layer {L}")
+    if method == "sv":
+        return _sv(model, exits, 2 if draft_len is None else draft_len, sv_profile, greedy)
     nd = _check_window("draft_len", 2 if draft_len is None else draft_len)
     ni = _check_window("verify_window", 4 if verify_window is None else verify_window)
     windows = (nd,) + (ni,) * len(mids)
@@ -176,17 +196,56 @@ def make_method(model: Model, method: str, *, exit_layer: int | None = None,
     if adaptive:
         max_windows = (max(nd, DRAFT_LEN_RANGE[1]),) + tuple(
             max(w, VERIFY_WINDOW_RANGE[1]) for w in windows[1:])
-    if greedy:  # every rule reduces to the greedy one for one-hot distributions
-        rule, schedule = GreedyAcceptance(), "sync"
-    else:
-        rule, schedule = RULES[acceptance or "tokenwise"], "own"
+    rule, schedule = _sampling_rule(acceptance, greedy)
     hierarchy = Hierarchy(exits=exits, max_windows=max_windows,
                           window_policy=AdaptiveWindows() if adaptive else FixedWindows(),
                           rule=rule, schedule=schedule)
     return Decoder(hierarchy=hierarchy, windows=windows)
 
 
-def _check_exit(model: Model, name: str, value, below_top: bool = False) -> int:
+def _sampling_rule(acceptance: str | None, greedy: bool):
+    if greedy:  # every rule reduces to the greedy one for one-hot distributions
+        return GreedyAcceptance(), "sync"
+    return RULES[acceptance or "tokenwise"], "own"
+
+
+def _sv(model: Model, exits: tuple[int, ...], draft_len, sv_profile, greedy: bool) -> Decoder:
+    """SV: level 1 (the companion) passes a prefix of the drafts to the top level, which
+    runs at the shortest compiled block that holds it (`sv.py`)."""
+    from hispec_jax.decoding import sv as sv_lib
+
+    nd = _check_window("draft_len", draft_len)
+    table = sv_lib.find_table(model.path, sv_profile)
+    companion = sv_lib.selector(table, exits[0], exits[1], model.cfg.num_layers, nd, greedy)
+    rule, schedule = _sampling_rule(None, greedy)
+    windows = (nd, 0)  # the top level verifies whatever the companion passes up, every round
+    hierarchy = Hierarchy(exits=exits, max_windows=windows, rule=rule, schedule=schedule,
+                          companion=companion, top_blocks=sv_lib.top_blocks(nd + 1))
+    return Decoder(hierarchy=hierarchy, windows=windows)
+
+
+def _specbound(model: Model, tau, anneal, depth_bound, width, acceptance, greedy) -> Decoder:
+    """SpecBound: K = 2 (draft level [0, D), final layer [D, L)) with a dynamic draft exit."""
+    L = model.cfg.num_layers
+    d = options_lib.SPECBOUND_DEFAULTS
+    tau = d["tau"] if tau is None else float(tau)
+    anneal = d["anneal"] if anneal is None else float(anneal)
+    width = _check_window("width", d["width"] if width is None else width)
+    candidates = [e for e in available_exits(model) if e < L]
+    if not candidates:
+        raise ValueError(f"the model has no exit below its final layer {L}")
+    if depth_bound is None:  # the deepest exit with a head at or below L / 2
+        depth_bound = max([e for e in candidates if e <= max(1, L // 2)] or candidates[:1])
+    depth_bound = check_exit(model, "depth_bound", depth_bound, below_top=True)
+    exits = tuple(e for e in candidates if e <= depth_bound)
+    policy = DynamicDraftExit(exits=exits, tau=tau, anneal=anneal, num_layers=L)
+    rule, schedule = _sampling_rule(acceptance, greedy)
+    hierarchy = Hierarchy(exits=(depth_bound, L), max_windows=(width,), rule=rule,
+                          schedule=schedule, draft_exit=policy)
+    return Decoder(hierarchy=hierarchy, windows=(width,))
+
+
+def check_exit(model: Model, name: str, value, below_top: bool = False) -> int:
     L = model.cfg.num_layers
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
         raise ValueError(f"{name} must be an integer layer, got {value!r}")

@@ -15,8 +15,12 @@ from __future__ import annotations
 import math
 import numbers
 
-METHODS = ("ar", "exit", "layerskip", "hispec", "auto")  # auto: a saved plan (planner)
-SPECULATIVE_METHODS = ("layerskip", "hispec")
+METHODS = ("ar", "exit", "layerskip", "hispec", "sv", "specbound", "auto")  # auto: a saved plan
+SPECULATIVE_METHODS = ("layerskip", "hispec", "sv", "specbound")
+# Options only some methods take (the rest: SPECULATIVE_OPTIONS, exit_layer).
+METHOD_OPTIONS = {"sv": ("sv_profile",), "specbound": ("tau", "anneal", "depth_bound", "width")}
+# SpecBound defaults (chosen by the sweep in docs/sv_specbound.md).
+SPECBOUND_DEFAULTS = {"tau": 0.6, "anneal": 1.0, "width": 4}
 SPECULATIVE_OPTIONS = ("draft_exit", "verify_exits", "draft_len", "verify_window", "adaptive",
                        "acceptance")
 ACCEPTANCE_RULES = ("blockwise", "tokenwise")
@@ -80,7 +84,8 @@ def _check_layer(name: str, value, num_layers: int | None, below_top: bool) -> N
 
 def check_method_options(method, *, num_layers: int | None = None, exit_layer=None,
                          draft_exit=None, verify_exits=None, draft_len=None, verify_window=None,
-                         adaptive=False, acceptance=None) -> None:
+                         adaptive=False, acceptance=None, sv_profile=None, tau=None,
+                         anneal=None, depth_bound=None, width=None) -> None:
     """Raises `OptionError` if `method` or its options are invalid.
 
     Checks what needs no weights: the method name, which options the method takes, integer
@@ -90,6 +95,34 @@ def check_method_options(method, *, num_layers: int | None = None, exit_layer=No
     if method not in METHODS:
         raise OptionError("method", method, f"must be one of {', '.join(METHODS)}",
                           f"method={method!r} is not one of {METHODS}")
+    extra = {"sv_profile": sv_profile, "tau": tau, "anneal": anneal, "depth_bound": depth_bound,
+             "width": width}
+    for name, value in extra.items():
+        if value is not None and name not in METHOD_OPTIONS.get(method, ()):
+            owner = next(m for m, names in METHOD_OPTIONS.items() if name in names)
+            raise OptionError(name, value, f"only method {owner!r} takes it",
+                              f"method {method!r} does not take {name} (method {owner!r} does)")
+    if method == "specbound":
+        _check_specbound(num_layers, draft_exit=draft_exit, verify_exits=verify_exits,
+                         draft_len=draft_len, verify_window=verify_window, adaptive=adaptive,
+                         acceptance=acceptance, **{k: v for k, v in extra.items()
+                                                   if k != "sv_profile"})
+        return
+    if method == "sv":
+        for name, value in (("verify_window", verify_window), ("adaptive", adaptive or None)):
+            if value is not None:
+                raise OptionError(name, value, "method 'sv' chooses its verification length "
+                                  "from the companion's signals",
+                                  f"method 'sv' does not take {name} (it chooses the "
+                                  "verification length itself)")
+        if verify_exits is not None and not _is_int(verify_exits) and len(tuple(verify_exits)) != 1:
+            raise OptionError("verify_exits", verify_exits, "method 'sv' takes exactly one "
+                              "companion exit", "method 'sv' takes exactly one companion exit "
+                              f"in verify_exits, got {verify_exits!r}")
+        if acceptance == "blockwise":
+            raise OptionError("acceptance", acceptance, "method 'sv' verifies token-wise",
+                              "method 'sv' supports acceptance='tokenwise' only (its "
+                              "verification length is a stopping time of the drafts)")
     given = {"draft_exit": draft_exit, "verify_exits": verify_exits, "draft_len": draft_len,
              "verify_window": verify_window, "adaptive": adaptive or None,
              "acceptance": acceptance}
@@ -99,7 +132,7 @@ def check_method_options(method, *, num_layers: int | None = None, exit_layer=No
             name = sorted(given)[0]
             raise OptionError(name, given[name],
                               f"method {method!r} does not take it (only "
-                              f"{' and '.join(SPECULATIVE_METHODS)} do)",
+                              f"{', '.join(SPECULATIVE_METHODS)} do)",
                               f"method {method!r} does not take {', '.join(sorted(given))}")
         if method in ("ar", "auto") and exit_layer is not None:
             raise OptionError("exit_layer", exit_layer,
@@ -144,6 +177,29 @@ def check_method_options(method, *, num_layers: int | None = None, exit_layer=No
         check_positive_int("draft_len", draft_len)
     if verify_window is not None:
         check_positive_int("verify_window", verify_window)
+    if acceptance is not None and acceptance not in ACCEPTANCE_RULES:
+        raise OptionError("acceptance", acceptance, f"must be one of {', '.join(ACCEPTANCE_RULES)}",
+                          f"acceptance={acceptance!r} is not one of {list(ACCEPTANCE_RULES)}")
+
+
+def _check_specbound(num_layers, *, tau, anneal, depth_bound, width, acceptance, **others):
+    given = {k: v for k, v in others.items() if v is not None and v is not False}
+    if given:
+        name = sorted(given)[0]
+        raise OptionError(name, given[name], "method 'specbound' picks each draft's exit itself "
+                          "(use tau, anneal, depth_bound, width)",
+                          f"method 'specbound' does not take {', '.join(sorted(given))} "
+                          "(use tau, anneal, depth_bound, width)")
+    if tau is not None and not (_is_real(tau) and 0 < tau <= 1):
+        raise OptionError("tau", tau, "must be in (0, 1]",
+                          f"tau (the confidence threshold) must be in (0, 1], got {tau!r}")
+    if anneal is not None and not (_is_real(anneal) and math.isfinite(anneal) and anneal >= 0):
+        raise OptionError("anneal", anneal, "must be a finite number >= 0",
+                          f"anneal (the temperature schedule's alpha) must be >= 0, got {anneal!r}")
+    if depth_bound is not None:
+        _check_layer("depth_bound", depth_bound, num_layers, below_top=True)
+    if width is not None:
+        check_positive_int("width", width)
     if acceptance is not None and acceptance not in ACCEPTANCE_RULES:
         raise OptionError("acceptance", acceptance, f"must be one of {', '.join(ACCEPTANCE_RULES)}",
                           f"acceptance={acceptance!r} is not one of {list(ACCEPTANCE_RULES)}")

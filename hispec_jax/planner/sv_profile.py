@@ -1,0 +1,104 @@
+"""`hispec profile-sv`: the offline profile SV decodes with (`decoding/sv.py`).
+
+One teacher-forced pass over the model's own greedy continuations of calibration prompts
+(the positions greedy speculation sees once its drafts were accepted) gives, per position,
+the draft exit's distribution p_d, the companion exit's p_c and the final layer's p_t. For
+the draft token x = argmax p_d:
+
+    S = sum_v min(p_d(v), p_c(v)),   A = min(1, p_c(x) / p_d(x))
+    greedy acceptance    1[x == argmax p_t]
+    sampling acceptance  min(1, p_t(x) / p_d(x))
+
+(S, A) are binned into equal-count bins and the mean acceptance per bin is the table; the
+cost of a layer and of an exit head per block length (`calibrate.measure_stage_costs`) is
+the latency model that turns expected accepted tokens into goodput. The profile is saved as
+`sv_profile.json` in the model directory (or where `--out` says).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hispec_jax.decoding import generate as generate_lib
+from hispec_jax.decoding import methods
+from hispec_jax.decoding import sv as sv_lib
+from hispec_jax.models.heads import exit_logits
+from hispec_jax.models.model import Model
+from hispec_jax.models.params import with_layer_layout
+from hispec_jax.planner import calibrate
+from hispec_jax.planner.latency import Costs
+from hispec_jax.train_heads.pretrain import scan_exits
+
+
+@functools.partial(jax.jit, static_argnames=("model_cfg", "exits"))
+def _signals(params, heads, tokens_BxT, *, model_cfg, exits):
+    """[B, T] S, A, greedy acceptance and sampling acceptance at every position."""
+    params = with_layer_layout(params, "scan")
+    _, h_LxBxTxD = scan_exits(params, model_cfg, tokens_BxT, lambda h, index: h)
+    d, c, L = exits
+    logp = [jax.nn.log_softmax(exit_logits(params, heads, model_cfg, h_LxBxTxD[e - 1], e)
+                               .astype(jnp.float32), -1) for e in (d, c, L)]
+    logp_d, logp_c, logp_t = logp
+    x = jnp.argmax(logp_d, -1)[..., None]
+    at = lambda lp: jnp.take_along_axis(lp, x, -1)[..., 0]
+    S = jnp.sum(jnp.minimum(jnp.exp(logp_d), jnp.exp(logp_c)), -1)
+    A = jnp.exp(jnp.minimum(at(logp_c) - at(logp_d), 0.0))
+    greedy_ok = (jnp.argmax(logp_t, -1) == x[..., 0])
+    sampling = jnp.exp(jnp.minimum(at(logp_t) - at(logp_d), 0.0))
+    return S, A, greedy_ok, sampling
+
+
+def profile_sv(model: Model, draft_exit: int | None = None, companion_exit: int | None = None,
+               *, batch_size: int = 1, prompts: list[list[int]] | None = None,
+               settings: calibrate.Settings = calibrate.Settings(), s_bins: int = 20,
+               a_bins: int = 10, progress=None) -> sv_lib.SVTable:
+    """Profiles SV signals and stage costs for (draft_exit, companion_exit, L)."""
+    tick = progress or (lambda msg: None)
+    t0 = time.perf_counter()
+    L = model.cfg.num_layers
+    default_d, default_c = methods.default_exits(model)
+    d = default_d if draft_exit is None else draft_exit
+    c = default_c if companion_exit is None else companion_exit
+    for name, e in (("draft_exit", d), ("verify_exits", c)):
+        methods.check_exit(model, name, e, below_top=True)
+    if c is None or not d < c < L:
+        raise ValueError(f"SV needs draft_exit < companion exit < {L}, got {d}, {c}")
+    s = settings
+    if prompts is None:
+        prompts = calibrate.calibration_prompts(model, s.num_prompts, s.max_prompt_tokens)
+    capacity = min(s.capacity, model.cfg.max_position_embeddings)
+    tick("AR continuations of the calibration prompts")
+    ar = generate_lib.generate(model, prompts, method="ar", max_new_tokens=s.new_tokens,
+                               ignore_eos=True, max_cache_len=capacity)
+    sequences = [p + t for p, t in zip(ar.prompt_token_ids, ar.token_ids)]
+    tick("signals at every continuation position")
+    T = max(16, 1 << (max(map(len, sequences)) - 1).bit_length())
+    cols = [[], [], [], []]
+    for seq, prompt in zip(sequences, ar.prompt_token_ids):
+        tokens = np.zeros((1, T), np.int32)
+        tokens[0, :len(seq)] = seq
+        out = jax.device_get(_signals(model.params, model.heads, tokens, model_cfg=model.cfg,
+                                      exits=(d, c, L)))
+        keep = slice(max(len(prompt) - 1, 0), len(seq) - 1)  # predictions of the continuation
+        for col, values in zip(cols, out):
+            col.append(np.asarray(values)[0, keep])
+    S, A, greedy_ok, sampling = (np.concatenate(col) for col in cols)
+    tick("stage costs (layers, exit head) per block length")
+    layer_s, head_s = calibrate.measure_stage_costs(
+        model, batch_size, capacity, s.block_sizes, s.repeats,
+        context=min(capacity // 2, s.max_prompt_tokens + s.new_tokens // 2))
+    costs = Costs(batch=batch_size, num_layers=L, block_sizes=tuple(s.block_sizes),
+                  layer_s=tuple(layer_s), head_s=tuple(head_s))
+    from hispec_jax.planner import plan as plan_lib
+
+    meta = {"prompts": len(prompts), "positions": int(S.size), "model": plan_lib.model_key(model),
+            "device": plan_lib.device_key(), "batch_size": batch_size,
+            "seconds": round(time.perf_counter() - t0, 2),
+            "mean_greedy_acceptance": round(float(greedy_ok.mean()), 4) if S.size else None}
+    return sv_lib.build_table(S, A, greedy_ok, sampling, d, c, costs.to_json(), s_bins=s_bins,
+                              a_bins=a_bins, meta=meta)
