@@ -236,6 +236,34 @@ def test_hispec_sampling_matches_exact_distribution(model, acceptance):
     assert stat < threshold, (stat, threshold)
 
 
+def test_sv_sampling_matches_exact_distribution(model):
+    """SV's verification length depends on the companion's signals; it is a stopping time
+    of the drafts, so token-wise rejection stays exact (the table makes lengths vary)."""
+    from test_sv_specbound import synthetic_table
+
+    sampling = SamplingParams(temperature=1.0, top_k=3, seed=13)
+    probs = exact_ar_distribution(model, sampling)
+    r = generate(model, [PROMPT] * N_SAMPLES, method="sv", draft_exit=1, verify_exits=(2,),
+                 draft_len=3, sv_profile=synthetic_table(1, 2, 4, seed=1, slope=1.0),
+                 max_new_tokens=NEW, ignore_eos=True, temperature=1.0, top_k=3, seed=13)
+    assert sum(n > 0 for n in r.stats["verified_length_histogram"]) >= 2
+    stat, threshold = chi_square_test(r.token_ids, probs, N_SAMPLES)
+    assert stat < threshold, (stat, threshold)
+
+
+@pytest.mark.parametrize("acceptance", ["tokenwise", "blockwise"])
+def test_specbound_sampling_matches_exact_distribution(model, acceptance):
+    """Each draft's q is the distribution of the exit it left at (chosen before the draw)."""
+    sampling = SamplingParams(temperature=1.0, seed=17)
+    probs = exact_ar_distribution(model, sampling)
+    r = generate(model, [PROMPT] * N_SAMPLES, method="specbound", tau=0.45, anneal=0.5,
+                 depth_bound=3, width=2, acceptance=acceptance, max_new_tokens=NEW,
+                 ignore_eos=True, temperature=1.0, seed=17)
+    assert len(r.stats["draft_exit_histogram"]) >= 2, r.stats["draft_exit_histogram"]
+    stat, threshold = chi_square_test(r.token_ids, probs, N_SAMPLES)
+    assert stat < threshold, (stat, threshold)
+
+
 def test_ar_sampling_matches_exact_distribution(model):
     sampling = SamplingParams(temperature=0.7, top_p=0.9, seed=5)
     probs = exact_ar_distribution(model, sampling)

@@ -166,6 +166,8 @@ class Hierarchy:
         hierarchy with window bounds at least as large)."""
         if len(self.max_windows) != len(other.max_windows):
             return False
+        if self.top_blocks or other.top_blocks:  # block lengths are part of the policy (SV)
+            return self == other
         return (dataclasses.replace(self, max_windows=other.max_windows) == other
                 and all(a >= b for a, b in zip(self.max_windows, other.max_windows)))
 
@@ -562,6 +564,9 @@ class _Round:
             counters = counters.replace(
                 reject_checks=counters.reject_checks + jnp.sum(has_rec_BxT),
                 true_rejects=counters.true_rejects + jnp.sum(has_rec_BxT & agree_BxT))
+        passed_B = m_B
+        if k == 1 and self.h.companion is not None:  # SV: x_gamma is passed up too
+            passed_B = jnp.where(m_B < n_B, m_B + 1, m_B)
         if k == K - 1:
             hist = counters.verified_hist
             counters = counters.replace(verified_hist=hist.at[
@@ -573,7 +578,7 @@ class _Round:
             layer_token_evals=counters.layer_token_evals + fwd.layer_token_evals,
             verifications_K=counters.verifications_K.at[k].add(jnp.sum(n_B > 0)),
             proposed_K=counters.proposed_K.at[k].add(jnp.sum(n_B)),
-            accepted_K=counters.accepted_K.at[k].add(jnp.sum(jnp.where(part_B, m_B, 0))))
+            accepted_K=counters.accepted_K.at[k].add(jnp.sum(jnp.where(part_B, passed_B, 0))))
         return state.replace(rejected_pos_BxW=rej_pos, rejected_tok_BxW=rej_tok,
                              windows=windows, draws_B=state.draws_B + part_B,
                              counters=counters)

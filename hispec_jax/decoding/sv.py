@@ -265,5 +265,6 @@ def build_table(S: np.ndarray, A: np.ndarray, greedy_ok: np.ndarray, sampling_ac
     return SVTable(draft_exit=draft_exit, companion_exit=companion_exit, s_edges=s_edges,
                    a_edges=a_edges, greedy_acceptance=r(mean_table(greedy_ok.astype(float))),
                    sampling_acceptance=r(mean_table(sampling_acc.astype(float))),
-                   counts=tuple(tuple(int(c) for c in row) for row in counts), costs=costs,
+                   counts=tuple(tuple(int(c) for c in row) for row in counts),
+                   costs=json.loads(json.dumps(costs)),  # as it reads back from the file
                    meta=meta or {})
