@@ -1,8 +1,9 @@
 """The `hispec` command line: parses, calls library functions, prints.
 
-    hispec generate [--model PATH] [--method ar|exit|layerskip|hispec|auto] [--exit-layer N]
-                    [--draft-exit N] [--verify-exits N[,N...]] [--draft-len N] [--verify-window N]
-                    [--adaptive] [--acceptance tokenwise|blockwise]
+    hispec generate [--model PATH] [--method ar|exit|layerskip|hispec|sv|specbound|auto]
+                    [--exit-layer N] [--draft-exit N] [--verify-exits N[,N...]] [--draft-len N]
+                    [--verify-window N] [--adaptive] [--acceptance tokenwise|blockwise]
+                    [--sv-profile PATH] [--tau X] [--anneal A] [--depth-bound D] [--width W]
                     [--max-new-tokens N] [--batch-size N] [--ignore-eos]
                     [--temperature T] [--top-k K] [--top-p P] [--seed S] [--chat] [--json]
                     PROMPT [PROMPT ...]
@@ -21,6 +22,7 @@
                         prediction, AR's share of the HBM roofline; `--help` for all flags)
     hispec tune [--model PATH] [--batch-size B] [--quick] [--max-levels K] [--verify]
                 [--out FILE] [--plot PNG]
+    hispec profile-sv [--model PATH] [--draft-exit N] [--verify-exits N] [--quick] [--out PATH]
 """
 
 from __future__ import annotations
@@ -54,6 +56,32 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+def add_method_arguments(parser) -> None:
+    """The options of methods sv and specbound (`hispec generate`)."""
+    d = options_lib.SPECBOUND_DEFAULTS
+    parser.add_argument("--sv-profile", default=None, metavar="PATH",
+                        help="sv: the profile `hispec profile-sv` wrote (default: "
+                             "sv_profile.json in the model directory)")
+    parser.add_argument("--tau", type=float, default=None, metavar="X",
+                        help=f"specbound: confidence threshold in (0, 1] (default: {d['tau']})")
+    parser.add_argument("--anneal", type=float, default=None, metavar="A",
+                        help="specbound: temperature schedule T_l = 1 + A (1 - l/L), A >= 0 "
+                             f"(default: {d['anneal']})")
+    parser.add_argument("--depth-bound", type=int, default=None, metavar="D",
+                        help="specbound: deepest draft exit (default: ~L/2)")
+    parser.add_argument("--width", type=int, default=None, metavar="W",
+                        help=f"specbound: most drafts per round (default: {d['width']})")
+
+
+def method_options(args) -> dict:
+    """The method options of `hispec generate`'s arguments (None: not given)."""
+    return {"exit_layer": args.exit_layer, "draft_exit": args.draft_exit,
+            "verify_exits": args.verify_exits, "draft_len": args.draft_len,
+            "verify_window": args.verify_window, "adaptive": args.adaptive,
+            "acceptance": args.acceptance, "sv_profile": args.sv_profile, "tau": args.tau,
+            "anneal": args.anneal, "depth_bound": args.depth_bound, "width": args.width}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hispec", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -75,7 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--method", default="ar", choices=list(options_lib.METHODS),
                      help="ar: autoregressive; exit: early-exit inference from --exit-layer "
                           "(lossy); layerskip: self-speculation (--draft-exit, L); hispec: "
-                          "hierarchical speculation (--draft-exit, --verify-exits, L); auto: "
+                          "hierarchical speculation (--draft-exit, --verify-exits, L); sv: "
+                          "the companion exit (--verify-exits) chooses how many drafts the "
+                          "final layer verifies (needs `hispec profile-sv` first); specbound: "
+                          "each draft exits at its first confident layer (--tau, --anneal, "
+                          "--depth-bound, --width); auto: "
                           "the plan `hispec tune` saved for this model, device and batch size "
                           "(a quick tune first when there is none)")
     gen.add_argument("--exit-layer", type=int, default=None, metavar="N",
@@ -95,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--acceptance", default=None, choices=list(options_lib.ACCEPTANCE_RULES),
                      help="verification rule of speculative methods when --temperature > 0 "
                           "(default: tokenwise; greedy decoding always checks exact match)")
+    add_method_arguments(gen)
     gen.add_argument("--max-new-tokens", type=int, default=64, metavar="N",
                      help="new tokens per prompt, at most")
     gen.add_argument("--batch-size", type=int, default=None, metavar="N",
@@ -236,6 +269,25 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--out", default=None,
                       help="plan file to write (default: the plan cache, see docs/planner.md)")
     tune.add_argument("--plot", default=None, help="PNG of predicted vs measured (--verify)")
+
+    prof = add_parser(
+        "profile-sv", help="profile a model's SV signals for --method sv",
+        description="Bins the companion's agreement signals (S, A) of the draft tokens on "
+                    "the model's own greedy continuations of calibration prompts into "
+                    "equal-count bins, with the final layer's mean acceptance per bin, and "
+                    "measures the stage costs on this device; saves sv_profile.json in the "
+                    "model directory (or --out). See docs/sv_specbound.md.")
+    prof.add_argument("--model", default=None, help="local model directory (default: shipped)")
+    prof.add_argument("--draft-exit", type=int, default=None, metavar="N",
+                      help="draft exit (default: ~L/8)")
+    prof.add_argument("--verify-exits", type=int, default=None, metavar="N",
+                      help="the companion exit (default: ~L/4)")
+    prof.add_argument("--batch-size", type=int, default=1, help="batch size of the cost model")
+    prof.add_argument("--s-bins", type=int, default=20, help="bins of S (10-30 in the paper)")
+    prof.add_argument("--a-bins", type=int, default=10, help="bins of A (10-20 in the paper)")
+    prof.add_argument("--quick", action="store_true", help="fewer prompts, tokens and blocks")
+    prof.add_argument("--out", default=None,
+                      help="file or directory to write (default: the model directory)")
     return parser
 
 
@@ -353,10 +405,8 @@ def check_generate_args(args) -> None:
         if args.batch_size is not None:
             options_lib.check_positive_int("batch_size", args.batch_size)
         options_lib.check_sampling(args.temperature, args.top_k, args.top_p, args.seed)
-        options_lib.check_method_options(
-            args.method, num_layers=num_layers, exit_layer=args.exit_layer,
-            draft_exit=args.draft_exit, verify_exits=args.verify_exits, draft_len=args.draft_len,
-            verify_window=args.verify_window, adaptive=args.adaptive, acceptance=args.acceptance)
+        options_lib.check_method_options(args.method, num_layers=num_layers,
+                                         **method_options(args))
     except options_lib.OptionError as e:
         raise _usage_error(e) from None
     for i, prompt in enumerate(args.prompts):
@@ -379,10 +429,7 @@ def cmd_generate(args) -> int:
     from hispec_jax.models.model import load_model
 
     model = load_model(args.model or _default_model_dir())
-    options = {"exit_layer": args.exit_layer, "draft_exit": args.draft_exit,
-               "verify_exits": args.verify_exits, "draft_len": args.draft_len,
-               "verify_window": args.verify_window, "adaptive": args.adaptive,
-               "acceptance": args.acceptance}
+    options = method_options(args)
     result = generate(model, list(args.prompts), method=args.method,
                       max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                       ignore_eos=args.ignore_eos, temperature=args.temperature, top_k=args.top_k,
@@ -476,6 +523,34 @@ def cmd_tune(args) -> int:
     return 0
 
 
+def cmd_profile_sv(args) -> int:
+    for name in ("batch_size", "s_bins", "a_bins"):
+        options_lib.check_positive_int(name, getattr(args, name))
+    model_dir = args.model or _default_model_dir()
+    num_layers = check_model_path(model_dir)
+    try:
+        options_lib.check_method_options("sv", num_layers=num_layers, draft_exit=args.draft_exit,
+                                         verify_exits=args.verify_exits)
+    except options_lib.OptionError as e:
+        raise _usage_error(e) from None
+
+    from hispec_jax.models.model import load_model
+    from hispec_jax.planner import calibrate, sv_profile
+
+    model = load_model(model_dir)
+    settings = calibrate.Settings.quick() if args.quick else calibrate.Settings()
+    table = sv_profile.profile_sv(model, args.draft_exit, args.verify_exits,
+                                  batch_size=args.batch_size, settings=settings,
+                                  s_bins=args.s_bins, a_bins=args.a_bins,
+                                  progress=lambda msg: print(f"[profile-sv] {msg}", file=sys.stderr))
+    path = table.save(args.out or model_dir)
+    print(f"SV profile for exits ({table.draft_exit}, {table.companion_exit}, {num_layers}): "
+          f"{table.meta['positions']} positions, {len(table.s_edges) + 1} x "
+          f"{len(table.a_edges) + 1} bins, mean greedy acceptance "
+          f"{table.meta['mean_greedy_acceptance']}; wrote {path}")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -502,6 +577,8 @@ def main(argv=None) -> int:
             return cmd_bench(args)
         if args.command == "tune":
             return cmd_tune(args)
+        if args.command == "profile-sv":
+            return cmd_profile_sv(args)
     except ValueError as e:
         print(f"hispec: error: {e}", file=sys.stderr)
         return 2
