@@ -211,3 +211,13 @@ def test_sv_rejects_blockwise_sampling():
     with pytest.raises(ValueError, match="tokenwise"):
         generate(model, [[1, 2]], method="sv", acceptance="blockwise", temperature=1.0,
                  sv_profile=synthetic_table(1, 2, 5), max_new_tokens=4)
+
+
+def test_specbound_sweep_rows():
+    from hispec_jax.bench.seed_methods import specbound_sweep
+
+    model = tiny_model(4, 0, layer_scale=0.0)
+    rows = specbound_sweep(model, [[1, 2, 3]], 8, {"tau": [0.05], "anneal": [0.0],
+                                                   "depth_bound": [2], "width": [2]})
+    assert len(rows) == 1 and rows[0]["tau"] == 0.05
+    assert rows[0]["acceptance"] == 1.0 and rows[0]["layer_passes_per_token"] < 4
