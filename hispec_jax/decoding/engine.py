@@ -538,7 +538,8 @@ class Engine:
       greedy: argmax decoding (static: removes sorting from the loop).
       params_signature, heads_signature: structure, shapes and dtypes of the model's
         parameters and exit heads (the layer layout and trained heads are part of the key).
-      shardings: `in_shardings` for `jax.jit` of `run`'s arguments (None: one device).
+      shardings: how `run` is partitioned over a device mesh (`decoding.mesh.LoopShardings`,
+        hashable: in/out shardings and the mesh it is lowered under); None: one device.
     """
 
     cfg: ModelConfig
@@ -642,8 +643,9 @@ class Engine:
 
     def lower(self) -> jax.stages.Lowered:
         """`run` lowered on abstract arguments (the cache argument is donated)."""
-        shardings = {} if self.shardings is None else {"in_shardings": self.shardings}
-        jitted = jax.jit(self.run, donate_argnums=(3,), **shardings)
+        if self.shardings is not None:  # over a device mesh (decoding/mesh.py)
+            return self.shardings.lower(self.run, self.abstract_arguments(), donate_argnums=(3,))
+        jitted = jax.jit(self.run, donate_argnums=(3,))
         return jitted.lower(*self.abstract_arguments())
 
     def compiled(self):
