@@ -143,7 +143,7 @@ def test_parse_mesh_rejects(text, message):
 
 def test_make_mesh_needs_the_device_count():
     n = jax.device_count()
-    with pytest.raises(ValueError, match=rf"mesh data=2,model=4 needs 8 devices .* but {n} cpu "
+    with pytest.raises(ValueError, match=rf"mesh 'data=2,model=4': needs 8 devices .* but {n} cpu "
                                          r"device"):
         sharding.make_mesh("data=2,model=4")
     mesh = sharding.make_mesh({"model": n})

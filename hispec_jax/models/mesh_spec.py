@@ -15,26 +15,34 @@ from __future__ import annotations
 MESH_AXES = ("data", "model")
 
 
+class MeshSpecError(ValueError):
+    """A bad mesh text: `text` as given and `reason` (what is wrong, without the text)."""
+
+    def __init__(self, text, reason: str):
+        self.text, self.reason = text, reason
+        super().__init__(f"mesh {text!r}: {reason}")
+
+
 def parse_mesh(text: str) -> dict[str, int]:
     """`"data=2,model=4"` -> `{"data": 2, "model": 4}`; axes not named have size 1.
 
-    Raises ValueError naming the bad entry (unknown axis, repeated axis, size not an
-    integer >= 1, missing `=`)."""
+    Raises `MeshSpecError` (a ValueError) naming the bad entry (unknown axis, repeated
+    axis, size not an integer >= 1, missing `=`)."""
     if not isinstance(text, str) or not text.strip():
-        raise ValueError(f"mesh {text!r}: expected AXIS=SIZE[,AXIS=SIZE], axes {'/'.join(MESH_AXES)} "
-                         "(e.g. data=2,model=4)")
+        raise MeshSpecError(text, f"expected AXIS=SIZE[,AXIS=SIZE] with axes "
+                                  f"{'/'.join(MESH_AXES)} (e.g. data=2,model=4)")
     shape = {}
     for entry in text.split(","):
         name, sep, size = (part.strip() for part in entry.partition("="))
         if not sep or not name:
-            raise ValueError(f"mesh {text!r}: entry {entry.strip()!r} is not AXIS=SIZE "
-                             "(e.g. data=2,model=4)")
+            raise MeshSpecError(text, f"entry {entry.strip()!r} is not AXIS=SIZE "
+                                      "(e.g. data=2,model=4)")
         if name not in MESH_AXES:
-            raise ValueError(f"mesh {text!r}: unknown axis {name!r} (axes: {', '.join(MESH_AXES)})")
+            raise MeshSpecError(text, f"unknown axis {name!r} (axes: {', '.join(MESH_AXES)})")
         if name in shape:
-            raise ValueError(f"mesh {text!r}: axis {name!r} is given twice")
+            raise MeshSpecError(text, f"axis {name!r} is given twice")
         if not size.isdigit() or int(size) < 1:
-            raise ValueError(f"mesh {text!r}: size of {name!r} must be an integer >= 1, got {size!r}")
+            raise MeshSpecError(text, f"size of {name!r} must be an integer >= 1, got {size!r}")
         shape[name] = int(size)
     return {axis: shape.get(axis, 1) for axis in MESH_AXES}
 
@@ -53,11 +61,11 @@ def mesh_size(shape: dict[str, int]) -> int:
 
 
 def check_device_count(shape: dict[str, int], device_count: int, platform: str = "") -> None:
-    """Raises ValueError unless the axis sizes multiply to exactly `device_count`."""
+    """Raises `MeshSpecError` unless the axis sizes multiply to exactly `device_count`."""
     need = mesh_size(shape)
     if need != device_count:
         where = f" {platform}" if platform else ""
-        raise ValueError(f"mesh {mesh_text(shape)} needs {need} devices (the product of its axis "
-                         f"sizes) but {device_count}{where} device"
-                         f"{'s are' if device_count != 1 else ' is'} available; the sizes must "
-                         "multiply to the device count")
+        raise MeshSpecError(mesh_text(shape),
+                            f"needs {need} devices (the product of its axis sizes) but "
+                            f"{device_count}{where} device{'s are' if device_count != 1 else ' is'}"
+                            " available; the sizes must multiply to the device count")
