@@ -301,13 +301,13 @@ def _add_plan_memory_parser(add_parser) -> None:
                       help="KV-cache capacity per sequence (prompt + new tokens)")
     plan.add_argument("--prompt-len", type=int, default=128, help="prompt length (prefill block)")
     plan.add_argument("--method", default="ar", choices=list(PLAN_METHODS),
-                      help="decoding method (default exits, as generate)")
+                      help="decoding method (exits chosen as generate chooses them)")
     plan.add_argument("--sampling", action="store_true",
                       help="the sampling loop (keeps per-level distribution buffers)")
     plan.add_argument("--dtype", default=None, choices=["bfloat16", "float32"],
                       help="override the config's dtype")
     plan.add_argument("--layer-layout", default="scan", choices=["scan", "unrolled"],
-                      help="stacked weights scanned (TPU's default) or unrolled")
+                      help="stacked weights scanned (as on TPU) or unrolled")
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 
