@@ -161,9 +161,8 @@ def batch_shardings(tree, mesh: Mesh):
     (`Request`, `emit.Output`, ...): arrays with a leading `B` split over the data axis,
     the rest replicated."""
     def one(path, x):
-        name = next((getattr(k, "name", None) or str(getattr(k, "key", ""))
-                     for k in reversed(path) if isinstance(k, (jax.tree_util.GetAttrKey,
-                                                               jax.tree_util.DictKey))), "")
+        key = path[-1] if path else None  # GetAttrKey (dataclass field) or DictKey
+        name = str(getattr(key, "name", getattr(key, "key", "")))
         return named_sharding(suffix_axes(name, len(x.shape)), x.shape, mesh)
 
     return jax.tree_util.tree_map_with_path(one, tree)
