@@ -12,6 +12,9 @@
                       [--config.KEY=VALUE ...]
     hispec pretrain [--config configs/pretrain_default.py] [--small] [--config.KEY=VALUE ...]
     hispec train-heads [--config configs/train_heads_default.py] [--config.KEY=VALUE ...]
+    hispec plan-memory --config PRESET_OR_FILE [--mesh data=D,model=M] [--batch-size B]
+                       [--max-len N] [--prompt-len P] [--method ar|layerskip|hispec] [--json]
+                       (generate and bench take --mesh too: a device mesh, docs/tpu.md)
     hispec bench [--model PATH] [--datasets sharegpt,humaneval] [--prompts N] [--rounds R]
                  [--max-new-tokens N] [--batch-size B] [--draft-exits ...] [--draft-lens ...]
                  [--grid-exits ...|none] [--tuned LD,LI,ND,NI] [--batch-sizes 1,4,16|none]
@@ -21,11 +24,6 @@
                         prediction, AR's share of the HBM roofline; `--help` for all flags)
     hispec tune [--model PATH] [--batch-size B] [--quick] [--max-levels K] [--verify]
                 [--out FILE] [--plot PNG]
-    hispec plan-memory --config PRESET_OR_FILE [--mesh data=D,model=M] [--batch-size B]
-                       [--max-len N] [--prompt-len P] [--method ar|layerskip|hispec] [--json]
-
-`generate` and `bench` take `--mesh data=D,model=M` (decode over a device mesh: sequences
-split over data, tensor parallel over model; docs/tpu.md).
 """
 
 from __future__ import annotations
@@ -179,6 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     heads.add_argument("--config", default="train_heads_default",
                        help="a configs/train_heads_*.py file or name (default: train_heads_default)")
 
+    _add_plan_memory_parser(add_parser)
     sub.add_parser(
         "bench-oracle", add_help=False,
         help="the engine against its layer-pass prediction on the always-agree variant of a "
@@ -244,7 +243,6 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--out", default=None,
                       help="plan file to write (default: the plan cache, see docs/planner.md)")
     tune.add_argument("--plot", default=None, help="PNG of predicted vs measured (--verify)")
-    _add_plan_memory_parser(add_parser)
     return parser
 
 
