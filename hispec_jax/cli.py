@@ -265,15 +265,18 @@ def _mesh_arg(args) -> dict[str, int] | None:
         raise ValueError(f"--mesh {args.mesh}: {e.reason}") from None
 
 
-def _make_mesh(shape: dict[str, int] | None):
-    """The `jax.sharding.Mesh` of a parsed `--mesh` (None: none); ValueError when the axis
-    sizes do not multiply to the device count."""
+def _use_mesh(shape: dict[str, int] | None) -> None:
+    """Makes a parsed `--mesh` this process's mesh (`jax.set_mesh`): `load_model` shards the
+    weights onto it and `generate` decodes over the model's mesh. Nothing for None; a
+    ValueError when the axis sizes do not multiply to the device count."""
     if shape is None:
-        return None
+        return
+    import jax
+
     from hispec_jax.models import sharding
 
     try:
-        return sharding.make_mesh(shape)
+        jax.set_mesh(sharding.make_mesh(shape))
     except mesh_spec.MeshSpecError as e:
         raise ValueError(f"--mesh {e.text}: {e.reason}") from None
 
@@ -486,7 +489,8 @@ def cmd_generate(args) -> int:
     from hispec_jax.decoding.generate import generate
     from hispec_jax.models.model import load_model
 
-    model = load_model(args.model or _default_model_dir(), mesh=_make_mesh(mesh_shape))
+    _use_mesh(mesh_shape)  # load_model shards onto it
+    model = load_model(args.model or _default_model_dir())
     options = {"exit_layer": args.exit_layer, "draft_exit": args.draft_exit,
                "verify_exits": args.verify_exits, "draft_len": args.draft_len,
                "verify_window": args.verify_window, "adaptive": args.adaptive,
@@ -563,14 +567,8 @@ def cmd_bench(args) -> int:
             config.draft_exits = None if args.model else (2, 4)
         if args.grid_exits is None and not args.model:
             config.grid_exits = (2, 4, 6)
-    mesh = _make_mesh(mesh_shape)
-    if mesh is None:
-        report = run_bench(config)
-    else:  # load_model takes the mesh set here; generate decodes over the model's mesh
-        import jax
-
-        with jax.set_mesh(mesh):
-            report = run_bench(config)
+    _use_mesh(mesh_shape)  # the bench's load_model shards onto it
+    report = run_bench(config)
     print("\n".join(summary_lines(report)))
     print(f"wrote {args.out_dir}/report.md, report.json and {len(report['plots'])} plots")
     return 0
@@ -602,6 +600,8 @@ def main(argv=None) -> int:
     if extra and args.command not in ("init-model", "pretrain", "train-heads"):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
+        if args.command == "plan-memory":
+            return cmd_plan_memory(args)
         if args.command == "generate":
             return cmd_generate(args)
         if args.command == "convert":
@@ -618,8 +618,6 @@ def main(argv=None) -> int:
             return cmd_bench(args)
         if args.command == "tune":
             return cmd_tune(args)
-        if args.command == "plan-memory":
-            return cmd_plan_memory(args)
     except ValueError as e:
         print(f"hispec: error: {e}", file=sys.stderr)
         return 2
