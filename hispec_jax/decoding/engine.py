@@ -77,6 +77,7 @@ from hispec_jax.decoding.request import Request
 from hispec_jax.decoding.sampling import SamplingArrays, choose_tokens, filtered_logprobs
 from hispec_jax.models.config import ModelConfig
 from hispec_jax.models.heads import exit_logits
+from hispec_jax.models import sharding
 from hispec_jax.models.kv_cache import KVCache
 from hispec_jax.models.transformer import embed, run_layers_cached
 
@@ -621,9 +622,11 @@ class Engine:
         Returns (output, counters, final cache); the cache is returned so that a donated
         input cache backs the loop's cache in place.
         """
-        state = self.init_state(params, heads, req, cache, windows_K1)
+        # On a mesh, every [B, ...] state array splits over "data" (a no-op on one device).
+        on_mesh = functools.partial(sharding.constrain_state, batch=self.shapes.batch)
+        state = on_mesh(self.init_state(params, heads, req, cache, windows_K1))
         state = jax.lax.while_loop(lambda s: jnp.any(~s.out.done_B),
-                                   lambda s: self.step(params, heads, req, s), state)
+                                   lambda s: on_mesh(self.step(params, heads, req, s)), state)
         return state.out, state.counters, state.cache
 
     # ---- compilation -------------------------------------------------------------------

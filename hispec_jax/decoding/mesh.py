@@ -7,9 +7,10 @@ sharded (by `models.sharding`'s rule table) and where the loop is lowered.
     windows         replicated
     output          batch over "data"; counters replicated; the cache as it came in (donated)
 
-The loop is lowered under `jax.set_mesh(mesh)`, so the model's activation hints
-(`sharding.constrain`) apply; XLA's SPMD partitioner derives everything else (the while
-loop's state follows its batch-leading arrays). The loop itself is the single-device one:
+The loop is lowered under `jax.set_mesh(mesh)`, so the sharding hints apply: hidden states
+between layers (`sharding.constrain`) and the while loop's state, every [B, ...] array split
+over "data" (`sharding.constrain_state`, called by `Engine.run`); XLA's SPMD partitioner
+derives everything else. The loop itself is the single-device one:
 greedy output does not depend on which sequences share a round, and sampled sequences draw
 from their own keys, so sharded and unsharded decoding give the same tokens.
 """

@@ -31,6 +31,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from hispec_jax.models import mesh_spec
 from hispec_jax.models.config import ModelConfig
+from hispec_jax.models.kv_cache import KVCache
 from hispec_jax.models.params import ParamSpec, head_specs, param_specs
 
 RULES: dict[str, str] = {
@@ -97,6 +98,27 @@ def constrain(x: jax.Array, axes: tuple[str | None, ...]) -> jax.Array:
     if mesh.empty:
         return x
     return jax.lax.with_sharding_constraint(x, partition_spec(axes, x.shape, mesh))
+
+
+def constrain_state(state, batch: int):
+    """A decoding loop's state constrained on the mesh being traced under: KV caches by
+    `CACHE_AXES`, arrays named with a shape suffix by it (`tokens_BxS`, `done_B`,
+    `actions_K`), other arrays whose leading axis has length `batch` (the hidden-state and
+    distribution rings) split over "data"; unchanged without a mesh."""
+    if jax.sharding.get_abstract_mesh().empty:
+        return state
+
+    def one(path, x):
+        if isinstance(x, KVCache):
+            return jax.tree.map(lambda a: constrain(a, CACHE_AXES[-a.ndim:]), x)
+        name = next((str(getattr(k, "name", getattr(k, "key", ""))) for k in reversed(path)
+                     if not isinstance(k, jax.tree_util.SequenceKey)), "")
+        axes = suffix_axes(name, x.ndim)
+        if "_" not in name and x.ndim and x.shape[0] == batch:
+            axes = ("batch",) + (None,) * (x.ndim - 1)
+        return constrain(x, axes)
+
+    return jax.tree_util.tree_map_with_path(one, state, is_leaf=lambda x: isinstance(x, KVCache))
 
 
 def _is_spec(x) -> bool:
