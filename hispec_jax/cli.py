@@ -13,6 +13,9 @@
                       [--config.KEY=VALUE ...]
     hispec pretrain [--config configs/pretrain_default.py] [--small] [--config.KEY=VALUE ...]
     hispec train-heads [--config configs/train_heads_default.py] [--config.KEY=VALUE ...]
+    hispec plan-memory --config PRESET_OR_FILE [--mesh data=D,model=M] [--batch-size B]
+                       [--max-len N] [--prompt-len P] [--method ar|layerskip|hispec] [--json]
+                       (generate and bench take --mesh too: a device mesh, docs/tpu.md)
     hispec bench [--model PATH] [--datasets sharegpt,humaneval] [--prompts N] [--rounds R]
                  [--max-new-tokens N] [--batch-size B] [--draft-exits ...] [--draft-lens ...]
                  [--grid-exits ...|none] [--tuned LD,LI,ND,NI] [--batch-sizes 1,4,16|none]
@@ -35,6 +38,7 @@ from pathlib import Path
 # Only the standard library and `options` (itself standard-library only) at import time:
 # arguments are checked before JAX is imported or weights are read.
 from hispec_jax.decoding import options as options_lib
+from hispec_jax.models import mesh_spec
 
 
 def _exits(text: str) -> tuple[int, ...]:
@@ -149,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "stop at its end-of-turn token")
     gen.add_argument("--json", action="store_true",
                      help="print one JSON object (outputs and stats) instead of text")
+    _add_mesh_flag(gen)
     gen.add_argument("prompts", nargs="+", metavar="PROMPT", help="text to continue (non-empty)")
 
     convert = add_parser(
@@ -205,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     heads.add_argument("--config", default="train_heads_default",
                        help="a configs/train_heads_*.py file or name (default: train_heads_default)")
 
+    _add_plan_memory_parser(add_parser)
     sub.add_parser(
         "bench-oracle", add_help=False,
         help="the engine against its layer-pass prediction on the always-agree variant of a "
@@ -247,6 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out-dir", default="hispec_bench_results",
                        help="where report.md, report.json and the plots go")
     bench.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _add_mesh_flag(bench)
 
     tune = add_parser(
         "tune", help="choose the latency-optimal hierarchy (HSD) for a model on this device",
@@ -289,6 +296,109 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--out", default=None,
                       help="file or directory to write (default: the model directory)")
     return parser
+
+
+# ---- device meshes: --mesh and plan-memory -------------------------------------------------
+def _add_mesh_flag(parser) -> None:
+    parser.add_argument("--mesh", default=None, metavar="data=D,model=M",
+                        help="decode over a device mesh: sequences split over 'data', weights "
+                             "and KV heads over 'model' (tensor parallel); the sizes must "
+                             "multiply to the device count; an axis left out has size 1 "
+                             "(default: one device; docs/tpu.md)")
+
+
+def _mesh_arg(args) -> dict[str, int] | None:
+    """`--mesh` parsed without JAX; raises ValueError naming the flag and the problem."""
+    if args.mesh is None:
+        return None
+    try:
+        return mesh_spec.parse_mesh(args.mesh)
+    except mesh_spec.MeshSpecError as e:
+        raise ValueError(f"--mesh {args.mesh}: {e.reason}") from None
+
+
+def _use_mesh(shape: dict[str, int] | None) -> None:
+    """Makes a parsed `--mesh` this process's mesh (`jax.set_mesh`): `load_model` shards the
+    weights onto it and `generate` decodes over the model's mesh. Nothing for None; a
+    ValueError when the axis sizes do not multiply to the device count."""
+    if shape is None:
+        return
+    import jax
+
+    from hispec_jax.models import sharding
+
+    try:
+        jax.set_mesh(sharding.make_mesh(shape))
+    except mesh_spec.MeshSpecError as e:
+        raise ValueError(f"--mesh {e.text}: {e.reason}") from None
+
+
+PLAN_METHODS = ("ar", "layerskip", "hispec")
+
+
+def _add_plan_memory_parser(add_parser) -> None:
+    plan = add_parser(
+        "plan-memory", help="per-device memory of a decoding loop on a mesh, compiled ahead of "
+                            "time on abstract arrays (no weights needed)",
+        description="Lowers and compiles the decoding loop of a model config on a device mesh "
+                    "with abstract arrays (nothing allocated) and prints one device's memory "
+                    "from XLA's memory_analysis() beside the analytic weights + KV cache + "
+                    "overhead. Compiles for the default backend when it has the mesh's "
+                    "devices, else for that many CPU devices (whose temporaries overstate an "
+                    "accelerator's for bfloat16: docs/memory_plans.md).")
+    plan.add_argument("--config", required=True,
+                      help="a configs/model_*.py file or preset name (e.g. llama3_8b)")
+    _add_mesh_flag(plan)
+    plan.add_argument("--batch-size", type=int, default=1, help="sequences decoded together")
+    plan.add_argument("--max-len", type=int, default=4096,
+                      help="KV-cache capacity per sequence (prompt + new tokens)")
+    plan.add_argument("--prompt-len", type=int, default=128, help="prompt length (prefill block)")
+    plan.add_argument("--method", default="ar", choices=list(PLAN_METHODS),
+                      help="decoding method (exits chosen as generate chooses them)")
+    plan.add_argument("--sampling", action="store_true",
+                      help="the sampling loop (keeps per-level distribution buffers)")
+    plan.add_argument("--dtype", default=None, choices=["bfloat16", "float32"],
+                      help="override the config's dtype")
+    plan.add_argument("--layer-layout", default="scan", choices=["scan", "unrolled"],
+                      help="stacked weights scanned (as on TPU) or unrolled")
+    plan.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+
+def check_plan_memory_args(args) -> dict[str, int]:
+    """Every check of `hispec plan-memory` that needs no JAX; returns the mesh shape."""
+    shape = _mesh_arg(args) or mesh_spec.parse_mesh("model=1")
+    for flag, value in (("--batch-size", args.batch_size), ("--max-len", args.max_len),
+                        ("--prompt-len", args.prompt_len)):
+        if value < 1:
+            raise ValueError(f"{flag} {value}: must be an integer >= 1")
+    if args.prompt_len >= args.max_len:
+        raise ValueError(f"--prompt-len {args.prompt_len}: must be below --max-len {args.max_len}")
+    return shape
+
+
+def cmd_plan_memory(args) -> int:
+    import os
+
+    shape = check_plan_memory_args(args)  # before JAX starts
+    devices = mesh_spec.mesh_size(shape)
+    if "jax" not in sys.modules and "xla_force_host_platform_device_count" not in os.environ.get(
+            "XLA_FLAGS", ""):  # enough CPU devices to compile for, if no accelerator has them
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform"
+                                   f"_device_count={devices}").strip()
+    from hispec_jax.decoding import memory_plan
+    from hispec_jax.models.presets import load_preset
+
+    cfg = load_preset(args.config)
+    if args.dtype:
+        cfg = cfg.replace(dtype=args.dtype)
+    plan = memory_plan.plan_memory(cfg, shape, method=args.method, batch=args.batch_size,
+                                   max_len=args.max_len, prompt_len=args.prompt_len,
+                                   greedy=not args.sampling, layer_layout=args.layer_layout)
+    if args.json:
+        print(json.dumps(memory_plan.to_json(plan)))
+    else:
+        print("\n".join(memory_plan.summary_lines(plan)))
+    return 0
 
 
 _OVERRIDE_PREFIX = "--config."
@@ -424,10 +534,12 @@ def summary_line(stats: dict) -> str:
 
 def cmd_generate(args) -> int:
     check_generate_args(args)  # before importing JAX or reading weights
+    mesh_shape = _mesh_arg(args)
 
     from hispec_jax.decoding.generate import generate
     from hispec_jax.models.model import load_model
 
+    _use_mesh(mesh_shape)  # load_model shards onto it
     model = load_model(args.model or _default_model_dir())
     options = method_options(args)
     result = generate(model, list(args.prompts), method=args.method,
@@ -479,6 +591,7 @@ def _optional_exits(text: str, flag: str):
 
 
 def cmd_bench(args) -> int:
+    mesh_shape = _mesh_arg(args)  # before importing JAX
     from hispec_jax.bench.run import BenchConfig, run_bench
     from hispec_jax.bench.report import summary_lines
 
@@ -501,6 +614,7 @@ def cmd_bench(args) -> int:
             config.draft_exits = None if args.model else (2, 4)
         if args.grid_exits is None and not args.model:
             config.grid_exits = (2, 4, 6)
+    _use_mesh(mesh_shape)  # the bench's load_model shards onto it
     report = run_bench(config)
     print("\n".join(summary_lines(report)))
     print(f"wrote {args.out_dir}/report.md, report.json and {len(report['plots'])} plots")
@@ -561,6 +675,8 @@ def main(argv=None) -> int:
     if extra and args.command not in ("init-model", "pretrain", "train-heads"):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
+        if args.command == "plan-memory":
+            return cmd_plan_memory(args)
         if args.command == "generate":
             return cmd_generate(args)
         if args.command == "convert":

@@ -71,6 +71,12 @@ CASES = [
     # argparse's own errors (unknown choices, non-numbers) are just as early
     ("unknown_method", ["--method", "beam", PROMPT], ["--method", "beam", "choose from"]),
     ("top_k_not_int", ["--top-k", "x", PROMPT], ["--top-k", "'x'"]),
+    # --mesh text (the device count needs JAX: test_mesh_needs_the_device_count)
+    ("mesh_unknown_axis", ["--mesh", "data=2,batch=4", PROMPT],
+     ["--mesh data=2,batch=4", "unknown axis 'batch'", "data, model"]),
+    ("mesh_size_zero", ["--mesh", "model=0", PROMPT], ["--mesh model=0", "integer >= 1"]),
+    ("mesh_not_axis_size", ["--mesh", "model", PROMPT], ["--mesh model", "not AXIS=SIZE"]),
+    ("mesh_axis_twice", ["--mesh", "model=2,model=4", PROMPT], ["'model' is given twice"]),
 ]
 
 _DRIVER = textwrap.dedent("""
@@ -178,3 +184,24 @@ def test_no_torch_advice_from_transformers():
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "ok"
     assert "PyTorch was not found" not in proc.stderr, proc.stderr
+
+
+def test_mesh_needs_the_device_count(capsys):
+    """Axis sizes that do not multiply to the device count: rejected before any weights are
+    read (this process has one CPU device)."""
+    assert cli.main(["generate", "--mesh", "data=2,model=4", PROMPT]) == 2
+    err = capsys.readouterr().err
+    assert "--mesh data=2,model=4: needs 8 devices" in err and "1 cpu device is available" in err
+
+
+def test_mesh_flag_in_generate_bench_and_plan_memory_help(capsys):
+    for command in ("generate", "bench", "plan-memory"):
+        with pytest.raises(SystemExit):
+            cli.main([command, "--help"])
+        out = " ".join(capsys.readouterr().out.split())
+        assert "--mesh data=D,model=M" in out and "multiply to the device count" in out, command
+    with pytest.raises(SystemExit):
+        cli.main(["plan-memory", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    for text in ("memory_analysis()", "(default: 4096)", "(default: ar)", "(default: scan)"):
+        assert text in out, text

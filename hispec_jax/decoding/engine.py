@@ -78,6 +78,7 @@ from hispec_jax.decoding.request import Request
 from hispec_jax.decoding.sampling import SamplingArrays, choose_tokens, filtered_logprobs
 from hispec_jax.models.config import ModelConfig
 from hispec_jax.models.heads import exit_logits
+from hispec_jax.models import sharding
 from hispec_jax.models.kv_cache import KVCache
 from hispec_jax.models.transformer import embed, run_layers_cached
 
@@ -626,7 +627,8 @@ class Engine:
       greedy: argmax decoding (static: removes sorting from the loop).
       params_signature, heads_signature: structure, shapes and dtypes of the model's
         parameters and exit heads (the layer layout and trained heads are part of the key).
-      shardings: `in_shardings` for `jax.jit` of `run`'s arguments (None: one device).
+      shardings: how `run` is partitioned over a device mesh (`decoding.mesh.LoopShardings`,
+        hashable: in/out shardings and the mesh it is lowered under); None: one device.
     """
 
     cfg: ModelConfig
@@ -708,9 +710,11 @@ class Engine:
         Returns (output, counters, final cache); the cache is returned so that a donated
         input cache backs the loop's cache in place.
         """
-        state = self.init_state(params, heads, req, cache, windows_K1)
+        # On a mesh, every [B, ...] state array splits over "data" (a no-op on one device).
+        on_mesh = functools.partial(sharding.constrain_state, batch=self.shapes.batch)
+        state = on_mesh(self.init_state(params, heads, req, cache, windows_K1))
         state = jax.lax.while_loop(lambda s: jnp.any(~s.out.done_B),
-                                   lambda s: self.step(params, heads, req, s), state)
+                                   lambda s: on_mesh(self.step(params, heads, req, s)), state)
         return state.out, state.counters, state.cache
 
     # ---- compilation -------------------------------------------------------------------
@@ -730,8 +734,9 @@ class Engine:
 
     def lower(self) -> jax.stages.Lowered:
         """`run` lowered on abstract arguments (the cache argument is donated)."""
-        shardings = {} if self.shardings is None else {"in_shardings": self.shardings}
-        jitted = jax.jit(self.run, donate_argnums=(3,), **shardings)
+        if self.shardings is not None:  # over a device mesh (decoding/mesh.py)
+            return self.shardings.lower(self.run, self.abstract_arguments(), donate_argnums=(3,))
+        jitted = jax.jit(self.run, donate_argnums=(3,))
         return jitted.lower(*self.abstract_arguments())
 
     def compiled(self):

@@ -20,10 +20,12 @@ import numpy as np
 
 from hispec_jax.decoding import chat as chat_lib
 from hispec_jax.decoding import engine as engine_lib
+from hispec_jax.decoding import mesh as mesh_lib
 from hispec_jax.decoding import methods as methods_lib
 from hispec_jax.decoding.request import Request
 from hispec_jax.decoding.sampling import SamplingParams, sequence_keys
-from hispec_jax.models.model import Model
+from hispec_jax.models import sharding
+from hispec_jax.models.model import Model, place_on_mesh
 
 MIN_PROMPT_BLOCK = 16
 CAPACITY_MULTIPLE = 64
@@ -117,7 +119,7 @@ def plan_shapes(max_prompt_len: int, max_new_tokens: int, lookahead: int, max_le
 def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int = 64,
              batch_size: int | None = None, ignore_eos: bool = False, temperature: float = 0.0,
              top_k: int = 0, top_p: float = 1.0, seed: int = 0, max_cache_len: int | None = None,
-             chat: bool = False, **method_options) -> GenerationResult:
+             chat: bool = False, mesh=None, **method_options) -> GenerationResult:
     """Generates continuations of `prompts` with a decoding method.
 
     Args:
@@ -136,6 +138,11 @@ def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int =
         at most the model's context length.
       chat: render each prompt (a user message, or a list of {"role", "content"} messages)
         with the model's chat template and also stop at its end-of-turn token (`chat.py`).
+      mesh: a `jax.sharding.Mesh` with axes ("data", "model") to decode over (default: the
+        model's own, `load_model(..., mesh=)`; None there too: one device). Sequences split
+        over "data", the model and KV heads over "model" (`models/sharding.py`); a batch
+        that "data" does not divide is padded with finished rows, never dropped. The tokens
+        are those of unsharded decoding.
       **method_options: the method's settings (e.g. exit_layer, draft_exit, verify_exits,
         draft_len, verify_window, adaptive, acceptance="tokenwise"|"blockwise").
     """
@@ -166,6 +173,9 @@ def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int =
         from hispec_jax.planner import tune as tune_lib
 
         decoder, plan = tune_lib.auto_decoder(model, batch_size, greedy=sampling.greedy)
+    model = place_on_mesh(model, mesh)  # no-op without a mesh or on the model's own
+    # Batch-padding rows (finished from the start) fill the data axis; results skip them.
+    loop_batch = _round_up(batch_size, sharding.axis_size(model.mesh, "data"))
     max_prompt_len = max(len(p) for p in prompt_ids)
     block, capacity = plan_shapes(max_prompt_len, max_new_tokens, decoder.lookahead(),
                                   model.cfg.max_position_embeddings, max_cache_len)
@@ -173,9 +183,10 @@ def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int =
     if chat and not ignore_eos:
         eos = tuple(dict.fromkeys(eos + chat_lib.end_of_turn_ids(model)))
     eos_ids_E = jnp.asarray(list(eos) or [-1], jnp.int32)
-    shapes = engine_lib.Shapes(batch=batch_size, capacity=capacity, prompt_block=block,
+    shapes = engine_lib.Shapes(batch=loop_batch, capacity=capacity, prompt_block=block,
                                num_eos=int(eos_ids_E.shape[0]))
-    engine = engine_lib.Engine.for_model(model, decoder.hierarchy, shapes, sampling.greedy)
+    engine = mesh_lib.sharded(
+        engine_lib.Engine.for_model(model, decoder.hierarchy, shapes, sampling.greedy), model.mesh)
     if not isinstance(method, methods_lib.Decoder):
         # Run in an already compiled loop of this model and these shapes whose window bounds
         # are larger, when its (longer) lookahead still fits the cache; else compile.
@@ -192,10 +203,14 @@ def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int =
     method_stats, batch_sequences = [], []
     for start in range(0, len(prompt_ids), batch_size):
         batch = prompt_ids[start:start + batch_size]
-        req = make_request(batch, batch_size, start, capacity, max_new_tokens, eos_ids_E, sampling)
-        cache = engine.empty_cache()
+        req = make_request(batch, loop_batch, start, capacity, max_new_tokens, eos_ids_E, sampling)
+        if engine.shardings is None:
+            args = (model.params, model.heads, req, engine.empty_cache(), windows_K1)
+        else:  # placed shard by shard; the cache is never whole on one device
+            args = engine.shardings.place((model.params, model.heads, req,
+                                           engine.shardings.empty_cache(engine), windows_K1))
         t0 = time.perf_counter()
-        out, raw_stats, _ = compiled(model.params, model.heads, req, cache, windows_K1)
+        out, raw_stats, _ = compiled(*args)
         jax.block_until_ready(out)
         run_seconds += time.perf_counter() - t0
         tokens_BxS, prompt_lens_B, num_new_B = jax.device_get(
@@ -220,6 +235,7 @@ def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int =
         "compile_count": compile_count,
         "batches": len(method_stats),
         "batch_size": batch_size,
+        **({"mesh": sharding.describe(model.mesh)} if model.mesh is not None else {}),
         "prompt_block": block,
         "cache_capacity": capacity,
         **methods_lib.summarize_counters(engine.hierarchy, method_stats, batch_sequences),

@@ -7,7 +7,9 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from hispec_jax.models import gguf_io, hf_io
+import jax
+
+from hispec_jax.models import gguf_io, hf_io, sharding
 from hispec_jax.models.config import MATMUL_PRECISIONS, ModelConfig
 from hispec_jax.models.heads import head_kind
 from hispec_jax.models.params import (LAYER_LAYOUTS, ExitHeads, Params, default_layer_layout,
@@ -28,6 +30,8 @@ class Model:
       tokenizer: a HF tokenizer, or None (then prompts must be token ids).
       generation_config: the checkpoint's `generation_config.json` as a dict.
       path: the directory (or GGUF file) it was loaded from, if any.
+      mesh: the device mesh its parameters are sharded over (`sharding.RULES`), or None
+        (one device); `generate` decodes over it.
     """
 
     cfg: ModelConfig
@@ -36,6 +40,7 @@ class Model:
     tokenizer: Any = None
     generation_config: dict = dataclasses.field(default_factory=dict)
     path: str | None = None
+    mesh: Any = None
 
     @property
     def num_layers(self) -> int:
@@ -57,7 +62,7 @@ class Model:
 
 
 def load_model(path, dtype: str | None = None, layer_layout: str | None = None,
-               matmul_precision: str = "highest") -> Model:
+               matmul_precision: str = "highest", mesh=None) -> Model:
     """Loads a local Hugging Face directory or a llama.cpp `.gguf` file.
 
     Args:
@@ -73,6 +78,10 @@ def load_model(path, dtype: str | None = None, layer_layout: str | None = None,
       matmul_precision: "highest" (exact float32 matmuls on every backend: speculative
         greedy output equals AR), "high" or "default" (TF32/bfloat16 passes on GPUs/TPUs:
         faster, not exact); see `ModelConfig`.
+      mesh: a `jax.sharding.Mesh` with axes ("data", "model") (`sharding.make_mesh`) to shard
+        the parameters over (tensor parallel over "model", replicated over "data"); None: the
+        mesh set by `jax.set_mesh`, if any, else one device. The checkpoint is read on the
+        host, then each device receives its shards.
     """
     path = Path(path)
     layout = layer_layout or default_layer_layout()
@@ -80,11 +89,14 @@ def load_model(path, dtype: str | None = None, layer_layout: str | None = None,
         raise ValueError(f"layer_layout={layout!r} is not one of {LAYER_LAYOUTS}")
     if matmul_precision not in MATMUL_PRECISIONS:
         raise ValueError(f"matmul_precision={matmul_precision!r} is not one of {MATMUL_PRECISIONS}")
+    if mesh is None and not jax.sharding.get_mesh().empty:
+        mesh = jax.sharding.get_mesh()
     if path.suffix.lower() == ".gguf":
         cfg, params, tokenizer, generation_config = gguf_io.load_checkpoint(
             path, dtype=dtype, layer_layout=layout)
-        return Model(cfg=cfg.replace(matmul_precision=matmul_precision), params=params, tokenizer=tokenizer,
-                     generation_config=generation_config, path=str(path))
+        return place_on_mesh(Model(cfg=cfg.replace(matmul_precision=matmul_precision),
+                                   params=params, tokenizer=tokenizer,
+                                   generation_config=generation_config, path=str(path)), mesh)
     cfg, params, heads, generation_config = hf_io.load_checkpoint(path, dtype=dtype)
     cfg = cfg.replace(matmul_precision=matmul_precision)
     params = with_layer_layout(params, layout)
@@ -93,8 +105,17 @@ def load_model(path, dtype: str | None = None, layer_layout: str | None = None,
         from transformers import AutoTokenizer  # transformers' tokenizers need no torch
 
         tokenizer = AutoTokenizer.from_pretrained(str(path))
-    return Model(cfg=cfg, params=params, heads=heads, tokenizer=tokenizer,
-                 generation_config=generation_config, path=str(path))
+    return place_on_mesh(Model(cfg=cfg, params=params, heads=heads, tokenizer=tokenizer,
+                               generation_config=generation_config, path=str(path)), mesh)
+
+
+def place_on_mesh(model: Model, mesh) -> Model:
+    """`model` with its parameters and exit heads sharded over `mesh` by the rule table
+    (`sharding.RULES`); the model itself for None or its own mesh."""
+    if mesh is None or mesh == model.mesh:
+        return model
+    params, heads = sharding.shard_params(model.cfg, model.params, model.heads, mesh)
+    return dataclasses.replace(model, params=params, heads=heads, mesh=mesh)
 
 
 def save_model(model: Model, path, max_shard_bytes: int | None = None) -> None:

@@ -19,6 +19,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from hispec_jax.models import sharding
 from hispec_jax.models.config import ModelConfig
 from hispec_jax.models.kv_cache import KVBlock, KVCache
 from hispec_jax.models.params import Params
@@ -244,6 +245,8 @@ def run_layers_cached(params: Params, cfg: ModelConfig, x_BxTxD: jax.Array,
     S = cache.capacity
 
     def one_layer(layer_params, layer, x_BxTxD, cache):
+        # On a mesh: split by sequence, whole over "model" between layers (Megatron-style).
+        x_BxTxD = sharding.constrain(x_BxTxD, sharding.HIDDEN_AXES)
         write_positions_BxT = positions_BxT
         if stop_BxT is not None:
             runs_BxT = layer < stop_BxT

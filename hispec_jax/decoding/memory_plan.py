@@ -1,0 +1,196 @@
+"""Memory plans: per-device memory of a decoding loop on a mesh, before any weights exist.
+
+The loop `generate` would run (`Engine`, sharded by `decoding/mesh.py`) is lowered on
+abstract arrays (`jax.ShapeDtypeStruct`: nothing is allocated) and compiled ahead of time;
+XLA's `compiled.memory_analysis()` of the partitioned program gives one device's
+arguments (weights, cache, request), outputs, aliased (donated cache) and temporary bytes.
+Beside it, the analytic count from the shapes and the rule table:
+
+    weights    every parameter's shard on one device (`sharding.RULES`)
+    KV cache   [L', B, K, S, H] keys + values, split over data (B) and model (K if divisible)
+    overhead   request and output tokens [B, S], hidden-state ring buffers [B, W, D] per
+               verifying level, sampling's distribution rings [B, W, V] float32, and the
+               float32 logits of the largest block [B, T, V]
+
+The compile runs on the default backend when it has the mesh's devices, else on that many
+CPU devices (`--xla_force_host_platform_device_count`, set by `hispec plan-memory` before
+JAX starts). XLA:CPU's temporaries are not an accelerator's: it has no bfloat16 matmul and
+converts bfloat16 weight blocks to float32 temporaries, so on CPU the compiled total
+overstates a TPU/GPU's; weights, cache and outputs are the same on every backend.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+
+import jax
+import jax.numpy as jnp
+
+from hispec_jax.decoding import mesh as mesh_lib
+from hispec_jax.decoding import methods as methods_lib
+from hispec_jax.decoding.engine import Engine, Shapes
+from hispec_jax.decoding.generate import _round_up, plan_shapes
+from hispec_jax.models import mesh_spec, sharding
+from hispec_jax.models.config import ModelConfig
+from hispec_jax.models.model import Model
+from hispec_jax.models.params import shape_structs, with_layer_layout
+
+GIB = 2**30
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPlan:
+    """One device's memory for one decoding loop (bytes).
+
+    Attributes:
+      description: model, method, shapes, mesh and the devices the plan was compiled for.
+      weights, kv_cache, overhead: the analytic count (module docstring).
+      arguments, outputs, aliased, temporaries: `compiled.memory_analysis()` of one device.
+      compile_seconds: lowering + compiling on abstract arrays.
+    """
+
+    description: dict
+    weights: int
+    kv_cache: int
+    overhead: int
+    arguments: int
+    outputs: int
+    aliased: int
+    temporaries: int
+    compile_seconds: float
+
+    @property
+    def analytic_total(self) -> int:
+        return self.weights + self.kv_cache + self.overhead
+
+    @property
+    def compiled_total(self) -> int:
+        """Arguments + outputs + temporaries, the donated cache counted once."""
+        return self.arguments + self.outputs - self.aliased + self.temporaries
+
+
+def plan_devices(count: int) -> list:
+    """`count` devices to compile for: the default backend's when it has that many, else
+    CPU devices. Raises ValueError when neither has exactly... at least that many."""
+    for devices in (jax.devices(), jax.devices("cpu")):
+        if len(devices) >= count:
+            return list(devices[:count])
+    raise ValueError(f"planning a {count}-device mesh needs {count} devices; this process has "
+                     f"{jax.device_count()} {jax.default_backend()} and {len(jax.devices('cpu'))} "
+                     f"cpu devices (set XLA_FLAGS=--xla_force_host_platform_device_count={count} "
+                     "before JAX starts; `hispec plan-memory` does)")
+
+
+def _shard_bytes(shape, dtype, axes, mesh) -> int:
+    spec = sharding.partition_spec(axes, shape, mesh)
+    sizes = dict(mesh.shape)
+    split = math.prod(sizes[a] for a in spec if a is not None)
+    return math.prod(shape) * jnp.dtype(dtype).itemsize // split
+
+
+def _tree_shard_bytes(structs, shardings) -> int:
+    total = 0
+    for x, s in zip(jax.tree.leaves(structs), jax.tree.leaves(shardings)):
+        total += math.prod(s.shard_shape(x.shape)) * jnp.dtype(x.dtype).itemsize
+    return total
+
+
+def plan_memory(cfg: ModelConfig, mesh_shape: dict[str, int] | str, *, method: str = "ar",
+                batch: int = 1, max_len: int = 4096, prompt_len: int = 128,
+                greedy: bool = True, layer_layout: str = "scan", devices=None,
+                **method_options) -> MemoryPlan:
+    """Compiles `method`'s loop for `cfg` on a mesh of abstract arrays and returns one
+    device's memory, compiled and analytic.
+
+    Args:
+      cfg: the architecture (e.g. `presets.load_preset("llama3_8b")`).
+      mesh_shape: {"data": d, "model": m} or "data=d,model=m".
+      method, method_options: as `generate` (exits default as there).
+      batch: sequences (padded to a multiple of the data axis, as `generate` does).
+      max_len: the KV-cache capacity S (positions per sequence, prompt included).
+      prompt_len: the prompt length the prefill block is sized for.
+      greedy: greedy (True) or sampling loop (sampling keeps distribution ring buffers).
+      layer_layout: "scan" (TPU's default; compile time flat in depth) or "unrolled".
+      devices: the devices to compile for (default: `plan_devices`).
+    """
+    shape = mesh_spec.parse_mesh(mesh_shape) if isinstance(mesh_shape, str) else mesh_shape
+    devices = devices or plan_devices(mesh_spec.mesh_size(shape))
+    mesh = sharding.make_mesh(shape, devices)
+    params = shape_structs(cfg)
+    if layer_layout == "unrolled":
+        params = jax.eval_shape(lambda p: with_layer_layout(p, "unrolled"), params)
+    model = Model(cfg=cfg, params=params)
+    decoder = methods_lib.make_method(model, method, greedy=greedy, **method_options)
+    lookahead = decoder.lookahead()
+    if prompt_len + 1 + lookahead > max_len:
+        raise ValueError(f"max_len={max_len} leaves no room after prompt_len={prompt_len} "
+                         f"(+ method lookahead {lookahead})")
+    block, capacity = plan_shapes(prompt_len, max_len - prompt_len - lookahead, lookahead,
+                                  max(cfg.max_position_embeddings, max_len), max_len)
+    loop_batch = _round_up(batch, shape["data"])
+    engine = Engine.for_model(model, decoder.hierarchy,
+                              Shapes(batch=loop_batch, capacity=capacity, prompt_block=block),
+                              greedy)
+    engine = mesh_lib.sharded(engine, mesh)
+    t0 = time.perf_counter()
+    compiled = engine.lower().compile()
+    seconds = time.perf_counter() - t0
+    m = compiled.memory_analysis()
+
+    p_sh, h_sh, _, c_sh, _ = engine.shardings.in_shardings()
+    p, h, _, cache, _ = engine.abstract_arguments()
+    K, W, D, V = (decoder.hierarchy.num_levels, decoder.hierarchy.ring, cfg.hidden_size,
+                  cfg.vocab_size)
+    T = max(decoder.hierarchy.blocks, default=1)
+    dtype = jnp.dtype(cfg.dtype)
+    overhead = (2 * _shard_bytes((loop_batch, capacity), jnp.int32, ("batch", None), mesh)
+                + (K - 1) * _shard_bytes((loop_batch, W, D), dtype, ("batch", None, "embed"), mesh)
+                + (0 if greedy else (K - 1) * _shard_bytes((loop_batch, W, V), jnp.float32,
+                                                           ("batch", None, "vocab"), mesh))
+                + _shard_bytes((loop_batch, T, V), jnp.float32, ("batch", None, "vocab"), mesh))
+    device = devices[0]
+    description = {
+        "model_type": cfg.model_type, "num_layers": cfg.num_layers, "dtype": cfg.dtype,
+        "parameters": sum(math.prod(x.shape) for x in jax.tree.leaves(params)),
+        "method": method, "exits": list(decoder.hierarchy.exits), "greedy": greedy,
+        "batch": batch, "loop_batch": loop_batch, "max_len": capacity, "prompt_block": block,
+        "mesh": mesh_spec.mesh_text(shape), "devices": len(devices),
+        "platform": device.platform, "device_kind": device.device_kind,
+        "layer_layout": layer_layout, "jax": jax.__version__,
+    }
+    return MemoryPlan(description=description,
+                      weights=_tree_shard_bytes(p, p_sh) + _tree_shard_bytes(h, h_sh),
+                      kv_cache=_tree_shard_bytes(cache, c_sh), overhead=overhead,
+                      arguments=int(m.argument_size_in_bytes), outputs=int(m.output_size_in_bytes),
+                      aliased=int(m.alias_size_in_bytes), temporaries=int(m.temp_size_in_bytes),
+                      compile_seconds=seconds)
+
+
+def summary_lines(plan: MemoryPlan) -> list[str]:
+    """The plan as a small text table (GiB per device)."""
+    d = plan.description
+    unit, scale = ("GiB", GIB) if plan.compiled_total >= GIB else ("MiB", 2**20)
+    g = lambda b: f"{b / scale:8.2f} {unit}"
+    mode = "greedy" if d["greedy"] else "sampling"
+    return [
+        f"{d['model_type']} {d['parameters'] / 1e9:.2f} B parameters, {d['num_layers']} layers, "
+        f"{d['dtype']}; {d['method']} ({mode}, exits {','.join(map(str, d['exits']))}); "
+        f"batch {d['batch']}"
+        + (f" (padded to {d['loop_batch']})" if d["loop_batch"] != d["batch"] else "")
+        + f", max_len {d['max_len']}, prompt block {d['prompt_block']}",
+        f"mesh {d['mesh']}: compiled for {d['devices']} {d['platform']} device(s) "
+        f"({d['device_kind']}), {d['layer_layout']} layout, {plan.compile_seconds:.1f} s",
+        "per device         analytic        compiled (memory_analysis)",
+        f"weights        {g(plan.weights)}    arguments    {g(plan.arguments)}",
+        f"KV cache       {g(plan.kv_cache)}    outputs      {g(plan.outputs)}",
+        f"overhead       {g(plan.overhead)}    aliased      {g(plan.aliased)}  (donated cache)",
+        f"                                temporaries  {g(plan.temporaries)}",
+        f"total          {g(plan.analytic_total)}    total        {g(plan.compiled_total)}",
+    ]
+
+
+def to_json(plan: MemoryPlan) -> dict:
+    return {**dataclasses.asdict(plan), "analytic_total": plan.analytic_total,
+            "compiled_total": plan.compiled_total}

@@ -1,0 +1,83 @@
+"""Sharded vs unsharded decoding on 8 fake CPU devices, run as its own process by
+test_mesh.py (XLA_FLAGS must be set before JAX starts; the test process already has one
+device). Prints one JSON object: per case the tokens unsharded and sharded, plus the
+shardings the rule table gave the arrays.
+
+    python tests/mesh_cases.py
+"""
+
+import json
+import os
+import sys
+
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                           + " --xla_force_host_platform_device_count=8").strip()
+os.environ["JAX_PLATFORMS"] = "cpu"
+
+import jax  # noqa: E402
+
+from hispec_jax.decoding.generate import generate  # noqa: E402
+from hispec_jax.models import sharding  # noqa: E402
+from hispec_jax.models.config import ModelConfig  # noqa: E402
+from hispec_jax.models.kv_cache import KVCache  # noqa: E402
+from hispec_jax.models.model import Model  # noqa: E402
+from hispec_jax.models.params import init_params, with_layer_layout  # noqa: E402
+
+# 8 query heads, 2 KV heads (GQA): on model=4 or 8 the KV heads are replicated, on model=2
+# sharded. Vocabulary and MLP width divide 8.
+CFG = ModelConfig(model_type="llama", vocab_size=128, hidden_size=64, intermediate_size=128,
+                  num_layers=4, num_heads=8, num_kv_heads=2, head_dim=8, rms_norm_eps=1e-6,
+                  max_position_embeddings=256, tie_word_embeddings=False, dtype="float32")
+PROMPTS = [[1, 5, 7, 9], [3, 4], [8, 9, 10, 11, 12]]  # 3 sequences: uneven for data=2, 4, 8
+MAX_NEW = 8
+
+METHODS = {
+    "ar": dict(method="ar"),
+    "layerskip": dict(method="layerskip", draft_exit=1, draft_len=2),
+    "hispec": dict(method="hispec", draft_exit=1, verify_exits=(2,), draft_len=2,
+                   verify_window=2),
+    "hispec_sampling": dict(method="hispec", draft_exit=1, verify_exits=(2,), temperature=0.8,
+                            top_k=20, seed=7),
+}
+
+# (mesh, layer layout, methods): every method on the GQA mesh with an uneven batch, the
+# rest spread so each compiles a few loops only.
+CASES = [
+    ("data=2,model=4", "unrolled", ["ar", "layerskip", "hispec", "hispec_sampling"]),
+    ("data=4,model=2", "scan", ["hispec", "hispec_sampling"]),
+    ("data=8", "unrolled", ["ar"]),
+    ("model=8", "unrolled", ["layerskip"]),
+]
+
+
+def main() -> int:
+    params = init_params(CFG, jax.random.key(0), init_std=0.3)
+    models = {layout: Model(cfg=CFG, params=with_layer_layout(params, layout))
+              for layout in ("unrolled", "scan")}
+    reference = {name: generate(models["unrolled"], PROMPTS, max_new_tokens=MAX_NEW,
+                                ignore_eos=True, **opts).token_ids
+                 for name, opts in METHODS.items()}
+    results = []
+    for mesh_text, layout, names in CASES:
+        mesh = sharding.make_mesh(mesh_text)
+        for name in names:
+            r = generate(models[layout], PROMPTS, max_new_tokens=MAX_NEW, ignore_eos=True,
+                         mesh=mesh, **METHODS[name])
+            results.append({"mesh": mesh_text, "layout": layout, "method": name,
+                            "reference": reference[name], "sharded": r.token_ids,
+                            "stats_mesh": r.stats.get("mesh"),
+                            "compile_seconds": r.stats["compile_seconds"]})
+    mesh = sharding.make_mesh("data=2,model=4")
+    placed = sharding.param_shardings(CFG, models["scan"].params, mesh)
+    specs = {name: str(placed["layers"][name].spec) for name in ("wq", "wk", "w_down")}
+    specs["lm_head"] = str(placed["lm_head"].spec)
+    for mesh_text in ("data=2,model=4", "data=4,model=2"):
+        cache = KVCache.zeros(CFG, batch=4, capacity=32)
+        specs[f"cache {mesh_text}"] = str(
+            sharding.cache_shardings(cache, sharding.make_mesh(mesh_text)).k.spec)
+    print(json.dumps({"results": results, "specs": specs, "devices": jax.device_count()}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

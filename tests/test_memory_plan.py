@@ -1,0 +1,70 @@
+"""`hispec plan-memory`: the decoding loop compiled ahead of time on abstract arrays for a
+mesh (the command gives itself the CPU devices it needs before JAX starts), one device's
+`memory_analysis()` beside the analytic weights + KV cache + overhead. Full-size numbers
+(Llama-3-8B, Llama-2-70B) are in docs/memory_plans.md; here the tiny preset keeps it fast."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def plan(*argv) -> dict:
+    env = {**os.environ, "JAX_PLATFORMS": "cpu",
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env.pop("XLA_FLAGS", None)
+    proc = subprocess.run([sys.executable, "-m", "hispec_jax.cli", "plan-memory", "--config",
+                           "tiny", "--max-len", "256", "--prompt-len", "16", "--dtype", "float32",
+                           "--json", *argv], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="module")
+def plans():
+    return {"one": plan("--batch-size", "3"),
+            "mesh": plan("--batch-size", "3", "--mesh", "data=2,model=2", "--method", "hispec")}
+
+
+def test_plan_describes_the_loop(plans):
+    d = plans["mesh"]["description"]
+    assert (d["mesh"], d["devices"], d["platform"]) == ("data=2,model=2", 4, "cpu")
+    assert (d["batch"], d["loop_batch"]) == (3, 4)  # padded to the data axis
+    assert d["method"] == "hispec" and d["exits"][-1] == d["num_layers"] == 8
+    assert plans["one"]["description"]["devices"] == 1
+
+
+@pytest.mark.parametrize("which", ["one", "mesh"])
+def test_compiled_arguments_match_the_analytic_count(plans, which):
+    """XLA's per-device arguments are the weights' and cache's shards plus the request
+    (tokens [B, S] and per-sequence scalars): the analytic count and the rule table agree
+    with what the partitioned program holds."""
+    p = plans[which]
+    B, S = p["description"]["loop_batch"], p["description"]["max_len"]
+    request = B * S * 4 + 1024
+    assert p["weights"] + p["kv_cache"] <= p["arguments"] <= p["weights"] + p["kv_cache"] + request
+    assert p["aliased"] == p["kv_cache"]  # the donated cache backs the output cache
+    assert p["compiled_total"] == p["arguments"] + p["outputs"] - p["aliased"] + p["temporaries"]
+
+
+def test_sharding_shrinks_each_devices_share(plans):
+    one, mesh = plans["one"], plans["mesh"]
+    # layers split over model=2 (the 259-token vocabulary does not divide: replicated)
+    assert mesh["weights"] < 0.75 * one["weights"]
+    # 4 sequences over data=2 and 2 KV heads over model=2 (one has 3 sequences, 4 devices)
+    assert mesh["kv_cache"] == one["kv_cache"] // 3 * 4 // 4
+
+
+def test_mesh_checked_before_jax():
+    code = ("import sys\nfrom hispec_jax import cli\n"
+            "rc = cli.main(['plan-memory', '--config', 'tiny', '--mesh', 'model=two'])\n"
+            "print(rc, 'jax' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, cwd=REPO)
+    assert proc.stdout.split() == ["2", "False"], proc.stderr
+    assert "--mesh model=two: size of 'model' must be an integer >= 1, got 'two'" in proc.stderr
