@@ -67,6 +67,20 @@ def engine_cases(draw):
     )
 
 
+def check_equals_autoregressive(model, prompts, case, method, options):
+    """Greedy `method` gives AR's tokens (case: max_new, ignore_eos, tight_cache: generation
+    runs right up to the cache capacity). Returns the method's result."""
+    decoder = methods.make_method(model, method, **options)
+    max_cache_len = None
+    if case["tight_cache"]:
+        max_cache_len = max(map(len, prompts)) + case["max_new"] + decoder.lookahead()
+    common = dict(max_new_tokens=case["max_new"], ignore_eos=case["ignore_eos"])
+    ref = generate(model, prompts, **common)
+    got = generate(model, prompts, method=method, max_cache_len=max_cache_len, **common, **options)
+    assert got.token_ids == ref.token_ids, (case, got.stats)
+    return got
+
+
 @settings(max_examples=14, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=engine_cases())
 def test_greedy_equals_autoregressive(case):
@@ -78,14 +92,7 @@ def test_greedy_equals_autoregressive(case):
                    adaptive=case["adaptive"])
     if method == "hispec":
         options.update(verify_exits=case["verify_exits"], verify_window=case["verify_window"])
-    decoder = methods.make_method(model, method, **options)
-    max_cache_len = None
-    if case["tight_cache"]:  # generation runs right up to the cache capacity
-        max_cache_len = max(map(len, prompts)) + case["max_new"] + decoder.lookahead()
-    common = dict(max_new_tokens=case["max_new"], ignore_eos=case["ignore_eos"])
-    ref = generate(model, prompts, **common)
-    got = generate(model, prompts, method=method, max_cache_len=max_cache_len, **common, **options)
-    assert got.token_ids == ref.token_ids, (case, got.stats)
+    got = check_equals_autoregressive(model, prompts, case, method, options)
     if case["ignore_eos"]:
         assert all(len(t) == case["max_new"] for t in got.token_ids)
 

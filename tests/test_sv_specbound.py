@@ -13,12 +13,11 @@ from hypothesis import strategies as st
 
 from hispec_jax import generate
 from hispec_jax.decoding import engine as engine_lib
-from hispec_jax.decoding import methods
 from hispec_jax.decoding import sv as sv_lib
 from hispec_jax.decoding.draft import annealed_temperature
 from hispec_jax.planner import calibrate
 from hispec_jax.planner.latency import Costs
-from test_engine import random_prompts, tiny_model
+from test_engine import check_equals_autoregressive, random_prompts, tiny_model
 
 
 def synthetic_table(draft_exit: int, companion_exit: int, num_layers: int, seed: int = 0,
@@ -56,15 +55,7 @@ def _check_equal(case, method, options):
     model = tiny_model(case["L"], case["seed"], case["layer_scale"])
     prompts = random_prompts(np.random.RandomState(case["prompt_seed"]), case["batch"],
                              case["max_prompt_len"])
-    decoder = methods.make_method(model, method, **options)
-    max_cache_len = None
-    if case["tight_cache"]:  # generation runs right up to the cache capacity
-        max_cache_len = max(map(len, prompts)) + case["max_new"] + decoder.lookahead()
-    common = dict(max_new_tokens=case["max_new"], ignore_eos=case["ignore_eos"])
-    ref = generate(model, prompts, **common)
-    got = generate(model, prompts, method=method, max_cache_len=max_cache_len, **common, **options)
-    assert got.token_ids == ref.token_ids, (case, got.stats)
-    return got
+    return check_equals_autoregressive(model, prompts, case, method, options)
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])

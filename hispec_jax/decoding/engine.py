@@ -145,8 +145,9 @@ class Hierarchy:
 
     @property
     def keeps_dists(self) -> bool:
-        """Whether levels keep the distributions of the tokens they pass up (sampling, and
-        the SV companion, whose signals compare the draft's and its own distribution)."""
+        """Whether levels keep the distributions of the tokens they pass up even in greedy
+        decoding (the SV companion's signals compare the draft's and its own distribution;
+        sampling always keeps them)."""
         return self.num_levels > 1 and self.companion is not None
 
     @property
@@ -403,7 +404,7 @@ class _Round:
                 block=h.blocks[0] if K > 1 else 1), state.cache, h.exits[0], state.draft_state)
             if self.greedy:
                 next_B = jnp.argmax(d.logits_BxV, axis=-1).astype(jnp.int32)
-                logp_BxV = jax.nn.log_softmax(d.logits_BxV, axis=-1)  # SV's signals
+                logp_BxV = None
             else:
                 logp_BxV = filtered_logprobs(d.logits_BxV, self.req.sampling)
                 next_B = jax.vmap(jax.random.categorical)(self.keys(state, 0), logp_BxV)
@@ -414,6 +415,8 @@ class _Round:
                     else self._ring_write(hidden[0], pos_B[:, None], d.h_Bx1xD, part_B[:, None]))
             hidden = (ring,) + hidden[1:]
             if dists:
+                if logp_BxV is None:  # greedy SV: the draft's distribution, for the signals
+                    logp_BxV = jax.nn.log_softmax(d.logits_BxV, axis=-1)
                 dists = (self._ring_write(dists[0], pos_B[:, None] + 1, logp_BxV[:, None],
                                           part_B[:, None]),) + dists[1:]
         out = out.replace(tokens_BxS=_scatter_tokens(out.tokens_BxS, pos_B + 1, next_B, part_B))
