@@ -19,7 +19,8 @@
     hispec bench [--model PATH] [--datasets sharegpt,humaneval] [--prompts N] [--rounds R]
                  [--max-new-tokens N] [--batch-size B] [--draft-exits ...] [--draft-lens ...]
                  [--grid-exits ...|none] [--tuned LD,LI,ND,NI] [--batch-sizes 1,4,16|none]
-                 [--no-transformers] [--no-agreement] [--quick] [--out-dir DIR]
+                 [--no-transformers] [--no-agreement] [--no-seed-methods]
+                 [--sv-profile FILE] [--quick] [--out-dir DIR]
     hispec bench-oracle [--model PATH | --shapes PRESET] [--methods ...] [--out FILE]
                         (the always-agree variant: measured speedup vs the layer-pass
                         prediction, AR's share of the HBM roofline; `--help` for all flags)
@@ -246,6 +247,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="AR vs HiSpec throughput at these batch sizes ('none' skips)")
     bench.add_argument("--no-transformers", action="store_true",
                        help="skip the transformers (PyTorch) baselines")
+    bench.add_argument("--no-seed-methods", action="store_true",
+                       help="skip the SV and SpecBound rows")
+    bench.add_argument("--sv-profile", default=None,
+                       help="SV profile (default: the model's sv_profile.json, else a quick "
+                            "profile written to --out-dir)")
     bench.add_argument("--no-agreement", action="store_true",
                        help="skip the per-exit agreement measurement")
     bench.add_argument("--quick", action="store_true",
@@ -604,7 +610,8 @@ def cmd_bench(args) -> int:
                     else _optional_exits(args.grid_exits, "--grid-exits")),
         tuned=args.tuned, transformers=not args.no_transformers,
         batch_sizes=_optional_exits(args.batch_sizes, "--batch-sizes"),
-        agreement=not args.no_agreement, out_dir=args.out_dir, progress=not args.no_progress)
+        agreement=not args.no_agreement, seed_methods=not args.no_seed_methods,
+        sv_profile=args.sv_profile, out_dir=args.out_dir, progress=not args.no_progress)
     if args.tuned is not None and len(args.tuned) != 4:
         raise ValueError(f"--tuned takes Ld,Li,Nd,Ni, got {args.tuned}")
     if args.quick:

@@ -30,7 +30,8 @@ def byte_model_dir(tmp_path_factory):
 def quick_report(byte_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench_out")
     rc = main(["bench", "--model", str(byte_model_dir), "--quick", "--datasets", "sharegpt",
-               "--max-prompt-tokens", "200", "--out-dir", str(out), "--no-progress"])
+               "--max-prompt-tokens", "200", "--batch-sizes", "2", "--out-dir", str(out),
+               "--no-progress"])
     assert rc == 0
     return out, json.loads((out / "report.json").read_text())
 
@@ -41,7 +42,17 @@ def test_quick_bench_is_lossless_and_complete(quick_report):
     names = [r["name"] for r in methods]
     assert names[0] == "ar"
     assert {"layerskip d=1 n=2", "layerskip d=2 n=2", "hispec defaults",
-            "hispec adaptive"} <= set(names)
+            "hispec adaptive", "sv defaults", "specbound defaults"} <= set(names)
+    # the random model has no SV profile: the bench made a quick one in its out_dir
+    assert report["sv_profile"] == str(out / "sv_profile.json")
+    assert (out / "sv_profile.json").is_file()
+    assert report["batch"]["batch_sizes"] == [2]
+    assert report["batch"]["methods"] == ["ar", "layerskip defaults", "hispec defaults",
+                                          "sv defaults", "specbound defaults"]
+    sv = next(r for r in methods if r["name"] == "sv defaults")
+    assert sum(sv["stats"]["verified_length_histogram"]) > 0
+    specbound = next(r for r in methods if r["name"] == "specbound defaults")
+    assert sum(specbound["stats"]["draft_exit_histogram"].values()) > 0
     assert any(n.startswith("hispec tuned") for n in names)
     for section in (methods, report["peers"]["sharegpt"], report["grid"]["rows"],
                     *report["batch"]["rows"].values()):

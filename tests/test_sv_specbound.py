@@ -205,10 +205,18 @@ def test_sv_rejects_blockwise_sampling():
 
 
 def test_specbound_sweep_rows():
-    from hispec_jax.bench.seed_methods import specbound_sweep
+    from hispec_jax.bench.seed_methods import best_row, specbound_sweep
 
     model = tiny_model(4, 0, layer_scale=0.0)
-    rows = specbound_sweep(model, [[1, 2, 3]], 8, {"tau": [0.05], "anneal": [0.0],
-                                                   "depth_bound": [2], "width": [2]})
-    assert len(rows) == 1 and rows[0]["tau"] == 0.05
-    assert rows[0]["acceptance"] == 1.0 and rows[0]["layer_passes_per_token"] < 4
+    rows = specbound_sweep(model, [[1, 2, 3]], 8, {"tau": [0.05, 0.9], "anneal": [0.0],
+                                                   "depth_bound": [2], "width": [2]}, rounds=1)
+    assert [r["name"] for r in rows] == ["ar", "specbound anneal=0.0 depth_bound=2 tau=0.05 width=2",
+                                         "specbound anneal=0.0 depth_bound=2 tau=0.9 width=2"]
+    assert all(r["identical_to_ar"] for r in rows)
+    # always-agree model: every draft is accepted, so a token costs fewer than L passes
+    low = rows[1]
+    assert low["layer_passes_per_token"] < 4 and set(low["draft_exit_histogram"]) <= {1, 2}
+    assert best_row(rows)["name"] in {rows[1]["name"], rows[2]["name"]}
+    rows[2]["identical_to_ar"] = False
+    with pytest.raises(AssertionError, match="tau=0.9"):
+        best_row(rows)

@@ -14,8 +14,9 @@ def _mib(n) -> str:
 
 
 METHOD_HEADER = ("| method | tokens/s | speedup vs AR | identical to AR | final acceptance | "
-                 "true reject | false accept | tokens / full pass | layer passes / token | "
-                 "ms / layer pass | compile s | loop memory MiB |\n" + "|---" * 12 + "|\n")
+                 "true reject | false accept | tokens / full pass | tokens / round | "
+                 "layer passes / token | ms / layer pass | compile s | loop memory MiB |\n"
+                 + "|---" * 13 + "|\n")
 
 
 def identical_cell(row: dict[str, Any]) -> str:
@@ -36,7 +37,8 @@ def method_table(rows: list[dict[str, Any]]) -> str:
             f"| {r['name']} | {r['tokens_per_second']:.1f} | {_f(r.get('speedup_vs_ar'), 2, 'x')} "
             f"| {identical_cell(r)} | {_f(s.get('final_acceptance_rate'))} "
             f"| {_f(s.get('true_reject_rate'))} | {_f(s.get('false_accept_rate'))} "
-            f"| {_f(s.get('tokens_per_full_pass'))} | {_f(s.get('layer_passes_per_token'), 1)} "
+            f"| {_f(s.get('tokens_per_full_pass'))} | {_f(s.get('tokens_per_round'))} "
+            f"| {_f(s.get('layer_passes_per_token'), 1)} "
             f"| {_f(r.get('ms_per_layer_pass'), 3)} | {_f(r.get('compile_seconds'), 1)} | {_mib(r.get('memory_bytes'))} |\n")
     return "".join(lines)
 
@@ -56,6 +58,10 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
             out.append(f"- {dataset}: best HiSpec ({hs['name']}) {hs['speedup_vs_ar']:.2f}x AR, "
                        f"{hs['tokens_per_second'] / ls['tokens_per_second']:.2f}x the best "
                        f"LayerSkip ({ls['name']}, {ls['speedup_vs_ar']:.2f}x AR)")
+        seeds = [r for r in (best_row(rows, "sv"), best_row(rows, "specbound")) if r]
+        if seeds:
+            out.append(f"- {dataset}: " + ", ".join(
+                f"{r['name']} {r['speedup_vs_ar']:.2f}x AR" for r in seeds))
     for dataset, rows in report["peers"].items():
         ours = best_row(rows, "hispec")
         theirs = best_row(rows, "transformers")
@@ -66,11 +72,15 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     if report.get("batch"):
         b = report["batch"]
         for size in b["batch_sizes"]:
-            ar, hs = b["rows"][str(size)]
-            out.append(f"- batch {size} ({b['dataset']}): HiSpec defaults {hs['speedup_vs_ar']:.2f}x AR "
-                       f"({hs['tokens_per_second']:.1f} vs {ar['tokens_per_second']:.1f} tokens/s)")
+            ar, *others = b["rows"][str(size)]
+            out.append(f"- batch {size} ({b['dataset']}, AR {ar['tokens_per_second']:.1f} "
+                       "tokens/s): " + ", ".join(f"{r['name']} {r['speedup_vs_ar']:.2f}x"
+                                                 for r in others))
     identical = all(r["identical_to_ar"] for section in ("methods", "peers")
                     for rows in report[section].values() for r in rows)
+    if report.get("batch"):
+        identical &= all(r["identical_to_ar"] for rows in report["batch"]["rows"].values()
+                         for r in rows)
     if report.get("grid"):
         identical &= all(r["identical_to_ar"] for r in report["grid"]["rows"])
     out.append(f"- every method's greedy output identical to AR: **{identical}**")
@@ -108,12 +118,18 @@ def markdown(report: dict[str, Any]) -> str:
                   method_table(g["window_rows"]), "\n"]
     if report.get("batch"):
         b = report["batch"]
-        parts += [f"## Batch sizes ({b['dataset']}, {b['num_prompts']} prompts)\n\n",
-                  "| batch | AR tokens/s | HiSpec tokens/s | speedup | identical |\n|---|---|---|---|---|\n"]
+        names = [r["name"] for r in b["rows"][str(b["batch_sizes"][0])]]
+        parts += [f"## Batch sizes ({b['dataset']}, {b['num_prompts']} prompts): tokens/s "
+                  "(speedup vs AR)\n\n",
+                  "| batch | " + " | ".join(names) + " | all identical to AR |\n",
+                  "|---" * (len(names) + 2) + "|\n"]
         for size in b["batch_sizes"]:
-            ar, hs = b["rows"][str(size)]
-            parts.append(f"| {size} | {ar['tokens_per_second']:.1f} | {hs['tokens_per_second']:.1f} "
-                         f"| {hs['speedup_vs_ar']:.2f}x | {hs['identical_to_ar']} |\n")
+            rows = b["rows"][str(size)]
+            cells = [f"{r['tokens_per_second']:.1f} ({r['speedup_vs_ar']:.2f}x)" for r in rows]
+            identical = all(r["identical_to_ar"] for r in rows)
+            parts.append(f"| {size} | " + " | ".join(cells) + f" | {identical} |\n")
+        for size in b["batch_sizes"]:
+            parts += [f"\n### Batch {size}\n\n", method_table(b["rows"][str(size)])]
         parts.append("\n")
     if report.get("agreement"):
         parts.append("## Per-exit top-1 agreement with the final layer (teacher-forced)\n\n")

@@ -7,12 +7,16 @@ Phases (each a side-by-side `suite.compare`, greedy, EOS ignored, outputs checke
                  its Ld = default row is Table 9; the best pair, then the best of a few
                  window settings for it, is "hispec tuned"
     methods      per dataset: AR, the LayerSkip sweep (draft exit x draft length), HiSpec
-                 defaults / adaptive / tuned
+                 defaults / adaptive / tuned, SV and SpecBound defaults
     peers        per dataset: transformers greedy and transformers LayerSkip
                  (`assistant_early_exit`, the best LayerSkip setting found above) next to
                  our AR, best LayerSkip and best HiSpec (batch 1: transformers' assisted
                  generation supports batch 1 only)
-    batch sizes  AR vs HiSpec defaults at batch 1, 4, 16 on the first dataset (Table 5)
+    batch sizes  AR, LayerSkip, HiSpec, SV and SpecBound (defaults) at batch 1, 4, 16 on the
+                 first dataset (HiSpec Table 5; SV's gains are at larger batch)
+
+SV needs a profile: the model directory's `sv_profile.json` (the shipped model has one), else
+--sv-profile, else a quick `hispec profile-sv` run on calibration prompts written to out_dir.
 """
 
 from __future__ import annotations
@@ -51,6 +55,8 @@ class BenchConfig:
     transformers: bool = True
     batch_sizes: tuple[int, ...] = (1, 4, 16)    # (): skip
     agreement: bool = True
+    seed_methods: bool = True   # SV and SpecBound rows
+    sv_profile: str | None = None  # None: the model's, else profiled quickly
     out_dir: str = "hispec_bench_results"
     progress: bool = True
 
@@ -68,19 +74,23 @@ class BenchConfig:
                 raise ValueError(f"datasets: {d!r} is not one of {prompts_lib.DATASETS}")
         if any(b < 1 for b in self.batch_sizes) or any(n < 1 for n in self.draft_lens):
             raise ValueError("batch_sizes and draft_lens must be >= 1")
-        # Building every method validates exits and windows against the model.
-        for spec in self.method_specs(model, tuned=None):
+        # Building every method validates exits and windows against the model (SV's
+        # profile is looked up, or made, after validation).
+        for spec in self.method_specs(model, tuned=None, sv_profile=None):
             spec.decoder(model)
         if self.grid_exits:
             for spec in sweeps.exit_pair_specs(list(self.grid_exits)):
                 spec.decoder(model)
         if self.tuned is not None:
             sweeps.hispec_spec(*self.tuned).decoder(model)
+        if self.seed_methods and self.sv_profile is not None:
+            sv_spec(self.sv_profile).decoder(model)
         if self.transformers and importlib.util.find_spec("torch") is None:
             raise ValueError("the transformers baselines need PyTorch: pip install torch==2.13.0 "
                              "(or pass --no-transformers)")
 
-    def method_specs(self, model: Model, tuned: MethodSpec | None) -> list[MethodSpec]:
+    def method_specs(self, model: Model, tuned: MethodSpec | None, sv_profile: str | None
+                     ) -> list[MethodSpec]:
         draft_exits = (list(self.draft_exits) if self.draft_exits is not None
                        else sweeps.candidate_exits(model))
         specs = [MethodSpec.of("ar", "ar")]
@@ -89,7 +99,18 @@ class BenchConfig:
                   MethodSpec.of("hispec adaptive", "hispec", adaptive=True)]
         if tuned is not None:
             specs.append(tuned)
-        return specs
+        return specs + self.seed_specs(sv_profile)
+
+    def seed_specs(self, sv_profile: str | None) -> list[MethodSpec]:
+        """SV (when a profile is known) and SpecBound at their defaults."""
+        if not self.seed_methods:
+            return []
+        specs = [sv_spec(sv_profile)] if sv_profile is not None else []
+        return specs + [MethodSpec.of("specbound defaults", "specbound")]
+
+
+def sv_spec(sv_profile: str) -> MethodSpec:
+    return MethodSpec.of("sv defaults", "sv", sv_profile=sv_profile)
 
 
 class Bench:
@@ -105,6 +126,10 @@ class Bench:
         self.out_dir = Path(config.out_dir)
         self.hf_model = None
         self.specs: dict[str, MethodSpec] = {}  # every method run so far, by name
+        self.sv_profile = None
+        if config.seed_methods:
+            self.sv_profile = config.sv_profile or suite.sv_profile_path(
+                self.model, self.out_dir, lambda msg: print(f"[bench] {msg}", flush=True))
         cfg = self.model.cfg
         self.report: dict[str, Any] = {
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -114,7 +139,7 @@ class Bench:
                       "default_exits": list(methods.default_exits(self.model))},
             "config": {k: v for k, v in dataclasses.asdict(config).items() if k != "progress"},
             "agreement": {}, "grid": None, "methods": {}, "peers": {}, "batch": None,
-            "plots": [],
+            "plots": [], "sv_profile": self.sv_profile,
         }
 
     # ----- helpers ---------------------------------------------------------------------
@@ -183,7 +208,7 @@ class Bench:
         return sweeps.hispec_spec(d, i, nd, ni, name=f"hispec tuned d={d} i={i} nd={nd} ni={ni}")
 
     def methods(self, tuned: MethodSpec | None) -> None:
-        specs = self.config.method_specs(self.model, tuned)
+        specs = self.config.method_specs(self.model, tuned, self.sv_profile)
         for dataset in self.config.datasets:
             prompts = self._prompts(dataset)
             results = self._compare(f"methods ({dataset})", self._ours(prompts, specs),
@@ -215,8 +240,10 @@ class Bench:
         sizes = list(self.config.batch_sizes)
         dataset = self.config.datasets[0]
         prompts = self._prompts(dataset, max(max(sizes), self.config.num_prompts))
-        specs = [MethodSpec.of("ar", "ar"), MethodSpec.of("hispec defaults", "hispec")]
-        table = {"dataset": dataset, "num_prompts": len(prompts), "batch_sizes": sizes, "rows": {}}
+        specs = [MethodSpec.of("ar", "ar"), MethodSpec.of("layerskip defaults", "layerskip"),
+                 MethodSpec.of("hispec defaults", "hispec")]
+        specs += self.config.seed_specs(self.sv_profile)
+        table = {"methods": [spec.name for spec in specs], "dataset": dataset, "num_prompts": len(prompts), "batch_sizes": sizes, "rows": {}}
         for b in sizes:
             results = self._compare(f"batch {b} ({dataset})", self._ours(prompts, specs, b),
                                     self.config.rounds)
@@ -273,7 +300,7 @@ class Bench:
         if r["batch"]:
             b = r["batch"]
             tps = {m: [b["rows"][str(s)][k]["tokens_per_second"] for s in b["batch_sizes"]]
-                   for k, m in enumerate(["ar", "hispec defaults"])}
+                   for k, m in enumerate(b["methods"])}
             paths.append(plots.batch_plot(b["batch_sizes"], tps, out / "batch_sizes.png",
                                           f"throughput by batch size ({b['dataset']})"))
         return paths

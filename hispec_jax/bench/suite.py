@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import jax
@@ -163,6 +164,27 @@ def compare(runners: list[Runner], rounds: int, progress: Callable[[str], None] 
             tick(runner.name)
             result.seconds.append(runner.timed_round())
     return results
+
+
+def sv_profile_path(model: Model, out_dir: Path, progress: Callable[[str], None] | None = None
+                    ) -> str:
+    """A path to an SV profile for the model's default SV exits: the model directory's
+    `sv_profile.json` when it was profiled for them, else a quick `profile_sv` run written
+    to `out_dir` (calibration prompts: the ShareGPT training split, never held-out ones)."""
+    from hispec_jax.decoding import sv as sv_lib
+    from hispec_jax.planner import calibrate, sv_profile
+
+    d, c = methods.default_exits(model)
+    try:
+        table = sv_lib.find_table(model.path)
+        if (table.draft_exit, table.companion_exit) == (d, c):
+            return str(Path(model.path) / sv_lib.PROFILE_FILE)
+    except FileNotFoundError:
+        pass
+    (progress or (lambda msg: None))(f"profiling SV for exits {d}, {c} (quick)")
+    table = sv_profile.profile_sv(model, d, c, settings=calibrate.Settings.quick())
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return str(table.save(out_dir / sv_lib.PROFILE_FILE))
 
 
 def first_departure(tokens: list[int], reference: list[int]) -> int | None:
