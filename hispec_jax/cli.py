@@ -26,12 +26,14 @@
                         prediction, AR's share of the HBM roofline; `--help` for all flags)
     hispec tune [--model PATH] [--batch-size B] [--quick] [--max-levels K] [--verify]
                 [--out FILE] [--plot PNG]
-    hispec profile-sv [--model PATH] [--draft-exit N] [--verify-exits N] [--quick] [--out PATH]
+    hispec profile-sv [--model PATH] [--draft-exit N] [--verify-exits N] [--prompts N]
+                      [--new-tokens N] [--quick] [--out PATH]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -298,6 +300,10 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--batch-size", type=int, default=1, help="batch size of the cost model")
     prof.add_argument("--s-bins", type=int, default=20, help="bins of S (10-30 in the paper)")
     prof.add_argument("--a-bins", type=int, default=10, help="bins of A (10-20 in the paper)")
+    prof.add_argument("--prompts", type=int, default=None,
+                      help="calibration prompts (ShareGPT training split; default 8, quick 4)")
+    prof.add_argument("--new-tokens", type=int, default=None,
+                      help="greedy continuation per prompt (default 64, quick 32)")
     prof.add_argument("--quick", action="store_true", help="fewer prompts, tokens and blocks")
     prof.add_argument("--out", default=None,
                       help="file or directory to write (default: the model directory)")
@@ -645,8 +651,9 @@ def cmd_tune(args) -> int:
 
 
 def cmd_profile_sv(args) -> int:
-    for name in ("batch_size", "s_bins", "a_bins"):
-        options_lib.check_positive_int(name, getattr(args, name))
+    for name in ("batch_size", "s_bins", "a_bins", "prompts", "new_tokens"):
+        if getattr(args, name) is not None:
+            options_lib.check_positive_int(name, getattr(args, name))
     model_dir = args.model or _default_model_dir()
     num_layers = check_model_path(model_dir)
     try:
@@ -660,6 +667,10 @@ def cmd_profile_sv(args) -> int:
 
     model = load_model(model_dir)
     settings = calibrate.Settings.quick() if args.quick else calibrate.Settings()
+    if args.prompts is not None:
+        settings = dataclasses.replace(settings, num_prompts=args.prompts)
+    if args.new_tokens is not None:
+        settings = dataclasses.replace(settings, new_tokens=args.new_tokens)
     table = sv_profile.profile_sv(model, args.draft_exit, args.verify_exits,
                                   batch_size=args.batch_size, settings=settings,
                                   s_bins=args.s_bins, a_bins=args.a_bins,

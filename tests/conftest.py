@@ -8,10 +8,37 @@ untied), Llama 2 style (MHA, untied) and Qwen3 (q/k norm, explicit head_dim != D
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import pytest
+
+def _shared_compilation_cache() -> str | None:
+    """One JAX persistent compilation cache for the whole test run: this process, its
+    pytest-xdist sibling workers (same PYTEST_XDIST_TESTRUNUID) and every subprocess the
+    tests start (CLI, README examples, notebook kernels inherit the environment). Many of
+    them compile the same loops of the shipped model; a cache hit loads the executable
+    instead of compiling it again. Returns the directory to remove at the end, or None when
+    the caller chose their own cache."""
+    if "JAX_COMPILATION_CACHE_DIR" in os.environ:
+        return None
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"pid{os.getpid()}"
+    path = os.path.join(tempfile.gettempdir(), f"hispec-jax-tests-jax-cache-{run}")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = path
+    return path
+
+
+_COMPILATION_CACHE = _shared_compilation_cache()
+
+
+def pytest_sessionfinish(session):
+    # xdist workers share the directory: only the controller (or a plain run) removes it.
+    if _COMPILATION_CACHE and "PYTEST_XDIST_WORKER" not in os.environ:
+        shutil.rmtree(_COMPILATION_CACHE, ignore_errors=True)
+
+
+import pytest  # noqa: E402
 
 VOCAB = 97
 WORDS = ["the", "a", "cat", "dog", "sat", "on", "mat", "ran", "big", "small", "red", "blue",
