@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from hispec_jax import generate
 from hispec_jax.decoding import engine as engine_lib
+from hispec_jax.decoding import methods
 from hispec_jax.decoding import sv as sv_lib
 from hispec_jax.decoding.draft import annealed_temperature
 from hispec_jax.planner import calibrate
@@ -220,3 +221,25 @@ def test_specbound_sweep_rows():
     rows[2]["identical_to_ar"] = False
     with pytest.raises(AssertionError, match="tau=0.9"):
         best_row(rows)
+
+
+def test_shipped_model_has_an_sv_profile_for_its_default_exits():
+    """`method="sv"` works out of the box with the shipped model: its directory holds a
+    profile for the default (draft, companion) exits, with enough positions per bin."""
+    from hispec_jax import DEFAULT_MODEL_DIR
+    from hispec_jax.models.model import load_model
+
+    model = load_model(DEFAULT_MODEL_DIR)
+    table = sv_lib.find_table(model.path)
+    assert (table.draft_exit, table.companion_exit) == methods.default_exits(model)
+    counts = np.array(table.counts)
+    assert counts.sum() >= 1000
+    for name in ("greedy_acceptance", "sampling_acceptance"):
+        a = np.array(getattr(table, name))
+        assert a.shape == counts.shape and ((0 <= a) & (a <= 1)).all()
+    # a profile measured on another kind of device still decodes, with a warning
+    import dataclasses
+
+    elsewhere = dataclasses.replace(table, meta={**table.meta, "device": "gpu-other"})
+    with pytest.warns(UserWarning, match="measured on gpu-other"):
+        methods.make_method(model, "sv", sv_profile=elsewhere)

@@ -216,6 +216,7 @@ def _sv(model: Model, exits: tuple[int, ...], draft_len, sv_profile, greedy: boo
 
     nd = _check_window("draft_len", draft_len)
     table = sv_lib.find_table(model.path, sv_profile)
+    sv_lib.warn_if_other_device(table)
     companion = sv_lib.selector(table, exits[0], exits[1], model.cfg.num_layers, nd, greedy)
     rule, schedule = _sampling_rule(None, greedy)
     windows = (nd, 0)  # the top level verifies whatever the companion passes up, every round

@@ -127,6 +127,21 @@ def find_table(model_path, table=None) -> SVTable:
     return SVTable.load(directory / PROFILE_FILE)
 
 
+def warn_if_other_device(table: SVTable) -> None:
+    """Warns when `table`'s stage costs were measured on another kind of device: SV's
+    verification lengths may then be poor choices (its output is exact regardless)."""
+    import warnings
+
+    from hispec_jax.planner.plan import device_key
+
+    measured_on = table.meta.get("device")
+    if measured_on and measured_on != device_key():
+        warnings.warn(f"this SV profile's costs were measured on {measured_on}, not on this "
+                      f"{device_key()}: verification lengths may be poor choices (the "
+                      "output is exact regardless); run `hispec profile-sv` on this device",
+                      stacklevel=3)
+
+
 @dataclasses.dataclass(frozen=True)
 class SVSelector:
     """Level 1 of an SV hierarchy: how many drafts each sequence passes to the top level.
