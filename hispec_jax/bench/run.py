@@ -243,7 +243,8 @@ class Bench:
         specs = [MethodSpec.of("ar", "ar"), MethodSpec.of("layerskip defaults", "layerskip"),
                  MethodSpec.of("hispec defaults", "hispec")]
         specs += self.config.seed_specs(self.sv_profile)
-        table = {"methods": [spec.name for spec in specs], "dataset": dataset, "num_prompts": len(prompts), "batch_sizes": sizes, "rows": {}}
+        table = {"dataset": dataset, "num_prompts": len(prompts), "batch_sizes": sizes,
+                 "methods": [spec.name for spec in specs], "rows": {}}
         for b in sizes:
             results = self._compare(f"batch {b} ({dataset})", self._ours(prompts, specs, b),
                                     self.config.rounds)
