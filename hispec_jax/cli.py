@@ -24,6 +24,10 @@
     hispec bench-oracle [--model PATH | --shapes PRESET] [--methods ...] [--out FILE]
                         (the always-agree variant: measured speedup vs the layer-pass
                         prediction, AR's share of the HBM roofline; `--help` for all flags)
+    hispec bench-tool [TOOL [args]]
+                      (one benchmark tool, as `python -m hispec_jax.bench TOOL`: ar, engine,
+                      oracle, seed-methods, auto, memory, gguf-memory, exit-agreement,
+                      plot-agreement, before-after; without TOOL it lists them)
     hispec tune [--model PATH] [--batch-size B] [--quick] [--max-levels K] [--verify]
                 [--out FILE] [--plot PNG]
     hispec profile-sv [--model PATH] [--draft-exit N] [--verify-exits N] [--prompts N]
@@ -218,6 +222,10 @@ def build_parser() -> argparse.ArgumentParser:
         "bench-oracle", add_help=False,
         help="the engine against its layer-pass prediction on the always-agree variant of a "
              "model (see `hispec bench-oracle --help`)")
+    sub.add_parser(
+        "bench-tool", add_help=False,
+        help="one benchmark tool: hispec bench-tool TOOL [args], as python -m hispec_jax.bench "
+             "TOOL (`hispec bench-tool` lists them, `hispec bench-tool TOOL --help` its flags)")
     bench = add_parser(
         "bench", help="benchmark AR, LayerSkip, HiSpec and transformers side by side",
         description="Greedy decoding of ShareGPT evaluation and HumanEval prompts with AR, a "
@@ -690,6 +698,10 @@ def main(argv=None) -> int:
         from hispec_jax.bench import oracle
 
         return oracle.main(extra)
+    if args.command == "bench-tool":  # TOOL's own parser (hispec_jax/bench/tools.py)
+        from hispec_jax.bench import tools
+
+        return tools.main(extra, prog="hispec bench-tool")
     if extra and args.command not in ("init-model", "pretrain", "train-heads"):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:

@@ -1,6 +1,6 @@
 """method="auto" side by side with AR and the best LayerSkip / HiSpec grid points.
 
-    python -m hispec_jax.bench.auto [--model DIR] [--prompts 4] [--max-new-tokens 64]
+    python -m hispec_jax.bench auto [--model DIR] [--prompts 4] [--max-new-tokens 64]
         [--rounds 3] [--layerskip D,N ...] [--hispec LD,LI,ND,NI ...] [--plan FILE]
 
 Held-out ShareGPT prompts (the evaluation split; the plan was calibrated on the training
@@ -83,7 +83,8 @@ def markdown(report: dict) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m hispec_jax.bench.auto", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m hispec_jax.bench auto",
+                                description=__doc__.split("\n")[0])
     p.add_argument("--model", default=None)
     p.add_argument("--prompts", type=int, default=4)
     p.add_argument("--max-new-tokens", type=int, default=64)

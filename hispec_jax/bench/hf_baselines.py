@@ -3,7 +3,9 @@ transformers' LayerSkip self-speculation (`assistant_early_exit`).
 
 Both decode greedily, one prompt at a time (assisted generation supports batch 1 only),
 exactly `max_new_tokens` per prompt with EOS ignored, as `hispec_jax.generate(...,
-ignore_eos=True)` does. PyTorch is imported lazily: the rest of the library needs none.
+ignore_eos=True)` does. `hf_generate_batch` is plain greedy decoding of a whole batch in
+one left-padded call (`python -m hispec_jax.bench ar`). PyTorch is imported lazily: the
+rest of the library needs none.
 
 Greedy settings are pinned: the model directory's generation_config.json is swapped for a
 fresh config during each call, so no default from it (sampling, repetition penalty, ...)
@@ -171,3 +173,42 @@ def hf_generate(hf_model, prompts: list[list[int]], max_new_tokens: int, *, roun
         hf_model.generation_config = saved
     return HFRun(name=name or default_name, token_ids=token_ids, seconds=seconds,
                  new_tokens=len(prompts) * max_new_tokens)
+
+
+def hf_generate_batch(hf_model, prompts: list[list[int]], max_new_tokens: int
+                      ) -> tuple[list[list[int]], float]:
+    """Greedy generation of exactly max_new_tokens per prompt, every prompt in one
+    `hf_model.generate` call: the ragged prompts ([P][prompt_len]) left-padded to
+    [P, longest] with an attention mask, transformers' default (dynamic) KV cache, EOS
+    ignored and greedy settings pinned as in `hf_generate`.
+
+    Returns (new tokens [P][max_new_tokens], wall seconds of the generate call).
+    """
+    torch = _torch()
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("prompts: expected a non-empty list of non-empty token-id lists")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    base, call = _configs(hf_model, max_new_tokens, None, DEFAULT_NUM_ASSISTANT_TOKENS)
+    longest = max(map(len, prompts))
+    ids = torch.full((len(prompts), longest), base.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), longest), dtype=torch.long)
+    for b, p in enumerate(prompts):  # left padding: every row's last token is its prompt's
+        ids[b, longest - len(p):] = torch.tensor(p)
+        mask[b, longest - len(p):] = 1
+    saved = hf_model.generation_config
+    hf_model.generation_config = base
+    try:
+        with torch.inference_mode():
+            t0 = time.perf_counter()
+            out = hf_model.generate(input_ids=ids.to(hf_model.device),
+                                    attention_mask=mask.to(hf_model.device),
+                                    generation_config=call)
+            seconds = time.perf_counter() - t0
+    finally:
+        hf_model.generation_config = saved
+    new = out[:, longest:].tolist()
+    if any(len(t) != max_new_tokens for t in new):
+        raise RuntimeError(f"transformers generated {len(new[0])} tokens per row, "
+                           f"expected {max_new_tokens}")
+    return new, seconds

@@ -49,14 +49,23 @@ HBM_BANDWIDTH = (("H200", 4.8e12), ("H100", 3.35e12), ("A100", 2.0e12), ("L4", 0
                  ("TPU v4", 1.2e12), ("TPU v6", 1.64e12))
 
 
-def always_agree(model: Model) -> Model:
-    """`model` with every layer's attention-output and MLP-down weights zeroed (any layout)."""
+def scaled_residuals(model: Model, scale: float) -> Model:
+    """`model` with every layer's attention-output and MLP-down weights times `scale` (any
+    layout): each layer's contribution to the residual stream shrinks by `scale`, so small
+    scales make every exit's argmax (nearly) the final layer's; 0 zeroes them."""
     layout = layer_layout(model.params)
     stacked = dict(with_layer_layout(model.params, "scan")["layers"])
     for name in ("wo", "w_down"):
-        stacked[name] = jnp.zeros_like(stacked[name])
+        stacked[name] = (jnp.zeros_like(stacked[name]) if scale == 0
+                         else stacked[name] * jnp.asarray(scale, stacked[name].dtype))
     params = with_layer_layout({**model.params, "layers": stacked}, layout)
-    return dataclasses.replace(model, params=params, heads={})
+    return dataclasses.replace(model, params=params)
+
+
+def always_agree(model: Model) -> Model:
+    """`model` with every layer's attention-output and MLP-down weights zeroed (any layout)
+    and no trained exit heads: every exit's hidden state is the token's embedding."""
+    return dataclasses.replace(scaled_residuals(model, 0.0), heads={})
 
 
 def preset_model(name: str, dtype: str | None, seed: int = 0) -> Model:

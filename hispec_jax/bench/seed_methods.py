@@ -1,6 +1,6 @@
 """SV and SpecBound beside LayerSkip and HiSpec, side by side, and the SpecBound sweep.
 
-    python -m hispec_jax.bench.seed_methods [--model DIR] [--prompts N] [--max-new-tokens N]
+    python -m hispec_jax.bench seed-methods [--model DIR] [--prompts N] [--max-new-tokens N]
         [--batch-sizes 1,4,16] [--rounds R] [--sweep [--sweep-prompts N] [--sweep-tokens N]]
         [--no-batches] [--out FILE]
 
@@ -75,7 +75,7 @@ def best_row(rows: list[dict]) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m hispec_jax.bench.seed_methods",
+    p = argparse.ArgumentParser(prog="python -m hispec_jax.bench seed-methods",
                                 description=__doc__.split("\n")[0])
     p.add_argument("--model", default=None, help="model directory (default: shipped)")
     p.add_argument("--prompts", type=int, default=4, help="held-out ShareGPT prompts")
@@ -99,7 +99,7 @@ def main(argv=None) -> int:
     model = load_model(args.model or DEFAULT_MODEL_DIR)
     out = Path(args.out)
     report: dict[str, Any] = {"device": suite.device_description(), "model": model.path,
-                              "command": "python -m hispec_jax.bench.seed_methods "
+                              "command": "python -m hispec_jax.bench seed-methods "
                                          + " ".join(argv if argv is not None else sys.argv[1:])}
     sv_path = suite.sv_profile_path(model, out.parent, tick)
     report["sv_profile"] = sv_path

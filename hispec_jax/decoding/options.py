@@ -20,7 +20,7 @@ SPECULATIVE_METHODS = ("layerskip", "hispec", "sv", "specbound")
 # Options only some methods take (the rest: SPECULATIVE_OPTIONS, exit_layer).
 METHOD_OPTIONS = {"sv": ("sv_profile",), "specbound": ("tau", "anneal", "depth_bound", "width")}
 # SpecBound defaults: provisional (not yet chosen by a finished sweep; run
-# `python -m hispec_jax.bench.seed_methods --sweep`, see docs/sv_specbound.md).
+# `python -m hispec_jax.bench seed-methods --sweep`, see docs/sv_specbound.md).
 SPECBOUND_DEFAULTS = {"tau": 0.6, "anneal": 1.0, "width": 4}
 SPECULATIVE_OPTIONS = ("draft_exit", "verify_exits", "draft_len", "verify_window", "adaptive",
                        "acceptance")

@@ -1,36 +1,41 @@
-"""Per-exit top-1 agreement with the final layer on held-out ShareGPT text.
+"""Per-exit top-1 agreement with the final layer on held-out ShareGPT rows (every exit).
+
+    python -m hispec_jax.bench exit-agreement --model DIR_OR_GGUF [--rows 16] [--seq-len 256]
+        [--batch-size 4] [--out result.json]
 
 For every exit e = 1..L: how often the shared final norm + LM head applied to the residual
 stream after layer e predicts the same next token as the full model (the greedy acceptance
-rate of a drafter at e), and, when the model directory has trained exit heads
-(`exit_heads.safetensors`), the same for those heads. Rows are the first N packed rows of the
-ShareGPT evaluation split (held out from `hispec train-heads`), tokenized with the model's
-tokenizer.
-
-    python benchmarks/exit_agreement.py --model DIR_OR_GGUF [--rows 16] [--seq-len 256]
-        [--out result.json]
-
-Not part of the test suite.
+rate of a drafter at e; `train_heads.pretrain.evaluate`), the final layer's perplexity, and,
+when the model directory has trained exit heads (`exit_heads.safetensors`), the same
+agreement for those heads (`train_heads.train.evaluate`). Rows: the first `--rows` packed
+rows of `--seq-len` + 1 tokens of the ShareGPT evaluation split (held out from `hispec
+train-heads` and `hispec pretrain`), tokenized with the model's tokenizer, teacher-forced.
+Prints the result as JSON. (`hispec bench`'s agreement phase is the per-conversation variant
+at the exits the model has heads for: `sweeps.exit_agreement`.)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
-import jax
-import numpy as np
+PROG = "python -m hispec_jax.bench exit-agreement"
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--rows", type=int, default=16)
-    parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("--batch-size", type=int, default=4)
-    parser.add_argument("--out", default=None)
-    args = parser.parse_args()
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--model", required=True, help="a HF model directory or .gguf file")
+    ap.add_argument("--rows", type=int, default=16, help="held-out rows")
+    ap.add_argument("--seq-len", type=int, default=256, help="tokens per row (targets)")
+    ap.add_argument("--batch-size", type=int, default=4, help="rows per evaluation batch")
+    ap.add_argument("--out", default=None, help="also write the result as JSON here")
+    args = ap.parse_args(argv)
+    for name in ("rows", "seq_len", "batch_size"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
 
     import hispec_jax
     from hispec_jax.train_heads import pretrain, steps
@@ -63,4 +68,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())
