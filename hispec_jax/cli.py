@@ -79,7 +79,7 @@ def add_method_arguments(parser) -> None:
                         help="specbound: temperature schedule T_l = 1 + A (1 - l/L), A >= 0 "
                              f"(default: {d['anneal']})")
     parser.add_argument("--depth-bound", type=int, default=None, metavar="D",
-                        help="specbound: deepest draft exit (default: ~L/2)")
+                        help="specbound: deepest draft exit (default: ~2L/3)")
     parser.add_argument("--width", type=int, default=None, metavar="W",
                         help=f"specbound: most drafts per round (default: {d['width']})")
 

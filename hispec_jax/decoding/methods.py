@@ -143,7 +143,7 @@ def make_method(model: Model, method: str, *, exit_layer: int | None = None,
     (each draft exits at the first exit <= depth_bound whose annealed confidence clears
     tau, at most width drafts per round: `draft.DynamicDraftExit`).
     Defaults (paper §3.3, §6): draft_exit ~ L/8, verify_exits ~ (L/4,), draft_len 2,
-    verify_window 4; SpecBound: `options.SPECBOUND_DEFAULTS`, depth_bound ~ L/2.
+    verify_window 4; SpecBound: `options.SPECBOUND_DEFAULTS`, depth_bound ~ 2L/3.
     `acceptance` picks the sampling-mode rule of every verifying level: "tokenwise"
     (default) or "blockwise"; greedy decoding always uses the greedy rule.
     """
@@ -235,8 +235,10 @@ def _specbound(model: Model, tau, anneal, depth_bound, width, acceptance, greedy
     candidates = [e for e in available_exits(model) if e < L]
     if not candidates:
         raise ValueError(f"the model has no exit below its final layer {L}")
-    if depth_bound is None:  # the deepest exit with a head at or below L / 2
-        depth_bound = max([e for e in candidates if e <= max(1, L // 2)] or candidates[:1])
+    if depth_bound is None:  # the deepest exit with a head at or below 2L/3
+        num, den = options_lib.SPECBOUND_DEPTH_FRACTION
+        bound = max(1, num * L // den)
+        depth_bound = max([e for e in candidates if e <= bound] or candidates[:1])
     depth_bound = check_exit(model, "depth_bound", depth_bound, below_top=True)
     exits = tuple(e for e in candidates if e <= depth_bound)
     policy = DynamicDraftExit(exits=exits, tau=tau, anneal=anneal, num_layers=L)

@@ -19,9 +19,11 @@ METHODS = ("ar", "exit", "layerskip", "hispec", "sv", "specbound", "auto")  # au
 SPECULATIVE_METHODS = ("layerskip", "hispec", "sv", "specbound")
 # Options only some methods take (the rest: SPECULATIVE_OPTIONS, exit_layer).
 METHOD_OPTIONS = {"sv": ("sv_profile",), "specbound": ("tau", "anneal", "depth_bound", "width")}
-# SpecBound defaults: provisional (not yet chosen by a finished sweep; run
-# `python -m hispec_jax.bench seed-methods --sweep`, see docs/sv_specbound.md).
-SPECBOUND_DEFAULTS = {"tau": 0.6, "anneal": 1.0, "width": 4}
+# SpecBound defaults, chosen by the sweep in docs/sv_specbound.md (shipped model, CPU,
+# `python -m hispec_jax.bench seed-methods --sweep`): the fastest setting measured. The
+# depth bound's default is the deepest exit with a head at or below 2L/3.
+SPECBOUND_DEFAULTS = {"tau": 0.7, "anneal": 0.0, "width": 2}
+SPECBOUND_DEPTH_FRACTION = (2, 3)
 SPECULATIVE_OPTIONS = ("draft_exit", "verify_exits", "draft_len", "verify_window", "adaptive",
                        "acceptance")
 ACCEPTANCE_RULES = ("blockwise", "tokenwise")
