@@ -227,10 +227,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="one benchmark tool: hispec bench-tool TOOL [args], as python -m hispec_jax.bench "
              "TOOL (`hispec bench-tool` lists them, `hispec bench-tool TOOL --help` its flags)")
     bench = add_parser(
-        "bench", help="benchmark AR, LayerSkip, HiSpec and transformers side by side",
+        "bench", help="benchmark AR, LayerSkip, HiSpec, SV, SpecBound and transformers "
+                      "side by side",
         description="Greedy decoding of ShareGPT evaluation and HumanEval prompts with AR, a "
-                    "LayerSkip sweep, HiSpec (defaults, adaptive, tuned on an exit grid) and "
-                    "transformers' generate / assistant_early_exit on the same weights, timed in "
+                    "LayerSkip sweep, HiSpec (defaults, adaptive, tuned on an exit grid), SV, "
+                    "SpecBound (batch sizes 1, 4, 16 too) and transformers' generate / "
+                    "assistant_early_exit on the same weights, timed in "
                     "interleaved rounds; checks every output equals AR's. Writes report.json, "
                     "report.md and PNG plots to --out-dir. See hispec_jax/bench/run.py.")
     bench.add_argument("--model", default=None,
