@@ -239,24 +239,28 @@ def build_parser() -> argparse.ArgumentParser:
                        help="local Hugging Face model directory (default: the shipped model)")
     bench.add_argument("--datasets", default="sharegpt,humaneval",
                        help="comma-separated: sharegpt (evaluation split), humaneval")
-    bench.add_argument("--prompts", type=int, default=8, help="prompts per dataset")
+    bench.add_argument("--prompts", type=int, default=None,
+                       help="prompts per dataset (default: 8; --quick 2)")
     bench.add_argument("--max-prompt-tokens", type=int, default=256,
                        help="longer prompts are skipped (never cut)")
-    bench.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per prompt")
+    bench.add_argument("--max-new-tokens", type=int, default=None,
+                       help="new tokens per prompt (default: 64; --quick 8)")
     bench.add_argument("--batch-size", type=int, default=1, help="prompts decoded together")
-    bench.add_argument("--rounds", type=int, default=3, help="timed interleaved rounds (median)")
+    bench.add_argument("--rounds", type=int, default=None,
+                       help="timed interleaved rounds, median (default: 3; --quick 1)")
     bench.add_argument("--draft-exits", type=_exits, default=None,
                        help="LayerSkip draft exits to sweep (default: every exit <= L/4, every "
                             "other one <= L/2)")
-    bench.add_argument("--draft-lens", type=_exits, default=(2, 4),
-                       help="LayerSkip draft lengths to sweep (default: 2,4)")
+    bench.add_argument("--draft-lens", type=_exits, default=None,
+                       help="LayerSkip draft lengths to sweep (default: 2,4; --quick 2)")
     bench.add_argument("--grid-exits", default=None,
                        help="exits of the HiSpec (Ld, Li) grid (default: as --draft-exits; "
                             "'none' skips the grid)")
     bench.add_argument("--tuned", type=_exits, default=None,
                        help="Ld,Li,Nd,Ni of 'hispec tuned' instead of tuning on the grid")
-    bench.add_argument("--batch-sizes", default="1,4,16",
-                       help="AR vs HiSpec throughput at these batch sizes ('none' skips)")
+    bench.add_argument("--batch-sizes", default=None,
+                       help="throughput of AR, LayerSkip, HiSpec, SV and SpecBound at these "
+                            "batch sizes ('none' skips; default: 1,4,16; --quick 1,2)")
     bench.add_argument("--no-transformers", action="store_true",
                        help="skip the transformers (PyTorch) baselines")
     bench.add_argument("--no-seed-methods", action="store_true",
@@ -267,7 +271,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-agreement", action="store_true",
                        help="skip the per-exit agreement measurement")
     bench.add_argument("--quick", action="store_true",
-                       help="a smoke run: 2 prompts, 8 new tokens, 1 round, small sweeps")
+                       help="a smoke run: 2 prompts, 8 new tokens, 1 round, small sweeps "
+                            "(flags given explicitly win)")
     bench.add_argument("--out-dir", default="hispec_bench_results",
                        help="where report.md, report.json and the plots go")
     bench.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -617,22 +622,25 @@ def cmd_bench(args) -> int:
     from hispec_jax.bench.run import BenchConfig, run_bench
     from hispec_jax.bench.report import summary_lines
 
+    def given_or(value, default, quick):  # a flag left out: its default, or --quick's
+        return value if value is not None else (quick if args.quick else default)
+
+    batch_sizes = given_or(args.batch_sizes, "1,4,16", "1,2")
     config = BenchConfig(
         model_dir=args.model, datasets=tuple(d for d in args.datasets.split(",") if d),
-        num_prompts=args.prompts, max_prompt_tokens=args.max_prompt_tokens,
-        max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, rounds=args.rounds,
-        draft_exits=args.draft_exits, draft_lens=tuple(args.draft_lens),
+        num_prompts=given_or(args.prompts, 8, 2), max_prompt_tokens=args.max_prompt_tokens,
+        max_new_tokens=given_or(args.max_new_tokens, 64, 8), batch_size=args.batch_size,
+        rounds=given_or(args.rounds, 3, 1), draft_exits=args.draft_exits,
+        draft_lens=tuple(given_or(args.draft_lens, (2, 4), (2,))),
         grid_exits=(None if args.grid_exits is None
                     else _optional_exits(args.grid_exits, "--grid-exits")),
         tuned=args.tuned, transformers=not args.no_transformers,
-        batch_sizes=_optional_exits(args.batch_sizes, "--batch-sizes"),
+        batch_sizes=_optional_exits(batch_sizes, "--batch-sizes"),
         agreement=not args.no_agreement, seed_methods=not args.no_seed_methods,
         sv_profile=args.sv_profile, out_dir=args.out_dir, progress=not args.no_progress)
     if args.tuned is not None and len(args.tuned) != 4:
         raise ValueError(f"--tuned takes Ld,Li,Nd,Ni, got {args.tuned}")
     if args.quick:
-        config.num_prompts, config.max_new_tokens, config.rounds = 2, 8, 1
-        config.draft_lens, config.batch_sizes = (2,), (1, 2)
         if args.draft_exits is None:
             config.draft_exits = None if args.model else (2, 4)
         if args.grid_exits is None and not args.model:

@@ -167,3 +167,27 @@ def test_bad_bench_arguments_fail_before_compiling(byte_model_dir, capsys, args,
     assert main(["bench", "--model", str(byte_model_dir), "--no-progress", *args]) == 2
     assert message in capsys.readouterr().err
     assert engine_lib.compilations == before
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--quick"], dict(num_prompts=2, max_new_tokens=8, rounds=1, draft_lens=(2,),
+                       batch_sizes=(1, 2))),
+    (["--quick", "--batch-sizes", "2", "--rounds", "2", "--prompts", "3"],
+     dict(num_prompts=3, max_new_tokens=8, rounds=2, batch_sizes=(2,))),
+    ([], dict(num_prompts=8, max_new_tokens=64, rounds=3, draft_lens=(2, 4),
+              batch_sizes=(1, 4, 16))),
+    (["--batch-sizes", "none", "--draft-lens", "3"], dict(batch_sizes=(), draft_lens=(3,))),
+])
+def test_quick_sets_only_the_flags_left_out(monkeypatch, argv, expected):
+    from hispec_jax.bench import run
+
+    seen = {}
+
+    def fake_run_bench(config):
+        seen["config"] = config
+        return {"methods": {}, "peers": {}, "batch": None, "plots": []}
+
+    monkeypatch.setattr(run, "run_bench", fake_run_bench)
+    assert main(["bench", "--no-progress", *argv]) == 0
+    for name, value in expected.items():
+        assert getattr(seen["config"], name) == value, name
