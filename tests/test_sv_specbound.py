@@ -243,3 +243,17 @@ def test_shipped_model_has_an_sv_profile_for_its_default_exits():
     elsewhere = dataclasses.replace(table, meta={**table.meta, "device": "gpu-other"})
     with pytest.warns(UserWarning, match="measured on gpu-other"):
         methods.make_method(model, "sv", sv_profile=elsewhere)
+
+
+def test_depths_and_lengths_are_data_one_compile_per_shape():
+    """SpecBound's per-position exit depths and SV's verified lengths are data: other
+    prompts (other depths, lengths, hard tokens) and another model with the same shapes
+    reuse the compiled loop."""
+    table = synthetic_table(1, 2, 5, seed=0)
+    for method, options in (("specbound", dict(tau=0.3, depth_bound=3, width=3)),
+                            ("sv", dict(draft_exit=1, verify_exits=2, sv_profile=table))):
+        first = generate(tiny_model(5, 0), [[1, 2, 3], [4, 5]], method=method,
+                         max_new_tokens=12, max_cache_len=64, **options)
+        again = generate(tiny_model(5, 1, layer_scale=0.1), [[7, 8, 9, 10, 11], [6]],
+                         method=method, max_new_tokens=12, max_cache_len=64, **options)
+        assert first.stats["compile_count"] <= 1 and again.stats["compile_count"] == 0, method
