@@ -83,8 +83,8 @@ class BenchConfig:
                 spec.decoder(model)
         if self.tuned is not None:
             sweeps.hispec_spec(*self.tuned).decoder(model)
-        if self.seed_methods and self.sv_profile is not None:
-            sv_spec(self.sv_profile).decoder(model)
+        for spec in suite.default_specs(self.sv_profile, self.seed_methods):
+            spec.decoder(model)  # SV's profile: when given (else looked up or made later)
         if self.transformers and importlib.util.find_spec("torch") is None:
             raise ValueError("the transformers baselines need PyTorch: pip install torch==2.13.0 "
                              "(or pass --no-transformers)")
@@ -99,18 +99,8 @@ class BenchConfig:
                   MethodSpec.of("hispec adaptive", "hispec", adaptive=True)]
         if tuned is not None:
             specs.append(tuned)
-        return specs + self.seed_specs(sv_profile)
-
-    def seed_specs(self, sv_profile: str | None) -> list[MethodSpec]:
-        """SV (when a profile is known) and SpecBound at their defaults."""
-        if not self.seed_methods:
-            return []
-        specs = [sv_spec(sv_profile)] if sv_profile is not None else []
-        return specs + [MethodSpec.of("specbound defaults", "specbound")]
-
-
-def sv_spec(sv_profile: str) -> MethodSpec:
-    return MethodSpec.of("sv defaults", "sv", sv_profile=sv_profile)
+        return specs + [spec for spec in suite.default_specs(sv_profile, self.seed_methods)
+                        if spec.method in ("sv", "specbound")]
 
 
 class Bench:
@@ -240,9 +230,7 @@ class Bench:
         sizes = list(self.config.batch_sizes)
         dataset = self.config.datasets[0]
         prompts = self._prompts(dataset, max(max(sizes), self.config.num_prompts))
-        specs = [MethodSpec.of("ar", "ar"), MethodSpec.of("layerskip defaults", "layerskip"),
-                 MethodSpec.of("hispec defaults", "hispec")]
-        specs += self.config.seed_specs(self.sv_profile)
+        specs = suite.default_specs(self.sv_profile, self.config.seed_methods)
         table = {"dataset": dataset, "num_prompts": len(prompts), "batch_sizes": sizes,
                  "methods": [spec.name for spec in specs], "rows": {}}
         for b in sizes:

@@ -30,14 +30,6 @@ from hispec_jax.bench import suite
 from hispec_jax.bench.suite import MethodSpec
 
 
-def specs(sv_path: str) -> list[MethodSpec]:
-    return [MethodSpec.of("ar", "ar"),
-            MethodSpec.of("layerskip defaults", "layerskip"),
-            MethodSpec.of("hispec defaults", "hispec"),
-            MethodSpec.of("sv defaults", "sv", sv_profile=sv_path),
-            MethodSpec.of("specbound defaults", "specbound")]
-
-
 def specbound_sweep(model, prompts, new_tokens: int, grid: dict[str, list], rounds: int,
                     progress=None) -> list[dict]:
     """SpecBound at every combination of `grid` (keys: tau, anneal, depth_bound, width) on
@@ -127,7 +119,7 @@ def main(argv=None) -> int:
         tick(f"best SpecBound setting: {report['specbound_best']}")
     held_out = prompts_lib.load_prompts("sharegpt", model.tokenizer, max(batch_sizes + [args.prompts]),
                                         args.max_prompt_tokens)
-    method_specs = specs(sv_path)
+    method_specs = suite.default_specs(sv_path)
     report["batch"] = {}
     for b in ([] if args.no_batches else batch_sizes):
         prompts = held_out[:max(b, args.prompts)]

@@ -90,6 +90,18 @@ class Runner:
     timed_round: Callable[[], float]
 
 
+def default_specs(sv_profile: str | None = None, seed_methods: bool = True) -> list[MethodSpec]:
+    """Every method at its defaults, AR first: AR, LayerSkip, HiSpec and, with
+    `seed_methods`, SV (when a profile is known) and SpecBound."""
+    specs = [MethodSpec.of("ar", "ar"), MethodSpec.of("layerskip defaults", "layerskip"),
+             MethodSpec.of("hispec defaults", "hispec")]
+    if seed_methods and sv_profile is not None:
+        specs.append(MethodSpec.of("sv defaults", "sv", sv_profile=sv_profile))
+    if seed_methods:
+        specs.append(MethodSpec.of("specbound defaults", "specbound"))
+    return specs
+
+
 def hispec_runner(model: Model, prompts: list[list[int]], spec: MethodSpec, *,
                   max_new_tokens: int, batch_size: int, max_cache_len: int,
                   loop_time_only: bool = False) -> Runner:

@@ -173,7 +173,9 @@ class DynamicDraftExit:
     def confident(self, logits_BxV: jax.Array, layer: int) -> jax.Array:
         """[B] bool: the annealed top-1 probability at exit `layer` clears tau."""
         T = annealed_temperature(layer, self.num_layers, self.anneal)
-        return jnp.max(jax.nn.softmax(logits_BxV / T, axis=-1), axis=-1) >= self.tau
+        # max softmax(z / T) = 1 / sum exp((z - max z) / T): no division over the vocabulary
+        shifted_BxV = (logits_BxV - jnp.max(logits_BxV, axis=-1, keepdims=True)) / T
+        return 1.0 / jnp.sum(jnp.exp(shifted_BxV), axis=-1) >= self.tau
 
     def draft(self, params, heads, cfg: ModelConfig, inp: DraftInput, cache: KVCache,
               exit_layer: int, state: DepthState) -> DraftOutput:
