@@ -291,8 +291,13 @@ def build_parser() -> argparse.ArgumentParser:
                       help="deepest hierarchy searched (4: a coarse K = 4 grid too)")
     tune.add_argument("--top", type=int, default=8, help="plans to print")
     tune.add_argument("--verify", action="store_true",
-                      help="also measure every printed plan's tokens/s (and plot predicted "
-                           "vs measured)")
+                      help="also measure every printed plan's tokens/s (interleaved rounds), "
+                           "save the fastest measured one as the plan, and plot predicted vs "
+                           "measured")
+    tune.add_argument("--keep-predicted", action="store_true",
+                      help="with --verify: keep the predicted best as the plan")
+    tune.add_argument("--verify-repeats", type=int, default=3,
+                      help="timed rounds per plan for --verify (median)")
     tune.add_argument("--verify-prompts", type=int, default=4,
                       help="held-out ShareGPT prompts for --verify")
     tune.add_argument("--verify-tokens", type=int, default=64, help="new tokens for --verify")
@@ -656,13 +661,15 @@ def cmd_tune(args) -> int:
     from hispec_jax.models.model import load_model
     from hispec_jax.planner import tune as tune_lib
 
-    if args.batch_size < 1:
-        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+    for flag in ("batch_size", "verify_prompts", "verify_tokens", "verify_repeats", "top"):
+        if getattr(args, flag) < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     model = load_model(args.model or _default_model_dir())
     report = tune_lib.tune_and_verify(
         model, args.batch_size, quick=args.quick, max_levels=args.max_levels, top=args.top,
         out=args.out, verify=args.verify, verify_prompts=args.verify_prompts,
-        verify_tokens=args.verify_tokens, plot=args.plot,
+        verify_tokens=args.verify_tokens, verify_repeats=args.verify_repeats,
+        choose_measured=not args.keep_predicted, plot=args.plot,
         progress=lambda msg: print(f"[tune] {msg}", file=sys.stderr))
     print("\n".join(tune_lib.summary_lines(report)))
     return 0

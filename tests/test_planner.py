@@ -178,3 +178,47 @@ def test_tune_cli_on_a_tiny_model(tmp_path, monkeypatch, capsys):
     assert tune.auto_decoder(model, 1)[1] == saved
     result = generate(model, [[5, 6, 7]], method="auto", max_new_tokens=6, ignore_eos=True)
     assert result.stats["plan"] == saved.name()
+
+
+def test_rank_by_measurement_puts_the_fastest_measured_plan_first():
+    from hispec_jax.planner.tune import rank_by_measurement
+
+    ar, ls, hs = (plan_lib.Plan(exits=(24,)), plan_lib.Plan(exits=(8, 24), windows=(2,)),
+                  plan_lib.Plan(exits=(3, 12, 24), windows=(2, 4)))
+    rows = [{"plan": ar.name(), "measured_tokens_per_second": 100.0},
+            {"plan": ls.name(), "measured_tokens_per_second": 120.0},
+            {"plan": hs.name(), "measured_tokens_per_second": 100.0}]
+    assert rank_by_measurement([ar, ls, hs], rows) == [ls, ar, hs]  # ties keep predicted order
+
+
+def test_tune_verify_measures_every_plan_and_saves_the_fastest(tmp_path, monkeypatch):
+    """--verify on a tiny model, calibration replaced by a fixed report: every plan is
+    timed (interleaved), the plan file is rewritten fastest-measured first, and
+    method="auto" then runs that plan."""
+    from hispec_jax import generate
+    from hispec_jax.planner import tune as tune_lib
+
+    monkeypatch.setenv("HISPEC_CACHE_DIR", str(tmp_path))
+    model = _tiny()
+    plans = [plan_lib.Plan(exits=(4,), predicted_tokens_per_second=50.0),
+             plan_lib.Plan(exits=(1, 4), windows=(2,), predicted_tokens_per_second=49.0,
+                           tokens_per_round=1.5)]
+    cal = type("Cal", (), {"costs": dataclasses.replace(COSTS, num_layers=4), "tokens": 0,
+                           "seconds": 0.0})()
+    path = plan_lib.save_plan_file(plan_lib.plan_path(model, 1),
+                                   plan_lib.plan_payload(model, 1, plans))
+    monkeypatch.setattr(tune_lib, "tune", lambda *a, **k: {"plans": list(plans),
+                                                          "calibration": cal, "path": path})
+    report = tune_lib.tune_and_verify(model, 1, verify=True, verify_prompts=2, verify_tokens=6,
+                                      verify_repeats=2)
+    rows = {r["plan"]: r for r in report["verify"]}
+    assert set(rows) == {p.name() for p in plans}
+    assert all(r["measured_tokens_per_second"] > 0 for r in rows.values())
+    fastest = max(rows, key=lambda n: rows[n]["measured_tokens_per_second"])
+    assert report["plans"][0].name() == fastest
+    payload = json.loads(path.read_text())
+    assert payload["chosen_by"].startswith("measurement") and len(payload["verify"]) == 2
+    assert plan_lib.load_plan(model, 1).name() == fastest
+    assert generate(model, [[5, 6, 7]], method="auto", max_new_tokens=4,
+                    ignore_eos=True).stats["plan"] == fastest
+    assert any(fastest in line for line in tune_lib.summary_lines(report))

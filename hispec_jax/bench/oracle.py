@@ -227,8 +227,9 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     source = ap.add_mutually_exclusive_group()
     source.add_argument("--model", help="a HF directory or .gguf file (its always-agree variant)")
-    source.add_argument("--shapes", help="a model preset with random weights: tiny, llama3-8b, "
-                                         "llama3_1-8b, qwen3-8b, llama2-70b (default: tiny)")
+    source.add_argument("--shapes", default="tiny",
+                        help="a model preset with random weights: tiny, llama3-8b, "
+                             "llama3_1-8b, qwen3-8b, llama2-70b")
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
     ap.add_argument("--layer-layout", choices=["scan", "unrolled"], default=None,
                     help="default: the backend's (unrolled on CPU/GPU, scan on TPU)")
@@ -248,7 +249,7 @@ def main(argv=None) -> int:
     if args.model:
         model = load_model(args.model, dtype=args.dtype, layer_layout=args.layer_layout)
     else:
-        model = preset_model(args.shapes or "tiny", args.dtype)
+        model = preset_model(args.shapes, args.dtype)
     layout = args.layer_layout or default_layer_layout()
     model = dataclasses.replace(model, params=with_layer_layout(model.params, layout))
     try:

@@ -6,10 +6,13 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from hispec_jax.decoding import generate as generate_lib
 from hispec_jax.models.model import Model
@@ -52,26 +55,38 @@ def auto_decoder(model: Model, batch_size: int, greedy: bool = True, plan_file=N
 
 
 def measure_plans(model: Model, plans: list, batch_size: int, prompts: list[list[int]],
-           new_tokens: int, costs: latency.Costs, repeats: int = 3,
-           max_cache_len: int | None = None, progress=None) -> list[dict[str, Any]]:
-    """Measured tokens/s of each plan (generate's own figure, median of `repeats` after a
-    compiling call) beside its predicted end-to-end tokens/s for the same request."""
-    rows = []
-    for plan in plans:
+                  new_tokens: int, costs: latency.Costs, repeats: int = 3,
+                  max_cache_len: int | None = None, progress=None) -> list[dict[str, Any]]:
+    """Measured tokens/s of each plan (generate's own figure) beside its predicted
+    end-to-end tokens/s for the same request. Every plan is compiled first (one call
+    each), then timed in `repeats` interleaved rounds (plan 1, plan 2, ..., plan 1, ...)
+    and the median kept, so a change of the machine's load hits every plan alike."""
+    decoders = [plan.decoder(model) for plan in plans]
+
+    def call(decoder):
+        return generate_lib.generate(model, prompts, method=decoder, max_new_tokens=new_tokens,
+                                     batch_size=batch_size, ignore_eos=True,
+                                     max_cache_len=max_cache_len)
+
+    results = []
+    for plan, decoder in zip(plans, decoders):
         if progress:
-            progress(f"verify {plan.name()}")
-        decoder = plan.decoder(model)
-        seconds, tokens, result = [], 0, None
-        for _ in range(repeats + 1):
-            result = generate_lib.generate(model, prompts, method=decoder, max_new_tokens=new_tokens,
-                                           batch_size=batch_size, ignore_eos=True,
-                                           max_cache_len=max_cache_len)
-            seconds.append(result.stats["decode_seconds"])
-            tokens = result.stats["new_tokens"]
-        measured = sorted(tokens / s for s in seconds[1:])[len(seconds[1:]) // 2]
+            progress(f"verify {plan.name()} (compile)")
+        results.append(call(decoder))
+    seconds: list[list[float]] = [[] for _ in plans]
+    for r in range(repeats):
+        if progress:
+            progress(f"verify: timing round {r + 1}/{repeats}")
+        for i, decoder in enumerate(decoders):
+            results[i] = call(decoder)
+            seconds[i].append(results[i].stats["decode_seconds"])
+    rows = []
+    batches = -(-len(prompts) // batch_size)
+    for plan, result, secs in zip(plans, results, seconds):
+        tokens = result.stats["new_tokens"]
+        measured = float(np.median([tokens / s for s in secs]))
         pred = latency.Prediction(plan.tokens_per_round, batch_size / plan.predicted_tokens_per_second,
                                   plan.predicted_tokens_per_second)
-        batches = -(-len(prompts) // batch_size)
         per_call = latency.end_to_end_tokens_per_second(pred, costs, new_tokens)
         rows.append({"plan": plan.name(), "predicted_tokens_per_second": plan.predicted_tokens_per_second,
                      "predicted_end_to_end": per_call * (len(prompts) / (batches * batch_size)),
@@ -82,6 +97,15 @@ def measure_plans(model: Model, plans: list, batch_size: int, prompts: list[list
                      / (len(prompts) * max(result.stats["rounds"], 1)),
                      "acceptance_per_level": result.stats["acceptance_rate_per_level"]})
     return rows
+
+
+def rank_by_measurement(plans: list, rows: list[dict[str, Any]]) -> list:
+    """`plans` reordered by measured tokens/s, fastest first (ties keep the predicted order).
+    The latency model ranks plans by prediction; when the top plans are predicted within a
+    few per cent of each other (common on CPUs), the measurement decides."""
+    measured = {r["plan"]: r["measured_tokens_per_second"] for r in rows}
+    order = sorted(range(len(plans)), key=lambda i: (-measured.get(plans[i].name(), 0.0), i))
+    return [plans[i] for i in order]
 
 
 def holdout_prompts(model: Model, num_prompts: int, max_prompt_tokens: int = 64) -> list[list[int]]:
@@ -95,28 +119,40 @@ def holdout_prompts(model: Model, num_prompts: int, max_prompt_tokens: int = 64)
                                             max_prompt_tokens)
         except (ImportError, FileNotFoundError, ValueError):
             pass
-    import numpy as np
-
     rng = np.random.default_rng(1)  # not the calibration prompts' seed
     return [rng.integers(3, model.cfg.vocab_size, size=12).tolist() for _ in range(num_prompts)]
 
 
 def tune_and_verify(model: Model, batch_size: int = 1, *, quick: bool = False,
                     max_levels: int = 3, top: int = 8, out=None, verify: bool = False,
-                    verify_prompts: int = 4, verify_tokens: int = 64, plot=None,
-                    settings: calibrate_lib.Settings | None = None,
+                    verify_prompts: int = 4, verify_tokens: int = 64, verify_repeats: int = 3,
+                    choose_measured: bool = True,
+                    plot=None, settings: calibrate_lib.Settings | None = None,
                     progress=None) -> dict[str, Any]:
-    """`hispec tune`: `tune`, then (with `verify`) measured tokens/s of the printed plans
-    on held-out prompts, and a predicted-vs-measured plot."""
+    """`hispec tune`: `tune`, then (with `verify`) measured tokens/s of the printed plans on
+    held-out prompts and a predicted-vs-measured plot; with `choose_measured` the plan file
+    is saved again with the fastest measured plan first (what method="auto" runs)."""
     report = tune(model, batch_size, quick=quick, settings=settings, max_levels=max_levels,
                   top=top, out=out, progress=progress)
     report["verify"] = None
+    report["chosen_by"] = "prediction"
     if verify:
         if progress:
             progress(f"verify: {len(report['plans'])} plans on {verify_prompts} held-out prompts")
         prompts = holdout_prompts(model, verify_prompts)
         report["verify"] = measure_plans(model, report["plans"], batch_size, prompts, verify_tokens,
-                                  report["calibration"].costs, progress=progress)
+                                         report["calibration"].costs, repeats=verify_repeats,
+                                         progress=progress)
+        if choose_measured:
+            report["predicted_best"] = report["plans"][0]
+            report["plans"] = rank_by_measurement(report["plans"], report["verify"])
+            report["chosen_by"] = f"measurement ({verify_prompts} held-out prompts)"
+            if report.get("path"):
+                payload = json.loads(Path(report["path"]).read_text())
+                payload["plans"] = [p.to_json() for p in report["plans"]]
+                payload["chosen_by"] = report["chosen_by"]
+                payload["verify"] = report["verify"]
+                plan_lib.save_plan_file(Path(report["path"]), payload)
         if plot:
             report["plot"] = predicted_vs_measured_plot(report["verify"], plot)
     return report
@@ -169,8 +205,12 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
                      f"{r['measured_tokens_per_second'] / r['predicted_end_to_end']:9.2f} "
                      f"{r['tokens_per_round_measured']:12.2f}")
         lines.append(line)
+    if report.get("predicted_best") is not None and report["predicted_best"] != report["plans"][0]:
+        lines.append(f"the fastest measured plan ({report['plans'][0].name()}) replaces the "
+                     f"predicted best ({report['predicted_best'].name()})")
     if report.get("path"):
-        lines.append(f"saved the plan ({report['plans'][0].name()}) to {report['path']}")
+        lines.append(f"saved the plan ({report['plans'][0].name()}, chosen by "
+                     f"{report.get('chosen_by', 'prediction')}) to {report['path']}")
     if report.get("plot"):
         lines.append(f"wrote {report['plot']}")
     return lines
