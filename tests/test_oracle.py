@@ -45,7 +45,18 @@ def test_head_cost_and_prediction():
     assert units == pytest.approx(2.0 + 10 * oracle.head_cost_in_layers(model, 4) / 10)
 
 
-def test_small_run_reports_every_method():
+def test_small_run_reports_every_method(monkeypatch):
+    from hispec_jax.planner import calibrate
+
+    measured_blocks = []
+
+    def flat_costs(model, batch, capacity, blocks, repeats, context=None):
+        """1 ms per layer and 0.5 ms per head whatever the block: the stage model then
+        counts passes, with the heads and the round's extra (masked) draft step."""
+        measured_blocks.append(tuple(blocks))
+        return [1e-3] * len(blocks), [5e-4] * len(blocks)
+
+    monkeypatch.setattr(calibrate, "measure_stage_costs", flat_costs)
     model = tiny()
     specs = oracle.default_specs(model)[:2]  # AR and LayerSkip L/4 n=8 (compile time)
     report = oracle.run(model, specs, prompts=1, prompt_len=5, max_new_tokens=12,
@@ -58,6 +69,13 @@ def test_small_run_reports_every_method():
     ls = rows["layerskip d=2 n=8"]
     assert ls["layer_passes_per_token"] < 0.6 * rows["ar"]["layer_passes_per_token"]
     assert ls["predicted_speedup"] > 1.6
+    # stage model, one round = 9 draft steps (2 layers + head) + a 2-layer verification of
+    # 9 tokens + head, emitting 9 tokens; AR: 4 layers + head per token
+    assert measured_blocks == [(1, 9)]
+    round_ms = 9 * (2 + 0.5) + (2 + 0.5)
+    assert ls["predicted_speedup_stages"] == pytest.approx(4.5 / (round_ms / 9))
+    assert rows["ar"]["predicted_speedup_stages"] == 1.0
+    assert ls["efficiency_stages"] == pytest.approx(ls["speedup"] / ls["predicted_speedup_stages"])
     assert report["ar_fraction_of_roofline"] is None  # CPU: bandwidth unknown
     text = oracle.markdown(report)
     assert "| layerskip d=2 n=8 |" in text and "roofline" in text

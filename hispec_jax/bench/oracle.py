@@ -10,6 +10,12 @@ time comes to the work it does.
                     layer passes per token, and, in the second column, also the exit-head
                     evaluations, each worth (head bytes / layer bytes) layer passes
     efficiency      measured speedup / predicted speedup (1.0: no overhead beyond the work)
+    stage model     the planner's latency model (docs/planner.md) at acceptance 1 with this
+                    device's measured cost of one layer and one head over a block of T
+                    tokens, and no fixed cost per pass or round: the time the passes the
+                    method runs take here, blocks included. Its efficiency isolates the
+                    engine's own overhead where a block of T tokens costs more than one token
+                    (a CPU: T = 9 costs ~2x T = 1), which the layer-pass count assumes away
     roofline        AR's bytes per token (weights, with the LM head, + KV at the mean
                     context) x tokens/s / the device's memory bandwidth (accelerators whose
                     bandwidth is known)
@@ -20,6 +26,8 @@ time comes to the work it does.
 
 Prompts are random token ids (the oracle needs no tokenizer); greedy; EOS ignored; the
 methods are timed in interleaved rounds (`suite.compare`) and checked token-identical to AR.
+A round's time is the decoding loop's (`stats["decode_seconds"]`): prefill and request
+building cost every method the same and are not part of what the layer passes predict.
 """
 
 from __future__ import annotations
@@ -124,9 +132,34 @@ def cost_units(model: Model, stats: dict[str, Any]) -> tuple[float, float]:
     return passes, passes + heads / tokens
 
 
+def stage_model_seconds(model: Model, decoders: list, batch_size: int, capacity: int,
+                        context: int, repeats: int = 5) -> tuple[list[float], Any]:
+    """Seconds per token of each decoder by the latency model at acceptance 1, with the
+    stage costs (`planner.calibrate.measure_stage_costs`) measured here at the blocks the
+    decoders run; (per decoder, the measured `latency.Costs`)."""
+    from hispec_jax.decoding import windows as windows_lib
+    from hispec_jax.planner import calibrate, latency
+
+    blocks = sorted({1}.union(*(latency.blocks(d.windows) for d in decoders if d.windows)))
+    layer_s, head_s = calibrate.measure_stage_costs(model, batch_size, capacity, blocks,
+                                                    repeats, context=context)
+    costs = latency.Costs(batch=batch_size, num_layers=model.cfg.num_layers,
+                          block_sizes=tuple(blocks), layer_s=tuple(layer_s), head_s=tuple(head_s))
+    seconds = []
+    for d in decoders:
+        exits, K = d.hierarchy.exits, d.hierarchy.num_levels
+        adaptive = isinstance(d.hierarchy.window_policy, windows_lib.AdaptiveWindows)
+        if adaptive or batch_size > 1:
+            pred = latency.simulate(exits, d.windows, [1.0] * (K - 1), costs, adaptive=adaptive)
+        else:
+            pred = latency.predict(exits, d.windows, [1.0] * (K - 1), costs)
+        seconds.append(pred.seconds_per_token / batch_size)
+    return seconds, costs
+
+
 def run(model: Model, specs: list[MethodSpec], *, prompts: int, prompt_len: int,
         max_new_tokens: int, batch_size: int, rounds: int, seed: int = 0,
-        progress=None) -> dict[str, Any]:
+        stage_model: bool = True, progress=None) -> dict[str, Any]:
     """Times `specs` (the first must be AR) on the always-agree variant of `model`."""
     if specs[0].method != "ar":
         raise ValueError("the first method of an oracle run must be AR (the reference)")
@@ -136,7 +169,8 @@ def run(model: Model, specs: list[MethodSpec], *, prompts: int, prompt_len: int,
                      for _ in range(prompts)]
     capacity = suite.common_cache_len(oracle, token_prompts, specs, max_new_tokens)
     runners = [suite.hispec_runner(oracle, token_prompts, spec, max_new_tokens=max_new_tokens,
-                                   batch_size=batch_size, max_cache_len=capacity)
+                                   batch_size=batch_size, max_cache_len=capacity,
+                                   loop_time_only=True)
                for spec in specs]
     results = suite.compare(runners, rounds, progress)
     stats_keys = ("new_tokens", "layer_passes", "actions_per_level", "exits", "rounds")
@@ -156,6 +190,17 @@ def run(model: Model, specs: list[MethodSpec], *, prompts: int, prompt_len: int,
         row["efficiency_with_heads"] = row["speedup"] / row["predicted_speedup_with_heads"]
         row["loop_trips_per_token"] = row["rounds"] / (row["new_tokens"] / batch_size)
     context = prompt_len + max_new_tokens / 2
+    costs = None
+    if stage_model:
+        if progress:
+            progress("stage costs")
+        seconds, costs = stage_model_seconds(oracle, [s.decoder(oracle) for s in specs],
+                                             batch_size, capacity, int(context))
+        for row, sec in zip(rows, seconds):
+            row["predicted_speedup_stages"] = seconds[0] / sec
+            row["efficiency_stages"] = row["speedup"] / row["predicted_speedup_stages"]
+            # the engine's own share of a token's time, AR's included
+            row["stage_model_tokens_per_second"] = 1.0 / sec
     bandwidth = device_bandwidth()
     bytes_per_token = ar_bytes_per_token(oracle, context)
     roofline = None
@@ -166,6 +211,7 @@ def run(model: Model, specs: list[MethodSpec], *, prompts: int, prompt_len: int,
             "batch_size": batch_size, "rounds": rounds, "capacity": capacity,
             "head_cost_in_layers": head_cost_in_layers(oracle, model.cfg.num_layers),
             "ar_bytes_per_token": bytes_per_token, "bandwidth": bandwidth,
+            "stage_costs": costs.to_json() if costs is not None else None,
             "ar_fraction_of_roofline": roofline, "rows": rows}
 
 
@@ -180,18 +226,30 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [f"Device: {report['device']}. Model (always-agree variant): {report['model']}; "
              f"{report['prompts']} random prompts of {report['prompt_len']} tokens, "
              f"{report['max_new_tokens']} new tokens, batch {report['batch_size']}, "
-             f"{report['rounds']} interleaved rounds (median). One exit-head evaluation costs "
+             f"{report['rounds']} interleaved rounds (median, decoding loop time). One exit-head evaluation costs "
              f"{report['head_cost_in_layers']:.2f} layer passes (weight bytes).", "",
              "| method | tokens/s | speedup | predicted (layer passes) | efficiency | "
-             "predicted (passes + heads) | efficiency | layer passes / token | "
-             "loop trips / token | identical |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "predicted (passes + heads) | efficiency | predicted (stage model) | efficiency "
+             "| layer passes / token | loop trips / token | identical |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    pct = lambda x: "-" if x is None else f"{x:.0%}"
     for r in report["rows"]:
+        stages = r.get("predicted_speedup_stages")
         lines.append(f"| {r['name']} | {r['tokens_per_second']:.1f} | {r['speedup']:.2f}x "
                      f"| {r['predicted_speedup']:.2f}x | {r['efficiency']:.0%} "
                      f"| {r['predicted_speedup_with_heads']:.2f}x | {r['efficiency_with_heads']:.0%} "
+                     f"| {f(stages)}x | {pct(r.get('efficiency_stages'))} "
                      f"| {r['layer_passes_per_token']:.1f} | {r['loop_trips_per_token']:.2f} "
                      f"| {r['identical_to_ar']} |")
+    c = report.get("stage_costs")
+    if c:
+        per_T = ", ".join(f"T={T}: {1e3 * l:.2f} / {1e3 * h:.2f}"
+                          for T, l, h in zip(c["block_sizes"], c["layer_s"], c["head_s"]))
+        ar = report["rows"][0]
+        lines += ["", f"Stage costs measured here (ms, one layer / one head, block of T tokens): "
+                      f"{per_T}. AR by the stage model {ar['stage_model_tokens_per_second']:.1f} "
+                      f"tokens/s, measured {ar['tokens_per_second'] / report['batch_size']:.1f} "
+                      f"per sequence."]
     if report["ar_fraction_of_roofline"] is not None:
         lines += ["", f"AR: {report['ar_bytes_per_token'] / 1e9:.3f} GB per token at "
                       f"{report['bandwidth'] / 1e12:.2f} TB/s -> "
@@ -241,6 +299,9 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--batch-size", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--no-stage-model", action="store_true",
+                    help="skip timing one layer and one head per block length (the stage-model "
+                         "prediction)")
     ap.add_argument("--out", default=None, help="write the report as JSON here")
     args = ap.parse_args(argv)
     for name in ("prompts", "prompt_len", "max_new_tokens", "batch_size", "rounds"):
@@ -260,7 +321,8 @@ def main(argv=None) -> int:
         ap.error(str(e))
     report = run(model, specs, prompts=args.prompts, prompt_len=args.prompt_len,
                  max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                 rounds=args.rounds, progress=lambda name: print(f"[oracle] {name}",
+                 rounds=args.rounds, stage_model=not args.no_stage_model,
+                 progress=lambda name: print(f"[oracle] {name}",
                                                                  file=sys.stderr))
     print(markdown(report))
     if args.out:
