@@ -222,3 +222,79 @@ def test_tune_verify_measures_every_plan_and_saves_the_fastest(tmp_path, monkeyp
     assert generate(model, [[5, 6, 7]], method="auto", max_new_tokens=4,
                     ignore_eos=True).stats["plan"] == fastest
     assert any(fastest in line for line in tune_lib.summary_lines(report))
+
+
+def _loops(costs, *, p=0.0, r=0.0, s1=1.0, s=1.0, draft=6, nd=2, rounds=30):
+    """AR seconds per token and LayerSkip(draft, nd) seconds of `rounds` all-accepted rounds
+    under a known truth: T = 1 passes cost s1 x, blocks s x their stage costs, plus p per
+    pass and r per round."""
+    L, blk = costs.num_layers, latency.blocks((nd,))[0]
+    ar = s1 * (L * costs.layer(1) + costs.head(1)) + p + r
+    drafts, verifies = rounds * (nd + 1), rounds
+    ls = (drafts * s1 * (draft * costs.layer(1) + costs.head(1))
+          + verifies * s * ((L - draft) * costs.layer(blk) + costs.head(blk))
+          + (drafts + verifies) * p + rounds * r)
+    return ar, ls, dict(draft=draft, nd=nd, drafts=drafts, verifies=verifies, rounds=rounds)
+
+
+@pytest.mark.parametrize("truth, fit", [(dict(p=3e-5, r=5e-5), "fixed"),
+                                        (dict(s1=1.7), "single"),
+                                        (dict(s1=1.6, p=2e-5), "single")])
+def test_loop_fit_recovers_how_the_loop_differs_from_the_stages(truth, fit):
+    from hispec_jax.planner.calibrate import fit_loop_costs
+
+    stages = dataclasses.replace(COSTS, pass_s=0.0, round_s=0.0)
+    ar, ls, counts = _loops(stages, **truth)
+    costs, info = fit_loop_costs(stages, ar, ls, **counts)
+    assert info["loop_fit"] == fit
+    assert info["single_token_scale"] == pytest.approx(truth.get("s1", 1.0))
+    assert costs.pass_s == pytest.approx(truth.get("p", 0.0), abs=1e-9)
+    assert costs.round_s == pytest.approx(truth.get("r", 0.0), abs=1e-9)
+    # the fitted costs reproduce both loops through the latency model
+    assert latency.predict((24,), (), [], costs).seconds_per_token == pytest.approx(ar)
+    ls_pred = latency.predict((counts["draft"], 24), (counts["nd"],), [1.0], costs)
+    assert ls_pred.seconds_per_token * (counts["nd"] + 1) * counts["rounds"] == pytest.approx(ls)
+
+
+def test_loop_fit_falls_back_to_a_scale_that_matches_ar():
+    from hispec_jax.planner.calibrate import fit_loop_costs
+
+    stages = dataclasses.replace(COSTS, pass_s=0.0, round_s=0.0)
+    ar, ls, counts = _loops(stages, s1=2.0, s=2.0)
+    costs, info = fit_loop_costs(stages, ar, 0.2 * ls, **counts)  # LayerSkip inexplicably fast
+    assert info["loop_fit"] in ("single", "uniform")
+    assert latency.predict((24,), (), [], costs).seconds_per_token == pytest.approx(ar)
+
+
+def test_bench_auto_times_a_grid_point_equal_to_auto_once(tmp_path, monkeypatch):
+    """`bench auto` compares auto with distinct plans: a grid point that is auto's plan is
+    the same program and is not timed twice (their ratio would be noise)."""
+    from hispec_jax.bench import auto as auto_bench
+    from hispec_jax.bench import prompts as prompts_lib
+    from hispec_jax.bench import suite
+
+    model = _tiny()
+    plan = plan_lib.Plan(exits=(2, 4), windows=(3,), predicted_tokens_per_second=10.0,
+                         tokens_per_round=2.0)
+    path = plan_lib.save_plan_file(tmp_path / "plan.json", plan_lib.plan_payload(model, 1, [plan]))
+    path.write_text(path.read_text().replace('"calibration": null', '"calibration": {"costs": '
+                                             + json.dumps(COSTS.to_json()) + "}"))
+    monkeypatch.setattr(prompts_lib, "load_prompts", lambda *a, **k: [[5, 6, 7]])
+    timed = []
+
+    def fake_runner(model, prompts, spec, **kwargs):
+        timed.append(spec.name)
+        speed = {"ar": 10.0}.get(spec.name, 12.0 if spec.name.startswith("auto") else 11.0)
+        result = suite.Result(name=spec.name, token_ids=[[1]], seconds=[1.0 / speed],
+                              new_tokens=1, stats={})
+        return suite.Runner(spec.name, lambda: result, lambda: 1.0 / speed)
+
+    monkeypatch.setattr(suite, "hispec_runner", fake_runner)
+    report = auto_bench.run(model, num_prompts=1, max_new_tokens=4, rounds=1,
+                            layerskip=[(2, 3), (1, 2)], hispec=[], plan_file=path)
+    assert timed == ["ar", "auto: layerskip d=2 nd=3", "layerskip d=1 n=2"]
+    assert report["grid_points_equal_to_auto"] == ["layerskip d=2 n=3"]
+    assert report["best_other"] == "layerskip d=1 n=2"
+    assert "timed once, as auto" in auto_bench.markdown(report)
+    # auto 12 tok/s against 11 in every round
+    assert report["auto_vs_best_other_paired"] == pytest.approx(12 / 11)

@@ -293,7 +293,7 @@ def calibrate(model: Model, batch_size: int = 1, prompts: list[list[int]] | None
     loop: dict[str, Any] = {"ar_seconds": t_ar_run, "prefill_seconds": t_prefill,
                             "ar_seconds_per_round": per_round_ar}
     fixed_ar = per_round_ar - (L * costs.layer(1) + costs.head(1))  # = pass_s + round_s
-    pass_s, round_s = 0.0, max(fixed_ar, 0.0)
+    costs = dataclasses.replace(costs, round_s=float(max(fixed_ar, 0.0)))
     candidates = [e for e in exits if e < L]
     if candidates:
         tick("LayerSkip loop (fixed cost of a pass and of a round)")
@@ -302,34 +302,79 @@ def calibrate(model: Model, batch_size: int = 1, prompts: list[list[int]] | None
         t_ls, r = _generate_seconds(model, batch_prompts, s.repeats, method="layerskip",
                                     draft_exit=draft, draft_len=nd,
                                     max_new_tokens=s.new_tokens, **common)
-        rounds = r.stats["rounds"]
         drafts, verifies = r.stats["actions_per_level"]
-        work = drafts * (draft * costs.layer(1) + costs.head(1)) + verifies * (
-            (L - draft) * costs.layer(blocks((nd,))[0]) + costs.head(blocks((nd,))[0]))
-        rest = t_ls - t_prefill - work  # = rounds * round_s + (drafts + verifies) * pass_s
-        passes = drafts + verifies
-        scale = 1.0
-        if passes > rounds:
-            pass_s = (rest - rounds * fixed_ar) / (passes - rounds)
-            round_s = fixed_ar - pass_s
-        if not (pass_s >= 0 and round_s >= 0):
-            # The stage timings do not add up to the loops' (the layers ran slower or faster
-            # inside the loop than alone): fit a scale on them and one fixed cost per pass,
-            #   t_ar = scale * w_ar + p,   t_ls - prefill = scale * w_ls + passes * p
-            w_ar = L * costs.layer(1) + costs.head(1)
-            det = w_ar * passes - work
-            if det > 0:
-                scale = (per_round_ar * passes - (t_ls - t_prefill)) / det
-                pass_s = per_round_ar - scale * w_ar
-            if not (det > 0 and scale > 0 and pass_s >= 0):
-                scale, pass_s = per_round_ar / w_ar, 0.0
-            round_s = 0.0
-            costs = dataclasses.replace(costs, layer_s=tuple(scale * x for x in costs.layer_s),
-                                        head_s=tuple(scale * x for x in costs.head_s))
-        loop["stage_scale"] = scale
-        loop.update(layerskip_seconds=t_ls, layerskip_rounds=rounds,
-                    layerskip_passes=passes, layerskip_draft_exit=draft, layerskip_draft_len=nd)
-    costs = dataclasses.replace(costs, pass_s=float(max(pass_s, 0.0)),
-                                round_s=float(max(round_s, 0.0)), prefill_s=float(t_prefill))
+        costs, fit = fit_loop_costs(costs, per_round_ar, t_ls - t_prefill, draft, nd, drafts,
+                                    verifies, r.stats["rounds"])
+        loop.update(fit)
+        loop.update(layerskip_seconds=t_ls, layerskip_rounds=r.stats["rounds"],
+                    layerskip_passes=drafts + verifies, layerskip_draft_exit=draft,
+                    layerskip_draft_len=nd)
+    costs = dataclasses.replace(costs, prefill_s=float(t_prefill))
     return Calibration(exits=exits, alpha=alpha, costs=costs, tokens=tokens,
                        seconds=time.perf_counter() - t_start, loop=loop)
+
+
+def fit_loop_costs(costs: Costs, per_round_ar: float, ls_seconds: float, draft: int, nd: int,
+                   drafts: int, verifies: int, rounds: int) -> tuple[Costs, dict[str, Any]]:
+    """Reconciles the stage costs (timed alone) with two loops timed with `generate`: AR
+    (`per_round_ar` seconds per token) and LayerSkip(draft, nd) (`ls_seconds` without
+    prefill, its counters `drafts`, `verifies`, `rounds`). AR's time is always matched
+    exactly; the first model that also fits LayerSkip's is kept:
+
+      fixed       + a fixed cost per pass and per round (both >= 0):
+                    t_ar = w_ar + p + r,   t_ls = w_ls + passes * p + rounds * r
+      single      single-token passes (AR steps, draft steps) cost s1 times their stage
+                    timing inside the loop, blocks what they cost alone, + p >= 0 per pass
+                    (what XLA:CPU shows at small widths: a one-token layer runs ~1.7x
+                    slower in the loop than alone, a verification block does not)
+      uniform     every stage cost times one scale (the last resort)
+
+    Returns (costs, {"loop_fit": which, "stage_scale": s, "single_token_scale": s1})."""
+    L = costs.num_layers
+    blk = blocks((nd,))[0]
+    w_ar = L * costs.layer(1) + costs.head(1)
+    work_1 = drafts * (draft * costs.layer(1) + costs.head(1))
+    work_blk = verifies * ((L - draft) * costs.layer(blk) + costs.head(blk))
+    passes = drafts + verifies
+    fixed_ar = per_round_ar - w_ar
+    if passes > rounds:
+        p = (ls_seconds - work_1 - work_blk - rounds * fixed_ar) / (passes - rounds)
+        r = fixed_ar - p
+        if p >= 0 and r >= 0:
+            return (dataclasses.replace(costs, pass_s=float(p), round_s=float(r)),
+                    {"loop_fit": "fixed", "stage_scale": 1.0, "single_token_scale": 1.0})
+    single_ok = costs.block_sizes[0] == 1
+    det = work_1 - passes * w_ar
+    if single_ok and det != 0:
+        s1 = (ls_seconds - work_blk - passes * per_round_ar) / det
+        p = per_round_ar - s1 * w_ar
+        if s1 > 0 and p >= 0:
+            return _scaled(costs, 1.0, s1, p, "single")
+    # No exact fit: match AR with a scale and no fixed cost, on the single-token costs only
+    # or on all of them, whichever misses LayerSkip's time by less.
+    s = per_round_ar / w_ar
+    miss_single = abs(s * work_1 + work_blk - ls_seconds) if single_ok else np.inf
+    miss_uniform = abs(s * (work_1 + work_blk) - ls_seconds)
+    if miss_single < miss_uniform:
+        return _scaled(costs, 1.0, s, 0.0, "single")
+    return _scaled(costs, s, s, 0.0, "uniform")
+
+
+def _scaled(costs: Costs, scale: float, single: float, pass_s: float,
+            fit: str) -> tuple[Costs, dict[str, Any]]:
+    """Stage costs times `scale`, the T = 1 entries times `single` instead; no round cost.
+    A T = 2 point is added when missing, so blocks of T >= 2 keep their own scale instead of
+    being interpolated towards the rescaled T = 1 cost."""
+    sizes = tuple(costs.block_sizes)
+    layer_s, head_s = tuple(costs.layer_s), tuple(costs.head_s)
+    if single != scale and sizes[0] == 1 and len(sizes) > 1 and sizes[1] > 2:
+        sizes = (1, 2) + sizes[1:]
+        layer_s = (layer_s[0], costs.layer(2)) + layer_s[1:]
+        head_s = (head_s[0], costs.head(2)) + head_s[1:]
+
+    def apply(values):
+        return tuple(float(v * (single if T == 1 else scale)) for T, v in zip(sizes, values))
+
+    return (dataclasses.replace(costs, block_sizes=sizes, layer_s=apply(layer_s),
+                                head_s=apply(head_s), pass_s=float(pass_s), round_s=0.0),
+            {"loop_fit": fit, "stage_scale": scale, "single_token_scale": single})
