@@ -31,6 +31,7 @@ def get_config() -> ml_collections.ConfigDict:
     # Loss: T^2 * KL(final || exit) at temperature T, over the teacher's top-k + a tail bucket.
     c.temperature = 2.0
     c.target_top_k = 64           # 0: exact full-vocabulary KL
+    c.loss = "kl"                 # or "ce": cross-entropy on the final layer's greedy token
     # Optimizer: clip_by_global_norm -> AdamW, linear warmup then cosine decay.
     c.learning_rate = 1e-4
     c.end_lr_fraction = 0.0

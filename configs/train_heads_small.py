@@ -19,6 +19,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.head_rank = 16
     c.temperature = 2.0
     c.target_top_k = 16
+    c.loss = "kl"                 # or "ce": cross-entropy on the final layer's greedy token
     c.learning_rate = 3e-3
     c.end_lr_fraction = 0.1
     c.warmup_steps = 2

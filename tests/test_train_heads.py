@@ -161,6 +161,28 @@ def test_training_lowers_kl(trained):
     assert result.heads["1"]["proj_up"].dtype == jnp.float32
 
 
+def test_hard_loss_is_cross_entropy_on_the_teachers_greedy_token():
+    teacher = jnp.asarray([[[0.0, 3.0, 1.0], [2.0, 0.0, 1.0]]])
+    student = jnp.asarray([[[1.0, 0.5, 0.0], [0.0, 0.0, 4.0]]])
+    targets = losses.make_targets(teacher, temperature=2.0, top_k=2)
+    log_q = jax.nn.log_softmax(student, axis=-1)
+    expected = -(log_q[0, 0, 1] + log_q[0, 1, 0]) / 2  # teacher's argmax: 1, then 0
+    np.testing.assert_allclose(losses.hard_loss(targets, student), expected, rtol=1e-6)
+    mask = jnp.asarray([[True, False]])
+    np.testing.assert_allclose(losses.hard_loss(targets, student, mask), -log_q[0, 0, 1], rtol=1e-6)
+
+
+def test_ce_training_lowers_its_loss_and_keeps_the_kl_metric(tmp_path, model):
+    config = small_config(tmp_path, model.path, loss="ce", feature_cache=False, total_steps=20,
+                          eval_every=20)
+    result = train(config, model=model, log=lambda _: None)
+    first = np.mean([result.losses[s] for s in range(4)])
+    last = np.mean([result.losses[s] for s in range(16, 20)])
+    assert last < first
+    evals = [r for r in read_metrics(config.workdir) if r["event"] == "eval"]
+    assert {"kl", "top1_agreement"} <= set(evals[-1]["exits"]["1"])
+
+
 def test_base_params_bit_identical_after_training(trained, model):
     *_, before = trained
     jax.tree.map(np.testing.assert_array_equal, before, jax.tree.map(np.asarray, model.params))
@@ -245,6 +267,7 @@ def test_config_files_have_every_key():
     (["--config.head_layers=a"], "tuple of ints"),
     ([], "model_path is empty"),
     (["--config.model_path=/m", "--config.data_source=pile"], "data_source"),
+    (["--config.model_path=/m", "--config.loss=mse"], "loss='mse' must be one of"),
 ])
 def test_cli_config_errors(capsys, args, message):
     assert cli.main(["train-heads", "--config", "configs/train_heads_small.py", *args]) == 2

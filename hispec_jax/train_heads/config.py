@@ -20,7 +20,7 @@ CONFIGS_DIR = Path(__file__).resolve().parents[2] / "configs"
 KEYS: dict[str, type] = {
     "model_path": str, "model_dtype": str, "output_dir": str,
     "head_layers": tuple, "head_rank": int,
-    "temperature": float, "target_top_k": int,
+    "temperature": float, "target_top_k": int, "loss": str,
     "learning_rate": float, "end_lr_fraction": float, "warmup_steps": int,
     "weight_decay": float, "adam_b1": float, "adam_b2": float, "adam_eps": float,
     "grad_clip_norm": float,
@@ -31,6 +31,7 @@ KEYS: dict[str, type] = {
     "async_checkpoint": bool, "eval_every": int, "seed": int, "progress_bar": bool,
 }
 DATA_SOURCES = ("sharegpt", "random")
+LOSSES = ("kl", "ce")
 
 
 def resolve_config_path(name_or_path) -> Path:
@@ -93,6 +94,10 @@ def check_config(config: ml_collections.ConfigDict) -> None:
         raise ValueError("train config: set total_steps or num_epochs (both are 0)")
     if config.temperature <= 0 or config.learning_rate <= 0:
         raise ValueError("train config: temperature and learning_rate must be > 0")
+    if config.loss not in LOSSES:
+        raise ValueError(f"train config: loss={config.loss!r} must be one of {LOSSES} (kl: "
+                         "T^2 KL(final || exit) at `temperature`; ce: cross-entropy on the final "
+                         "layer's greedy token)")
     if config.data_source not in DATA_SOURCES:
         raise ValueError(f"train config: data_source={config.data_source!r} must be one of "
                          f"{DATA_SOURCES}")

@@ -104,6 +104,17 @@ def distill_loss(targets: Targets, student_logits_BxTxV: jax.Array, temperature:
     return temperature**2 * _mean(kl, mask_BxT)
 
 
+def hard_loss(targets: Targets, student_logits_BxTxV: jax.Array,
+              mask_BxT: jax.Array | None = None) -> jax.Array:
+    """Cross-entropy of the exit (temperature 1) against the final layer's greedy token,
+    averaged over (unmasked) tokens: hard distillation, the objective greedy acceptance
+    scores (the exit's argmax must be the final layer's), where KL also matches the rest of
+    the distribution."""
+    log_q = jax.nn.log_softmax(student_logits_BxTxV.astype(jnp.float32), axis=-1)
+    nll = -jnp.take_along_axis(log_q, targets.top1[..., None], axis=-1)[..., 0]
+    return _mean(nll, mask_BxT)
+
+
 def top1_agreement(targets: Targets, student_logits_BxTxV: jax.Array,
                    mask_BxT: jax.Array | None = None) -> jax.Array:
     """Fraction of tokens where the exit's greedy token is the final layer's (acceptance rate)."""

@@ -62,6 +62,7 @@ class StepSettings:
     head_layers: tuple[int, ...]
     temperature: float
     top_k: int  # target top-k (0: full vocabulary)
+    loss: str = "kl"  # "kl": T²·KL(final ‖ exit); "ce": cross-entropy on the final layer's top-1
 
 
 def learning_rate_schedule(s: OptimizerSettings) -> optax.Schedule:
@@ -98,12 +99,17 @@ def _exit_loss(head, hidden_BxTxD, targets, *, settings: StepSettings, exit_laye
     logits are alive at a time in the backward pass."""
     logits = exit_logits({}, {str(exit_layer): head}, settings.cfg,
                          hidden_BxTxD.astype(jnp.float32), exit_layer)
-    return (losses.distill_loss(targets, logits, settings.temperature),
-            losses.top1_agreement(targets, logits))
+    if settings.loss == "ce":
+        loss = losses.hard_loss(targets, logits)
+    else:
+        loss = losses.distill_loss(targets, logits, settings.temperature)
+    return loss, losses.top1_agreement(targets, logits)
 
 
 def heads_loss(heads: ExitHeads, features: Features, settings: StepSettings):
-    """Mean over exits of T²·KL(final ‖ exit); aux: per-exit KL and top-1 agreement [E]."""
+    """Mean over exits of the training loss (T²·KL(final ‖ exit), or the hard
+    cross-entropy with `loss="ce"`); aux: per-exit loss ("kl", whichever loss it is) and
+    top-1 agreement [E]."""
     kls, agrees = [], []
     for i, e in enumerate(settings.head_layers):
         fn = jax.checkpoint(functools.partial(_exit_loss, settings=settings, exit_layer=e))

@@ -47,10 +47,12 @@ from hispec_jax.train_heads.rows import RowOrder, TokenRows, load_rows
 METRICS_FILENAME = "metrics.jsonl"
 CHECKPOINT_SUBDIR = "checkpoints"
 # Settings a resumed run must share with its checkpoint (anything else may change).
-RESUME_KEYS = ("head_layers", "head_rank", "temperature", "target_top_k", "learning_rate",
+RESUME_KEYS = ("head_layers", "head_rank", "temperature", "target_top_k", "loss", "learning_rate",
                "end_lr_fraction", "warmup_steps", "weight_decay", "adam_b1", "adam_b2",
                "adam_eps", "grad_clip_norm", "batch_size", "seq_len", "data_source", "seed",
                "max_train_docs", "random_train_rows")
+# What a checkpoint written before a key existed ran with.
+RESUME_DEFAULTS = {"loss": "kl"}
 
 
 @dataclasses.dataclass
@@ -244,8 +246,9 @@ def _resume(ckpt: Checkpointer, state, run_meta: dict[str, Any], log):
     if latest is None:
         return state, 0
     state, meta = ckpt.restore(latest, abstract_like(state))
-    mismatched = {k: (meta["run"].get(k), v) for k, v in run_meta.items()
-                  if json.loads(json.dumps(v)) != meta["run"].get(k)}
+    saved = {**RESUME_DEFAULTS, **meta["run"]}
+    mismatched = {k: (saved.get(k), v) for k, v in run_meta.items()
+                  if json.loads(json.dumps(v)) != saved.get(k)}
     if mismatched:
         raise ValueError(f"checkpoint {ckpt.directory}/{latest} was written by a different run "
                          f"(checkpoint vs now: {mismatched}); use another workdir or "
@@ -302,7 +305,8 @@ def train(config, model: Model | None = None, log: Callable[[str], None] = print
     # the backend's fast default matmul passes for training ("highest" is for decoding)
     settings = steps.StepSettings(cfg=cfg.replace(matmul_precision="default"),
                                   head_layers=head_layers,
-                                  temperature=float(config.temperature), top_k=config.target_top_k)
+                                  temperature=float(config.temperature), top_k=config.target_top_k,
+                                  loss=config.loss)
     state = steps.init_state(init_heads(model.params, cfg, head_layers, rank),
                              steps.make_optimizer(opt), config.seed)
 
