@@ -226,8 +226,9 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [f"Device: {report['device']}. Model (always-agree variant): {report['model']}; "
              f"{report['prompts']} random prompts of {report['prompt_len']} tokens, "
              f"{report['max_new_tokens']} new tokens, batch {report['batch_size']}, "
-             f"{report['rounds']} interleaved rounds (median, decoding loop time). One exit-head evaluation costs "
-             f"{report['head_cost_in_layers']:.2f} layer passes (weight bytes).", "",
+             f"{report['rounds']} interleaved rounds (median, decoding loop time). One "
+             f"exit-head evaluation costs {report['head_cost_in_layers']:.2f} layer passes "
+             "(weight bytes).", "",
              "| method | tokens/s | speedup | predicted (layer passes) | efficiency | "
              "predicted (passes + heads) | efficiency | predicted (stage model) | efficiency "
              "| layer passes / token | loop trips / token | identical |",
@@ -322,8 +323,7 @@ def main(argv=None) -> int:
     report = run(model, specs, prompts=args.prompts, prompt_len=args.prompt_len,
                  max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                  rounds=args.rounds, stage_model=not args.no_stage_model,
-                 progress=lambda name: print(f"[oracle] {name}",
-                                                                 file=sys.stderr))
+                 progress=lambda name: print(f"[oracle] {name}", file=sys.stderr))
     print(markdown(report))
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1, default=str))

@@ -325,8 +325,8 @@ def fit_loop_costs(costs: Costs, per_round_ar: float, ls_seconds: float, draft: 
                     t_ar = w_ar + p + r,   t_ls = w_ls + passes * p + rounds * r
       single      single-token passes (AR steps, draft steps) cost s1 times their stage
                     timing inside the loop, blocks what they cost alone, + p >= 0 per pass
-                    (what XLA:CPU shows at small widths: a one-token layer runs ~1.7x
-                    slower in the loop than alone, a verification block does not)
+                    (what XLA:CPU shows at small widths: on the shipped model a one-token
+                    layer ran 1.3-1.7x slower in the loop than alone, a block did not)
       uniform     every stage cost times one scale (the last resort)
 
     Returns (costs, {"loop_fit": which, "stage_scale": s, "single_token_scale": s1})."""
