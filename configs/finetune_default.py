@@ -70,6 +70,7 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
     o.b1 = 0.9
     o.b2 = 0.95
     o.clip_norm = 1.0
+    o.frozen = ""                  # comma-separated parameter groups kept fixed, e.g. "embed"
 
     # A 40-minute wall-clock budget on one CPU core (the cosine follows elapsed time; the
     # shipped run's step count is in docs/default_model.md).

@@ -82,6 +82,7 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
     o.b1 = 0.9
     o.b2 = 0.95
     o.clip_norm = 1.0
+    o.frozen = ""                  # comma-separated parameter groups kept fixed, e.g. "embed"
 
     c.num_steps = 100000
     # > 0: a wall-clock budget for training (all resumed runs together): the cosine follows

@@ -73,6 +73,7 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
     o.b1 = 0.9
     o.b2 = 0.95
     o.clip_norm = 1.0
+    o.frozen = ""                  # comma-separated parameter groups kept fixed, e.g. "embed"
 
     # The shipped model trained for 8100 s of wall clock (2 h 15 min; see
     # docs/default_model.md): the budget, not the step count, ends the run.

@@ -192,3 +192,21 @@ def test_shipped_model_loads_in_transformers():
                       KVCache.zeros(model.cfg, 1, len(ids)), 0, L)
     ours = exit_logits(model.params, {}, model.cfg, h, L)
     np.testing.assert_allclose(np.asarray(ours), ref, rtol=2e-4, atol=2e-4)
+
+
+def test_frozen_groups_get_no_updates():
+    import ml_collections
+
+    params = init_params(TINY, jax.random.key(0))
+    optim = ml_collections.ConfigDict(dict(clip_norm=1.0, b1=0.9, b2=0.95, weight_decay=0.1,
+                                           frozen="embed, final_norm"))
+    tx = pt.make_optimizer(optim, params)
+    grads = jax.tree.map(lambda p: jnp.ones_like(p), params)
+    updates, _ = tx.update(grads, tx.init(params), params)
+    assert not np.any(np.asarray(updates["embed"])) and not np.any(np.asarray(updates["final_norm"]))
+    assert all(np.any(np.asarray(u)) for u in jax.tree.leaves(updates["layers"]))
+    optim.frozen = ""
+    assert pt.frozen_names(optim, params) == ()
+    optim.frozen = "lm_head_typo"
+    with pytest.raises(ValueError, match=r"\['lm_head_typo'\] are not parameter groups"):
+        pt.make_optimizer(optim, params)

@@ -78,17 +78,38 @@ class TrainState:
     opt_state: Any
 
 
-def make_optimizer(optim: ml_collections.ConfigDict) -> optax.GradientTransformation:
-    """chain(clip_by_global_norm, AdamW at learning rate 1); no weight decay on norms.
+def frozen_names(optim: ml_collections.ConfigDict, params: Params) -> tuple[str, ...]:
+    """The top-level parameter groups `optim.frozen` names ("embed,final_norm": comma
+    separated; "" trains everything); an unknown name raises, naming the groups there are."""
+    names = tuple(n.strip() for n in str(optim.get("frozen", "")).split(",") if n.strip())
+    unknown = [n for n in names if n not in params]
+    if unknown:
+        raise ValueError(f"optim.frozen: {unknown} are not parameter groups of this model "
+                         f"(it has {sorted(params)})")
+    return names
+
+
+def make_optimizer(optim: ml_collections.ConfigDict,
+                   params: Params | None = None) -> optax.GradientTransformation:
+    """chain(clip_by_global_norm, AdamW at learning rate 1); no weight decay on norms. The
+    groups named by `optim.frozen` (e.g. "embed": a tied embedding / LM head) get zero
+    updates and no optimizer state, so the exits have to come to the head instead of the
+    head moving towards the exits.
 
     The learning rate multiplies the updates in the train step (`learning_rate`), so the
     schedule can follow wall-clock progress under a time budget.
     """
     decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)  # noqa: E731
-    return optax.chain(
+    tx = optax.chain(
         optax.clip_by_global_norm(optim.clip_norm),
         optax.adamw(1.0, b1=optim.b1, b2=optim.b2, weight_decay=optim.weight_decay,
                     mask=decay_mask))
+    frozen = frozen_names(optim, params) if params is not None else ()
+    if not frozen:
+        return tx
+    labels = {k: jax.tree.map(lambda _, k=k: "frozen" if k in frozen else "train", v)
+              for k, v in params.items()}
+    return optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()}, labels)
 
 
 def learning_rate(optim: ml_collections.ConfigDict, step: int, progress: float) -> float:
@@ -292,11 +313,11 @@ def pretrain(config: ml_collections.ConfigDict, progress: bool = True) -> dict[s
         config, work_dir, init_model.tokenizer if init_model is not None else None)
     data_seconds = time.time() - t0
 
-    tx = make_optimizer(config.optim)
     if init_model is not None:
         params = init_model.params
     else:
         params = init_params(cfg, jax.random.key(config.seed), init_std=config.init_std)
+    tx = make_optimizer(config.optim, params)
     state = TrainState(step=jnp.zeros((), jnp.int32), elapsed_s=jnp.zeros((), jnp.float32),
                        params=params, opt_state=tx.init(params))
     state_path = work_dir / STATE_FILENAME
