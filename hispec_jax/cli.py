@@ -13,6 +13,7 @@
                       [--config.KEY=VALUE ...]
     hispec pretrain [--config configs/pretrain_default.py] [--small] [--config.KEY=VALUE ...]
     hispec train-heads [--config configs/train_heads_default.py] [--config.KEY=VALUE ...]
+    hispec draft-vocab --model PATH --size K --exits N[,N...] --out OUT_DIR [--docs N]
     hispec plan-memory --config PRESET_OR_FILE [--mesh data=D,model=M] [--batch-size B]
                        [--max-len N] [--prompt-len P] [--method ar|layerskip|hispec] [--json]
                        (generate and bench take --mesh too: a device mesh, docs/tpu.md)
@@ -216,6 +217,24 @@ def build_parser() -> argparse.ArgumentParser:
                     "model. Override config keys with --config.KEY=VALUE.")
     heads.add_argument("--config", default="train_heads_default",
                        help="a configs/train_heads_*.py file or name (default: train_heads_default)")
+
+    vocab = add_parser(
+        "draft-vocab", help="restrict draft exit heads to the K most frequent tokens",
+        description="Copies the model to OUT_DIR with the exit heads at --exits restricted to "
+                    "a draft vocabulary: the K tokens most frequent in ShareGPT training text "
+                    "(tokenized with the model's tokenizer; end-of-sequence tokens always "
+                    "kept). A trained head keeps its weights' columns for those tokens; an exit "
+                    "without one gets the LM head's. A draft step then costs D x K instead of "
+                    "D x V in its head; output stays exact (the final layer verifies over the "
+                    "whole vocabulary). See hispec_jax/train_heads/draft_vocab.py.")
+    vocab.add_argument("--model", required=True, help="a local HF model directory")
+    vocab.add_argument("--size", type=int, required=True, metavar="K",
+                       help="tokens in the draft vocabulary")
+    vocab.add_argument("--exits", type=_exits, required=True, metavar="N[,N...]",
+                       help="exit layers whose heads to restrict (each below the last layer)")
+    vocab.add_argument("--out", required=True, metavar="OUT_DIR", help="directory to write")
+    vocab.add_argument("--docs", type=int, default=2000,
+                       help="ShareGPT training conversations to count tokens in")
 
     _add_plan_memory_parser(add_parser)
     sub.add_parser(
@@ -600,6 +619,36 @@ def cmd_convert(args) -> int:
     return 0
 
 
+def cmd_draft_vocab(args) -> int:
+    num_layers = check_model_path(args.model)
+    if num_layers is None:
+        raise ValueError(f"--model {args.model}: draft-vocab writes a model directory; convert "
+                         "a GGUF file first (hispec convert MODEL.gguf DIR)")
+    if not 1 <= args.size:
+        raise ValueError(f"--size must be >= 1, got {args.size}")
+    if args.docs < 1:
+        raise ValueError(f"--docs must be >= 1, got {args.docs}")
+    for e in args.exits:
+        if not 1 <= e < num_layers:
+            raise ValueError(f"--exits {e}: must be in [1, {num_layers - 1}] (the model has "
+                             f"{num_layers} layers; exit {num_layers} verifies over all tokens)")
+    from hispec_jax.models.model import load_model
+    from hispec_jax.train_heads import draft_vocab
+    from hispec_jax.train_heads.train import save_heads
+
+    model = load_model(args.model, layer_layout="scan")
+    train_counts, held_out_counts = draft_vocab.token_counts(model, args.docs)
+    vocab = draft_vocab.choose_vocab(train_counts, args.size, always=model.eos_token_ids)
+    heads = draft_vocab.restrict_heads(model, args.exits, vocab)
+    out = save_heads(model, heads, args.out)
+    V = model.cfg.vocab_size
+    print(f"draft vocabulary: {len(vocab)} of {V} tokens ({len(vocab) / V:.1%} of each head's "
+          f"columns); covers {draft_vocab.coverage(train_counts, vocab):.2%} of the counted "
+          f"training tokens and {draft_vocab.coverage(held_out_counts, vocab):.2%} of the "
+          f"held-out ShareGPT tokens; exits {','.join(map(str, args.exits))}; wrote {out}")
+    return 0
+
+
 def cmd_pull(args) -> int:
     from hispec_jax.models import pull
 
@@ -730,6 +779,8 @@ def main(argv=None) -> int:
             return cmd_convert(args)
         if args.command == "pull":
             return cmd_pull(args)
+        if args.command == "draft-vocab":
+            return cmd_draft_vocab(args)
         if args.command == "init-model":
             return cmd_init_model(args, extra)
         if args.command == "pretrain":

@@ -150,13 +150,18 @@ NEW = 3
 PROMPT = [1, 2, 3]
 
 
-@pytest.fixture(scope="module")
-def model():
+def small_model() -> Model:
+    """The 4-layer model whose first NEW tokens are enumerated (VOCAB tokens)."""
     cfg = ModelConfig(model_type="llama", vocab_size=VOCAB, hidden_size=16, intermediate_size=32,
                       num_layers=4, num_heads=2, num_kv_heads=1, head_dim=8,
                       max_position_embeddings=64)
     params = init_params(cfg, jax.random.PRNGKey(7), init_std=0.5)
     return Model(cfg=cfg, params=params, generation_config={})
+
+
+@pytest.fixture(scope="module")
+def model():
+    return small_model()
 
 
 def exact_ar_distribution(model, sampling: SamplingParams):

@@ -6,6 +6,17 @@ meant to exit at any layer). Exit L always uses the shared head (it is the model
 
 Trained heads: their own RMSNorm, then a full `D×V` projection (`proj`) or a low-rank
 `D×R` (`proj_down`) then `R×V` (`proj_up`) projection.
+
+A head may also carry a **draft vocabulary** (`vocab`: K sorted token ids, K < V): its
+projection then has K output columns (`D×K`, or `R×K`), and every token outside the
+vocabulary gets logit -inf. A drafter never proposes those tokens, which only lowers its
+acceptance where the final layer wants a rare token; the full model still verifies over
+all V, so greedy output and the sampling distribution are unchanged. What it buys is the
+head's cost: on small models with large vocabularies the `D×V` head is most of a draft
+step (SmolLM2-135M: V = 49,152, D = 576, one head = 8 transformer layers).
+
+    logits_BxTxK = norm(h) @ proj_DxK                   K = len(vocab)
+    logits_BxTxV = full(-inf).at[..., vocab].set(logits_BxTxK)
 """
 
 from __future__ import annotations
@@ -30,6 +41,14 @@ def head_kind(cfg: ModelConfig, heads: ExitHeads, exit_layer: int) -> str:
     return "full" if "proj" in head else "low_rank"
 
 
+def draft_vocab_size(cfg: ModelConfig, heads: ExitHeads, exit_layer: int) -> int:
+    """How many tokens exit `exit_layer` can propose: K with a draft vocabulary, else V."""
+    if head_kind(cfg, heads, exit_layer) == "shared":
+        return cfg.vocab_size
+    head = heads[str(exit_layer)]
+    return int(head["vocab"].shape[0]) if "vocab" in head else cfg.vocab_size
+
+
 def lm_head_matrix(params: Params, cfg: ModelConfig) -> jax.Array:
     """The shared LM head as a [D, V] matrix (the transposed embedding when tied)."""
     return params["embed"].T if cfg.tie_word_embeddings else params["lm_head"]
@@ -48,6 +67,14 @@ def exit_logits(params: Params, heads: ExitHeads, cfg: ModelConfig, h_BxTxD: jax
     head = heads[str(exit_layer)]
     x = rms_norm(h_BxTxD, head["norm"], cfg.rms_norm_eps)
     if kind == "full":
-        return dot("BTD,DV->BTV", x, head["proj"], preferred_element_type=jnp.float32)
-    r_BxTxR = dot("BTD,DR->BTR", x, head["proj_down"])
-    return dot("BTR,RV->BTV", r_BxTxR, head["proj_up"], preferred_element_type=jnp.float32)
+        logits = dot("BTD,DV->BTV", x, head["proj"], preferred_element_type=jnp.float32)
+    else:
+        r_BxTxR = dot("BTD,DR->BTR", x, head["proj_down"])
+        logits = dot("BTR,RV->BTV", r_BxTxR, head["proj_up"], preferred_element_type=jnp.float32)
+    if "vocab" not in head:
+        return logits
+    # a draft vocabulary: K columns -> V, -inf for the tokens the head cannot propose
+    B, T, _ = logits.shape
+    full_BxTxV = jnp.full((B, T, cfg.vocab_size), -jnp.inf, jnp.float32)
+    return full_BxTxV.at[:, :, head["vocab"]].set(logits, unique_indices=True,
+                                                   indices_are_sorted=True)

@@ -28,10 +28,12 @@ the residual stream after layer e):
     exit_heads.{e}.proj.weight       [V, D]   full head, or
     exit_heads.{e}.proj_down.weight  [R, D]   low-rank head: proj_up @ proj_down
     exit_heads.{e}.proj_up.weight    [V, R]
+    exit_heads.{e}.vocab             [K]      optional int32 draft vocabulary (sorted token
+                                              ids); proj / proj_up then have K rows, not V
     metadata: {"format": "pt", "exit_layers": "3,7"}   (sorted, comma-separated)
 
 In memory: heads[str(e)] = {"norm": [D], "proj": [D, V]} or
-{"norm": [D], "proj_down": [D, R], "proj_up": [R, V]} (`params.head_specs`).
+{"norm": [D], "proj_down": [D, R], "proj_up": [R, V]}, + "vocab" [K] (`params.head_specs`).
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from hispec_jax.models.config import ModelConfig
-from hispec_jax.models.params import ExitHeads, Params, check_shapes, head_specs, param_specs
+from hispec_jax.models.params import (ExitHeads, Params, check_shapes, head_shape_args, head_specs,
+                                      param_specs)
 
 HEADS_FILENAME = "exit_heads.safetensors"
 CONFIG_FILENAME = "config.json"
@@ -81,8 +84,27 @@ _RULES: list[tuple[str, tuple[str, ...], int]] = [
 _INDEX = r"(0|[1-9][0-9]*)"  # no leading zeros, so one tensor has exactly one name
 _RULE_RES = [(re.compile(re.escape(t).replace(re.escape("{i}"), _INDEX) + "$"), p, n)
              for t, p, n in _RULES]
-_HEAD_RE = re.compile(rf"exit_heads\.{_INDEX}\.(norm|proj|proj_down|proj_up)\.weight$")
-_HEAD_N_IN = {"norm": 0, "proj": 1, "proj_down": 1, "proj_up": 1}
+_HEAD_RE = re.compile(rf"exit_heads\.{_INDEX}\.(?:(norm|proj|proj_down|proj_up)\.weight|(vocab))$")
+_HEAD_N_IN = {"norm": 0, "proj": 1, "proj_down": 1, "proj_up": 1, "vocab": 0}
+
+
+def _head_tensor_name(e, part: str) -> str:
+    return f"exit_heads.{int(e)}.{part}" + ("" if part == "vocab" else ".weight")
+
+
+def check_draft_vocab(vocab, vocab_size: int, where: str) -> np.ndarray:
+    """`vocab` as int32 after checking it is a draft vocabulary: 1-D, integer, strictly
+    increasing token ids in [0, vocab_size). Raises ValueError naming what is wrong."""
+    v = np.asarray(vocab)
+    if v.ndim != 1 or v.size == 0 or not np.issubdtype(v.dtype, np.integer):
+        raise ValueError(f"{where}: a draft vocabulary must be a non-empty 1-D array of "
+                         f"integer token ids, got shape {v.shape} dtype {v.dtype}")
+    if v.min() < 0 or v.max() >= vocab_size:
+        raise ValueError(f"{where}: draft vocabulary token ids must be in [0, {vocab_size}), "
+                         f"got [{v.min()}, {v.max()}]")
+    if np.any(np.diff(v) <= 0):
+        raise ValueError(f"{where}: draft vocabulary token ids must be sorted and unique")
+    return v.astype(np.int32)
 
 
 def _hf_shape(shape: tuple[int, ...], n_in: int) -> tuple[int, ...]:
@@ -276,11 +298,11 @@ def save_exit_heads(path, cfg: ModelConfig, heads: ExitHeads) -> None:
     tensors, layers = {}, []
     for e, head in heads.items():
         layers.append(_exit_layer(e, cfg.num_layers, f"exit head {e!r}"))
-        low_rank = "proj_down" in head and "proj" not in head
-        rank = int(np.shape(head["proj_down"])[1]) if low_rank else None
-        check_shapes(head, head_specs(cfg, rank), where=f"exit head {e!r}")
+        check_shapes(head, head_specs(cfg, **head_shape_args(head)), where=f"exit head {e!r}")
         for part, value in head.items():
-            tensors[f"exit_heads.{int(e)}.{part}.weight"] = _to_hf(value, _HEAD_N_IN[part])
+            if part == "vocab":
+                value = check_draft_vocab(value, cfg.vocab_size, f"exit head {e!r}")
+            tensors[_head_tensor_name(e, part)] = _to_hf(value, _HEAD_N_IN[part])
     Path(path).mkdir(parents=True, exist_ok=True)
     metadata = {**_METADATA, "exit_layers": ",".join(map(str, sorted(layers)))}
     save_file(tensors, Path(path) / HEADS_FILENAME, metadata=metadata)
@@ -298,19 +320,27 @@ def load_exit_heads(path, cfg: ModelConfig) -> ExitHeads:
             if m is None:
                 raise ValueError(f"{HEADS_FILENAME}: unknown tensor {name!r}")
             e = str(_exit_layer(m.group(1), cfg.num_layers, f"{HEADS_FILENAME}: tensor {name!r}"))
-            groups.setdefault(e, {})[m.group(2)] = f.get_tensor(name)
+            groups.setdefault(e, {})[m.group(2) or m.group(3)] = f.get_tensor(name)
         listed = (f.metadata() or {}).get("exit_layers")
     heads: ExitHeads = {}
     for e, group in sorted(groups.items(), key=lambda kv: int(kv[0])):
         low_rank = "proj_down" in group and "proj" not in group
-        specs = head_specs(cfg, int(group["proj_down"].shape[0]) if low_rank else None)
+        vocab = group.get("vocab")
+        if vocab is not None:
+            vocab = group["vocab"] = check_draft_vocab(
+                vocab, cfg.vocab_size, f"{HEADS_FILENAME}: tensor {_head_tensor_name(e, 'vocab')!r}")
+        specs = head_specs(cfg, int(group["proj_down"].shape[0]) if low_rank else None,
+                           draft_vocab=None if vocab is None else int(vocab.shape[0]))
         for part in specs:
             if part not in group:
-                raise ValueError(f"{HEADS_FILENAME}: missing tensor 'exit_heads.{e}.{part}.weight'")
+                raise ValueError(f"{HEADS_FILENAME}: missing tensor {_head_tensor_name(e, part)!r}")
         for part, w in group.items():
-            name = f"exit_heads.{e}.{part}.weight"
+            name = _head_tensor_name(e, part)
             if part not in specs:
                 raise ValueError(f"{HEADS_FILENAME}: unexpected tensor {name!r}")
+            if part == "vocab":
+                group[part] = jnp.asarray(w, jnp.int32)
+                continue
             n_in = _HEAD_N_IN[part]
             want = _hf_shape(specs[part].shape, n_in)
             if tuple(w.shape) != want:

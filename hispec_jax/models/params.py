@@ -32,6 +32,8 @@ Exit heads (`ExitHeads`) are a separate dict keyed by the exit layer as a string
 
     heads["e"] = {"norm": [D], "proj": [D, V]}                        # full head
     heads["e"] = {"norm": [D], "proj_down": [D, R], "proj_up": [R, V]}  # low-rank head
+    heads["e"] = {"norm": [D], "proj": [D, K], "vocab": [K] int32}      # draft vocabulary
+                                                 # (K sorted token ids; low rank: proj_up [R, K])
 
 Legend: V vocab, D hidden, L layers, N query heads, K kv heads, H head dim, F MLP width,
 R head rank.
@@ -57,7 +59,8 @@ class ParamSpec:
 
     shape: tuple[int, ...]
     axes: tuple[str, ...]
-    init: str = "normal"  # "normal" (std = init_std) or "ones" (norm scales)
+    init: str = "normal"  # "normal" (std = init_std), "ones" (norm scales) or
+                          # "arange" (int32 0..n-1: a draft vocabulary's token ids)
 
 
 def param_specs(cfg: ModelConfig) -> dict[str, Any]:
@@ -88,17 +91,36 @@ def param_specs(cfg: ModelConfig) -> dict[str, Any]:
     return specs
 
 
-def head_specs(cfg: ModelConfig, rank: int | None = None) -> dict[str, ParamSpec]:
-    """`ParamSpec`s of one trained exit head: full `D×V` when rank is None, else `D×R, R×V`."""
+def head_specs(cfg: ModelConfig, rank: int | None = None,
+               draft_vocab: int | None = None) -> dict[str, ParamSpec]:
+    """`ParamSpec`s of one trained exit head: full `D×V` when rank is None, else `D×R, R×V`;
+    with a draft vocabulary of K tokens, K output columns instead of V and `vocab` [K]."""
     D, V = cfg.hidden_size, cfg.vocab_size
+    out = V
+    if draft_vocab is not None:
+        if not isinstance(draft_vocab, int) or not 1 <= draft_vocab <= V:
+            raise ValueError(f"draft vocabulary size must be an integer in [1, {V}], "
+                             f"got {draft_vocab!r}")
+        out = draft_vocab
     if rank is None:
-        return {"norm": ParamSpec((D,), ("embed",), "ones"),
-                "proj": ParamSpec((D, V), ("embed", "vocab"))}
-    if not isinstance(rank, int) or rank < 1:
-        raise ValueError(f"head rank must be a positive integer, got {rank!r}")
-    return {"norm": ParamSpec((D,), ("embed",), "ones"),
-            "proj_down": ParamSpec((D, rank), ("embed", "rank")),
-            "proj_up": ParamSpec((rank, V), ("rank", "vocab"))}
+        specs = {"norm": ParamSpec((D,), ("embed",), "ones"),
+                 "proj": ParamSpec((D, out), ("embed", "vocab"))}
+    else:
+        if not isinstance(rank, int) or rank < 1:
+            raise ValueError(f"head rank must be a positive integer, got {rank!r}")
+        specs = {"norm": ParamSpec((D,), ("embed",), "ones"),
+                 "proj_down": ParamSpec((D, rank), ("embed", "rank")),
+                 "proj_up": ParamSpec((rank, out), ("rank", "vocab"))}
+    if draft_vocab is not None:
+        specs["vocab"] = ParamSpec((draft_vocab,), ("draft_vocab",), "arange")
+    return specs
+
+
+def head_shape_args(head) -> dict[str, int | None]:
+    """`head_specs` keyword arguments (rank, draft_vocab) that describe `head`'s arrays."""
+    rank = None if "proj" in head else int(head["proj_down"].shape[1])
+    draft_vocab = int(head["vocab"].shape[0]) if "vocab" in head else None
+    return {"rank": rank, "draft_vocab": draft_vocab}
 
 
 def _is_spec(x) -> bool:
@@ -109,11 +131,14 @@ def init_from_specs(specs, key: jax.Array, dtype, init_std: float = 0.02):
     """Random parameters for a `ParamSpec` pytree (normal(0, init_std) weights, unit norms)."""
     leaves, treedef = jax.tree.flatten(specs, is_leaf=_is_spec)
     keys = jax.random.split(key, len(leaves))
-    arrays = [
-        jnp.ones(s.shape, dtype) if s.init == "ones"
-        else (init_std * jax.random.normal(k, s.shape, jnp.float32)).astype(dtype)
-        for s, k in zip(leaves, keys)
-    ]
+    def init(s: ParamSpec, k):
+        if s.init == "ones":
+            return jnp.ones(s.shape, dtype)
+        if s.init == "arange":
+            return jnp.arange(s.shape[0], dtype=jnp.int32)
+        return (init_std * jax.random.normal(k, s.shape, jnp.float32)).astype(dtype)
+
+    arrays = [init(s, k) for s, k in zip(leaves, keys)]
     return jax.tree.unflatten(treedef, arrays)
 
 

@@ -11,7 +11,7 @@ axis to a mesh axis (`mesh_spec.MESH_AXES`):
     q_heads        model       query heads (wq, wo)
     kv_heads       model       KV heads (wk, wv, the cache)
     mlp            model       MLP width (w_gate, w_up, w_down)
-    vocab          model       vocabulary (embedding, LM head, exit heads)
+    vocab          model       vocabulary (embedding, LM head, exit heads' columns)
     anything else  -           replicated (embed, layers, head_dim, rank, sequence)
 
 A dimension that the mesh axis does not divide is replicated instead (GQA with fewer KV
@@ -32,7 +32,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 from hispec_jax.models import mesh_spec
 from hispec_jax.models.config import ModelConfig
 from hispec_jax.models.kv_cache import KVCache
-from hispec_jax.models.params import ParamSpec, head_specs, param_specs
+from hispec_jax.models.params import ParamSpec, head_shape_args, head_specs, param_specs
 
 RULES: dict[str, str] = {
     "batch": "data",
@@ -136,11 +136,12 @@ def param_axes(cfg: ModelConfig, params) -> Any:
 
 
 def heads_axes(cfg: ModelConfig, heads) -> Any:
-    """Logical axes of exit heads, shaped like `heads` (full or low-rank, per exit)."""
+    """Logical axes of exit heads, shaped like `heads` (full or low-rank, draft vocabulary
+    or not, per exit)."""
     out = {}
     for exit_layer, head in heads.items():
-        rank = head["proj_down"].shape[1] if "proj_down" in head else None
-        out[exit_layer] = {k: s.axes for k, s in head_specs(cfg, rank).items()}
+        specs = head_specs(cfg, **head_shape_args(head))
+        out[exit_layer] = {k: s.axes for k, s in specs.items()}
     return out
 
 

@@ -138,7 +138,9 @@ def save_heads(model: Model, heads: ExitHeads, output_dir: str) -> str:
     into the model directory. Otherwise the model's files are copied there first (or the
     in-memory model is saved, when it has no directory), then the heads.
     """
-    cast = jax.tree.map(lambda x: np.asarray(jnp.asarray(x, model.cfg.dtype)), heads)
+    # weights in the model's dtype; a draft vocabulary's token ids stay integers
+    cast = jax.tree.map(lambda x: np.asarray(x if jnp.issubdtype(x.dtype, jnp.integer)
+                                             else jnp.asarray(x, model.cfg.dtype)), heads)
     source = Path(model.path).resolve() if model.path else None
     target = Path(output_dir).expanduser().resolve() if output_dir else source
     if target is None:
