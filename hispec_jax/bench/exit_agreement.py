@@ -59,6 +59,8 @@ def main(argv=None) -> int:
         result["trained_head_agreement"] = {int(e): round(m["top1_agreement"], 4)
                                             for e, m in trained.items()}
         result["head_kinds"] = {e: k for e, k in model.exit_head_kinds().items() if k != "shared"}
+        result["draft_vocab_sizes"] = {int(e): int(h["vocab"].shape[0])
+                                       for e, h in model.heads.items() if "vocab" in h}
     result["seconds"] = time.perf_counter() - t0
     print(json.dumps(result, indent=1))
     if args.out:
