@@ -131,6 +131,7 @@ def init_from_specs(specs, key: jax.Array, dtype, init_std: float = 0.02):
     """Random parameters for a `ParamSpec` pytree (normal(0, init_std) weights, unit norms)."""
     leaves, treedef = jax.tree.flatten(specs, is_leaf=_is_spec)
     keys = jax.random.split(key, len(leaves))
+
     def init(s: ParamSpec, k):
         if s.init == "ones":
             return jnp.ones(s.shape, dtype)
