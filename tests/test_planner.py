@@ -16,6 +16,31 @@ COSTS = Costs(batch=1, num_layers=24, block_sizes=(1, 4, 16, 32),
 EXITS = tuple(range(1, 25))
 
 
+def test_cheaper_exit_heads_cost_their_share_of_the_shared_head():
+    """Costs.head_scale charges exit e's head its own cost (a draft vocabulary or low rank),
+    survives JSON, and comes from the heads' sizes (`calibrate.head_cost_scales`)."""
+    c = dataclasses.replace(COSTS, head_scale=((3, 0.25),))
+    assert c.stage(0, 3, 1) == pytest.approx(3 * c.layer(1) + 0.25 * c.head(1) + c.pass_s)
+    assert c.stage(3, 24, 4) == pytest.approx(COSTS.stage(3, 24, 4))  # exit 24: shared head
+    assert Costs.from_json(json.loads(json.dumps(c.to_json()))) == c
+    assert Costs.from_json({k: v for k, v in COSTS.to_json().items() if k != "head_scale"}) == COSTS
+    assert (latency.predict((3, 24), (2,), [0.5], c).seconds_per_token
+            < latency.predict((3, 24), (2,), [0.5], COSTS).seconds_per_token)
+
+    from hispec_jax.planner import calibrate
+    from hispec_jax.train_heads import draft_vocab
+    from test_engine import VOCAB, tiny_model
+    from test_draft_vocab import _trained_heads, _with_heads
+
+    model = tiny_model(4, 0)  # D = 32, V = 64
+    model = _with_heads(model, _trained_heads(model, {1: None, 2: 4}))
+    model = _with_heads(model, draft_vocab.restrict_heads(model, (2, 3), np.arange(0, VOCAB, 4)))
+    scales = dict(calibrate.head_cost_scales(model))
+    assert list(scales) == [1, 2, 3]
+    assert [scales[e] for e in (1, 2, 3)] == pytest.approx(
+        [1.0, (32 * 4 + 4 * 16) / (32 * 64), 16 / 64])
+
+
 def test_expected_emitted_closed_form():
     for alpha in (0.0, 0.3, 0.9):
         for n in (1, 3, 7):

@@ -144,7 +144,8 @@ def stage_model_seconds(model: Model, decoders: list, batch_size: int, capacity:
     layer_s, head_s = calibrate.measure_stage_costs(model, batch_size, capacity, blocks,
                                                     repeats, context=context)
     costs = latency.Costs(batch=batch_size, num_layers=model.cfg.num_layers,
-                          block_sizes=tuple(blocks), layer_s=tuple(layer_s), head_s=tuple(head_s))
+                          block_sizes=tuple(blocks), layer_s=tuple(layer_s), head_s=tuple(head_s),
+                          head_scale=calibrate.head_cost_scales(model))
     seconds = []
     for d in decoders:
         exits, K = d.hierarchy.exits, d.hierarchy.num_levels

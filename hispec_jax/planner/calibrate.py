@@ -195,12 +195,30 @@ def monotone(values) -> list[float]:
     return [v for v, n in blocks for _ in range(n)]
 
 
+def head_cost_scales(model: Model) -> tuple[tuple[int, float], ...]:
+    """((exit, cost of its trained head / the shared head's), ...) for every exit below L
+    with a trained head, by the heads' multiply-adds per token (D x V for the shared head;
+    D x K, or D x R + R x K, with K = V or a draft vocabulary's size). The V-wide -inf fill
+    of a draft vocabulary and the argmax are left out: linear in V, not in D x V."""
+    cfg = model.cfg
+    shared = cfg.hidden_size * cfg.vocab_size
+    out = []
+    for e, head in sorted(model.heads.items(), key=lambda kv: int(kv[0])):
+        if int(e) >= cfg.num_layers:
+            continue
+        macs = sum(int(np.prod(head[k].shape)) for k in ("proj", "proj_down", "proj_up")
+                   if k in head)
+        out.append((int(e), macs / shared))
+    return tuple(out)
+
+
 def measure_stage_costs(model: Model, batch: int, capacity: int, block_sizes, repeats: int,
                         context: int | None = None) -> tuple[list[float], list[float]]:
-    """(seconds of one layer, seconds of one exit head + argmax) per block length T, at
-    `batch` sequences with `context` cached positions before the block.
+    """(seconds of one layer, seconds of the shared exit head + argmax) per block length T,
+    at `batch` sequences with `context` cached positions before the block (trained heads:
+    `head_cost_scales`).
 
-    Per T three jitted programs run layers [0, n1), [0, n2) and [0, n1) + exit n1's head;
+    Per T three jitted programs run layers [0, n1), [0, n2) and [0, n1) + the shared head;
     differences cancel the per-call dispatch cost (that cost is the engine's pass/round
     overhead, fitted from loop runs)."""
     cfg = model.cfg
@@ -225,7 +243,7 @@ def measure_stage_costs(model: Model, batch: int, capacity: int, block_sizes, re
         caches = {k: KVCache.zeros(cfg, batch, capacity, n2, per_layer=per_layer) for k in progs}
 
         def call(key):
-            out, caches[key] = progs[key](model.params, model.heads, x, caches[key])
+            out, caches[key] = progs[key](model.params, {}, x, caches[key])  # shared head
             return out
 
         for key in progs:  # compile + warm
@@ -288,7 +306,8 @@ def calibrate(model: Model, batch_size: int = 1, prompts: list[list[int]] | None
     layer_s, head_s = measure_stage_costs(model, batch_size, capacity, s.block_sizes, s.repeats,
                                           context=min(capacity // 2, s.max_prompt_tokens + s.new_tokens // 2))
     costs = Costs(batch=batch_size, num_layers=L, block_sizes=tuple(s.block_sizes),
-                  layer_s=tuple(layer_s), head_s=tuple(head_s))
+                  layer_s=tuple(layer_s), head_s=tuple(head_s),
+                  head_scale=head_cost_scales(model))
 
     loop: dict[str, Any] = {"ar_seconds": t_ar_run, "prefill_seconds": t_prefill,
                             "ar_seconds_per_round": per_round_ar}
@@ -333,7 +352,7 @@ def fit_loop_costs(costs: Costs, per_round_ar: float, ls_seconds: float, draft: 
     L = costs.num_layers
     blk = blocks((nd,))[0]
     w_ar = L * costs.layer(1) + costs.head(1)
-    work_1 = drafts * (draft * costs.layer(1) + costs.head(1))
+    work_1 = drafts * (draft * costs.layer(1) + costs.head_at(draft, 1))
     work_blk = verifies * ((L - draft) * costs.layer(blk) + costs.head(blk))
     passes = drafts + verifies
     fixed_ar = per_round_ar - w_ar

@@ -9,7 +9,10 @@ exits e_0 < ... < e_{K-1} = L and windows (Nd, N_2, ..., N_{K-1}):
     verify 1  stage(e_0, e_1, T=block_1) over Nd + 1 positions (checks Nd + 1 drafts)
     verify k  stage(e_{k-1}, e_k, T=block_k) when level k's input holds N_k + 1 positions
 
-    stage(a, b, T) = (b - a) * layer_s(T) + head_s(T) + pass_s
+    stage(a, b, T) = (b - a) * layer_s(T) + head_scale(b) * head_s(T) + pass_s
+
+(`head_s` is the shared head's cost; exit b's own head, low rank or with a draft
+vocabulary, costs `head_scale(b)` times it: 1 for the shared head.)
 
 with `block_k` the engine's static block lengths (`windows.block_lengths`): a pass costs
 its static block whatever number of positions is valid in it.
@@ -49,12 +52,15 @@ class Costs:
       block_sizes: the block lengths T the per-pass costs were measured at (ascending).
       layer_s: seconds of one decoder layer over a block of T tokens (per entry of
         `block_sizes`; linear interpolation between, linear extrapolation beyond).
-      head_s: seconds of one exit-head evaluation on a block of T tokens.
+      head_s: seconds of one evaluation of the shared head (final norm + LM head, argmax)
+        on a block of T tokens.
       pass_s: fixed seconds of one pass (draft step or verification) beyond its layers and
         head: gathers, acceptance, rollback, counters, the `lax.cond` around it.
       round_s: fixed seconds of one loop trip (speculation round).
       prefill_s: seconds of one `generate` call outside the loop (prefill, first token,
         request building, transfers), per batch.
+      head_scale: ((exit, cost of its head / the shared head's), ...) for the exits whose
+        trained head costs otherwise (`calibrate.head_cost_scales`); others cost 1.
     """
 
     batch: int
@@ -65,6 +71,7 @@ class Costs:
     pass_s: float = 0.0
     round_s: float = 0.0
     prefill_s: float = 0.0
+    head_scale: tuple[tuple[int, float], ...] = ()
 
     def _interp(self, values, T: float) -> float:
         x, y = np.asarray(self.block_sizes, float), np.asarray(values, float)
@@ -80,9 +87,13 @@ class Costs:
     def head(self, T: int) -> float:
         return self._interp(self.head_s, T)
 
+    def head_at(self, exit_layer: int, T: int) -> float:
+        """Exit `exit_layer`'s head over a block of T tokens."""
+        return dict(self.head_scale).get(exit_layer, 1.0) * self.head(T)
+
     def stage(self, lo: int, hi: int, T: int) -> float:
         """One pass of layers [lo, hi) plus exit hi's head over a block of T tokens."""
-        return (hi - lo) * self.layer(T) + self.head(T) + self.pass_s
+        return (hi - lo) * self.layer(T) + self.head_at(hi, T) + self.pass_s
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -92,6 +103,7 @@ class Costs:
         d = dict(d)
         for key in ("block_sizes", "layer_s", "head_s"):
             d[key] = tuple(d[key])
+        d["head_scale"] = tuple((int(e), float(x)) for e, x in d.get("head_scale", ()))
         return cls(**d)
 
 

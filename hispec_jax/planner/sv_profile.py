@@ -93,7 +93,8 @@ def profile_sv(model: Model, draft_exit: int | None = None, companion_exit: int 
         model, batch_size, capacity, s.block_sizes, s.repeats,
         context=min(capacity // 2, s.max_prompt_tokens + s.new_tokens // 2))
     costs = Costs(batch=batch_size, num_layers=L, block_sizes=tuple(s.block_sizes),
-                  layer_s=tuple(layer_s), head_s=tuple(head_s))
+                  layer_s=tuple(layer_s), head_s=tuple(head_s),
+                  head_scale=calibrate.head_cost_scales(model))
     from hispec_jax.planner import plan as plan_lib
 
     meta = {"prompts": len(prompts), "positions": int(S.size), "model": plan_lib.model_key(model),
