@@ -38,6 +38,7 @@ def main(argv=None) -> int:
             ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
 
     import hispec_jax
+    from hispec_jax.models.heads import draft_vocab_size
     from hispec_jax.train_heads import pretrain, steps
     from hispec_jax.train_heads.rows import sharegpt_rows
     from hispec_jax.train_heads.train import evaluate
@@ -59,7 +60,7 @@ def main(argv=None) -> int:
         result["trained_head_agreement"] = {int(e): round(m["top1_agreement"], 4)
                                             for e, m in trained.items()}
         result["head_kinds"] = {e: k for e, k in model.exit_head_kinds().items() if k != "shared"}
-        result["draft_vocab_sizes"] = {int(e): int(h["vocab"].shape[0])
+        result["draft_vocab_sizes"] = {int(e): draft_vocab_size(model.cfg, model.heads, int(e))
                                        for e, h in model.heads.items() if "vocab" in h}
     result["seconds"] = time.perf_counter() - t0
     print(json.dumps(result, indent=1))

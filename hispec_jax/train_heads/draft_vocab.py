@@ -69,12 +69,8 @@ def choose_vocab(counts_V: np.ndarray, size: int, always: Sequence[int] = ()) ->
         raise ValueError(f"draft vocabulary size must be an integer in [{max(1, len(always))}, "
                          f"{V}] (the vocabulary has {V} tokens), got {size!r}")
     order = np.lexsort((np.arange(V), -counts_V))  # most frequent first, then by id
-    keep = set(always)
-    for t in order:
-        if len(keep) == size:
-            break
-        keep.add(int(t))
-    return np.asarray(sorted(keep), np.int32)
+    rest = order[~np.isin(order, always)][:size - len(always)]
+    return np.sort(np.concatenate([always, rest])).astype(np.int32)
 
 
 def coverage(counts_V: np.ndarray, vocab_K: np.ndarray) -> float:
@@ -100,14 +96,10 @@ def restrict_heads(model: Model, exits: Sequence[int], vocab_K: np.ndarray) -> E
         if kind != "shared" and "vocab" in model.heads[str(e)]:
             raise ValueError(f"exit {e} already has a draft vocabulary")
         if kind == "shared":
-            head = {"norm": model.params["final_norm"],
-                    "proj": jnp.take(lm_head_matrix(model.params, cfg), vocab, axis=1)}
-        elif kind == "full":
-            old = model.heads[str(e)]
-            head = {"norm": old["norm"], "proj": jnp.take(old["proj"], vocab, axis=1)}
+            head = {"norm": model.params["final_norm"], "proj": lm_head_matrix(model.params, cfg)}
         else:
-            old = model.heads[str(e)]
-            head = {"norm": old["norm"], "proj_down": old["proj_down"],
-                    "proj_up": jnp.take(old["proj_up"], vocab, axis=1)}
+            head = dict(model.heads[str(e)])
+        columns = "proj" if "proj" in head else "proj_up"  # the [., V] projection
+        head[columns] = jnp.take(head[columns], vocab, axis=1)
         heads[str(int(e))] = {**head, "vocab": vocab}
     return dict(sorted(heads.items(), key=lambda kv: int(kv[0])))
