@@ -27,8 +27,8 @@
                         prediction, AR's share of the HBM roofline; `--help` for all flags)
     hispec bench-tool [TOOL [args]]
                       (one benchmark tool, as `python -m hispec_jax.bench TOOL`: ar, engine,
-                      oracle, seed-methods, auto, memory, gguf-memory, exit-agreement,
-                      plot-agreement, before-after; without TOOL it lists them)
+                      oracle, accelerator, seed-methods, auto, memory, gguf-memory,
+                      exit-agreement, plot-agreement, before-after; without TOOL it lists them)
     hispec tune [--model PATH] [--batch-size B] [--quick] [--max-levels K] [--verify]
                 [--out FILE] [--plot PNG]
     hispec profile-sv [--model PATH] [--draft-exit N] [--verify-exits N] [--prompts N]

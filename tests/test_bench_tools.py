@@ -87,6 +87,12 @@ def test_hispec_bench_tool_is_the_same_dispatcher(capsys):
     (["before-after", "--before", "/nonexistent", "--after", "."], "--before /nonexistent: no "
                                                                    "hispec_jax/ in it"),
     (["plot-agreement", "out.png", "no-equals-sign"], "is not LABEL=path"),
+    (["accelerator", "--parts", "layouts,roofline"], "--parts: roofline; choose from"),
+    (["accelerator", "--parts", ","], "--parts: none given"),
+    (["accelerator", "--shapes", "llama9"], "--shapes: model config 'llama9' is neither"),
+    (["accelerator", "--rounds", "0"], "--rounds must be >= 1"),
+    (["accelerator", "--default-model", "/nonexistent"], "--default-model /nonexistent does "
+                                                        "not exist"),
 ])
 def test_bad_flags_fail_before_anything_runs(argv, message, capsys):
     with pytest.raises(SystemExit) as info:

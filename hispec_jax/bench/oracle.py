@@ -160,11 +160,13 @@ def stage_model_seconds(model: Model, decoders: list, batch_size: int, capacity:
 
 def run(model: Model, specs: list[MethodSpec], *, prompts: int, prompt_len: int,
         max_new_tokens: int, batch_size: int, rounds: int, seed: int = 0,
-        stage_model: bool = True, progress=None) -> dict[str, Any]:
-    """Times `specs` (the first must be AR) on the always-agree variant of `model`."""
+        stage_model: bool = True, progress=None,
+        model_is_always_agree: bool = False) -> dict[str, Any]:
+    """Times `specs` (the first must be AR) on the always-agree variant of `model`
+    (`model` itself with `model_is_always_agree`: no second copy of an 8B model's weights)."""
     if specs[0].method != "ar":
         raise ValueError("the first method of an oracle run must be AR (the reference)")
-    oracle = always_agree(model)
+    oracle = model if model_is_always_agree else always_agree(model)
     rng = np.random.RandomState(seed)
     token_prompts = [rng.randint(0, model.cfg.vocab_size, prompt_len).tolist()
                      for _ in range(prompts)]

@@ -25,6 +25,7 @@ TOOLS: dict[str, str] = {
     "ar": "ar_vs_transformers",
     "engine": "side_by_side",
     "oracle": "oracle",
+    "accelerator": "accelerator",
     "seed-methods": "seed_methods",
     "auto": "auto",
     "memory": "loop_memory",
