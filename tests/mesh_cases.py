@@ -21,7 +21,8 @@ from hispec_jax.models import sharding  # noqa: E402
 from hispec_jax.models.config import ModelConfig  # noqa: E402
 from hispec_jax.models.kv_cache import KVCache  # noqa: E402
 from hispec_jax.models.model import Model  # noqa: E402
-from hispec_jax.models.params import init_params, with_layer_layout  # noqa: E402
+from hispec_jax.models.params import (head_specs, init_from_specs, init_params,  # noqa: E402
+                                      with_layer_layout)
 
 # 8 query heads, 2 KV heads (GQA): on model=4 or 8 the KV heads are replicated, on model=2
 # sharded. Vocabulary and MLP width divide 8.
@@ -48,6 +49,22 @@ CASES = [
     ("data=8", "unrolled", ["ar"]),
     ("model=8", "unrolled", ["layerskip"]),
 ]
+# Trained exit heads with draft vocabularies (K < V columns, `vocab` ids), sharded by the
+# same rules: a full head at exit 1 whose K = 40 columns divide model=4 and a rank-16 head
+# at exit 2 whose K = 30 do not (its columns are replicated there).
+VOCAB_CASES = [("data=2,model=4", ["layerskip", "hispec", "hispec_sampling"])]
+VOCAB_LAYOUT = "unrolled, draft vocabularies"
+
+
+def heads_with_draft_vocabularies() -> dict:
+    heads = {}
+    for exit_layer, rank, size, seed in ((1, None, 40, 1), (2, 16, 30, 2)):
+        head = init_from_specs(head_specs(CFG, rank, size), jax.random.key(seed),
+                               jax.numpy.float32, init_std=0.3)
+        ids = jax.random.choice(jax.random.key(10 + seed), CFG.vocab_size, (size,),
+                                replace=False)
+        heads[str(exit_layer)] = {**head, "vocab": jax.numpy.sort(ids).astype("int32")}
+    return heads
 
 
 def main() -> int:
@@ -67,10 +84,27 @@ def main() -> int:
                             "reference": reference[name], "sharded": r.token_ids,
                             "stats_mesh": r.stats.get("mesh"),
                             "compile_seconds": r.stats["compile_seconds"]})
+    vocab_model = Model(cfg=CFG, params=models["unrolled"].params,
+                        heads=heads_with_draft_vocabularies())
+    for mesh_text, names in VOCAB_CASES:
+        mesh = sharding.make_mesh(mesh_text)
+        for name in names:
+            ref = generate(vocab_model, PROMPTS, max_new_tokens=MAX_NEW, ignore_eos=True,
+                           **METHODS[name])
+            r = generate(vocab_model, PROMPTS, max_new_tokens=MAX_NEW, ignore_eos=True,
+                         mesh=mesh, **METHODS[name])
+            results.append({"mesh": mesh_text, "layout": VOCAB_LAYOUT, "method": name,
+                            "reference": ref.token_ids, "sharded": r.token_ids,
+                            "stats_mesh": r.stats.get("mesh"),
+                            "compile_seconds": r.stats["compile_seconds"]})
     mesh = sharding.make_mesh("data=2,model=4")
+    placed_heads = sharding.heads_shardings(CFG, vocab_model.heads, mesh)
+    specs_heads = {f"head {e} {k}": str(placed_heads[e][k].spec)
+                   for e in placed_heads for k in placed_heads[e]}
     placed = sharding.param_shardings(CFG, models["scan"].params, mesh)
     specs = {name: str(placed["layers"][name].spec) for name in ("wq", "wk", "w_down")}
     specs["lm_head"] = str(placed["lm_head"].spec)
+    specs.update(specs_heads)
     for mesh_text in ("data=2,model=4", "data=4,model=2"):
         cache = KVCache.zeros(CFG, batch=4, capacity=32)
         specs[f"cache {mesh_text}"] = str(

@@ -4,7 +4,8 @@ The decoding cases run on 8 fake CPU devices in their own process (`mesh_cases.p
 device count must be set before JAX starts): AR, LayerSkip, HiSpec greedy and HiSpec
 sampling with a fixed seed give the same tokens sharded and unsharded, on data x model
 meshes 2x4, 4x2, 8x1 and 1x8, with a batch of 3 (padded for every data axis, never
-dropped) and 2 KV heads (fewer than the model axis of 4 and 8: replicated there). The rule
+dropped) and 2 KV heads (fewer than the model axis of 4 and 8: replicated there); and
+LayerSkip / HiSpec with trained exit heads that carry draft vocabularies, on 2x4. The rule
 table's partition specs are checked here on abstract meshes at 8B/70B shapes.
 """
 
@@ -40,7 +41,10 @@ CASE_IDS = [(mesh, layout, method) for mesh, layout, methods in [
     ("data=2,model=4", "unrolled", ["ar", "layerskip", "hispec", "hispec_sampling"]),
     ("data=4,model=2", "scan", ["hispec", "hispec_sampling"]),
     ("data=8", "unrolled", ["ar"]),
-    ("model=8", "unrolled", ["layerskip"])] for method in methods]
+    ("model=8", "unrolled", ["layerskip"]),
+    # mesh_cases.VOCAB_CASES: exit heads with draft vocabularies
+    ("data=2,model=4", "unrolled, draft vocabularies",
+     ["layerskip", "hispec", "hispec_sampling"])] for method in methods]
 
 
 @pytest.mark.parametrize("mesh,layout,method", CASE_IDS,
@@ -65,6 +69,9 @@ def test_driver_shards_by_the_rules(decoded):
     assert specs["wk"] == str(P())                       # 2 KV heads on model=4: replicated
     assert specs["w_down"] == str(P(None, "model"))      # MLP width
     assert specs["lm_head"] == str(P(None, "model"))     # vocabulary
+    assert specs["head 1 proj"] == str(P(None, "model"))          # K = 40 columns over 4
+    assert specs["head 2 proj_up"] == str(P())                     # K = 30: replicated
+    assert specs["head 1 vocab"] == specs["head 2 vocab"] == str(P())  # ids on every device
     assert specs["cache data=2,model=4"] == str(P(None, "data"))            # KV replicated
     assert specs["cache data=4,model=2"] == str(P(None, "data", "model"))   # KV sharded
 
