@@ -23,6 +23,7 @@
                  [--no-transformers] [--no-agreement] [--no-seed-methods]
                  [--sv-profile FILE] [--quick] [--out-dir DIR]
     hispec bench-oracle [--model PATH | --shapes PRESET] [--methods ...] [--out FILE]
+                        (also as `hispec bench --oracle ...`)
                         (the always-agree variant: measured speedup vs the layer-pass
                         prediction, AR's share of the HBM roofline; `--help` for all flags)
     hispec bench-tool [TOOL [args]]
@@ -254,6 +255,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "assistant_early_exit on the same weights, timed in "
                     "interleaved rounds; checks every output equals AR's. Writes report.json, "
                     "report.md and PNG plots to --out-dir. See hispec_jax/bench/run.py.")
+    bench.add_argument("--oracle", action="store_true",
+                       help="run `hispec bench-oracle` with the other flags instead: the "
+                            "always-agree variant of --model or of --shapes PRESET against "
+                            "its layer-pass prediction (its flags: hispec bench-oracle --help)")
     bench.add_argument("--model", default=None,
                        help="local Hugging Face model directory (default: the shipped model)")
     bench.add_argument("--datasets", default="sharegpt,humaneval",
@@ -758,6 +763,11 @@ def cmd_profile_sv(args) -> int:
 
 
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"] and "--oracle" in argv:  # `hispec bench --oracle` = bench-oracle
+        from hispec_jax.bench import oracle
+
+        return oracle.main([a for a in argv[1:] if a != "--oracle"])
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if args.command == "bench-oracle":  # its own parser (hispec_jax/bench/oracle.py)

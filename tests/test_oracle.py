@@ -96,3 +96,17 @@ def test_cli_names_a_bad_method(capsys):
         main(["bench-oracle", "--shapes", "tiny", "--methods", "hispec:1:2"])
     assert exit_info.value.code == 2
     assert "'hispec:1:2' is not layerskip:D:N" in capsys.readouterr().err
+
+
+def test_hispec_bench_oracle_is_bench_oracle(capsys, monkeypatch):
+    """`hispec bench --oracle ARGS` (the issue's spelling) runs `hispec bench-oracle ARGS`."""
+    from hispec_jax import cli
+
+    seen = []
+    monkeypatch.setattr(oracle, "main", lambda argv: seen.append(argv) or 0)
+    assert cli.main(["bench", "--oracle", "--shapes", "llama3-8b", "--dtype", "bfloat16"]) == 0
+    assert cli.main(["bench", "--shapes", "tiny", "--oracle"]) == 0
+    assert seen == [["--shapes", "llama3-8b", "--dtype", "bfloat16"], ["--shapes", "tiny"]]
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "--help"])
+    assert "--oracle" in capsys.readouterr().out
