@@ -4,18 +4,18 @@ Meant for a GPU or TPU machine that is only lent for minutes: every check runs f
 command, each part writes its results as soon as it ends (a run cut off at its time limit
 keeps the parts it finished), and the summary judges each number against its target.
 
-    part            what it measures                                       target
-    layouts         AR tokens/s at the preset's shapes (random weights),   unrolled (the GPU
-                    scanned vs unrolled layer layout, and each one's share default) >= 90 %
-                    of the HBM roofline                                    of the roofline
-    oracle          `bench-oracle` at the preset's shapes: each method's   >= 90 % of the
-                    speedup on the always-agree model against its          layer-pass
-                    layer-pass prediction (and passes + heads, stage model) prediction
-    oracle-default  the same on the default model (its size: 24 layers)    >= 80 %
-    numerics        the default model's greedy output by every method vs   0 departures at
-                    AR's, on ShareGPT prompts, at float32 "highest" (the   "highest"; the others
-                    default), float32 "default" (TF32 on GPUs) and          are reported, not
-                    bfloat16; the first position where each departs       judged
+    layouts         AR tokens/s at the preset's shapes (random weights), scanned and
+                    unrolled layer layout, each with its share of the HBM roofline.
+                    Target: unrolled (the GPU default) >= 90 % of the roofline.
+    oracle          `bench-oracle` at the preset's shapes: each method's speedup on the
+                    always-agree model against its layer-pass prediction (also passes +
+                    heads, and the stage model). Target: >= 90 % of the prediction.
+    oracle-default  the same on the default model (24 layers, D = 256). Target: >= 80 %.
+    numerics        the default model's greedy output by every method against AR's on
+                    ShareGPT prompts, at float32 "highest" (the default), float32
+                    "default" (TF32 on GPUs) and bfloat16: where each sequence first
+                    departs. Target: 0 departures at float32 "highest"; the others are
+                    reported, not judged.
 
     python -m hispec_jax.bench accelerator --out-dir OUT                       # every part
     python -m hispec_jax.bench accelerator --parts layouts,oracle --out-dir OUT
@@ -42,6 +42,8 @@ import jax
 
 from hispec_jax.bench import oracle, suite
 from hispec_jax.bench.suite import MethodSpec
+from hispec_jax.models.model import Model, load_model
+from hispec_jax.models.params import with_layer_layout
 
 PARTS = ("layouts", "oracle", "oracle-default", "numerics")
 TARGETS = {"roofline": 0.90, "oracle": 0.90, "oracle-default": 0.80}
@@ -66,19 +68,15 @@ class Settings:
     numerics_new_tokens: int = 128
 
 
-def agree_preset(settings: Settings) -> oracle.Model:
+def agree_preset(settings: Settings) -> Model:
     """The always-agree variant of the preset's random model, in the scanned layout (one
     copy of the weights: the variant is made before any other layout exists)."""
-    from hispec_jax.models.params import with_layer_layout
-
     model = oracle.preset_model(settings.shapes, settings.dtype)
     model = dataclasses.replace(model, params=with_layer_layout(model.params, "scan"))
     return oracle.always_agree(model)
 
 
-def in_layout(model: oracle.Model, layout: str) -> oracle.Model:
-    from hispec_jax.models.params import with_layer_layout
-
+def in_layout(model: Model, layout: str) -> Model:
     return dataclasses.replace(model, params=with_layer_layout(model.params, layout))
 
 
@@ -103,7 +101,7 @@ def layouts_part(settings: Settings, progress: Callable[[str], None]) -> dict[st
                                    / rows["scan"]["tokens_per_second"])}
 
 
-def oracle_part(model: oracle.Model, settings: Settings, progress: Callable[[str], None],
+def oracle_part(model: Model, settings: Settings, progress: Callable[[str], None],
                 model_is_always_agree: bool) -> dict[str, Any]:
     """`bench-oracle`'s report for `model` with its default methods."""
     return oracle.run(model, oracle.default_specs(model), prompts=settings.prompts,
@@ -112,7 +110,7 @@ def oracle_part(model: oracle.Model, settings: Settings, progress: Callable[[str
                       model_is_always_agree=model_is_always_agree)
 
 
-def first_departures(model: oracle.Model, prompts: list[list[int]], specs: list[MethodSpec],
+def first_departures(model: Model, prompts: list[list[int]], specs: list[MethodSpec],
                      max_new_tokens: int) -> dict[str, list[int | None]]:
     """Per method (AR first, the reference), the first position where each prompt's greedy
     output departs from AR's (None: identical). All prompts in one batch, EOS ignored."""
@@ -132,7 +130,6 @@ def first_departures(model: oracle.Model, prompts: list[list[int]], specs: list[
 def numerics_part(settings: Settings, progress: Callable[[str], None]) -> dict[str, Any]:
     """The default model's departures from AR at each (dtype, precision) of `NUMERICS`."""
     from hispec_jax.bench import prompts as prompts_lib
-    from hispec_jax.models.model import load_model
 
     path = default_model_path(settings)
     configurations = []
@@ -164,8 +161,6 @@ def run_part(part: str, settings: Settings, progress: Callable[[str], None]) -> 
         return oracle_part(in_layout(agree_preset(settings), "unrolled"), settings, progress,
                            model_is_always_agree=True)
     if part == "oracle-default":
-        from hispec_jax.models.model import load_model
-
         return oracle_part(load_model(default_model_path(settings)), settings, progress,
                            model_is_always_agree=False)
     if part == "numerics":
