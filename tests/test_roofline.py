@@ -33,3 +33,19 @@ def test_cpu_default_layout_is_unrolled():
     loop, which XLA:CPU and XLA:GPU materialize (cost analysis: ~2x the analytic bytes at
     batch 1 even though it counts the loop body once); TPU keeps "scan"."""
     assert jax.default_backend() != "cpu" or default_layer_layout() == "unrolled"
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_engine_ar_round_is_the_minimal_step_plus_bookkeeping(batch):
+    """The engine's AR round compiles to what a hand-written AR step does (embed, layers
+    with KV writes, LM head, argmax) plus a fixed handful of small integer ops (budgets,
+    positions, the token buffer: 25 here, whatever the model's size) and no copy of
+    anything larger than a few integers per sequence. On a GPU each op is a kernel, so
+    this is the engine's fixed cost per AR token."""
+    from hispec_jax.bench.roofline import engine_ar_step, minimal_ar_step, step_ops
+
+    m = model("unrolled")
+    engine, minimal = (step_ops(f(m, batch, 256)) for f in (engine_ar_step, minimal_ar_step))
+    assert engine.counts["dot"] == minimal.counts["dot"]
+    assert minimal.total < engine.total <= minimal.total + 32, (engine, minimal)
+    assert all(b <= 16 * batch for b in engine.copy_bytes), engine.copy_bytes
