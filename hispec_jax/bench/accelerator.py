@@ -41,9 +41,9 @@ from typing import Any, Callable
 import jax
 
 from hispec_jax.bench import oracle, suite
+from hispec_jax.bench.oracle import in_layout
 from hispec_jax.bench.suite import MethodSpec
 from hispec_jax.models.model import Model, load_model
-from hispec_jax.models.params import with_layer_layout
 
 PARTS = ("layouts", "oracle", "oracle-default", "numerics")
 TARGETS = {"roofline": 0.90, "oracle": 0.90, "oracle-default": 0.80}
@@ -71,13 +71,8 @@ class Settings:
 def agree_preset(settings: Settings) -> Model:
     """The always-agree variant of the preset's random model, in the scanned layout (one
     copy of the weights: the variant is made before any other layout exists)."""
-    model = oracle.preset_model(settings.shapes, settings.dtype)
-    model = dataclasses.replace(model, params=with_layer_layout(model.params, "scan"))
-    return oracle.always_agree(model)
-
-
-def in_layout(model: Model, layout: str) -> Model:
-    return dataclasses.replace(model, params=with_layer_layout(model.params, layout))
+    return oracle.always_agree(in_layout(oracle.preset_model(settings.shapes, settings.dtype),
+                                         "scan"))
 
 
 def layouts_part(settings: Settings, progress: Callable[[str], None]) -> dict[str, Any]:

@@ -70,6 +70,11 @@ def scaled_residuals(model: Model, scale: float) -> Model:
     return dataclasses.replace(model, params=params)
 
 
+def in_layout(model: Model, layout: str) -> Model:
+    """`model` with its layer weights in `layout` ("scan" or "unrolled")."""
+    return dataclasses.replace(model, params=with_layer_layout(model.params, layout))
+
+
 def always_agree(model: Model) -> Model:
     """`model` with every layer's attention-output and MLP-down weights zeroed (any layout)
     and no trained exit heads: every exit's hidden state is the token's embedding."""
@@ -316,7 +321,7 @@ def main(argv=None) -> int:
     else:
         model = preset_model(args.shapes, args.dtype)
     layout = args.layer_layout or default_layer_layout()
-    model = dataclasses.replace(model, params=with_layer_layout(model.params, layout))
+    model = in_layout(model, layout)
     try:
         specs = _parse_specs(args.methods, model)
         for spec in specs:

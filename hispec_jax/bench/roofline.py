@@ -77,10 +77,10 @@ def ar_engine(model: Model, batch: int, capacity: int) -> Engine:
 
 def compiled_step_bytes(model: Model, batch: int, capacity: int) -> StepBytes:
     """Lowers one AR round of `model` on abstract arrays and reads XLA's bytes accessed."""
-    analysis = engine_ar_step(model, batch, capacity).cost_analysis()
-    cache = ar_engine(model, batch, capacity).abstract_arguments()[3]
+    engine = ar_engine(model, batch, capacity)
+    analysis = compile_step(engine).cost_analysis()
     analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
-    kv = nbytes(cache)
+    kv = nbytes(engine.abstract_arguments()[3])  # the cache
     return StepBytes(weights=step_weight_bytes(model), kv_read=kv, scatter_charge=0 if batch == 1 else 2 * kv,
                      compiled=int(analysis["bytes accessed"]))
 
@@ -144,7 +144,11 @@ def minimal_ar_step(model: Model, batch: int, capacity: int):
 
 def engine_ar_step(model: Model, batch: int, capacity: int):
     """One AR round of the engine (`Engine.step`), compiled on abstract arrays."""
-    engine = ar_engine(model, batch, capacity)
+    return compile_step(ar_engine(model, batch, capacity))
+
+
+def compile_step(engine: Engine):
+    """`engine.step` (one round), compiled on abstract arrays, the state donated."""
     params, heads, req, cache, windows = engine.abstract_arguments()
     state = jax.eval_shape(engine.init_state, params, heads, req, cache, windows)
     return jax.jit(engine.step, donate_argnums=3).lower(params, heads, req, state).compile()
