@@ -17,7 +17,7 @@ import json
 import statistics
 import sys
 
-from hispec_jax.bench import prompts as prompts_lib
+from hispec_jax import datasets as prompts_lib
 from hispec_jax.bench import suite
 from hispec_jax.models.model import load_model
 from hispec_jax.planner import latency, plan as plan_lib, tune as tune_lib

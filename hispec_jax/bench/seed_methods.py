@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hispec_jax.bench import prompts as prompts_lib
+from hispec_jax import datasets as prompts_lib
 from hispec_jax.bench import suite
 from hispec_jax.bench.suite import MethodSpec
 

@@ -24,9 +24,9 @@ full-model pass, mean over rounds) and acceptance per level (last round).
 Synthetic models (`--synthetic`) are random Llama-style models whose layers' residual
 contributions are scaled (`agree:S`, `oracle.scaled_residuals`): small S makes every exit's
 argmax (nearly) the final layer's, the regime an early-exit-trained model is in; S = 0 is
-the always-agree model of `hispec bench-oracle`. They measure the engine, not a model.
+the always-agree model of `hispec bench-tool oracle`. They measure the engine, not a model.
 Prompts: random token ids of `--prompt-len`, or held-out ShareGPT / HumanEval prompts of at
-most that many tokens (`bench/prompts.py`; needs --model).
+most that many tokens (`hispec_jax/datasets.py`; needs --model).
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ def load(args):
     import numpy as np
 
     from hispec_jax import load_model
-    from hispec_jax.bench import prompts as prompts_lib
+    from hispec_jax import datasets as prompts_lib
     from hispec_jax.models.params import default_layer_layout, with_layer_layout
 
     if args.model:

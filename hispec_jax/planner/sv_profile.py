@@ -30,9 +30,9 @@ from hispec_jax.decoding import sv as sv_lib
 from hispec_jax.models.heads import exit_logits
 from hispec_jax.models.model import Model
 from hispec_jax.models.params import with_layer_layout
+from hispec_jax.models.transformer import scan_exits
 from hispec_jax.planner import calibrate
 from hispec_jax.planner.latency import Costs
-from hispec_jax.train_heads.pretrain import scan_exits
 
 
 @functools.partial(jax.jit, static_argnames=("model_cfg", "exits"))
