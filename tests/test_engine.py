@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from hispec_jax import Model, ModelConfig, generate
@@ -81,8 +81,27 @@ def check_equals_autoregressive(model, prompts, case, method, options):
     return got
 
 
-@settings(max_examples=14, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# Property tests draw from a fixed seed (derandomize: the same cases every run, nothing
+# stored between runs); the awkward corners they exist for are explicit examples.
+PROPERTY_SETTINGS = dict(deadline=None, derandomize=True, database=None,
+                         suppress_health_check=[HealthCheck.too_slow])
+ENGINE_CASE = dict(L=4, seed=0, layer_scale=1.0, draft_exit=1, verify_exits=(), draft_len=1,
+                   verify_window=1, adaptive=False, batch=1, max_prompt_len=1, max_new=1,
+                   ignore_eos=False, prompt_seed=0, tight_cache=False)
+
+
+@settings(max_examples=14, **PROPERTY_SETTINGS)
 @given(case=engine_cases())
+# one new token (prefill only), a one-token prompt, the cache exactly full
+@example(case={**ENGINE_CASE, "tight_cache": True})
+# every draft accepted, K = 4, a batch of one-token prompts running to the cache's last slot
+@example(case={**ENGINE_CASE, "L": 6, "layer_scale": 0.0, "verify_exits": (2, 4),
+               "draft_len": 4, "verify_window": 5, "batch": 8, "max_new": 24,
+               "ignore_eos": True, "tight_cache": True, "prompt_seed": 3})
+# adaptive windows on a model that agrees often, prompts of different lengths, EOS on
+@example(case={**ENGINE_CASE, "L": 5, "layer_scale": 0.1, "verify_exits": (3,),
+               "draft_len": 2, "verify_window": 3, "adaptive": True, "batch": 3,
+               "max_prompt_len": 12, "max_new": 24, "prompt_seed": 7})
 def test_greedy_equals_autoregressive(case):
     model = tiny_model(case["L"], case["seed"], case["layer_scale"])
     prompts = random_prompts(np.random.RandomState(case["prompt_seed"]), case["batch"],
@@ -159,6 +178,168 @@ def test_stats_and_no_recompile_for_windows_and_prompt_lengths():
         assert key in s
     assert s["exits"] == [1, 2, 4]
     assert 0 <= s["final_acceptance_rate"] <= 1
+
+
+# ----- Table 9's rates: values, and the in-loop bookkeeping behind them ------------------
+
+def identity_above(num_layers: int, seed: int, first_identity: int, heads=None) -> Model:
+    """A random model whose layers from index `first_identity` on are the identity (their
+    output projections zeroed): every exit at or above layer `first_identity` sees the final
+    hidden state."""
+    base = tiny_model(num_layers, seed)
+    layers = dict(base.params["layers"])
+    keep = (jnp.arange(num_layers) < first_identity).astype(jnp.float32)
+    for name in ("wo", "w_down"):
+        layers[name] = layers[name] * keep.reshape((-1,) + (1,) * (layers[name].ndim - 1))
+    return Model(cfg=base.cfg, params={**base.params, "layers": layers},
+                 generation_config=base.generation_config, heads=heads or {})
+
+
+def top_equals_verifier() -> Model:
+    """Exits 2..4 give the final layer's logits, exit 1 does not: whatever the verifier at
+    layer 2 passes up, the top accepts, and each of its rejections is one the top agrees
+    with."""
+    return identity_above(4, 3, 2)
+
+
+def top_equals_drafter() -> Model:
+    """Exit 1 carries the final norm + LM head and layers 2..4 are the identity, so drafts
+    are the full model's own predictions; exit 2 has a random head. Every rejection by the
+    verifier is then one the top disagrees with, and every correction it passes up is
+    rejected by the top."""
+    base = tiny_model(4, 3)
+    D, V = base.cfg.hidden_size, base.cfg.vocab_size
+    from hispec_jax.models.heads import lm_head_matrix
+    heads = {"1": {"norm": base.params["final_norm"], "proj": lm_head_matrix(base.params, base.cfg)},
+             "2": {"norm": jnp.ones((D,)),
+                   "proj": 0.3 * jax.random.normal(jax.random.PRNGKey(9), (D, V))}}
+    return identity_above(4, 3, 1, heads)
+
+
+RATE_PROMPTS = [[5, 9, 11], [7], [1, 2, 3, 4, 5, 6, 7, 8], [60, 2]]
+RATE_OPTIONS = dict(method="hispec", draft_exit=1, verify_exits=(2,), draft_len=3,
+                    verify_window=3, max_new_tokens=40, ignore_eos=True)
+
+
+def check_table9_rates():
+    """true_reject_rate and false_accept_rate take the values two constructed models force
+    (exactly 1 and 0 when the top equals the verifier; exactly 0 and > 0 when the top
+    equals the drafter), with greedy output still AR's."""
+    for model, true_reject, false_accept in ((top_equals_verifier(), 1.0, 0.0),
+                                             (top_equals_drafter(), 0.0, None)):
+        ref = generate(model, RATE_PROMPTS, max_new_tokens=40, ignore_eos=True)
+        got = generate(model, RATE_PROMPTS, **RATE_OPTIONS)
+        assert got.token_ids == ref.token_ids
+        s = got.stats
+        assert s["true_reject_rate"] == true_reject, s
+        assert s["false_accept_rate"] == pytest.approx(1 - s["final_acceptance_rate"])
+        if false_accept is None:
+            assert s["false_accept_rate"] > 0.1, s
+        else:
+            assert s["false_accept_rate"] == false_accept, s
+
+
+def test_true_reject_and_false_accept_rates_take_their_forced_values():
+    check_table9_rates()
+
+
+def _record_mutant(corrupt):
+    """`_Round.record` followed by `corrupt(old_state, new_state) -> new_state`."""
+    original = engine_lib._Round.record
+
+    def record(self, state, *args):
+        return corrupt(state, original(self, state, *args))
+    return record
+
+
+BOOKKEEPING_MUTANTS = {
+    # a rejection is never written to the ring: the top has nothing to check
+    "ring_never_written": lambda old, new: new.replace(rejected_pos_BxW=old.rejected_pos_BxW),
+    # every checked rejection counts as true
+    "every_check_true": lambda old, new: new.replace(counters=new.counters.replace(
+        true_rejects=new.counters.reject_checks)),
+    # the top's agreement test inverted
+    "agreement_inverted": lambda old, new: new.replace(counters=new.counters.replace(
+        true_rejects=old.counters.true_rejects + (new.counters.reject_checks
+                                                  - old.counters.reject_checks)
+        - (new.counters.true_rejects - old.counters.true_rejects))),
+}
+
+
+@pytest.fixture
+def fresh_compiles():
+    """Compiled loops are cached by the engine's description, which a monkeypatched method
+    does not change: drop them before and after a mutant runs."""
+    engine_lib.clear_compiled()
+    jax.clear_caches()
+    yield
+    engine_lib.clear_compiled()
+    jax.clear_caches()
+
+
+@pytest.mark.parametrize("mutant", sorted(BOOKKEEPING_MUTANTS))
+def test_rate_check_catches_broken_bookkeeping(mutant, monkeypatch, fresh_compiles):
+    """Negative control: each corruption of the in-loop true-reject bookkeeping (the ring
+    of rejected positions and tokens, the counters) makes the check above fail."""
+    monkeypatch.setattr(engine_lib._Round, "record", _record_mutant(BOOKKEEPING_MUTANTS[mutant]))
+    with pytest.raises(AssertionError):
+        check_table9_rates()
+
+
+# ----- adaptive windows (App. J) ----------------------------------------------------------
+
+def verified_lengths(stats) -> set[int]:
+    return {n for n, count in enumerate(stats["verified_length_histogram"]) if count}
+
+
+def check_windows_adapt():
+    """App. J: on an always-agree model the draft length grows from 1 to its bound (3) and
+    HiSpec's verify window from 3 to 8, so the top level verifies longer blocks; on a random
+    model (most drafts rejected) a draft length of 3 shrinks to 1. Fixed windows keep their
+    lengths throughout; the output stays AR's."""
+    from hispec_jax.decoding.windows import DRAFT_LEN_RANGE, VERIFY_WINDOW_RANGE
+
+    agree = tiny_model(6, 0, layer_scale=0.0)
+    prompts = [[5, 9, 11], [7]]
+    common = dict(max_new_tokens=40, ignore_eos=True)
+    ref = generate(agree, prompts, **common)
+    ls = dict(method="layerskip", draft_exit=2, draft_len=1, **common)
+    fixed, adaptive = (generate(agree, prompts, adaptive=a, **ls) for a in (False, True))
+    assert fixed.token_ids == adaptive.token_ids == ref.token_ids
+    # K = 2: the top verifies Nd + 1 positions at a time (the last round may be cut short)
+    assert max(verified_lengths(fixed.stats)) == 2
+    assert max(verified_lengths(adaptive.stats)) == DRAFT_LEN_RANGE[1] + 1
+    assert adaptive.stats["rounds"] < fixed.stats["rounds"]
+
+    hs = dict(method="hispec", draft_exit=1, verify_exits=(3,), draft_len=1, verify_window=3,
+              **common)
+    fixed, adaptive = (generate(agree, prompts, adaptive=a, **hs) for a in (False, True))
+    assert fixed.token_ids == adaptive.token_ids == ref.token_ids
+    assert max(verified_lengths(adaptive.stats)) >= VERIFY_WINDOW_RANGE[1]
+    assert max(verified_lengths(fixed.stats)) < VERIFY_WINDOW_RANGE[1]
+
+    random_model = tiny_model(6, 1)
+    ls = dict(method="layerskip", draft_exit=1, draft_len=3, **common)
+    fixed, adaptive = (generate(random_model, prompts, adaptive=a, **ls) for a in (False, True))
+    assert fixed.token_ids == adaptive.token_ids
+    hist_fixed = fixed.stats["verified_length_histogram"]
+    hist_adaptive = adaptive.stats["verified_length_histogram"]
+    # fixed: nearly every verification checks 4 positions; adaptive: most check 2
+    assert hist_fixed[4] > sum(hist_fixed) / 2
+    assert hist_adaptive[DRAFT_LEN_RANGE[0] + 1] > sum(hist_adaptive) / 2
+
+
+def test_adaptive_windows_grow_and_shrink():
+    check_windows_adapt()
+
+
+def test_window_check_catches_a_policy_that_never_adapts(monkeypatch, fresh_compiles):
+    """Negative control: `AdaptiveWindows` whose update keeps the windows fails the check."""
+    from hispec_jax.decoding import windows
+
+    monkeypatch.setattr(windows.AdaptiveWindows, "update", windows.FixedWindows.update)
+    with pytest.raises(AssertionError):
+        check_windows_adapt()
 
 
 def test_defaults_follow_the_paper():

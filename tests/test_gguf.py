@@ -7,7 +7,9 @@ rows permuted, quantized matrices, F32 norms, tokenizer and chat-template metada
 
 import dataclasses
 import re
+import shlex
 import tracemalloc
+from pathlib import Path
 
 import gguf
 import jax
@@ -378,31 +380,63 @@ def test_chat_errors(gguf_paths, tmp_path, hf_models, vocab):
     assert engine_lib.compilations == before
 
 
-# ----- the real SmolLM2 file, only when `hispec pull smollm2-135m-instruct` has run ---------
+# ----- the real SmolLM2 file (`hispec pull smollm2-135m-instruct`: conftest.smollm2_path) ----
 
-def _smollm2_path():
-    from hispec_jax.models import pull
-
-    path = pull.cached_path("smollm2-135m-instruct")
-    return path if path.is_file() else None
+README = Path(__file__).resolve().parents[1] / "README.md"
 
 
-@pytest.mark.skipif(_smollm2_path() is None,
-                    reason="SmolLM2 not pulled (hispec pull smollm2-135m-instruct)")
-def test_smollm2_chat_answer():
-    path = _smollm2_path()
-    model = hispec_jax.load_model(path)
+def readme_smollm2_transcript():
+    """(prompts, max_new_tokens, printed continuation, token count) of README's SmolLM2
+    transcript: the `hispec generate --model "$M" --chat` command, its stdout, and the count
+    in its summary line."""
+    text = README.read_text()
+    block = text[text.index("$ M=$(hispec pull smollm2-135m-instruct)"):]
+    block = block[:block.index("```")]
+    lines = block.splitlines()
+    argv = shlex.split(lines[1].removeprefix("$ "))
+    assert argv[:5] == ["hispec", "generate", "--model", "$M", "--chat"], argv
+    assert argv[5] == "--max-new-tokens"
+    summary = next(i for i, line in enumerate(lines) if line.startswith("[ar] "))
+    tokens = int(re.search(r": (\d+) tokens, ", lines[summary]).group(1))
+    stdout = "\n".join(lines[2:summary]) + "\n"
+    return argv[7:], int(argv[6]), stdout, tokens
+
+
+@pytest.fixture(scope="module")
+def smollm2_readme_run(smollm2_path):
+    """The model, and README's transcript command run in-process (one compile): greedy AR,
+    the chat template, both prompts in one batch as `hispec generate` runs them."""
+    model = hispec_jax.load_model(smollm2_path)
+    prompts, max_new_tokens, _, _ = readme_smollm2_transcript()
+    return model, hispec_jax.generate(model, prompts, chat=True, max_new_tokens=max_new_tokens)
+
+
+def test_smollm2_chat_answer(smollm2_path, smollm2_readme_run):
+    """The real model: its config, a correct chat answer that stops at <|im_end|>, and its
+    tokens equal transformers' greedy choices on the same file (one teacher-forced pass)."""
+    model, result = smollm2_readme_run
     cfg = model.cfg
     assert (cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.num_heads,
             cfg.num_kv_heads, cfg.head_dim, cfg.vocab_size, cfg.rope_theta,
             cfg.tie_word_embeddings) == (30, 576, 1536, 9, 3, 64, 49152, 1e5, True)
-    result = hispec_jax.generate(model, "What is the capital of France?", chat=True,
-                                 max_new_tokens=24)
+    assert result.prompt_token_ids[0] == chat_lib.chat_prompt_ids(
+        model, ["What is the capital of France?"])[0]
     assert "Paris" in result.texts[0]
     assert result.token_ids[0][-1] == model.tokenizer.convert_tokens_to_ids("<|im_end|>")
-    ref = _transformers_model(path)
-    ids = result.prompt_token_ids[0]
-    assert result.token_ids[0][:8] == _greedy_hf(ref, ids, 8)
+    ref = _transformers_model(smollm2_path)
+    for prompt_ids, new_ids in zip(result.prompt_token_ids, result.token_ids):
+        with torch.no_grad():
+            logits = ref(torch.tensor([prompt_ids + new_ids[:-1]])).logits[0].numpy()
+        assert logits[len(prompt_ids) - 1:].argmax(-1).tolist() == new_ids
+
+
+def test_readme_smollm2_transcript(smollm2_readme_run):
+    """README's SmolLM2 transcript is what the command prints today: each prompt, its
+    continuation and a blank line (`hispec generate --chat`), and the summary's token count."""
+    _, result = smollm2_readme_run
+    prompts, _, stdout, tokens = readme_smollm2_transcript()
+    assert "".join(f"{p}\n{t}\n\n" for p, t in zip(prompts, result.texts)) == stdout
+    assert result.stats["new_tokens"] == tokens
 
 
 def test_loading_does_not_import_torch(gguf_paths):

@@ -49,7 +49,18 @@ def test_compiled_arguments_match_the_analytic_count(plans, which):
     request = B * S * 4 + 1024
     assert p["weights"] + p["kv_cache"] <= p["arguments"] <= p["weights"] + p["kv_cache"] + request
     assert p["aliased"] == p["kv_cache"]  # the donated cache backs the output cache
-    assert p["compiled_total"] == p["arguments"] + p["outputs"] - p["aliased"] + p["temporaries"]
+
+
+@pytest.mark.parametrize("which", ["one", "mesh"])
+def test_compiled_total_holds_one_cache(plans, which):
+    """The reported total holds the weights and one KV cache (the donated input cache and
+    the output cache are one buffer), plus the request and XLA's temporaries."""
+    p = plans[which]
+    B, S = p["description"]["loop_batch"], p["description"]["max_len"]
+    request = B * S * 4 + 1024
+    assert p["weights"] + p["kv_cache"] <= p["compiled_total"]
+    assert p["compiled_total"] <= p["weights"] + p["kv_cache"] + 2 * request + p["temporaries"]
+    assert p["compiled_total"] - p["temporaries"] < p["weights"] + 2 * p["kv_cache"]
 
 
 def test_sharding_shrinks_each_devices_share(plans):

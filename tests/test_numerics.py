@@ -1,5 +1,7 @@
 """Logits at every exit match transformers (PyTorch) in float32: prefill and token-by-token."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -118,3 +120,42 @@ def test_bfloat16_close_to_float32(hf_models):
     assert outs[1].dtype == np.float32
     # bf16 keeps ~3 significant digits; random models with init 0.3 have logits of O(10)
     assert np.mean(np.abs(outs[0] - outs[1])) < 0.1 * np.mean(np.abs(outs[0]))
+
+
+@pytest.fixture(scope="module")
+def linear_rope_model(tmp_path_factory):
+    """A tiny Llama 2 style model with `linear` RoPE scaling (factor 2), saved in HF layout."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from conftest import build_tokenizer, hf_config
+
+    fields = hf_config("llama2").to_dict()
+    for key in ("rope_scaling", "rope_parameters"):
+        fields.pop(key, None)
+    cfg = LlamaConfig(**fields, rope_scaling={"rope_type": "linear", "factor": 2.0})
+    torch.manual_seed(3)
+    hf_model = AutoModelForCausalLM.from_config(cfg).eval()
+    assert hf_model.model.rotary_emb.rope_type == "linear"
+    path = tmp_path_factory.mktemp("llama_linear_rope")
+    hf_model.save_pretrained(path, safe_serialization=True)
+    build_tokenizer().save_pretrained(path)
+    return hf_model, path
+
+
+@pytest.mark.parametrize("layout", ["scan", "unrolled"])
+def test_linear_rope_scaling_logits_every_exit(linear_rope_model, layout):
+    """`linear` RoPE scaling (positions divided by the factor) matches transformers at every
+    exit; the same weights without the scaling do not (the check can fail)."""
+    hf_model, path = linear_rope_model
+    model = load_model(path, layer_layout=layout)
+    assert model.cfg.rope_scaling_dict == {"rope_type": "linear", "factor": 2.0}
+    tokens = np.random.RandomState(2).randint(0, model.cfg.vocab_size, (2, 21))
+    ref = hf_exit_logits(hf_model, tokens)
+    positions = jnp.broadcast_to(jnp.arange(21), (2, 21))
+    x = embed(model.params, jnp.asarray(tokens))
+    ours, _ = our_exit_logits_by_layer(model, x, positions, KVCache.zeros(model.cfg, 2, 32))
+    for e, (o, r) in enumerate(zip(ours, ref), start=1):
+        np.testing.assert_allclose(o, r, atol=ATOL, rtol=0, err_msg=f"exit {e}")
+    unscaled = dataclasses.replace(model, cfg=model.cfg.replace(rope_scaling=None))
+    plain, _ = our_exit_logits_by_layer(unscaled, x, positions, KVCache.zeros(model.cfg, 2, 32))
+    assert np.max(np.abs(plain[-1] - ref[-1])) > 100 * ATOL

@@ -8,7 +8,7 @@ from hispec_jax import Model, ModelConfig
 from hispec_jax.bench import oracle
 from hispec_jax.models.heads import exit_logits
 from hispec_jax.models.kv_cache import KVCache
-from hispec_jax.models.params import init_params, with_layer_layout
+from hispec_jax.models.params import init_params, layer_layout, with_layer_layout
 from hispec_jax.models.transformer import embed, run_layers_cached
 
 
@@ -19,20 +19,39 @@ def tiny(layout="unrolled") -> Model:
     return Model(cfg=cfg, params=with_layer_layout(params, layout))
 
 
-@pytest.mark.parametrize("layout", ["scan", "unrolled"])
-def test_always_agree_every_exit_equals_the_final_layer(layout):
-    model = oracle.always_agree(tiny(layout))
+def exit_predictions(model: Model) -> list:
+    """Greedy predictions [1, 10] of every exit 1..L on a fixed sequence (index e - 1)."""
     tokens = jnp.arange(10)[None] * 7 % 96
     x = embed(model.params, tokens)
-    cache = KVCache.zeros(model.cfg, 1, 16, per_layer=layout == "unrolled")
-    final = None
-    for e in range(4, 0, -1):
+    cache = KVCache.zeros(model.cfg, 1, 16, per_layer=layer_layout(model.params) == "unrolled")
+    L = model.cfg.num_layers
+    out = []
+    for e in range(1, L + 1):
         h, _ = run_layers_cached(model.params, model.cfg, x, jnp.arange(10)[None], cache, 0, e)
-        logits = exit_logits(model.params, {}, model.cfg, h, e)
-        final = logits if final is None else final
-        assert jnp.array_equal(jnp.argmax(logits, -1), jnp.argmax(final, -1)), e
-    # and the original model's exits do not (the variant changed something)
-    assert not jnp.array_equal(tiny(layout).params["embed"], 0)
+        out.append(jnp.argmax(exit_logits(model.params, {}, model.cfg, h, e), -1))
+    return out
+
+
+def check_always_agree(transform, layout):
+    """`transform(model)` makes every exit predict what the final layer predicts, on a
+    model whose exits do not (the transform must have changed something)."""
+    original = exit_predictions(tiny(layout))
+    assert not all(jnp.array_equal(p, original[-1]) for p in original[:-1]), \
+        "the original model's exits already agree: the check could not fail"
+    agreed = exit_predictions(transform(tiny(layout)))
+    for e, p in enumerate(agreed[:-1], start=1):
+        assert jnp.array_equal(p, agreed[-1]), f"exit {e} disagrees with the final layer"
+
+
+@pytest.mark.parametrize("layout", ["scan", "unrolled"])
+def test_always_agree_every_exit_equals_the_final_layer(layout):
+    check_always_agree(oracle.always_agree, layout)
+
+
+def test_always_agree_check_catches_a_no_op_transform():
+    """Negative control: a transform that leaves the model as it is fails the check."""
+    with pytest.raises(AssertionError, match="disagrees with the final layer"):
+        check_always_agree(lambda model: model, "unrolled")
 
 
 def test_head_cost_and_prediction():

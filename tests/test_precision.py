@@ -1,5 +1,11 @@
-"""Every matmul of the model carries the configured precision (float32 models: "highest",
-so that speculative greedy output equals AR on GPUs and TPUs as it does on the CPU)."""
+"""Every matmul of the model carries the configured precision (float32 models: "highest").
+
+What these tests check: the precision label of every dot in the lowered decoding loop.
+Why it matters is a GPU/TPU claim that no test here can check: there the default
+precision rounds float32 inputs to TF32/bfloat16, and "highest" is what keeps speculative
+greedy output equal to AR (docs/numerics.md). That equality on an accelerator is checked
+by `hispec bench-tool accelerator` on the device (docs/accelerator_checks.md; pending). On
+the CPU float32 dots are exact under either setting, which the last test records."""
 
 import re
 
@@ -48,8 +54,10 @@ def test_bad_precision_is_named(tmp_path):
         load_model(tmp_path / "nothing-here", matmul_precision="fast")
 
 
-def test_highest_and_default_agree_on_cpu():
-    """On the CPU float32 matmuls are exact either way: the setting changes no logit."""
+def test_cpu_ignores_the_precision_setting():
+    """A platform fact the docs rely on, not a check of the library: on the CPU float32
+    matmuls are exact either way, so the setting changes no logit (CPU results stand for
+    both settings; GPU/TPU results do not)."""
     from hispec_jax.models.heads import exit_logits
     from hispec_jax.models.kv_cache import KVCache
     from hispec_jax.models.transformer import embed, run_layers_cached

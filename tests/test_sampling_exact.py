@@ -103,19 +103,63 @@ CASES = [(V, gamma, seed, zero_frac) for V, gamma in [(2, 1), (2, 3), (3, 2), (3
          for seed in range(2) for zero_frac in (0.0, 0.3)]
 
 
-@pytest.mark.parametrize("V,gamma,seed,zero_frac", CASES)
-@pytest.mark.parametrize("rule", [TokenwiseRejection(), BlockwiseVerification()],
-                         ids=["tokenwise", "blockwise"])
-def test_rule_preserves_target_distribution_exactly(rule, V, gamma, seed, zero_frac):
+def target_and_draft(V, gamma, seed, zero_frac):
     rng = np.random.RandomState(seed)
-    p_table = random_conditionals(rng, V, gamma, zero_frac)
-    q_table = random_conditionals(rng, V, gamma, zero_frac)
-    # every target-supported token must be reachable: mix a little p into q where q is 0
-    for k in q_table:
-        q_table[k] = np.where((q_table[k] == 0) & (p_table[k] > 0), 1e-3, q_table[k])
-        q_table[k] /= q_table[k].sum()
+    return random_conditionals(rng, V, gamma, zero_frac), random_conditionals(rng, V, gamma, zero_frac)
+
+
+def draft_cannot_propose(p_table, q_table) -> bool:
+    """Some token has q = 0 where p > 0."""
+    return any(np.any((q == 0) & (p_table[k] > 0)) for k, q in q_table.items())
+
+
+# the cases with zeros where some target-supported token has draft probability exactly 0
+ZERO_DRAFT_CASES = [c for c in CASES if c[3] > 0 and draft_cannot_propose(*target_and_draft(*c))]
+
+
+def check_rule_exact(rule, V, gamma, seed, zero_frac, draft_zeros):
+    """The rule's output has exactly the target's joint distribution (total variation
+    < 1e-6) for random p and q with a share `zero_frac` of exact zeros. `draft_zeros`:
+    "exact" keeps q's zeros where p > 0 (tokens the draft can never propose, as a draft
+    vocabulary makes them: only the replacement can produce them); "smoothed" gives
+    them q = 1e-3 (tiny proposal probabilities, extreme ratios p/q)."""
+    p_table, q_table = target_and_draft(V, gamma, seed, zero_frac)
+    if draft_zeros == "smoothed":
+        for k in q_table:
+            q_table[k] = np.where((q_table[k] == 0) & (p_table[k] > 0), 1e-3, q_table[k])
+            q_table[k] /= q_table[k].sum()
+    else:
+        assert draft_cannot_propose(p_table, q_table), "the case tests nothing new"
     dist = output_distribution(rule, p_table, q_table, V, gamma)
     assert total_variation(dist, p_table, V, gamma) < 1e-6
+
+
+@pytest.mark.parametrize("V,gamma,seed,zero_frac,draft_zeros",
+                         [c + ("smoothed",) for c in CASES]
+                         + [c + ("exact",) for c in ZERO_DRAFT_CASES])
+@pytest.mark.parametrize("rule", [TokenwiseRejection(), BlockwiseVerification()],
+                         ids=["tokenwise", "blockwise"])
+def test_rule_preserves_target_distribution_exactly(rule, V, gamma, seed, zero_frac, draft_zeros):
+    check_rule_exact(rule, V, gamma, seed, zero_frac, draft_zeros)
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftSupportResidual(TokenwiseRejection):
+    """Mutant: the replacement is drawn only among tokens the draft could propose (q > 0),
+    the slip a draft vocabulary invites. Exact whenever q > 0 everywhere."""
+
+    def outcomes(self, target_logp_BxTxV, proposal_logp_BxTxV, proposed_BxT, num_proposed_B):
+        o = super().outcomes(target_logp_BxTxV, proposal_logp_BxTxV, proposed_BxT, num_proposed_B)
+        return dataclasses.replace(o, residual_logp_BxTxV=jnp.where(
+            jnp.isfinite(proposal_logp_BxTxV), o.residual_logp_BxTxV, -jnp.inf))
+
+
+def test_zero_probability_drafts_catch_a_draft_support_residual():
+    """Negative control: the mutant passes with smoothed drafts and fails with exact zeros,
+    so the "exact" cases above are the ones that guard draft vocabularies."""
+    check_rule_exact(DraftSupportResidual(), 3, 2, 0, 0.3, "smoothed")
+    with pytest.raises(AssertionError):
+        check_rule_exact(DraftSupportResidual(), 3, 2, 0, 0.3, "exact")
 
 
 def test_uncapped_blockwise_is_caught():

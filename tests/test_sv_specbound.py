@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from hispec_jax import generate
@@ -18,7 +18,7 @@ from hispec_jax.decoding import sv as sv_lib
 from hispec_jax.decoding.draft import annealed_temperature
 from hispec_jax.planner import calibrate
 from hispec_jax.planner.latency import Costs
-from test_engine import check_equals_autoregressive, random_prompts, tiny_model
+from test_engine import PROPERTY_SETTINGS, check_equals_autoregressive, random_prompts, tiny_model
 
 
 def synthetic_table(draft_exit: int, companion_exit: int, num_layers: int, seed: int = 0,
@@ -59,8 +59,19 @@ def _check_equal(case, method, options):
     return check_equals_autoregressive(model, prompts, case, method, options)
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+CASE = dict(L=4, seed=0, layer_scale=1.0, batch=1, max_prompt_len=1, max_new=1,
+            ignore_eos=False, prompt_seed=0, tight_cache=False, draft_exit=1, draft_len=1,
+            slope=0.0, table_seed=0, tau=0.1, anneal=0.0, depth_bound=1, width=1)
+
+
+@settings(max_examples=6, **PROPERTY_SETTINGS)
 @given(case=cases())
+# always-agree model, verification as long as possible, cache exactly full
+@example(case={**CASE, "layer_scale": 0.0, "draft_len": 4, "max_new": 20, "ignore_eos": True,
+               "tight_cache": True, "batch": 3, "max_prompt_len": 10})
+# a steep verify cost (the selector's shortening case) on a random model, batch of 3
+@example(case={**CASE, "L": 5, "draft_exit": 2, "draft_len": 4, "slope": 30.0,
+               "max_new": 16, "batch": 3, "max_prompt_len": 6, "prompt_seed": 5})
 def test_sv_greedy_equals_autoregressive(case):
     d = case["draft_exit"]
     table = synthetic_table(d, d + 1, case["L"], case["table_seed"], case["slope"])
@@ -68,8 +79,14 @@ def test_sv_greedy_equals_autoregressive(case):
                                   draft_len=case["draft_len"], sv_profile=table))
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=6, **PROPERTY_SETTINGS)
 @given(case=cases())
+# tau = 1: every draft hard, rounds of one token from the depth bound, tight cache
+@example(case={**CASE, "tau": 1.0, "depth_bound": 3, "width": 4, "max_new": 12,
+               "tight_cache": True, "batch": 3, "max_prompt_len": 8})
+# always-agree model, mixed exit depths, annealing, the widest drafts
+@example(case={**CASE, "L": 5, "layer_scale": 0.0, "tau": 0.05, "anneal": 1.0,
+               "depth_bound": 4, "width": 4, "max_new": 20, "ignore_eos": True})
 def test_specbound_greedy_equals_autoregressive(case):
     _check_equal(case, "specbound", dict(tau=case["tau"], anneal=case["anneal"],
                                          depth_bound=case["depth_bound"], width=case["width"]))

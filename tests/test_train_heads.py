@@ -22,7 +22,7 @@ import pytest
 import hispec_jax
 from hispec_jax import Model, ModelConfig, cli, load_model, save_model
 from hispec_jax.models.heads import exit_logits, lm_head_matrix
-from hispec_jax.models.params import ParamSpec, param_specs
+from hispec_jax.models.params import ParamSpec, param_specs, with_layer_layout
 from hispec_jax.train_heads import config as config_lib
 from hispec_jax.train_heads import losses, steps
 from hispec_jax.train_heads.features import FeatureCache, compute_features
@@ -145,7 +145,18 @@ def trained(tmp_path_factory, model):
     return config, result, logs, before
 
 
-def test_training_lowers_kl(trained):
+def check_heads_moved(heads, model, rank=16):
+    """Every parameter of every trained head differs from its initialization (a copy of the
+    shared head, `init_heads`)."""
+    init = init_heads(model.params, model.cfg, (1, 2), rank=rank)
+    assert set(heads) == set(init)
+    for e in init:
+        for name, x0 in init[e].items():
+            moved = float(jnp.max(jnp.abs(jnp.asarray(heads[e][name]) - x0)))
+            assert moved > 1e-6, f"exit {e} {name} did not move from its initialization"
+
+
+def test_training_lowers_kl(trained, model):
     config, result, logs, _ = trained
     evals = [r for r in read_metrics(config.workdir) if r["event"] == "eval"]
     assert [r["step"] for r in evals] == [0, 10, 20, 30]
@@ -158,7 +169,8 @@ def test_training_lowers_kl(trained):
     assert result.tokens_per_second > 0 and result.cache_build_seconds > 0
     assert any("tokens/s" in line for line in logs)
     # The heads moved away from their initialization and are float32 master copies.
-    assert result.heads["1"]["proj_up"].dtype == jnp.float32
+    check_heads_moved(result.heads, model)
+    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(result.heads))
 
 
 def test_hard_loss_is_cross_entropy_on_the_teachers_greedy_token():
@@ -183,11 +195,34 @@ def test_ce_training_lowers_its_loss_and_keeps_the_kl_metric(tmp_path, model):
     assert {"kl", "top1_agreement"} <= set(evals[-1]["exits"]["1"])
 
 
+def test_head_check_catches_a_step_that_does_not_update(tmp_path, model, monkeypatch):
+    """Negative control: a training step that returns the heads it was given (the optimizer
+    runs, nothing is applied) fails `check_heads_moved`."""
+    update = steps._update
+
+    def frozen_update(state, *args, **kwargs):
+        new_state, metrics = update(state, *args, **kwargs)
+        return {**new_state, "heads": state["heads"]}, metrics
+
+    monkeypatch.setattr(steps, "_update", frozen_update)
+    jax.clear_caches()  # the jitted steps must trace the mutant
+    try:
+        result = train(small_config(tmp_path, model.path, total_steps=3, eval_every=0,
+                                    feature_cache=False), model=model, log=lambda _: None)
+    finally:
+        jax.clear_caches()
+    with pytest.raises(AssertionError, match="did not move"):
+        check_heads_moved(result.heads, model)
+
+
 def test_base_params_bit_identical_after_training(trained, model):
-    *_, before = trained
-    jax.tree.map(np.testing.assert_array_equal, before, jax.tree.map(np.asarray, model.params))
-    init = init_heads(model.params, model.cfg, (1, 2), rank=16)
-    assert not np.array_equal(trained[1].heads["1"]["proj_up"], init["1"]["proj_up"])
+    """The model training saved (base weights + heads, what `load_model` gives a user
+    afterwards) has the base weights it was trained on, bit for bit."""
+    config, result, _, before = trained
+    saved = load_model(result.output_dir)
+    assert set(saved.heads) == {"1", "2"}
+    as_scan = lambda p: jax.tree.map(np.asarray, with_layer_layout(p, "scan"))
+    jax.tree.map(np.testing.assert_array_equal, as_scan(before), as_scan(saved.params))
 
 
 def test_feature_cache_matches_uncached_training(tmp_path, trained, model):
