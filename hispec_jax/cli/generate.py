@@ -37,7 +37,7 @@ def add_parsers(subparsers) -> None:
                      help="exit layer of --method exit (required there), 1..L")
     gen.add_argument("--draft-exit", type=int, default=None, metavar="N",
                      help="draft exit Ld (default: ~L/8, snapped to a layer with a head)")
-    gen.add_argument("--verify-exits", type=common.exits, default=None, metavar="N[,N...]",
+    gen.add_argument("--verify-exits", type=common.int_list, default=None, metavar="N[,N...]",
                      help="intermediate verifier exits Li, comma-separated (hispec; default: "
                           "one at ~L/4)")
     gen.add_argument("--draft-len", type=int, default=None, metavar="N",
