@@ -40,6 +40,7 @@ from typing import Any, Callable
 
 import jax
 
+from hispec_jax.bench import args as args_lib
 from hispec_jax.bench import oracle, suite
 from hispec_jax.bench.oracle import in_layout
 from hispec_jax.bench.suite import MethodSpec
@@ -244,7 +245,7 @@ def markdown(results: dict[str, Any], seconds: dict[str, float]) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m hispec_jax.bench accelerator",
+    ap = args_lib.Parser(prog="hispec bench-tool accelerator",
                                  description=__doc__.split("\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--parts", default=",".join(PARTS),

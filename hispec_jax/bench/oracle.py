@@ -43,6 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hispec_jax.bench import args as args_lib
 from hispec_jax.bench import suite
 from hispec_jax.bench.roofline import nbytes, step_weight_bytes
 from hispec_jax.bench.suite import MethodSpec
@@ -290,7 +291,7 @@ def _parse_specs(text: str, model: Model) -> list[MethodSpec]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="hispec bench-tool oracle", description=__doc__.split("\n")[0],
+    ap = args_lib.Parser(prog="hispec bench-tool oracle", description=__doc__.split("\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     source = ap.add_mutually_exclusive_group()
     source.add_argument("--model", help="a HF directory or .gguf file (its always-agree variant)")

@@ -15,8 +15,9 @@ arguments and what they run; `main` below only assembles them.
 Adding a command: a group module exposes `add_parsers(subparsers)`, which registers each of
 its commands with `common.add_command(subparsers, NAME, run)`; `run(args) -> int` does the
 work. `GROUPS` lists the modules in the order `hispec --help` shows their commands. A
-command's checks that need no JAX run before JAX is imported; a `ValueError` from `run` is
-printed as one line `hispec: error: ...` with exit status 2.
+command's checks that need no JAX run before JAX is imported; a `ValueError` (a bad
+value) or `OSError` (a path in the way) from `run` is printed as one line `hispec: error:
+...` with exit status 2, never a traceback (`tests/test_cli_errors.py` tries every command).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from hispec_jax.bench import args as args_lib
 from hispec_jax.cli import bench, generate, memory, models, planner, training
 
 GROUPS = (generate, models, training, memory, bench, planner)
@@ -47,7 +49,7 @@ Docs: README.md (usage), docs/ (methods, planner, GGUF, TPU), BENCHMARKS.md (mea
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = args_lib.Parser(
         prog="hispec", description=DESCRIPTION, epilog=EPILOG,
         formatter_class=lambda prog: argparse.RawDescriptionHelpFormatter(prog, max_help_position=20, width=100))
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
@@ -73,7 +75,7 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"hispec: error: {e}", file=sys.stderr)
         return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    except OSError as e:  # a path the user gave: missing, in the way, not writable
+        where = f": {e.filename}" if e.filename else ""
+        print(f"hispec: error: {e.strerror or e}{where}", file=sys.stderr)
+        return 2

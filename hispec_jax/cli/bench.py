@@ -39,15 +39,15 @@ def add_parsers(subparsers) -> None:
     bench.add_argument("--batch-size", type=int, default=1, help="prompts decoded together")
     bench.add_argument("--rounds", type=int, default=None,
                        help="timed interleaved rounds, median (default: 3; --quick 1)")
-    bench.add_argument("--draft-exits", type=common.exits, default=None,
+    bench.add_argument("--draft-exits", type=common.int_list, default=None,
                        help="LayerSkip draft exits to sweep (default: every exit <= L/4, every "
                             "other one <= L/2)")
-    bench.add_argument("--draft-lens", type=common.exits, default=None,
+    bench.add_argument("--draft-lens", type=common.int_list, default=None,
                        help="LayerSkip draft lengths to sweep (default: 2,4; --quick 2)")
     bench.add_argument("--grid-exits", default=None,
                        help="exits of the HiSpec (Ld, Li) grid (default: as --draft-exits; "
                             "'none' skips the grid)")
-    bench.add_argument("--tuned", type=common.exits, default=None,
+    bench.add_argument("--tuned", type=common.int_list, default=None,
                        help="Ld,Li,Nd,Ni of 'hispec tuned' instead of tuning on the grid")
     bench.add_argument("--batch-sizes", default=None,
                        help="throughput of AR, LayerSkip, HiSpec, SV and SpecBound at these "
@@ -83,6 +83,8 @@ def run_bench_tool(args) -> int:
 
 def run_bench(args) -> int:
     mesh_shape = common.mesh_arg(args)  # before importing JAX
+    if args.model is not None:
+        common.check_model_path(args.model)
     if args.tuned is not None and len(args.tuned) != 4:
         raise ValueError(f"--tuned takes Ld,Li,Nd,Ni, got {args.tuned}")
     from hispec_jax.bench.report import summary_lines
@@ -99,9 +101,9 @@ def run_bench(args) -> int:
         rounds=given_or(args.rounds, 3, 1), draft_exits=args.draft_exits,
         draft_lens=tuple(given_or(args.draft_lens, (2, 4), (2,))),
         grid_exits=(None if args.grid_exits is None
-                    else common.optional_exits(args.grid_exits, "--grid-exits")),
+                    else common.optional_ints(args.grid_exits, "--grid-exits")),
         tuned=args.tuned, transformers=not args.no_transformers,
-        batch_sizes=common.optional_exits(batch_sizes, "--batch-sizes"),
+        batch_sizes=common.optional_ints(batch_sizes, "--batch-sizes"),
         agreement=not args.no_agreement, seed_methods=not args.no_seed_methods,
         sv_profile=args.sv_profile, out_dir=args.out_dir, progress=not args.no_progress)
     if args.quick:

@@ -11,6 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
+from hispec_jax.bench.args import int_list, positive_int_list
 from hispec_jax.decoding import options as options_lib
 from hispec_jax.models import mesh_spec
 
@@ -35,20 +36,12 @@ def add_command(subparsers, name: str, run, **kwargs) -> argparse.ArgumentParser
     return parser
 
 
-def exits(text: str) -> tuple[int, ...]:
-    """`"3,6"` -> (3, 6): an argparse type for comma-separated layers (or counts)."""
-    try:
-        return tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated layers, got {text!r}")
-
-
-def optional_exits(text: str, flag: str) -> tuple[int, ...]:
-    """`exits`, or () for "none"; ValueError naming `flag`."""
+def optional_ints(text: str, flag: str) -> tuple[int, ...]:
+    """`args.int_list`, or () for "none"; ValueError naming `flag`."""
     if text.strip().lower() == "none":
         return ()
     try:
-        return exits(text)
+        return int_list(text)
     except argparse.ArgumentTypeError as e:
         raise ValueError(f"{flag}: {e}")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 from hispec_jax.cli import common
 from hispec_jax.decoding import options as options_lib
@@ -26,7 +27,8 @@ def add_parsers(subparsers) -> None:
                           "(lossy); layerskip: self-speculation (--draft-exit, L); hispec: "
                           "hierarchical speculation (--draft-exit, --verify-exits, L); sv: "
                           "the companion exit (--verify-exits) chooses how many drafts the "
-                          "final layer verifies (needs `hispec profile-sv` first); specbound: "
+                          "final layer verifies (from the model's SV profile: without one, a "
+                          "quick one is made and cached first); specbound: "
                           "each draft exits at its first confident layer (--tau, --anneal, "
                           "--depth-bound, --width); auto: "
                           "the plan `hispec tune` saved for this model, device and batch size "
@@ -35,7 +37,7 @@ def add_parsers(subparsers) -> None:
                      help="exit layer of --method exit (required there), 1..L")
     gen.add_argument("--draft-exit", type=int, default=None, metavar="N",
                      help="draft exit Ld (default: ~L/8, snapped to a layer with a head)")
-    gen.add_argument("--verify-exits", type=common.exits, default=None, metavar="N[,N...]",
+    gen.add_argument("--verify-exits", type=common.int_list, default=None, metavar="N[,N...]",
                      help="intermediate verifier exits Li, comma-separated (hispec; default: "
                           "one at ~L/4)")
     gen.add_argument("--draft-len", type=int, default=None, metavar="N",
@@ -79,7 +81,8 @@ def add_method_arguments(parser) -> None:
     d = options_lib.SPECBOUND_DEFAULTS
     parser.add_argument("--sv-profile", default=None, metavar="PATH",
                         help="sv: the profile `hispec profile-sv` wrote (default: "
-                             "sv_profile.json in the model directory)")
+                             "sv_profile.json in the model directory if it is for these exits, "
+                             "else one made now and cached per model, device and exits)")
     parser.add_argument("--tau", type=float, default=None, metavar="X",
                         help=f"specbound: confidence threshold in (0, 1] (default: {d['tau']})")
     parser.add_argument("--anneal", type=float, default=None, metavar="A",
@@ -115,6 +118,9 @@ def check_generate_args(args) -> None:
                                          **method_options(args))
     except options_lib.OptionError as e:
         raise common.usage_error(e) from None
+    if args.sv_profile is not None and not Path(args.sv_profile).exists():
+        raise ValueError(f"--sv-profile {args.sv_profile}: no such file or directory (make a "
+                         "profile with hispec profile-sv, or leave the flag out)")
     for i, prompt in enumerate(args.prompts):
         if not prompt.strip():
             raise ValueError(f"PROMPT {i + 1} is empty ({prompt!r}): give the text to continue"
@@ -137,10 +143,18 @@ def run_generate(args) -> int:
 
     common.use_mesh(mesh_shape)  # load_model shards onto it
     model = load_model(args.model or common.default_model_dir())
+    options = method_options(args)
+    if args.method == "sv" and args.sv_profile is None:  # any model: a profile made if none
+        from hispec_jax.planner import sv_profile
+
+        companion = args.verify_exits[0] if args.verify_exits else None
+        options["sv_profile"] = sv_profile.profile_for(
+            model, args.draft_exit, companion, progress=lambda msg: print(f"[sv] {msg}",
+                                                                          file=sys.stderr))
     result = generate(model, list(args.prompts), method=args.method,
                       max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                       ignore_eos=args.ignore_eos, temperature=args.temperature, top_k=args.top_k,
-                      top_p=args.top_p, seed=args.seed, chat=args.chat, **method_options(args))
+                      top_p=args.top_p, seed=args.seed, chat=args.chat, **options)
     texts = result.texts or [""] * len(result.token_ids)
     if args.json:
         outputs = [{"prompt": p, "token_ids": ids, "text": t}

@@ -71,6 +71,7 @@ def run_tune(args) -> int:
     for flag in ("batch_size", "verify_prompts", "verify_tokens", "verify_repeats", "top"):
         if getattr(args, flag) < 1:
             raise ValueError(f"{common.flag(flag)} must be >= 1, got {getattr(args, flag)}")
+    common.check_model_path(args.model or common.default_model_dir())
     model = load_model(args.model or common.default_model_dir())
     report = tune_lib.tune_and_verify(
         model, args.batch_size, quick=args.quick, max_levels=args.max_levels, top=args.top,

@@ -45,7 +45,7 @@ def add_parsers(subparsers) -> None:
     vocab.add_argument("--model", required=True, help="a local HF model directory")
     vocab.add_argument("--size", type=int, required=True, metavar="K",
                        help="tokens in the draft vocabulary")
-    vocab.add_argument("--exits", type=common.exits, required=True, metavar="N[,N...]",
+    vocab.add_argument("--exits", type=common.int_list, required=True, metavar="N[,N...]",
                        help="exit layers whose heads to restrict (each below the last layer)")
     vocab.add_argument("--out", required=True, metavar="OUT_DIR", help="directory to write")
     vocab.add_argument("--docs", type=int, default=2000,

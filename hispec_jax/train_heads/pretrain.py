@@ -306,6 +306,9 @@ def pretrain(config: ml_collections.ConfigDict, progress: bool = True) -> dict[s
     work_dir.mkdir(parents=True, exist_ok=True)
     cfg = model_config_from_ml_collections(config.model)
 
+    if not isinstance(config.num_steps, int) or config.num_steps < 0:
+        raise ValueError(f"num_steps must be an integer >= 0 (0: evaluate only), got "
+                         f"{config.num_steps!r}")
     exit_recipe.validate_recipe(config, cfg.num_layers)
     init_model = load_init_model(config, cfg) if config.init_from else None
 
