@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from hispec_jax import Model, ModelConfig, generate
 from hispec_jax.decoding import engine as engine_lib
 from hispec_jax.decoding import methods
+from hispec_jax.models.heads import lm_head_matrix
 from hispec_jax.models.params import init_params, layer_layout, with_layer_layout
 
 VOCAB = 64
@@ -209,7 +210,6 @@ def top_equals_drafter() -> Model:
     rejected by the top."""
     base = tiny_model(4, 3)
     D, V = base.cfg.hidden_size, base.cfg.vocab_size
-    from hispec_jax.models.heads import lm_head_matrix
     heads = {"1": {"norm": base.params["final_norm"], "proj": lm_head_matrix(base.params, base.cfg)},
              "2": {"norm": jnp.ones((D,)),
                    "proj": 0.3 * jax.random.normal(jax.random.PRNGKey(9), (D, V))}}
