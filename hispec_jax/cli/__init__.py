@@ -8,7 +8,8 @@ arguments and what they run; `main` below only assembles them.
     bench.py      hispec bench                     the whole benchmark, report and plots
                   hispec bench-tool TOOL [args]    one benchmark tool (`bench/tools.py`):
                       ar, engine, oracle, accelerator, seed-methods, auto, memory,
-                      gguf-memory, exit-agreement, plot-agreement, before-after
+                      gguf-memory, exit-agreement, plot-agreement, before-after,
+                      duplicates (copy-paste in the package)
     planner.py    hispec tune | profile-sv
     common.py     what the groups share: help format, --model checks, --mesh, overrides
 
