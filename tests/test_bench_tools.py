@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from hispec_jax import cli
-from hispec_jax.bench import (before_after, gguf_memory, loop_memory, plot_agreement,
-                              side_by_side, tools)
+from hispec_jax.bench import loop_memory, side_by_side, tools
+from hispec_jax.bench.studies import before_after, gguf_memory, plot_agreement
 
 
 def test_listing_names_every_tool_with_its_description(capsys):

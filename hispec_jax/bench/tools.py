@@ -29,10 +29,10 @@ TOOLS: dict[str, str] = {
     "seed-methods": "seed_methods",
     "auto": "auto",
     "memory": "loop_memory",
-    "gguf-memory": "gguf_memory",
-    "exit-agreement": "exit_agreement",
-    "plot-agreement": "plot_agreement",
-    "before-after": "before_after",
+    "gguf-memory": "studies.gguf_memory",
+    "exit-agreement": "studies.exit_agreement",
+    "plot-agreement": "studies.plot_agreement",
+    "before-after": "studies.before_after",
     "duplicates": "duplicates",
 }
 
