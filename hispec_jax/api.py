@@ -13,6 +13,7 @@ and decoding runs it like any other.
 from __future__ import annotations
 
 from hispec_jax.decoding import generate as generate_lib
+from hispec_jax.decoding import options as options_lib
 from hispec_jax.decoding.generate import GenerationResult
 from hispec_jax.models.model import Model
 from hispec_jax.planner import tune as tune_lib
@@ -35,10 +36,8 @@ def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int =
     # The same checks, in the same order, as decoding's, before anything is tuned.
     sampling, max_new_tokens = generate_lib.check_request(max_new_tokens, temperature, top_k,
                                                           top_p, seed)
-    given = sorted(k for k, v in method_options.items() if v is not None and v is not False)
-    if given:
-        raise ValueError(f"method 'auto' does not take {', '.join(given)} "
-                         "(the tuned plan sets them)")
+    options_lib.check_method_options("auto", num_layers=model.cfg.num_layers,
+                                     **method_options)  # none: the tuned plan sets them
     prompt_ids = generate_lib.prompt_token_ids(model, prompts, chat)
     batch_size = generate_lib.check_batch_size(batch_size, len(prompt_ids))
     decoder, plan = tune_lib.auto_decoder(model, batch_size, greedy=sampling.greedy)
