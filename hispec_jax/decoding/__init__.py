@@ -1,5 +1,12 @@
 """Decoding: methods (`make_method`), the one engine that runs them (`Engine`), `generate`.
 
+Start with `policies.py`: the engine's four seams (window, draft exit, acceptance,
+companion) as typed contracts, with a diagram of where each acts in a round and which
+module implements which method. Then `methods.py` (each method as a hierarchy of policies),
+`generate.py` (the host side, in named steps) and `engine.py` (the compiled loop).
+`costs.py` holds the measured stage costs and device keys that decoding policies (SV) read;
+the planner, above this package, produces them.
+
 Names are imported on first use, so `hispec_jax.decoding.options` (argument checks without
 JAX) can be imported alone.
 """
