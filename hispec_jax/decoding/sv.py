@@ -62,7 +62,7 @@ class SVTable:
         draft token in each bin, greedy (top-1 agreement with the final layer).
       sampling_acceptance: the same for token-wise rejection, min(1, p_t(x) / p_d(x)).
       counts: [S bins][A bins] positions per bin.
-      costs: `planner.latency.Costs` as JSON (seconds of a layer / head per block length).
+      costs: `costs.Costs` as JSON (seconds of a layer / head per block length).
       meta: how it was made (prompts, positions, model key, device).
     """
 
