@@ -20,7 +20,7 @@ DEFAULT_MODEL_DIR: str = _os.path.join(_os.path.dirname(_os.path.abspath(__file_
 
 _LAZY = {
     "GenerationResult": "hispec_jax.decoding.generate",
-    "generate": "hispec_jax.decoding.generate",
+    "generate": "hispec_jax.api",
     "SamplingParams": "hispec_jax.decoding.sampling",
     "ModelConfig": "hispec_jax.models.config",
     "Model": "hispec_jax.models.model",
@@ -31,7 +31,8 @@ _LAZY = {
 __all__ = ["DEFAULT_MODEL_DIR", *sorted(_LAZY)]
 
 if TYPE_CHECKING:
-    from hispec_jax.decoding.generate import GenerationResult, generate
+    from hispec_jax.api import generate
+    from hispec_jax.decoding.generate import GenerationResult
     from hispec_jax.decoding.sampling import SamplingParams
     from hispec_jax.models.config import ModelConfig
     from hispec_jax.models.model import Model, load_model, save_model

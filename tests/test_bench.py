@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from hispec_jax.bench import prompts as prompts_lib
+from hispec_jax import datasets as prompts_lib
 from hispec_jax.bench import report, suite, sweeps
 from hispec_jax.cli import main
 from hispec_jax.models.config import ModelConfig

@@ -14,6 +14,7 @@ import pytest
 
 import hispec_jax
 from hispec_jax import cli
+from hispec_jax.cli import generate as cli_generate
 from hispec_jax.decoding import options
 
 PROMPT = "User: hi\nAssistant:"
@@ -159,7 +160,7 @@ def test_help_shows_defaults_and_every_flag_has_help(capsys):
 def test_summary_line_names_the_model():
     stats = {"method": "hispec", "model": "default_model", "num_layers": 24, "exits": [3, 6, 24],
              "new_tokens": 48, "tokens_per_second": 84.8, "compile_seconds": 8.8}
-    assert cli.summary_line(stats) == ("[hispec] default_model (24 layers, exits 3,6,24): "
+    assert cli_generate.summary_line(stats) == ("[hispec] default_model (24 layers, exits 3,6,24): "
                                        "48 tokens, 84.8 tokens/s, compile 8.8 s")
 
 

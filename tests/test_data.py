@@ -6,6 +6,7 @@ import math
 import numpy as np
 import pytest
 
+from hispec_jax import datasets
 from hispec_jax.train_heads import data
 
 
@@ -28,7 +29,7 @@ def _write_truncated(path, records, cut_inside_last=True):
 def test_truncated_file_recovers_complete_records(tmp_path):
     records = [_record(i) for i in range(5)]
     path = _write_truncated(tmp_path / "cut.json", records)
-    loaded = data.load_sharegpt(path)
+    loaded = datasets.load_sharegpt(path)
     assert loaded.records == records[:4]
     assert loaded.dropped == 1
 
@@ -44,7 +45,7 @@ def test_truncated_file_recovers_complete_records(tmp_path):
 def test_truncated_parser_edge_cases(tmp_path, text, n, dropped):
     path = tmp_path / "f.json"
     path.write_text(text)
-    loaded = data.load_sharegpt(path)
+    loaded = datasets.load_sharegpt(path)
     assert (len(loaded.records), loaded.dropped) == (n, dropped)
 
 
@@ -52,12 +53,12 @@ def test_not_an_array_raises(tmp_path):
     path = tmp_path / "f.json"
     path.write_text('{"a": 1}')
     with pytest.raises(ValueError, match="not a JSON array"):
-        data.load_sharegpt(path)
+        datasets.load_sharegpt(path)
 
 
 @pytest.fixture(scope="module")
 def sharegpt():
-    return data.load_sharegpt()
+    return datasets.load_sharegpt()
 
 
 def test_packaged_sharegpt(sharegpt):
@@ -68,24 +69,24 @@ def test_packaged_sharegpt(sharegpt):
 
 def test_split_is_fixed_disjoint_and_five_percent(sharegpt):
     n = len(sharegpt.records)
-    train, evals = data.split_sharegpt(sharegpt.records)
+    train, evals = datasets.split_sharegpt(sharegpt.records)
     assert len(evals) == math.ceil(0.05 * n) and len(train) + len(evals) == n
     assert train == sharegpt.records[:len(train)] and evals == sharegpt.records[len(train):]
     assert not {id(r) for r in train} & {id(r) for r in evals}
-    assert data.split_sharegpt(sharegpt.records) == (train, evals)
-    idx_train, idx_eval = data.split_sharegpt(list(range(100)))
+    assert datasets.split_sharegpt(sharegpt.records) == (train, evals)
+    idx_train, idx_eval = datasets.split_sharegpt(list(range(100)))
     assert idx_eval == list(range(95, 100)) and idx_train == list(range(95))
 
 
 def test_conversation_text():
     record = {"conversations": [{"from": "human", "value": "Hi?"}, {"from": "gpt", "value": "Hello."},
                                 {"from": "gpt", "value": ""}, {"from": "system", "value": "s"}]}
-    assert data.conversation_text(record) == "User: Hi?\nAssistant: Hello.\nSystem: s\n"
-    assert data.conversation_text({"conversations": []}) == ""
+    assert datasets.conversation_text(record) == "User: Hi?\nAssistant: Hello.\nSystem: s\n"
+    assert datasets.conversation_text({"conversations": []}) == ""
 
 
 def test_humaneval_prompts():
-    prompts = data.load_humaneval_prompts()
+    prompts = datasets.load_humaneval_prompts()
     assert len(prompts) == 164
     assert all("def " in p for p in prompts)
 

@@ -15,7 +15,8 @@ from hispec_jax.models.heads import exit_logits
 from hispec_jax.models.kv_cache import KVCache
 from hispec_jax.models.params import init_params
 from hispec_jax.models.presets import PRESETS_DIR
-from hispec_jax.models.transformer import embed, run_layers
+from hispec_jax.models.transformer import embed, run_layers, scan_exits
+from hispec_jax import datasets
 from hispec_jax.train_heads import data
 from hispec_jax.train_heads import exit_recipe as er
 from hispec_jax.train_heads import pretrain as pt
@@ -118,18 +119,18 @@ def test_layer_dropout_rates_and_mask():
 def test_dropped_layers_are_skipped_per_sequence():
     params = init_params(TINY, jax.random.key(0), init_std=0.2)
     tokens = jax.random.randint(jax.random.key(1), (2, 7), 0, TINY.vocab_size)
-    full, _ = er.scan_exits(params, TINY, tokens, lambda h, i: 0)
-    same, _ = er.scan_exits(params, TINY, tokens, lambda h, i: 0,
+    full, _ = scan_exits(params, TINY, tokens, lambda h, i: 0)
+    same, _ = scan_exits(params, TINY, tokens, lambda h, i: 0,
                             jnp.ones((TINY.num_layers, 2), bool))
     np.testing.assert_array_equal(full, same)
     # Layer 3 (0-based 2) skipped for sequence 1 only: sequence 1 equals a model without it.
     keep = np.ones((TINY.num_layers, 2), bool)
     keep[2, 1] = False
-    h, _ = er.scan_exits(params, TINY, tokens, lambda h, i: 0, jnp.asarray(keep))
+    h, _ = scan_exits(params, TINY, tokens, lambda h, i: 0, jnp.asarray(keep))
     np.testing.assert_array_equal(h[0], full[0])
     without = jax.tree.map(lambda w: jnp.delete(w, 2, axis=0), params["layers"])
     short = TINY.replace(num_layers=TINY.num_layers - 1)
-    ref, _ = er.scan_exits({**params, "layers": without}, short, tokens[1:], lambda h, i: 0)
+    ref, _ = scan_exits({**params, "layers": without}, short, tokens[1:], lambda h, i: 0)
     np.testing.assert_allclose(h[1], ref[0], rtol=1e-5, atol=1e-5)
 
 
@@ -242,8 +243,8 @@ def test_reply_token_masks_mark_the_assistant_replies(tmp_path):
                                 {"from": "gpt", "value": "I am fine, thanks."},
                                 {"from": "human", "value": "Good."},
                                 {"from": "gpt", "value": "Great to hear!"}]}
-    text = data.conversation_text(record)
-    assert [text[a:b] for a, b in data.reply_spans(record)] == [" I am fine, thanks.\n",
+    text = datasets.conversation_text(record)
+    assert [text[a:b] for a, b in datasets.reply_spans(record)] == [" I am fine, thanks.\n",
                                                                  " Great to hear!\n"]
     tok = data.train_tokenizer([text] * 3, 300)
     mask = data.reply_token_masks(tok, [record, {"conversations": []}])

@@ -112,20 +112,26 @@ def test_cli_names_a_bad_method(capsys):
     from hispec_jax.cli import main
 
     with pytest.raises(SystemExit) as exit_info:
-        main(["bench-oracle", "--shapes", "tiny", "--methods", "hispec:1:2"])
+        main(["bench-tool", "oracle", "--shapes", "tiny", "--methods", "hispec:1:2"])
     assert exit_info.value.code == 2
     assert "'hispec:1:2' is not layerskip:D:N" in capsys.readouterr().err
 
 
-def test_hispec_bench_oracle_is_bench_oracle(capsys, monkeypatch):
-    """`hispec bench --oracle ARGS` (the issue's spelling) runs `hispec bench-oracle ARGS`."""
+def test_the_oracle_starts_one_way(capsys, monkeypatch):
+    """`hispec bench-tool oracle ARGS` runs the oracle with ARGS; the retired spellings
+    (`hispec bench-oracle`, `hispec bench --oracle`) exit 2 naming that one way."""
     from hispec_jax import cli
 
     seen = []
     monkeypatch.setattr(oracle, "main", lambda argv: seen.append(argv) or 0)
-    assert cli.main(["bench", "--oracle", "--shapes", "llama3-8b", "--dtype", "bfloat16"]) == 0
-    assert cli.main(["bench", "--shapes", "tiny", "--oracle"]) == 0
-    assert seen == [["--shapes", "llama3-8b", "--dtype", "bfloat16"], ["--shapes", "tiny"]]
+    assert cli.main(["bench-tool", "oracle", "--shapes", "llama3-8b", "--dtype", "bfloat16"]) == 0
+    assert seen == [["--shapes", "llama3-8b", "--dtype", "bfloat16"]]
+    for argv in (["bench", "--oracle", "--shapes", "tiny"], ["bench-oracle", "--shapes", "tiny"]):
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "hispec bench-tool oracle" in err, err
+    assert seen == [["--shapes", "llama3-8b", "--dtype", "bfloat16"]]
     with pytest.raises(SystemExit):
         cli.main(["bench", "--help"])
-    assert "--oracle" in capsys.readouterr().out
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--oracle" not in out and "hispec bench-" in out  # (-tool: wrapped at the hyphen)

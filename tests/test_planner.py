@@ -295,7 +295,7 @@ def test_bench_auto_times_a_grid_point_equal_to_auto_once(tmp_path, monkeypatch)
     """`bench auto` compares auto with distinct plans: a grid point that is auto's plan is
     the same program and is not timed twice (their ratio would be noise)."""
     from hispec_jax.bench import auto as auto_bench
-    from hispec_jax.bench import prompts as prompts_lib
+    from hispec_jax import datasets as prompts_lib
     from hispec_jax.bench import suite
 
     model = _tiny()

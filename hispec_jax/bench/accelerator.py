@@ -7,7 +7,7 @@ keeps the parts it finished), and the summary judges each number against its tar
     layouts         AR tokens/s at the preset's shapes (random weights), scanned and
                     unrolled layer layout, each with its share of the HBM roofline.
                     Target: unrolled (the GPU default) >= 90 % of the roofline.
-    oracle          `bench-oracle` at the preset's shapes: each method's speedup on the
+    oracle          `bench-tool oracle` at the preset's shapes: each method's speedup on the
                     always-agree model against its layer-pass prediction (also passes +
                     heads, and the stage model). Target: >= 90 % of the prediction.
     oracle-default  the same on the default model (24 layers, D = 256). Target: >= 80 %.
@@ -40,6 +40,7 @@ from typing import Any, Callable
 
 import jax
 
+from hispec_jax.bench import args as args_lib
 from hispec_jax.bench import oracle, suite
 from hispec_jax.bench.oracle import in_layout
 from hispec_jax.bench.suite import MethodSpec
@@ -98,7 +99,7 @@ def layouts_part(settings: Settings, progress: Callable[[str], None]) -> dict[st
 
 def oracle_part(model: Model, settings: Settings, progress: Callable[[str], None],
                 model_is_always_agree: bool) -> dict[str, Any]:
-    """`bench-oracle`'s report for `model` with its default methods."""
+    """The oracle tool's report for `model` with its default methods."""
     return oracle.run(model, oracle.default_specs(model), prompts=settings.prompts,
                       prompt_len=settings.prompt_len, max_new_tokens=settings.max_new_tokens,
                       batch_size=1, rounds=settings.rounds, progress=progress,
@@ -124,7 +125,7 @@ def first_departures(model: Model, prompts: list[list[int]], specs: list[MethodS
 
 def numerics_part(settings: Settings, progress: Callable[[str], None]) -> dict[str, Any]:
     """The default model's departures from AR at each (dtype, precision) of `NUMERICS`."""
-    from hispec_jax.bench import prompts as prompts_lib
+    from hispec_jax import datasets as prompts_lib
 
     path = default_model_path(settings)
     configurations = []
@@ -244,7 +245,7 @@ def markdown(results: dict[str, Any], seconds: dict[str, float]) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m hispec_jax.bench accelerator",
+    ap = args_lib.Parser(prog="hispec bench-tool accelerator",
                                  description=__doc__.split("\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--parts", default=",".join(PARTS),

@@ -31,22 +31,14 @@ import os
 import platform
 import sys
 
-PROG = "python -m hispec_jax.bench ar"
+from hispec_jax.bench import args as args_lib
 
-
-def _batch_sizes(text: str) -> list[int]:
-    try:
-        sizes = [int(b) for b in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
-    if any(b < 1 for b in sizes):
-        raise argparse.ArgumentTypeError(f"batch sizes must be >= 1, got {text!r}")
-    return sizes
+PROG = "hispec bench-tool ar"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     """The flags, checked (threads against this process's cores) before anything is imported."""
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0],
+    p = args_lib.Parser(prog=PROG, description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--layers", type=int, default=8, help="decoder layers")
     p.add_argument("--hidden", type=int, default=512, help="hidden size")
@@ -56,7 +48,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--vocab", type=int, default=8192, help="vocabulary size")
     p.add_argument("--init-std", type=float, default=0.02, help="HF initializer_range")
     p.add_argument("--new-tokens", type=int, default=128, help="N new tokens per sequence")
-    p.add_argument("--batch-sizes", type=_batch_sizes, default=[1, 8], help="comma-separated")
+    p.add_argument("--batch-sizes", type=args_lib.positive_int_list, default=(1, 8), help="comma-separated")
     p.add_argument("--min-prompt", type=int, default=32, help="shortest prompt (tokens)")
     p.add_argument("--max-prompt", type=int, default=64, help="longest prompt (tokens)")
     p.add_argument("--rounds", type=int, default=3, help="timed rounds per batch size")

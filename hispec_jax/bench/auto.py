@@ -12,19 +12,15 @@ Targets (issue 14): auto >= 0.97x the best of the others; |measured / predicted 
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
 
-from hispec_jax.bench import prompts as prompts_lib
+from hispec_jax import datasets as prompts_lib
+from hispec_jax.bench import args as args_lib
 from hispec_jax.bench import suite
 from hispec_jax.models.model import load_model
 from hispec_jax.planner import latency, plan as plan_lib, tune as tune_lib
-
-
-def _ints(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in text.split(","))
 
 
 def run(model, *, num_prompts: int, max_new_tokens: int, rounds: int, layerskip, hispec,
@@ -100,14 +96,14 @@ def markdown(report: dict) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m hispec_jax.bench auto",
+    p = args_lib.Parser(prog="hispec bench-tool auto",
                                 description=__doc__.split("\n")[0])
     p.add_argument("--model", default=None)
     p.add_argument("--prompts", type=int, default=4)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--layerskip", type=_ints, nargs="*", default=[(8, 2), (12, 2), (12, 4)])
-    p.add_argument("--hispec", type=_ints, nargs="*", default=[(8, 12, 1, 2), (3, 6, 2, 4)])
+    p.add_argument("--layerskip", type=args_lib.positive_int_list, nargs="*", default=[(8, 2), (12, 2), (12, 4)])
+    p.add_argument("--hispec", type=args_lib.positive_int_list, nargs="*", default=[(8, 12, 1, 2), (3, 6, 2, 4)])
     p.add_argument("--plan", default=None, help="plan file (default: the saved plan)")
     p.add_argument("--out", default=None, help="write the report JSON here")
     args = p.parse_args(argv)

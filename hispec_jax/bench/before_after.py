@@ -20,7 +20,9 @@ import statistics
 import subprocess
 import sys
 
-PROG = "python -m hispec_jax.bench before-after"
+from hispec_jax.bench import args as args_lib
+
+PROG = "hispec bench-tool before-after"
 
 # One measurement in a fresh process of one tree; prints one JSON line.
 CHILD = """
@@ -63,7 +65,7 @@ def summary_lines(results: dict[str, list[dict]]) -> list[str]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0],
+    ap = args_lib.Parser(prog=PROG, description=__doc__.split("\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--before", required=True, help="source tree holding hispec_jax/ (before)")
     ap.add_argument("--after", required=True, help="source tree holding hispec_jax/ (after)")

@@ -21,11 +21,13 @@ import json
 import sys
 import time
 
-PROG = "python -m hispec_jax.bench exit-agreement"
+from hispec_jax.bench import args as args_lib
+
+PROG = "hispec bench-tool exit-agreement"
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0],
+    ap = args_lib.Parser(prog=PROG, description=__doc__.split("\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--model", required=True, help="a HF model directory or .gguf file")
     ap.add_argument("--rows", type=int, default=16, help="held-out rows")

@@ -14,13 +14,14 @@ imported torch (it must not). Sizes in MiB.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
 import sys
 
-PROG = "python -m hispec_jax.bench gguf-memory"
+from hispec_jax.bench import args as args_lib
+
+PROG = "hispec bench-tool gguf-memory"
 VARIANTS = (("float32", "unrolled"), ("float32", "scan"), ("bfloat16", "unrolled"),
             ("bfloat16", "scan"))
 
@@ -85,7 +86,7 @@ def measure(path: str, dtype: str, layout: str) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
+    ap = args_lib.Parser(prog=PROG, description=__doc__.split("\n")[0])
     ap.add_argument("model", nargs="?", default=None,
                     help="a .gguf file (default: `hispec pull smollm2-135m-instruct`'s)")
     args = ap.parse_args(argv)

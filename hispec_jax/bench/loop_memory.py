@@ -16,7 +16,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-PROG = "python -m hispec_jax.bench memory"
+from hispec_jax.bench import args as args_lib
+
+PROG = "hispec bench-tool memory"
 GIB = 2**30
 
 # (name, method, options, greedy): the loops compared, AR first in each mode.
@@ -41,7 +43,7 @@ def table_lines(rows: list[dict]) -> list[str]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0],
+    ap = args_lib.Parser(prog=PROG, description=__doc__.split("\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--preset", default="llama3_8b", help="a configs/model_*.py preset")
     ap.add_argument("--batch", type=int, default=1, help="sequences B")

@@ -1,4 +1,4 @@
-"""`hispec bench-oracle`: the engine against its own prediction, on an always-agree model.
+"""The engine against its own prediction, on an always-agree model (`hispec bench-tool oracle`).
 
 The always-agree variant of a model zeroes every layer's attention-output and MLP-down
 weights, so each layer adds nothing to the residual stream: every exit's hidden state is
@@ -20,9 +20,9 @@ time comes to the work it does.
                     context) x tokens/s / the device's memory bandwidth (accelerators whose
                     bandwidth is known)
 
-    hispec bench-oracle --shapes tiny                     # a preset, random weights
-    hispec bench-oracle --model hispec_jax/default_model
-    hispec bench-oracle --shapes llama3-8b --dtype bfloat16   # on a GPU
+    hispec bench-tool oracle --shapes tiny                     # a preset, random weights
+    hispec bench-tool oracle --model hispec_jax/default_model
+    hispec bench-tool oracle --shapes llama3-8b --dtype bfloat16   # on a GPU
 
 Prompts are random token ids (the oracle needs no tokenizer); greedy; EOS ignored; the
 methods are timed in interleaved rounds (`suite.compare`) and checked token-identical to AR.
@@ -43,6 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hispec_jax.bench import args as args_lib
 from hispec_jax.bench import suite
 from hispec_jax.bench.roofline import nbytes, step_weight_bytes
 from hispec_jax.bench.suite import MethodSpec
@@ -290,7 +291,7 @@ def _parse_specs(text: str, model: Model) -> list[MethodSpec]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="hispec bench-oracle", description=__doc__.split("\n")[0],
+    ap = args_lib.Parser(prog="hispec bench-tool oracle", description=__doc__.split("\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     source = ap.add_mutually_exclusive_group()
     source.add_argument("--model", help="a HF directory or .gguf file (its always-agree variant)")

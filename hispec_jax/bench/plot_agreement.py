@@ -10,12 +10,13 @@ perplexity; drawn by `plots.agreement_plot`. Nothing is measured here.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
-PROG = "python -m hispec_jax.bench plot-agreement"
+from hispec_jax.bench import args as args_lib
+
+PROG = "hispec bench-tool plot-agreement"
 
 
 def summary_curve(path: Path) -> tuple[dict, float]:
@@ -40,7 +41,7 @@ def curves(pairs: list[str]) -> dict[str, dict]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
+    ap = args_lib.Parser(prog=PROG, description=__doc__.split("\n")[0])
     ap.add_argument("out", help="the PNG to write")
     ap.add_argument("summaries", nargs="+", metavar="LABEL=SUMMARY",
                     help="a label and a training_summary.json, e.g. v2=out/training_summary.json")

@@ -31,7 +31,8 @@ from typing import Any
 
 import jax
 
-from hispec_jax.bench import plots, prompts as prompts_lib, report, suite, sweeps
+from hispec_jax import datasets as prompts_lib
+from hispec_jax.bench import plots, report, suite, sweeps
 from hispec_jax.bench.suite import MethodSpec, Result, Runner
 from hispec_jax.decoding import methods
 from hispec_jax.models.model import Model, load_model
@@ -165,12 +166,10 @@ class Bench:
     # ----- phases ----------------------------------------------------------------------
 
     def agreement(self) -> None:
-        from hispec_jax.train_heads import data
-
         for dataset in self.config.datasets:
             if dataset == "sharegpt":
-                _, evaluation = data.split_sharegpt(data.load_sharegpt().records)
-                texts = [data.conversation_text(r) for r in evaluation[:64]]
+                _, evaluation = prompts_lib.split_sharegpt(prompts_lib.load_sharegpt().records)
+                texts = [prompts_lib.conversation_text(r) for r in evaluation[:64]]
             else:
                 texts = prompts_lib.dataset_texts(dataset)[:64]
             sequences = [self.model.tokenizer(t)["input_ids"] for t in texts if t]

@@ -18,14 +18,14 @@
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from hispec_jax.bench import prompts as prompts_lib
+from hispec_jax import datasets as prompts_lib
+from hispec_jax.bench import args as args_lib
 from hispec_jax.bench import suite
 from hispec_jax.bench.suite import MethodSpec
 
@@ -67,7 +67,7 @@ def best_row(rows: list[dict]) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m hispec_jax.bench seed-methods",
+    p = args_lib.Parser(prog="hispec bench-tool seed-methods",
                                 description=__doc__.split("\n")[0])
     p.add_argument("--model", default=None, help="model directory (default: shipped)")
     p.add_argument("--prompts", type=int, default=4, help="held-out ShareGPT prompts")

@@ -24,9 +24,9 @@ full-model pass, mean over rounds) and acceptance per level (last round).
 Synthetic models (`--synthetic`) are random Llama-style models whose layers' residual
 contributions are scaled (`agree:S`, `oracle.scaled_residuals`): small S makes every exit's
 argmax (nearly) the final layer's, the regime an early-exit-trained model is in; S = 0 is
-the always-agree model of `hispec bench-oracle`. They measure the engine, not a model.
+the always-agree model of `hispec bench-tool oracle`. They measure the engine, not a model.
 Prompts: random token ids of `--prompt-len`, or held-out ShareGPT / HumanEval prompts of at
-most that many tokens (`bench/prompts.py`; needs --model).
+most that many tokens (`hispec_jax/datasets.py`; needs --model).
 """
 
 from __future__ import annotations
@@ -37,10 +37,9 @@ import statistics
 import sys
 from typing import Any
 
-PROG = "python -m hispec_jax.bench engine"
-STATS = ("exits", "acceptance_rate_per_level", "final_acceptance_rate", "true_reject_rate",
-         "tokens_per_full_pass", "layer_passes_per_token", "rounds", "actions_per_level",
-         "new_tokens")
+from hispec_jax.bench import args as args_lib
+
+PROG = "hispec bench-tool engine"
 
 
 def residual_scale(kind: str) -> float:
@@ -59,22 +58,8 @@ def residual_scale(kind: str) -> float:
     return scale
 
 
-def _ints(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",")] if text else []
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
-
-
-def _floats(text: str) -> list[float]:
-    try:
-        return [float(x) for x in text.split(",")] if text else []
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}")
-
-
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0],
+    ap = args_lib.Parser(prog=PROG, description=__doc__.split("\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--model", default=None, help="HF model directory (default: synthetic)")
     ap.add_argument("--synthetic", default="agree:0.05", help="random | agree:SCALE")
@@ -89,14 +74,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--prompt-len", type=int, default=48,
                     help="random prompts: this many ids; dataset prompts: longer ones are skipped")
     ap.add_argument("--max-new-tokens", type=int, default=96, help="new tokens per prompt")
-    ap.add_argument("--draft-exits", type=_ints, default=[],
+    ap.add_argument("--draft-exits", type=args_lib.int_list, default=(),
                     help="LayerSkip sweep, e.g. 1,2,4 (default: the model's default exits)")
     ap.add_argument("--rounds", type=int, default=3, help="timed interleaved rounds (median)")
     ap.add_argument("--seed", type=int, default=0, help="synthetic weights, prompts, sampling")
     ap.add_argument("--layer-layout", default=None, choices=["scan", "unrolled"],
                     help="layer weights layout (default: the backend's, unrolled on CPU)")
     ap.add_argument("--out", default=None, help="write results as JSON here")
-    ap.add_argument("--temperatures", type=_floats, default=[],
+    ap.add_argument("--temperatures", type=args_lib.float_list, default=(),
                     help="sampling mode instead: e.g. 0.6,1.0 runs AR and HiSpec (token-wise and "
                          "blockwise verification) at each temperature")
     args = ap.parse_args(argv)
@@ -142,7 +127,7 @@ def load(args):
     import numpy as np
 
     from hispec_jax import load_model
-    from hispec_jax.bench import prompts as prompts_lib
+    from hispec_jax import datasets as prompts_lib
     from hispec_jax.models.params import default_layer_layout, with_layer_layout
 
     if args.model:

@@ -21,7 +21,7 @@ from hispec_jax.decoding import methods
 from hispec_jax.models.heads import exit_logits
 from hispec_jax.models.model import Model
 from hispec_jax.models.params import with_layer_layout
-from hispec_jax.train_heads.pretrain import scan_exits
+from hispec_jax.models.transformer import scan_exits
 
 
 def candidate_exits(model: Model) -> list[int]:

@@ -74,8 +74,8 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         return 0
     tool = resolve(argv[0])
     if tool is None:
-        print(f"usage: {prog} TOOL [args]\n{prog}: error: unknown tool {argv[0]!r}; "
-              f"choose from: {', '.join(TOOLS)}", file=sys.stderr)
+        print(f"{prog}: error: unknown tool {argv[0]!r}; choose from: {', '.join(TOOLS)}",
+              file=sys.stderr)
         return 2
     status = importlib.import_module(module_name(tool)).main(argv[1:])
     return 0 if status is None else int(status)

@@ -70,6 +70,7 @@ import jax.numpy as jnp
 
 from hispec_jax.decoding import draft as draft_lib
 from hispec_jax.decoding import emit
+from hispec_jax.decoding import policies
 from hispec_jax.decoding import windows as windows_lib
 from hispec_jax.decoding.acceptance import GreedyAcceptance, Verdict
 from hispec_jax.decoding.draft import StaticDraftExit
@@ -108,11 +109,11 @@ class Hierarchy:
 
     exits: tuple[int, ...]
     max_windows: tuple[int, ...] = ()
-    window_policy: Any = windows_lib.FixedWindows()
-    rule: Any = GreedyAcceptance()
+    window_policy: policies.WindowPolicy = windows_lib.FixedWindows()
+    rule: policies.AcceptanceRule = GreedyAcceptance()
     schedule: str = "sync"
-    draft_exit: Any = StaticDraftExit()
-    companion: Any = None
+    draft_exit: policies.DraftExitPolicy = StaticDraftExit()
+    companion: policies.Companion | None = None
     top_blocks: tuple[int, ...] = ()
 
     def __post_init__(self):

@@ -22,6 +22,7 @@ from hispec_jax.decoding import chat as chat_lib
 from hispec_jax.decoding import engine as engine_lib
 from hispec_jax.decoding import mesh as mesh_lib
 from hispec_jax.decoding import methods as methods_lib
+from hispec_jax.decoding import options as options_lib
 from hispec_jax.decoding.request import Request
 from hispec_jax.decoding.sampling import SamplingParams, sequence_keys
 from hispec_jax.models import sharding
@@ -126,9 +127,9 @@ def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int =
       model: a loaded `Model`.
       prompts: a string, a list of strings, or a list of token-id lists.
       method: "ar" (autoregressive), "exit" (early-exit inference from `exit_layer`),
-        "layerskip" or "hispec" (see `methods.make_method`), "auto" (the plan `hispec tune`
-        saved for this model, device and batch size; a quick tune first when there is
-        none: `planner/`), or a `methods.Decoder`.
+        "layerskip", "hispec", "sv" or "specbound" (see `methods.make_method`), or a
+        `methods.Decoder`. ("auto", the plan `hispec tune` saved, is resolved above
+        decoding: `hispec_jax.generate`, `hispec_jax/api.py`.)
       max_new_tokens: per-sequence budget of new tokens (>= 1).
       batch_size: split prompts into batches of this many (default: one batch).
       ignore_eos: keep generating past EOS.
@@ -145,34 +146,66 @@ def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int =
         are those of unsharded decoding.
       **method_options: the method's settings (e.g. exit_layer, draft_exit, verify_exits,
         draft_len, verify_window, adaptive, acceptance="tokenwise"|"blockwise").
+
+    The steps, each checking its inputs before anything compiles: `check_request` (budget
+    and sampling), `method_decoder` (the method and its options), `prompt_token_ids`
+    (prompts, chat template), `check_batch_size`, then `decode` (shapes, the compiled loop,
+    the runs, stats).
     """
-    # ---- validate everything before compiling anything ----
+    sampling, max_new_tokens = check_request(max_new_tokens, temperature, top_k, top_p, seed)
+    decoder = method_decoder(model, method, sampling, method_options)
+    prompt_ids = prompt_token_ids(model, prompts, chat)
+    batch_size = check_batch_size(batch_size, len(prompt_ids))
+    named = not isinstance(method, methods_lib.Decoder)
+    return decode(model, prompt_ids, decoder, sampling, method_name=method if named else "custom",
+                  max_new_tokens=max_new_tokens, batch_size=batch_size, ignore_eos=ignore_eos,
+                  max_cache_len=max_cache_len, chat=chat, mesh=mesh, reuse_compiled=named)
+
+
+def check_request(max_new_tokens, temperature, top_k, top_p, seed) -> tuple[SamplingParams, int]:
+    """The sampling settings and the token budget (`options.py`'s rules); ValueError."""
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-    if not _is_int(max_new_tokens) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-    max_new_tokens = int(max_new_tokens)
+    return sampling, options_lib.check_positive_int("max_new_tokens", max_new_tokens)
+
+
+def method_decoder(model: Model, method, sampling: SamplingParams,
+                   method_options: dict[str, Any]) -> methods_lib.Decoder:
+    """The `Decoder` of a method name and its options (`methods.make_method`), or a
+    hand-built `Decoder` as it is (it takes no options)."""
     if isinstance(method, methods_lib.Decoder):  # a hand-built hierarchy (advanced use)
         if method_options:
             raise ValueError("method options are part of a Decoder; pass none with one")
-        decoder = method
-    elif method == "auto":
-        given = sorted(k for k, v in method_options.items() if v is not None and v is not False)
-        if given:
-            raise ValueError(f"method 'auto' does not take {', '.join(given)} "
-                             "(the tuned plan sets them)")
-    else:
-        decoder = methods_lib.make_method(model, method, greedy=sampling.greedy, **method_options)
-    prompt_ids = tokenize(model, chat_lib.chat_prompt_ids(model, prompts) if chat else prompts)
-    if batch_size is None:
-        batch_size = len(prompt_ids)
-    if not _is_int(batch_size) or batch_size < 1:
-        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-    batch_size = int(batch_size)
-    plan = None
-    if method == "auto":  # the tuned plan for (model, device, batch size): planner/tune.py
-        from hispec_jax.planner import tune as tune_lib
+        return method
+    if method == "auto":
+        raise ValueError("method 'auto' (a tuned plan) is resolved by hispec_jax.generate, "
+                         "not by hispec_jax.decoding.generate")
+    return methods_lib.make_method(model, method, greedy=sampling.greedy, **method_options)
 
-        decoder, plan = tune_lib.auto_decoder(model, batch_size, greedy=sampling.greedy)
+
+def prompt_token_ids(model: Model, prompts, chat: bool = False) -> list[list[int]]:
+    """The prompts as token-id lists (rendered with the chat template first for `chat`)."""
+    return tokenize(model, chat_lib.chat_prompt_ids(model, prompts) if chat else prompts)
+
+
+def check_batch_size(batch_size, num_prompts: int) -> int:
+    """`batch_size`, or every prompt in one batch for None."""
+    if batch_size is None:
+        return num_prompts
+    return options_lib.check_positive_int("batch_size", batch_size)
+
+
+def decode(model: Model, prompt_ids: list[list[int]], decoder: methods_lib.Decoder,
+           sampling: SamplingParams, *, method_name: str, max_new_tokens: int, batch_size: int,
+           ignore_eos: bool = False, max_cache_len: int | None = None, chat: bool = False,
+           mesh=None, reuse_compiled: bool = True,
+           extra_stats: dict[str, Any] | None = None) -> GenerationResult:
+    """Runs checked prompts through `decoder`'s compiled loop, batch by batch.
+
+    `reuse_compiled`: run in an already compiled loop of this model and these shapes whose
+    window bounds are larger, when its (longer) lookahead still fits the cache (named
+    methods; a hand-built `Decoder` runs exactly its own hierarchy). `extra_stats` go into
+    the stats after `num_layers` (e.g. the tuned plan's name).
+    """
     model = place_on_mesh(model, mesh)  # no-op without a mesh or on the model's own
     # Batch-padding rows (finished from the start) fill the data axis; results skip them.
     loop_batch = _round_up(batch_size, sharding.axis_size(model.mesh, "data"))
@@ -187,9 +220,7 @@ def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int =
                                num_eos=int(eos_ids_E.shape[0]))
     engine = mesh_lib.sharded(
         engine_lib.Engine.for_model(model, decoder.hierarchy, shapes, sampling.greedy), model.mesh)
-    if not isinstance(method, methods_lib.Decoder):
-        # Run in an already compiled loop of this model and these shapes whose window bounds
-        # are larger, when its (longer) lookahead still fits the cache; else compile.
+    if reuse_compiled:
         covering = engine.compiled_covering()
         if max_prompt_len + max_new_tokens + covering.hierarchy.lookahead <= capacity:
             engine = covering
@@ -223,11 +254,11 @@ def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int =
 
     new_tokens = sum(len(t) for t in token_ids)
     stats = {
-        "method": method if isinstance(method, str) else "custom",
+        "method": method_name,
         "model": model_name(model),
         "model_path": model.path,
         "num_layers": model.cfg.num_layers,
-        **({"plan": plan.name()} if plan is not None else {}),
+        **(extra_stats or {}),
         "new_tokens": new_tokens,
         "tokens_per_second": new_tokens / run_seconds if run_seconds > 0 else 0.0,
         "decode_seconds": run_seconds,

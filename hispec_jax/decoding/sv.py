@@ -44,6 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hispec_jax.decoding.acceptance import Verdict, leading_run
+from hispec_jax.decoding.costs import Costs, device_key
 
 PROFILE_FILE = "sv_profile.json"
 FORMAT_VERSION = 1
@@ -131,8 +132,6 @@ def warn_if_other_device(table: SVTable) -> None:
     """Warns when `table`'s stage costs were measured on another kind of device: SV's
     verification lengths may then be poor choices (its output is exact regardless)."""
     import warnings
-
-    from hispec_jax.planner.plan import device_key
 
     measured_on = table.meta.get("device")
     if measured_on and measured_on != device_key():
@@ -227,8 +226,6 @@ def selector(table: SVTable, draft_exit: int, companion_exit: int, num_layers: i
              draft_len: int, greedy: bool) -> SVSelector:
     """The in-loop selector for a hierarchy (draft_exit, companion_exit, L) with `draft_len`
     drafts per round, from a profile table and its costs."""
-    from hispec_jax.planner.latency import Costs  # the planner's cost model
-
     if (table.draft_exit, table.companion_exit) != (draft_exit, companion_exit):
         raise ValueError(f"the SV profile was made for exits ({table.draft_exit}, "
                          f"{table.companion_exit}), not ({draft_exit}, {companion_exit}); run "

@@ -15,6 +15,7 @@ K kv heads, G = N / K, H head dim, F MLP width, V vocab.
 from __future__ import annotations
 
 import functools
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -201,6 +202,35 @@ def run_layers(params: Params, cfg: ModelConfig, x_BxTxD: jax.Array, positions_B
 
     x_BxTxD, (k_LxBxTxKxH, v_LxBxTxKxH) = jax.lax.scan(step, x_BxTxD, jnp.arange(start, stop))
     return x_BxTxD, KVBlock(k=k_LxBxTxKxH, v=v_LxBxTxKxH)
+
+
+def scan_exits(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array,
+               per_exit: Callable[[jax.Array, jax.Array], Any],
+               keep_LxB: jax.Array | None = None):
+    """Runs every layer over a block (no context), applying `per_exit` to each layer's output.
+
+    Each scan step is the library's `run_layers` for one layer with an empty (capacity 0)
+    KV cache and positions 0..T-1, so the block attends to itself causally: the exact
+    per-layer math the decoders use. `per_exit(h_BxTxD, layer_index)` gets the 0-based
+    layer index (a traced scalar). With `keep_LxB`, layer l is skipped (identity) for the
+    sequences where it is False (layer dropout). Returns (layer-L states [B, T, D],
+    `per_exit` outputs stacked on a leading [L] axis).
+    """
+    B, T = tokens_BxT.shape
+    positions_BxT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    no_context = KVCache.zeros(cfg, B, 0, num_layers=1)
+    if keep_LxB is None:
+        keep_LxB = jnp.ones((cfg.num_layers, B), bool)
+
+    def step(x_BxTxD, xs):
+        layer_params, index, keep_B = xs
+        one_layer = {"layers": jax.tree.map(lambda w: w[None], layer_params)}
+        y_BxTxD, _ = run_layers(one_layer, cfg, x_BxTxD, positions_BxT, no_context, 0, 1)
+        x_BxTxD = jnp.where(keep_B[:, None, None], y_BxTxD, x_BxTxD)
+        return x_BxTxD, per_exit(x_BxTxD, index)
+
+    return jax.lax.scan(step, embed(params, tokens_BxT),
+                        (params["layers"], jnp.arange(cfg.num_layers), keep_LxB))
 
 
 def _unpack(attention_k_v):

@@ -27,15 +27,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hispec_jax import datasets
 from hispec_jax.decoding import generate as generate_lib
 from hispec_jax.decoding import methods
 from hispec_jax.models.heads import exit_logits
 from hispec_jax.models.kv_cache import KVCache
 from hispec_jax.models.model import Model
 from hispec_jax.models.params import with_layer_layout
+from hispec_jax.models.transformer import run_layers_cached, scan_exits
 from hispec_jax.planner.latency import Costs, blocks
-from hispec_jax.train_heads.pretrain import scan_exits
-from hispec_jax.models.transformer import run_layers_cached
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,17 +108,14 @@ def calibration_prompts(model: Model, num_prompts: int, max_prompt_tokens: int,
     benchmark prompts), or random token prompts for a model without a tokenizer."""
     if model.tokenizer is not None:
         try:
-            from hispec_jax.train_heads import data
-
-            train, _ = data.split_sharegpt(data.load_sharegpt().records)
+            train, _ = datasets.split_sharegpt(datasets.load_sharegpt().records)
         except (ImportError, FileNotFoundError):
             train = []
         prompts = []
         for record in train:
-            turns = [t.get("value") or "" for t in record.get("conversations", [])
-                     if str(t.get("from", "")).lower() in ("human", "user")]
-            if turns and turns[0].strip():
-                ids = model.tokenizer(f"User: {turns[0].strip()}\nAssistant:")["input_ids"]
+            text = datasets.first_user_prompt(record)
+            if text is not None:
+                ids = model.tokenizer(text)["input_ids"]
                 if len(ids) <= max_prompt_tokens:
                     prompts.append(list(ids))
                     if len(prompts) == num_prompts:

@@ -16,10 +16,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-import jax
 import numpy as np
 
 from hispec_jax.decoding import methods
+from hispec_jax.decoding.costs import device_key
 from hispec_jax.models.model import Model
 
 FORMAT_VERSION = 1
@@ -93,16 +93,6 @@ class Plan:
         d = {k: v for k, v in d.items() if k in fields}
         d["exits"], d["windows"] = tuple(d["exits"]), tuple(d.get("windows", ()))
         return cls(**d)
-
-
-def device_key() -> str:
-    """e.g. 'cpu-2cores' or 'gpu-nvidia-h100-80gb-hbm3'."""
-    d = jax.devices()[0]
-    if d.platform == "cpu":
-        what = f"{len(os.sched_getaffinity(0))}cores"
-    else:
-        what = d.device_kind
-    return re.sub(r"[^a-z0-9]+", "-", f"{d.platform}-{what}".lower()).strip("-")
 
 
 def model_key(model: Model) -> str:

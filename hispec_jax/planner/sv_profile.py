@@ -13,12 +13,18 @@ the draft token x = argmax p_d:
 cost of a layer and of an exit head per block length (`calibrate.measure_stage_costs`) is
 the latency model that turns expected accepted tokens into goodput. The profile is saved as
 `sv_profile.json` in the model directory (or where `--out` says).
+
+`profile_for` is what `hispec generate --method sv` uses, so SV works on any model: the
+model directory's profile when it is for the requested exits, else one cached for (model,
+device, exits) in `$HISPEC_CACHE_DIR/sv_profiles/`, else a quick profile made now (progress
+reported, then cached there).
 """
 
 from __future__ import annotations
 
 import functools
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -30,9 +36,10 @@ from hispec_jax.decoding import sv as sv_lib
 from hispec_jax.models.heads import exit_logits
 from hispec_jax.models.model import Model
 from hispec_jax.models.params import with_layer_layout
+from hispec_jax.models.transformer import scan_exits
 from hispec_jax.planner import calibrate
+from hispec_jax.planner import plan as plan_lib
 from hispec_jax.planner.latency import Costs
-from hispec_jax.train_heads.pretrain import scan_exits
 
 
 @functools.partial(jax.jit, static_argnames=("model_cfg", "exits"))
@@ -95,11 +102,44 @@ def profile_sv(model: Model, draft_exit: int | None = None, companion_exit: int 
     costs = Costs(batch=batch_size, num_layers=L, block_sizes=tuple(s.block_sizes),
                   layer_s=tuple(layer_s), head_s=tuple(head_s),
                   head_scale=calibrate.head_cost_scales(model))
-    from hispec_jax.planner import plan as plan_lib
-
     meta = {"prompts": len(prompts), "positions": int(S.size), "model": plan_lib.model_key(model),
             "device": plan_lib.device_key(), "batch_size": batch_size,
             "seconds": round(time.perf_counter() - t0, 2),
             "mean_greedy_acceptance": round(float(greedy_ok.mean()), 4) if S.size else None}
     return sv_lib.build_table(S, A, greedy_ok, sampling, d, c, costs.to_json(), s_bins=s_bins,
                               a_bins=a_bins, meta=meta)
+
+
+def cache_path(model: Model, draft_exit: int, companion_exit: int) -> Path:
+    """Where `profile_for` caches the profile of (model, this device, exits)."""
+    return (plan_lib.cache_dir().parent / "sv_profiles" /
+            f"{plan_lib.model_key(model)}-{plan_lib.device_key()}-e{draft_exit}-{companion_exit}.json")
+
+
+def profile_for(model: Model, draft_exit: int | None = None, companion_exit: int | None = None,
+                *, progress=None) -> sv_lib.SVTable:
+    """The SV profile for (draft_exit, companion_exit) of `model` (defaults as `generate`'s):
+    the model directory's `sv_profile.json` if it is for these exits, else the one cached
+    for this model and device, else a quick profile (`calibrate.Settings.quick()`) made now
+    and cached. `progress(msg)` hears what happens when one is made (nothing otherwise).
+    ValueError for exits SV cannot use."""
+    default_d, default_c = methods.default_exits(model)
+    d = default_d if draft_exit is None else draft_exit
+    c = default_c if companion_exit is None else companion_exit
+    if model.path is not None:
+        try:
+            own = sv_lib.find_table(model.path)
+        except FileNotFoundError:
+            own = None
+        if own is not None and (own.draft_exit, own.companion_exit) == (d, c):
+            return own
+    path = cache_path(model, d, c) if c is not None else None
+    if path is not None and path.is_file():
+        return sv_lib.SVTable.load(path)
+    tick = progress or (lambda msg: None)
+    tick(f"no SV profile of this model for exits ({d}, {c}) on this device: making a quick "
+         "one (`hispec profile-sv` makes a full one)")
+    table = profile_sv(model, d, c, settings=calibrate.Settings.quick(), progress=tick)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tick(f"saved it to {table.save(path)} (used from there next time)")
+    return table

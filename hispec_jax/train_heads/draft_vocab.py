@@ -29,6 +29,7 @@ from typing import Sequence
 import jax.numpy as jnp
 import numpy as np
 
+from hispec_jax import datasets
 from hispec_jax.models.heads import head_kind, lm_head_matrix
 from hispec_jax.models.hf_io import check_draft_vocab
 from hispec_jax.models.model import Model
@@ -45,11 +46,11 @@ def token_counts(model: Model, max_docs: int = 2000) -> tuple[np.ndarray, np.nda
         raise ValueError("a draft vocabulary is counted from text: the model has no tokenizer")
     if max_docs < 1:
         raise ValueError(f"max_docs must be >= 1, got {max_docs}")
-    train, held_out = data.split_sharegpt(data.load_sharegpt().records)
+    train, held_out = datasets.split_sharegpt(datasets.load_sharegpt().records)
     V = model.cfg.vocab_size
 
     def count(records) -> np.ndarray:
-        docs = data.tokenize_docs(model.tokenizer, [data.conversation_text(r) for r in records],
+        docs = data.tokenize_docs(model.tokenizer, [datasets.conversation_text(r) for r in records],
                                   cache_dir=data.DEFAULT_CACHE_DIR / "tokens")
         ids = np.concatenate([np.asarray(d, np.int64) for d in docs]) if docs else np.zeros(0, int)
         return np.bincount(ids[(ids >= 0) & (ids < V)], minlength=V)

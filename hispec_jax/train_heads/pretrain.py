@@ -43,10 +43,12 @@ import ml_collections
 import numpy as np
 import optax
 
+from hispec_jax import datasets
 from hispec_jax.models.config import ModelConfig
 from hispec_jax.models.model import Model, load_model, save_model
 from hispec_jax.models.params import Params, init_params
 from hispec_jax.models.presets import model_config_from_ml_collections
+from hispec_jax.models.transformer import scan_exits
 from hispec_jax.train_heads import data, exit_recipe
 
 log = logging.getLogger(__name__)
@@ -61,7 +63,6 @@ PACKAGE_DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[1] / "default_model
 # Re-exported: the loss pieces used to live here.
 exit_loss_weights = exit_recipe.exit_loss_weights
 exit_cross_entropies = exit_recipe.exit_cross_entropies
-scan_exits = exit_recipe.scan_exits
 _shared_head_logits = exit_recipe.shared_head_logits
 
 
@@ -224,15 +225,15 @@ def prepare_data(config: ml_collections.ConfigDict, work_dir: Path, tokenizer=No
     for the ShareGPT split. `tokenizer` (e.g. the `init_from` model's) is used as is;
     None: the one in work_dir (resume) or a newly trained one."""
     d = config.data
-    sharegpt = data.load_sharegpt()
-    train_records, eval_records = data.split_sharegpt(sharegpt.records)
-    train_texts = [t for t in map(data.conversation_text, train_records) if t]
-    eval_records = [r for r in eval_records if data.conversation_text(r)]
+    sharegpt = datasets.load_sharegpt()
+    train_records, eval_records = datasets.split_sharegpt(sharegpt.records)
+    train_texts = [t for t in map(datasets.conversation_text, train_records) if t]
+    eval_records = [r for r in eval_records if datasets.conversation_text(r)]
     if d.max_train_docs:
         train_texts = train_texts[:d.max_train_docs]
     if d.max_eval_docs:
         eval_records = eval_records[:d.max_eval_docs]
-    eval_texts = [data.conversation_text(r) for r in eval_records]
+    eval_texts = [datasets.conversation_text(r) for r in eval_records]
 
     vocab_size = config.model.vocab_size
     tok_dir = work_dir / "tokenizer"
@@ -305,6 +306,9 @@ def pretrain(config: ml_collections.ConfigDict, progress: bool = True) -> dict[s
     work_dir.mkdir(parents=True, exist_ok=True)
     cfg = model_config_from_ml_collections(config.model)
 
+    if not isinstance(config.num_steps, int) or config.num_steps < 0:
+        raise ValueError(f"num_steps must be an integer >= 0 (0: evaluate only), got "
+                         f"{config.num_steps!r}")
     exit_recipe.validate_recipe(config, cfg.num_layers)
     init_model = load_init_model(config, cfg) if config.init_from else None
 

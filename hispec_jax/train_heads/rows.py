@@ -4,7 +4,7 @@ Head training reads a fixed set of packed rows (int32 [N, seq_len]) for every ep
 frozen base's features of each row can be cached once (`features.FeatureCache`) and both
 the cached and the uncached pipeline see exactly the same batches:
 
-- "sharegpt": the ShareGPT training split (`data.split_sharegpt`), tokenized with the
+- "sharegpt": the ShareGPT training split (`datasets.split_sharegpt`), tokenized with the
   model's tokenizer, packed once by `data.PackedBatches` (its epoch-0 packing, inputs
   `row[:-1]`); held-out rows come from the evaluation split, packed without shuffling.
 - "random": uniformly random token ids (tests, smoke runs, throughput measurements).
@@ -20,6 +20,7 @@ import dataclasses
 
 import numpy as np
 
+from hispec_jax import datasets
 from hispec_jax.models.model import Model
 
 
@@ -76,15 +77,15 @@ def sharegpt_rows(model: Model, seq_len: int, max_train_docs: int, num_eval: int
     if model.tokenizer is None:
         raise ValueError("data_source='sharegpt' needs the model's tokenizer, and the model "
                          "directory has none")
-    records = data.load_sharegpt().records
-    train_records, eval_records = data.split_sharegpt(records)
+    records = datasets.load_sharegpt().records
+    train_records, eval_records = datasets.split_sharegpt(records)
     if max_train_docs:
         train_records = train_records[:max_train_docs]
     token_dir = data.DEFAULT_CACHE_DIR / "tokens"
     eos_id = (model.eos_token_ids or (model.tokenizer.eos_token_id,))[0]
-    train_docs = data.tokenize_docs(model.tokenizer, [data.conversation_text(r) for r in train_records],
+    train_docs = data.tokenize_docs(model.tokenizer, [datasets.conversation_text(r) for r in train_records],
                                     cache_dir=token_dir)
-    eval_docs = data.tokenize_docs(model.tokenizer, [data.conversation_text(r) for r in eval_records],
+    eval_docs = data.tokenize_docs(model.tokenizer, [datasets.conversation_text(r) for r in eval_records],
                                    cache_dir=token_dir)
     train = _packed_rows(train_docs, seq_len, seed, eos_id, shuffle=True)
     held_out = _packed_rows(eval_docs, seq_len, seed, eos_id, shuffle=False)[:num_eval]

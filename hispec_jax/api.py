@@ -1,0 +1,48 @@
+"""`hispec_jax.generate`: decoding (`decoding/generate.py`) plus method="auto", the plan
+`hispec tune` saved (`planner/`).
+
+The package's layers import one way (`tests/test_imports.py` holds them to it):
+
+    models, datasets  ->  decoding, train_heads  ->  planner  ->  api  ->  bench  ->  cli
+
+Decoding knows nothing of the planner, so a method that needs a tuned plan is resolved
+here, one layer above both: the plan for (model, device, batch size) becomes a `Decoder`
+and decoding runs it like any other.
+"""
+
+from __future__ import annotations
+
+from hispec_jax.decoding import generate as generate_lib
+from hispec_jax.decoding.generate import GenerationResult
+from hispec_jax.models.model import Model
+from hispec_jax.planner import tune as tune_lib
+
+
+def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int = 64,
+             batch_size: int | None = None, ignore_eos: bool = False, temperature: float = 0.0,
+             top_k: int = 0, top_p: float = 1.0, seed: int = 0, max_cache_len: int | None = None,
+             chat: bool = False, mesh=None, **method_options) -> GenerationResult:
+    """Generates continuations of `prompts`: `decoding.generate.generate`'s arguments and
+    result, and also method="auto": the plan `hispec tune` saved for this model, device and
+    batch size (a quick tune first when there is none, said on stderr). Auto takes no
+    method options (the plan sets them); its stats name the plan ("plan")."""
+    if method != "auto":
+        return generate_lib.generate(
+            model, prompts, method=method, max_new_tokens=max_new_tokens,
+            batch_size=batch_size, ignore_eos=ignore_eos, temperature=temperature, top_k=top_k,
+            top_p=top_p, seed=seed, max_cache_len=max_cache_len, chat=chat, mesh=mesh,
+            **method_options)
+    # The same checks, in the same order, as decoding's, before anything is tuned.
+    sampling, max_new_tokens = generate_lib.check_request(max_new_tokens, temperature, top_k,
+                                                          top_p, seed)
+    given = sorted(k for k, v in method_options.items() if v is not None and v is not False)
+    if given:
+        raise ValueError(f"method 'auto' does not take {', '.join(given)} "
+                         "(the tuned plan sets them)")
+    prompt_ids = generate_lib.prompt_token_ids(model, prompts, chat)
+    batch_size = generate_lib.check_batch_size(batch_size, len(prompt_ids))
+    decoder, plan = tune_lib.auto_decoder(model, batch_size, greedy=sampling.greedy)
+    return generate_lib.decode(
+        model, prompt_ids, decoder, sampling, method_name="auto", max_new_tokens=max_new_tokens,
+        batch_size=batch_size, ignore_eos=ignore_eos, max_cache_len=max_cache_len, chat=chat,
+        mesh=mesh, reuse_compiled=True, extra_stats={"plan": plan.name()})

@@ -1,0 +1,118 @@
+"""`hispec bench` (the whole benchmark: prompts to report.md and plots) and `hispec
+bench-tool TOOL` (one benchmark tool: `hispec_jax/bench/tools.py` lists them)."""
+
+from __future__ import annotations
+
+from hispec_jax.cli import common
+
+
+def retired_spelling(argv: list[str]) -> str | None:
+    """The error for a spelling that used to start the oracle benchmark (`hispec
+    bench-oracle`, `hispec bench --oracle`): each names the one way now; else None."""
+    if argv[:1] == ["bench-oracle"] or (argv[:1] == ["bench"] and "--oracle" in argv):
+        return "the oracle benchmark is `hispec bench-tool oracle` (same flags)"
+    return None
+
+
+def add_parsers(subparsers) -> None:
+    bench = common.add_command(
+        subparsers, "bench", run_bench,
+        help="every method and transformers side by side: report.md and plots",
+        description="Greedy decoding of ShareGPT evaluation and HumanEval prompts with AR, a "
+                    "LayerSkip sweep, HiSpec (defaults, adaptive, tuned on an exit grid), SV, "
+                    "SpecBound (batch sizes 1, 4, 16 too) and transformers' generate / "
+                    "assistant_early_exit on the same weights, timed in "
+                    "interleaved rounds; checks every output equals AR's. Writes report.json, "
+                    "report.md and PNG plots to --out-dir. See hispec_jax/bench/run.py. The "
+                    "single-purpose tools (the always-agree oracle, memory, GGUF, AR against "
+                    "transformers, ...) are `hispec bench-tool`.")
+    bench.add_argument("--model", default=None,
+                       help="local Hugging Face model directory (default: the shipped model)")
+    bench.add_argument("--datasets", default="sharegpt,humaneval",
+                       help="comma-separated: sharegpt (evaluation split), humaneval")
+    bench.add_argument("--prompts", type=int, default=None,
+                       help="prompts per dataset (default: 8; --quick 2)")
+    bench.add_argument("--max-prompt-tokens", type=int, default=256,
+                       help="longer prompts are skipped (never cut)")
+    bench.add_argument("--max-new-tokens", type=int, default=None,
+                       help="new tokens per prompt (default: 64; --quick 8)")
+    bench.add_argument("--batch-size", type=int, default=1, help="prompts decoded together")
+    bench.add_argument("--rounds", type=int, default=None,
+                       help="timed interleaved rounds, median (default: 3; --quick 1)")
+    bench.add_argument("--draft-exits", type=common.int_list, default=None,
+                       help="LayerSkip draft exits to sweep (default: every exit <= L/4, every "
+                            "other one <= L/2)")
+    bench.add_argument("--draft-lens", type=common.int_list, default=None,
+                       help="LayerSkip draft lengths to sweep (default: 2,4; --quick 2)")
+    bench.add_argument("--grid-exits", default=None,
+                       help="exits of the HiSpec (Ld, Li) grid (default: as --draft-exits; "
+                            "'none' skips the grid)")
+    bench.add_argument("--tuned", type=common.int_list, default=None,
+                       help="Ld,Li,Nd,Ni of 'hispec tuned' instead of tuning on the grid")
+    bench.add_argument("--batch-sizes", default=None,
+                       help="throughput of AR, LayerSkip, HiSpec, SV and SpecBound at these "
+                            "batch sizes ('none' skips; default: 1,4,16; --quick 1,2)")
+    bench.add_argument("--no-transformers", action="store_true",
+                       help="skip the transformers (PyTorch) baselines")
+    bench.add_argument("--no-seed-methods", action="store_true",
+                       help="skip the SV and SpecBound rows")
+    bench.add_argument("--sv-profile", default=None,
+                       help="SV profile (default: the model's sv_profile.json, else a quick "
+                            "profile written to --out-dir)")
+    bench.add_argument("--no-agreement", action="store_true",
+                       help="skip the per-exit agreement measurement")
+    bench.add_argument("--quick", action="store_true",
+                       help="a smoke run: 2 prompts, 8 new tokens, 1 round, small sweeps "
+                            "(flags given explicitly win)")
+    bench.add_argument("--out-dir", default="hispec_bench_results",
+                       help="where report.md, report.json and the plots go")
+    bench.add_argument("--no-progress", action="store_true", help="no progress bars")
+    common.add_mesh_flag(bench)
+
+    tool = common.add_command(
+        subparsers, "bench-tool", run_bench_tool, add_help=False,
+        help="run one benchmark tool: bench-tool TOOL [args] (without TOOL: the list)")
+    tool.set_defaults(passthrough=True)
+
+
+def run_bench_tool(args) -> int:
+    from hispec_jax.bench import tools
+
+    return tools.main(args.extra, prog="hispec bench-tool")
+
+
+def run_bench(args) -> int:
+    mesh_shape = common.mesh_arg(args)  # before importing JAX
+    if args.model is not None:
+        common.check_model_path(args.model)
+    if args.tuned is not None and len(args.tuned) != 4:
+        raise ValueError(f"--tuned takes Ld,Li,Nd,Ni, got {args.tuned}")
+    from hispec_jax.bench.report import summary_lines
+    from hispec_jax.bench.run import BenchConfig, run_bench as run
+
+    def given_or(value, default, quick):  # a flag left out: its default, or --quick's
+        return value if value is not None else (quick if args.quick else default)
+
+    batch_sizes = given_or(args.batch_sizes, "1,4,16", "1,2")
+    config = BenchConfig(
+        model_dir=args.model, datasets=tuple(d for d in args.datasets.split(",") if d),
+        num_prompts=given_or(args.prompts, 8, 2), max_prompt_tokens=args.max_prompt_tokens,
+        max_new_tokens=given_or(args.max_new_tokens, 64, 8), batch_size=args.batch_size,
+        rounds=given_or(args.rounds, 3, 1), draft_exits=args.draft_exits,
+        draft_lens=tuple(given_or(args.draft_lens, (2, 4), (2,))),
+        grid_exits=(None if args.grid_exits is None
+                    else common.optional_ints(args.grid_exits, "--grid-exits")),
+        tuned=args.tuned, transformers=not args.no_transformers,
+        batch_sizes=common.optional_ints(batch_sizes, "--batch-sizes"),
+        agreement=not args.no_agreement, seed_methods=not args.no_seed_methods,
+        sv_profile=args.sv_profile, out_dir=args.out_dir, progress=not args.no_progress)
+    if args.quick:
+        if args.draft_exits is None:
+            config.draft_exits = None if args.model else (2, 4)
+        if args.grid_exits is None and not args.model:
+            config.grid_exits = (2, 4, 6)
+    common.use_mesh(mesh_shape)  # the bench's load_model shards onto it
+    report = run(config)
+    print("\n".join(summary_lines(report)))
+    print(f"wrote {args.out_dir}/report.md, report.json and {len(report['plots'])} plots")
+    return 0

@@ -1,0 +1,141 @@
+"""What the command groups share: the help format, argument types, model-path checks, the
+device-mesh flag and `--config.KEY=VALUE` overrides.
+
+Standard library and `options` / `mesh_spec` (both standard-library only) at import time:
+arguments are checked before JAX is imported or weights are read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from hispec_jax.bench.args import int_list, positive_int_list
+from hispec_jax.decoding import options as options_lib
+from hispec_jax.models import mesh_spec
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends "(default: X)" to an option's help, unless the default is None / False (not
+    given) or the help text already states it."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if (action.default is None or action.default is False
+                or action.default == argparse.SUPPRESS or "default" in text):
+            return text
+        return super()._get_help_string(action)
+
+
+def add_command(subparsers, name: str, run, **kwargs) -> argparse.ArgumentParser:
+    """A subcommand `name` whose `run(args) -> int` does the work (`args.extra` holds what
+    the parser did not recognize, for commands that take `--config.KEY=VALUE` overrides)."""
+    parser = subparsers.add_parser(name, formatter_class=HelpFormatter, **kwargs)
+    parser.set_defaults(run=run, takes_overrides=False, passthrough=False)
+    return parser
+
+
+def optional_ints(text: str, flag: str) -> tuple[int, ...]:
+    """`args.int_list`, or () for "none"; ValueError naming `flag`."""
+    if text.strip().lower() == "none":
+        return ()
+    try:
+        return int_list(text)
+    except argparse.ArgumentTypeError as e:
+        raise ValueError(f"{flag}: {e}")
+
+
+def default_model_dir() -> str:
+    import hispec_jax  # cheap: its public names are imported lazily
+
+    return hispec_jax.DEFAULT_MODEL_DIR
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def usage_error(e: options_lib.OptionError) -> ValueError:
+    """An `OptionError` in the command line's terms: the flag, the value given, what is allowed."""
+    if e.value is None or isinstance(e.value, bool):
+        return ValueError(f"{flag(e.name)}: {e.allowed}")
+    value = ",".join(map(str, e.value)) if isinstance(e.value, tuple) else e.value
+    return ValueError(f"{flag(e.name)} {value}: {e.allowed}")
+
+
+def check_model_path(model: str) -> int | None:
+    """Checks `--model` without reading weights; returns the model's layer count when its
+    config.json says it (HF directories), else None. Raises ValueError naming the problem."""
+    path = Path(model)
+    if path.suffix.lower() == ".gguf":
+        if not path.is_file():
+            raise ValueError(f"--model {model}: no such GGUF file")
+        return None
+    if not path.exists():
+        raise ValueError(f"--model {model}: no such directory (expected a Hugging Face model "
+                         "directory or a .gguf file)")
+    if not path.is_dir():
+        raise ValueError(f"--model {model}: not a directory or a .gguf file")
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise ValueError(f"--model {model}: the directory has no config.json (expected a "
+                         "Hugging Face model directory or a .gguf file)")
+    try:
+        layers = json.loads(config_file.read_text()).get("num_hidden_layers")
+    except (OSError, ValueError, AttributeError) as e:
+        raise ValueError(f"--model {model}: config.json is not readable JSON ({e})")
+    return layers if isinstance(layers, int) and layers >= 1 else None
+
+
+# ---- device meshes ---------------------------------------------------------------------
+
+def add_mesh_flag(parser) -> None:
+    parser.add_argument("--mesh", default=None, metavar="data=D,model=M",
+                        help="decode over a device mesh: sequences split over 'data', weights "
+                             "and KV heads over 'model' (tensor parallel); the sizes must "
+                             "multiply to the device count; an axis left out has size 1 "
+                             "(default: one device; docs/tpu.md)")
+
+
+def mesh_arg(args) -> dict[str, int] | None:
+    """`--mesh` parsed without JAX; raises ValueError naming the flag and the problem."""
+    if args.mesh is None:
+        return None
+    try:
+        return mesh_spec.parse_mesh(args.mesh)
+    except mesh_spec.MeshSpecError as e:
+        raise ValueError(f"--mesh {args.mesh}: {e.reason}") from None
+
+
+def use_mesh(shape: dict[str, int] | None) -> None:
+    """Makes a parsed `--mesh` this process's mesh (`jax.set_mesh`): `load_model` shards the
+    weights onto it and `generate` decodes over the model's mesh. Nothing for None; a
+    ValueError when the axis sizes do not multiply to the device count."""
+    if shape is None:
+        return
+    import jax
+
+    from hispec_jax.models import sharding
+
+    try:
+        jax.set_mesh(sharding.make_mesh(shape))
+    except mesh_spec.MeshSpecError as e:
+        raise ValueError(f"--mesh {e.text}: {e.reason}") from None
+
+
+# ---- --config.KEY=VALUE ------------------------------------------------------------------
+
+OVERRIDE_PREFIX = "--config."
+
+
+def config_overrides(extra: list[str]) -> dict[str, str]:
+    """`--config.KEY=VALUE` arguments -> {KEY: VALUE}; raises ValueError on anything else."""
+    overrides = {}
+    for arg in extra:
+        key, sep, value = arg[len(OVERRIDE_PREFIX):].partition("=")
+        if not arg.startswith(OVERRIDE_PREFIX) or not sep or not key:
+            raise ValueError(f"unrecognized argument {arg!r} (config overrides are "
+                             f"{OVERRIDE_PREFIX}KEY=VALUE)")
+        overrides[key] = value
+    return overrides

@@ -1,0 +1,167 @@
+"""`hispec generate`: continue prompts with a decoding method."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from hispec_jax.cli import common
+from hispec_jax.decoding import options as options_lib
+
+
+def add_parsers(subparsers) -> None:
+    gen = common.add_command(
+        subparsers, "generate", run_generate, help="continue prompts with a decoding method (ar, layerskip, hispec, ...)",
+        description="Continues each PROMPT with a decoding method and prints it; a one-line "
+                    "summary (model, method, tokens/s, compile time) goes to stderr. Greedy "
+                    "output of layerskip and hispec equals ar's token for token; whether they "
+                    "are faster depends on how often the model's early exits agree with its "
+                    "final layer (see BENCHMARKS.md; with the small shipped model on a CPU, "
+                    "hispec is at best about as fast as ar).")
+    gen.add_argument("--model", default=None,
+                     help="local Hugging Face model directory or .gguf file (default: the "
+                          "shipped 24-layer model, hispec_jax/default_model)")
+    gen.add_argument("--method", default="ar", choices=list(options_lib.METHODS),
+                     help="ar: autoregressive; exit: early-exit inference from --exit-layer "
+                          "(lossy); layerskip: self-speculation (--draft-exit, L); hispec: "
+                          "hierarchical speculation (--draft-exit, --verify-exits, L); sv: "
+                          "the companion exit (--verify-exits) chooses how many drafts the "
+                          "final layer verifies (from the model's SV profile: without one, a "
+                          "quick one is made and cached first); specbound: "
+                          "each draft exits at its first confident layer (--tau, --anneal, "
+                          "--depth-bound, --width); auto: "
+                          "the plan `hispec tune` saved for this model, device and batch size "
+                          "(a quick tune first when there is none)")
+    gen.add_argument("--exit-layer", type=int, default=None, metavar="N",
+                     help="exit layer of --method exit (required there), 1..L")
+    gen.add_argument("--draft-exit", type=int, default=None, metavar="N",
+                     help="draft exit Ld (default: ~L/8, snapped to a layer with a head)")
+    gen.add_argument("--verify-exits", type=common.int_list, default=None, metavar="N[,N...]",
+                     help="intermediate verifier exits Li, comma-separated (hispec; default: "
+                          "one at ~L/4)")
+    gen.add_argument("--draft-len", type=int, default=None, metavar="N",
+                     help="draft tokens per round Nd (default: 2)")
+    gen.add_argument("--verify-window", type=int, default=None, metavar="N",
+                     help="tokens an intermediate verifier accumulates before the full model "
+                          "verifies them, Ni (hispec; default: 4)")
+    gen.add_argument("--adaptive", action="store_true",
+                     help="adapt Nd and Ni to acceptance rates (paper App. J)")
+    gen.add_argument("--acceptance", default=None, choices=list(options_lib.ACCEPTANCE_RULES),
+                     help="verification rule of speculative methods when --temperature > 0 "
+                          "(default: tokenwise; greedy decoding always checks exact match)")
+    add_method_arguments(gen)
+    gen.add_argument("--max-new-tokens", type=int, default=64, metavar="N",
+                     help="new tokens per prompt, at most")
+    gen.add_argument("--batch-size", type=int, default=None, metavar="N",
+                     help="prompts decoded together (default: all of them in one batch)")
+    gen.add_argument("--ignore-eos", action="store_true",
+                     help="keep generating past the end-of-sequence token")
+    gen.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                     help="sampling temperature, >= 0; 0 is greedy decoding")
+    gen.add_argument("--top-k", type=int, default=0, metavar="K",
+                     help="sample from the K most likely tokens, >= 0 (0: no limit)")
+    gen.add_argument("--top-p", type=float, default=1.0, metavar="P",
+                     help="sample from the smallest set of tokens with probability >= P, "
+                          "in (0, 1] (1: no limit)")
+    gen.add_argument("--seed", type=int, default=0, metavar="S",
+                     help="random seed of sampling (outputs depend only on it, the prompt's "
+                          "index and the position)")
+    gen.add_argument("--chat", action="store_true",
+                     help="each PROMPT is a user message: apply the model's chat template and "
+                          "stop at its end-of-turn token")
+    gen.add_argument("--json", action="store_true",
+                     help="print one JSON object (outputs and stats) instead of text")
+    common.add_mesh_flag(gen)
+    gen.add_argument("prompts", nargs="+", metavar="PROMPT", help="text to continue (non-empty)")
+
+
+def add_method_arguments(parser) -> None:
+    """The options of methods sv and specbound (`hispec generate`)."""
+    d = options_lib.SPECBOUND_DEFAULTS
+    parser.add_argument("--sv-profile", default=None, metavar="PATH",
+                        help="sv: the profile `hispec profile-sv` wrote (default: "
+                             "sv_profile.json in the model directory if it is for these exits, "
+                             "else one made now and cached per model, device and exits)")
+    parser.add_argument("--tau", type=float, default=None, metavar="X",
+                        help=f"specbound: confidence threshold in (0, 1] (default: {d['tau']})")
+    parser.add_argument("--anneal", type=float, default=None, metavar="A",
+                        help="specbound: temperature schedule T_l = 1 + A (1 - l/L), A >= 0 "
+                             f"(default: {d['anneal']})")
+    parser.add_argument("--depth-bound", type=int, default=None, metavar="D",
+                        help="specbound: deepest draft exit (default: ~2L/3)")
+    parser.add_argument("--width", type=int, default=None, metavar="W",
+                        help=f"specbound: most drafts per round (default: {d['width']})")
+
+
+def method_options(args) -> dict:
+    """The method options of `hispec generate`'s arguments (None: not given)."""
+    return {"exit_layer": args.exit_layer, "draft_exit": args.draft_exit,
+            "verify_exits": args.verify_exits, "draft_len": args.draft_len,
+            "verify_window": args.verify_window, "adaptive": args.adaptive,
+            "acceptance": args.acceptance, "sv_profile": args.sv_profile, "tau": args.tau,
+            "anneal": args.anneal, "depth_bound": args.depth_bound, "width": args.width}
+
+
+def check_generate_args(args) -> None:
+    """Every check of `hispec generate` that needs neither JAX nor the weights: the model
+    path, the method and its options (layer ranges from config.json), sampling values, the
+    token budget and the prompts. Raises ValueError naming the flag, the value and what is
+    allowed."""
+    num_layers = common.check_model_path(args.model or common.default_model_dir())
+    try:
+        options_lib.check_positive_int("max_new_tokens", args.max_new_tokens)
+        if args.batch_size is not None:
+            options_lib.check_positive_int("batch_size", args.batch_size)
+        options_lib.check_sampling(args.temperature, args.top_k, args.top_p, args.seed)
+        options_lib.check_method_options(args.method, num_layers=num_layers,
+                                         **method_options(args))
+    except options_lib.OptionError as e:
+        raise common.usage_error(e) from None
+    if args.sv_profile is not None and not Path(args.sv_profile).exists():
+        raise ValueError(f"--sv-profile {args.sv_profile}: no such file or directory (make a "
+                         "profile with hispec profile-sv, or leave the flag out)")
+    for i, prompt in enumerate(args.prompts):
+        if not prompt.strip():
+            raise ValueError(f"PROMPT {i + 1} is empty ({prompt!r}): give the text to continue"
+                             + (" (the user message)" if args.chat else ""))
+
+
+def summary_line(stats: dict) -> str:
+    """The one-line summary `generate` prints on stderr."""
+    return (f"[{stats['method']}] {stats['model']} ({stats['num_layers']} layers, exits "
+            f"{','.join(map(str, stats['exits']))}): {stats['new_tokens']} tokens, "
+            f"{stats['tokens_per_second']:.1f} tokens/s, compile {stats['compile_seconds']:.1f} s")
+
+
+def run_generate(args) -> int:
+    check_generate_args(args)  # before importing JAX or reading weights
+    mesh_shape = common.mesh_arg(args)
+
+    from hispec_jax.api import generate
+    from hispec_jax.models.model import load_model
+
+    common.use_mesh(mesh_shape)  # load_model shards onto it
+    model = load_model(args.model or common.default_model_dir())
+    options = method_options(args)
+    if args.method == "sv" and args.sv_profile is None:  # any model: a profile made if none
+        from hispec_jax.planner import sv_profile
+
+        companion = args.verify_exits[0] if args.verify_exits else None
+        options["sv_profile"] = sv_profile.profile_for(
+            model, args.draft_exit, companion, progress=lambda msg: print(f"[sv] {msg}",
+                                                                          file=sys.stderr))
+    result = generate(model, list(args.prompts), method=args.method,
+                      max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                      ignore_eos=args.ignore_eos, temperature=args.temperature, top_k=args.top_k,
+                      top_p=args.top_p, seed=args.seed, chat=args.chat, **options)
+    texts = result.texts or [""] * len(result.token_ids)
+    if args.json:
+        outputs = [{"prompt": p, "token_ids": ids, "text": t}
+                   for p, ids, t in zip(args.prompts, result.token_ids, texts)]
+        print(json.dumps({"outputs": outputs, "stats": result.stats}))
+    else:
+        for prompt, text in zip(args.prompts, texts):
+            print(f"{prompt}\n{text}\n" if args.chat else f"{prompt}{text}\n")
+        print(summary_line(result.stats), file=sys.stderr)
+    return 0

@@ -1,0 +1,110 @@
+"""The engine's four policy seams, as typed contracts: read this first.
+
+Every decoding method is one compiled loop (`engine.py`) over an exit hierarchy
+e_0 < e_1 < ... < e_{K-1} = L. What differs between methods is four small, frozen (so
+hashable: part of the compile key) policy objects held by `engine.Hierarchy`:
+
+    round of the loop                                  policy asked
+    -----------------                                  ------------
+    draft: level 0 proposes tokens from exit e_0  ...  DraftExitPolicy.draft / .stops
+    a level k >= 1 may verify its pending input?  ...  WindowPolicy.ready
+    level k checks the tokens below it            ...  AcceptanceRule.accept
+                     (SV's level 1 instead)       ...  Companion.select
+    after each verification                       ...  WindowPolicy.update
+
+                  e_0            e_1                 L
+      tokens ──▶ [draft] ─────▶ [verify 1] ─ ... ─▶ [verify K-1] ──▶ emitted
+                  DraftExit      Acceptance /        AcceptanceRule
+                  Policy         Companion           (the top level)
+                       WindowPolicy: when each verify runs
+
+Implementations (what each method is made of, `methods.make_method`):
+
+    WindowPolicy      windows.FixedWindows (ar, layerskip, hispec), windows.AdaptiveWindows
+                      (--adaptive, HiSpec App. J)
+    DraftExitPolicy   draft.StaticDraftExit (every draft exits at e_0), draft.DynamicDraftExit
+                      (SpecBound: each draft exits at its first confident layer)
+    AcceptanceRule    acceptance.GreedyAcceptance (greedy: keep the leading run equal to the
+                      level's argmax), acceptance.TokenwiseRejection, BlockwiseVerification
+                      (sampling: exact, HiSpec App. G / blockwise verification)
+    Companion         sv.SVSelector (SV: how many drafts the final layer verifies)
+
+A policy's per-sequence state lives in the loop state (`WindowState`, a draft-exit state);
+every array argument carries its shape in its name (B batch, T block length, V vocab, K
+levels). The shapes below are the contracts; `tests/test_policies.py` checks that every
+implementation has exactly these methods and parameters.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import jax
+
+from hispec_jax.decoding.acceptance import Verdict
+from hispec_jax.decoding.draft import DraftInput, DraftOutput
+from hispec_jax.decoding.windows import WindowState
+from hispec_jax.models.config import ModelConfig
+from hispec_jax.models.kv_cache import KVCache
+
+
+@runtime_checkable
+class WindowPolicy(Protocol):
+    """When a verifying level k (1..K-1) runs: once its input holds window + 1 positions."""
+
+    def init(self, windows_K1: jax.Array, batch: int) -> WindowState:
+        """The state for a batch, from the initial windows [K - 1] (Nd, Ni, ...)."""
+
+    def ready(self, state: WindowState, k: int, pending_B: jax.Array) -> jax.Array:
+        """[B] bool: level k may verify the `pending_B` positions below it."""
+
+    def update(self, state: WindowState, k: int, num_levels: int, accepted_B: jax.Array,
+               proposed_B: jax.Array, verified_B: jax.Array) -> WindowState:
+        """After level k verified `proposed_B` tokens (where `verified_B`), keeping
+        `accepted_B` of them."""
+
+
+@runtime_checkable
+class DraftExitPolicy(Protocol):
+    """How deep each draft token runs before level 0 proposes it."""
+
+    def init(self, batch: int, ring: int) -> Any:
+        """The policy's per-sequence state (a pytree; `ring` = the hierarchy's ring size)."""
+
+    def stops(self, state: Any, newest_B: jax.Array, pending_B: jax.Array) -> jax.Array:
+        """[B] bool: drafting ends this round for these sequences."""
+
+    def draft(self, params, heads, cfg: ModelConfig, inp: DraftInput, cache: KVCache,
+              exit_layer: int, state: Any) -> DraftOutput:
+        """One draft step for the sequences in `inp.part_B`: the next token's logits."""
+
+    def align(self, params, cfg: ModelConfig, x_BxTxD: jax.Array, positions_BxT: jax.Array,
+              valid_BxT: jax.Array, cache: KVCache, state: Any, lo: int) -> Any:
+        """Before level 1 continues from layer `lo`: bring drafts that exited elsewhere to
+        it (None: every draft already is at `lo`)."""
+
+
+@runtime_checkable
+class AcceptanceRule(Protocol):
+    """Which of the proposed tokens a level keeps, and what it emits after them.
+
+    `needs_proposal_dists`: whether the rule reads the proposals' distributions (sampling
+    rules; then the engine keeps them per level)."""
+
+    needs_proposal_dists: bool
+
+    def accept(self, target_BxTxV: jax.Array, proposal_logp_BxTxV: jax.Array,
+               proposed_BxT: jax.Array, num_proposed_B: jax.Array,
+               key_Bx2: jax.Array) -> Verdict:
+        """The verdict on `num_proposed_B` proposals `proposed_BxT`, given this level's
+        logits (or log-probabilities) `target_BxTxV` and the proposals' log-distribution."""
+
+
+@runtime_checkable
+class Companion(Protocol):
+    """SV's level 1: scores the drafts and passes a prefix of them to the top level."""
+
+    def select(self, companion_BxTxV: jax.Array, draft_logp_BxTxV: jax.Array,
+               proposed_BxT: jax.Array, num_proposed_B: jax.Array, greedy: bool) -> Verdict:
+        """gamma per sequence as a `Verdict` (gamma - 1 accepted + x_gamma as the
+        replacement, or all n kept)."""
