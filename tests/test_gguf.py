@@ -430,6 +430,15 @@ def test_smollm2_chat_answer(smollm2_path, smollm2_readme_run):
         assert logits[len(prompt_ids) - 1:].argmax(-1).tolist() == new_ids
 
 
+def test_smollm2_head_weighs_eight_layers(smollm2_readme_run):
+    """README / docs: SmolLM2-135M's LM head (D x V = 576 x 49,152) weighs 8 of its layers,
+    which is what makes draft vocabularies pay on it."""
+    from hispec_jax.bench import oracle
+
+    model, _ = smollm2_readme_run
+    assert oracle.head_cost_in_layers(model, 15) == pytest.approx(8.0, abs=0.05)
+
+
 def test_readme_smollm2_transcript(smollm2_readme_run):
     """README's SmolLM2 transcript is what the command prints today: each prompt, its
     continuation and a blank line (`hispec generate --chat`), and the summary's token count."""
