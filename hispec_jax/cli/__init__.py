@@ -10,6 +10,7 @@ arguments and what they run; `main` below only assembles them.
                       ar, engine, oracle, accelerator, seed-methods, auto, memory,
                       gguf-memory, exit-agreement, plot-agreement, before-after
     planner.py    hispec tune | profile-sv
+    serving.py    hispec chat | serve              streamed chat, the OpenAI-compatible server
     common.py     what the groups share: help format, --model checks, --mesh, overrides
 
 Adding a command: a group module exposes `add_parsers(subparsers)`, which registers each of
@@ -26,9 +27,9 @@ import argparse
 import sys
 
 from hispec_jax.bench import args as args_lib
-from hispec_jax.cli import bench, generate, memory, models, planner, training
+from hispec_jax.cli import bench, generate, memory, models, planner, serving, training
 
-GROUPS = (generate, models, training, memory, bench, planner)
+GROUPS = (generate, serving, models, training, memory, bench, planner)
 
 DESCRIPTION = """\
 Hierarchical speculative decoding for early-exit language models, in JAX. Greedy output
