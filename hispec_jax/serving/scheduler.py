@@ -76,6 +76,7 @@ class Scheduler:
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="hispec-engine", daemon=True)
         self.error: BaseException | None = None
+        self.finished = collections.Counter()  # finish reason -> requests (for /health)
 
     # ---- called from the server's threads ---------------------------------------------
     def start(self) -> None:
@@ -108,9 +109,11 @@ class Scheduler:
     def load(self) -> dict:
         """Busy slots and waiting requests per engine (for /health)."""
         with self._wake:
-            return {("greedy" if g else "sampling"): {
+            engines = {("greedy" if g else "sampling"): {
                 "slots": self.engines[g].slots, "busy": len(self._running[g]),
                 "waiting": len(self._waiting[g])} for g in self.engines}
+            return {"engines": engines, "finished": dict(self.finished),
+                    "compiles": slots_lib.backend_compiles()}
 
     # ---- the engine thread --------------------------------------------------------------
     def _admit(self) -> bool:
@@ -122,6 +125,7 @@ class Scheduler:
                 if job.cancelled:
                     engine.cancel(slot)
                     del running[slot]
+                    self.finished["cancelled"] += 1
                     job.deliver(("done", "cancelled"))
             while waiting and waiting[0].cancelled:
                 waiting.popleft().deliver(("done", "cancelled"))
@@ -160,7 +164,9 @@ class Scheduler:
                         if update.new_token_ids:
                             job.deliver(("tokens", update.new_token_ids))
                         if update.done:
-                            job.deliver(("done", "stop" if update.hit_eos else "length"))
+                            reason = "stop" if update.hit_eos else "length"
+                            self.finished[reason] += 1
+                            job.deliver(("done", reason))
         except BaseException as e:  # noqa: BLE001 - reported to every waiting client
             log.exception("engine thread failed")
             self.error = e

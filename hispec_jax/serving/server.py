@@ -12,6 +12,8 @@ after which serving compiles nothing (`slots.backend_compiles`).
 from __future__ import annotations
 
 import logging
+import signal
+import sys
 
 from hispec_jax.decoding.generate import MIN_PROMPT_BLOCK, model_name
 from hispec_jax.decoding.sampling import SamplingParams
@@ -84,7 +86,15 @@ def build_app(model, method="ar", *, slots: int = 8, max_cache_len: int | None =
 
 
 def serve(app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
-    """Runs `app` on uvicorn until SIGINT / SIGTERM (in-flight requests get 5 s to end)."""
+    """Runs `app` on uvicorn until SIGINT / SIGTERM (in-flight requests get 5 s to end).
+
+    uvicorn shuts down gracefully on SIGTERM and then re-raises the signal to the handler
+    that was installed before it; that handler ends the process with exit code 0, since
+    SIGTERM is the ordinary way to stop a server."""
     import uvicorn
 
-    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
