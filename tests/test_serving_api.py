@@ -195,6 +195,20 @@ BAD = [  # (endpoint, body, status, the parameter the error names or a word of i
     ("chat/completions", {"model": "default_model", "messages": [
         {"role": "user", "content": LONG}]}, 400, "messages"),
     ("nope", {"model": "default_model"}, 404, "/v1/nope"),
+    # llama.cpp's tools/server/tests/unit/test_chat_completion.py invalid message lists
+    ("chat/completions", {"model": "default_model", "messages": None}, 400, "messages"),
+    ("chat/completions", {"model": "default_model", "messages": "string"}, 400, "messages"),
+    ("chat/completions", {"model": "default_model", "messages": [123]}, 400, "messages.0"),
+    ("chat/completions", {"model": "default_model", "messages": [{}]}, 400, "messages.0"),
+    ("chat/completions", {"model": "default_model", "messages": [{"role": 123}]}, 400,
+     "messages.0"),
+    ("chat/completions", {"model": "default_model", "messages": [
+        {"role": "system", "content": 123}]}, 400, "messages.0.content"),
+    ("chat/completions", {"model": "default_model", "messages": [
+        {"role": "system", "content": "test"}, {}]}, 400, "messages.1"),
+    ("chat/completions", {"model": "default_model", "messages": [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400,
+     "messages.0.content"),
 ]
 
 
