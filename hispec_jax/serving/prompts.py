@@ -2,12 +2,13 @@
 
 A model with a chat template renders the conversation with it (`decoding/chat.py`, as
 `generate(..., chat=True)`) and stops at its end-of-turn markers as at EOS. A model without
-one (the small shipped model is a base model) gets a plain transcript, one line per turn,
-ending where the assistant's answer starts:
+one (the small shipped model) gets a plain transcript in the shipped model's conversation
+format (`train_heads/data.py`: "User: ..." / "Assistant: ..." lines), ending where the
+assistant's answer starts:
 
-    system: Be brief.
-    user: Hello
-    assistant:
+    System: Be brief.
+    User: Hello
+    Assistant:
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ def has_chat_template(model) -> bool:
 
 def transcript(messages: list[dict]) -> str:
     """The plain-text rendering of a conversation (no chat template)."""
-    lines = [f"{m['role']}: {m['content']}" for m in messages]
-    return "\n".join(lines + ["assistant:"])
+    lines = [f"{m['role'].capitalize()}: {m['content']}" for m in messages]
+    return "\n".join(lines + ["Assistant:"])
 
 
 def conversation_prompt(model, messages: list[dict]) -> tuple[object, bool]:
