@@ -7,7 +7,7 @@ compiled before it listens) on a free localhost port; then
     alone   one client sends the first K requests of the mix, one after another
     load    N clients at once, each sending its share of the mix, one after another
 
-Requests are ShareGPT evaluation prompts (`bench/prompts.py`, mixed lengths) sent as token
+Requests are ShareGPT evaluation prompts (`datasets.load_prompts`, mixed lengths) sent as token
 ids to /v1/completions with stream=True, temperature 0 and max_tokens cycling through
 --max-tokens (mixed output lengths). Per request: time to first token (TTFT: first text
 chunk), time per output token after the first (TPOT = (last - first) / (tokens - 1)) and
@@ -230,7 +230,7 @@ def parse_args(argv):
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     import hispec_jax
-    from hispec_jax.bench.prompts import load_prompts
+    from hispec_jax.datasets import load_prompts
 
     model = hispec_jax.load_model(args.model or hispec_jax.DEFAULT_MODEL_DIR)
     prompts = load_prompts("sharegpt", model.tokenizer, args.requests, args.max_prompt_tokens)
