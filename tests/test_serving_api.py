@@ -24,6 +24,7 @@ openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
 
 METHOD = "layerskip"
+HISPEC = "import sys; from hispec_jax.cli import main; sys.exit(main())"  # the `hispec` command
 PROMPTS = ["Once upon a time", "The cat sat on the mat and", "Hello", "Why is the sky blue?"]
 
 
@@ -252,7 +253,7 @@ def test_a_client_that_disconnects_mid_stream_frees_its_slot(server):
 def test_sigterm_stops_the_server_cleanly():
     port = _free_port()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-m", "hispec_jax.cli", "serve", "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-c", HISPEC, "serve", "--port", str(port),
                              "--max-cache-len", "64", "--slots", "1"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
     try:

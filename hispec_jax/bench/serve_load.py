@@ -47,7 +47,8 @@ def _health(url: str) -> dict:
 
 def start_server(method: str, args) -> tuple[subprocess.Popen, str]:
     port = _free_port()
-    cmd = [sys.executable, "-m", "hispec_jax.cli", "serve", "--method", method, "--port",
+    cmd = [sys.executable, "-c", "import sys; from hispec_jax.cli import main; sys.exit(main())",
+           "serve", "--method", method, "--port",
            str(port), "--slots", str(args.slots), "--max-cache-len", str(args.max_cache_len),
            "--warmup", "--rounds-per-step", str(args.rounds_per_step)]
     if args.model:
