@@ -25,7 +25,7 @@ import secrets
 import time
 from typing import Literal, Union
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
@@ -277,8 +277,9 @@ def create_app(model, scheduler: Scheduler, model_name: str, method: str) -> Fas
                            code="context_length_exceeded")
         return max_tokens
 
-    async def _run(request: Request, prompt_ids: list[int], budget: int, sampling,
-                   stops: list[str], chat: bool, include_usage: bool, stream: bool):
+    async def _run(prompt_ids: list[int], budget: int, sampling, stops: list[str], chat: bool,
+                   include_usage: bool, stream: bool):
+        """Submits the job and answers with its completion (JSON) or its chunks (SSE)."""
         if not scheduler.alive:
             raise APIError(503, "the engine is not running", type_="server_error")
         loop = asyncio.get_running_loop()
@@ -372,7 +373,7 @@ def create_app(model, scheduler: Scheduler, model_name: str, method: str) -> Fas
                                  headers={"Cache-Control": "no-cache"})
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatRequest, request: Request):
+    async def chat_completions(body: ChatRequest):
         _check_model(body.model)
         _check_unsupported(body)
         stops = _stop_strings(body.stop)
@@ -386,11 +387,10 @@ def create_app(model, scheduler: Scheduler, model_name: str, method: str) -> Fas
                          else body.max_tokens, param, None, scheduler.engine_for(sampling),
                          "messages")
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return await _run(request, prompt_ids, budget, sampling, stops, True, include_usage,
-                          body.stream)
+        return await _run(prompt_ids, budget, sampling, stops, True, include_usage, body.stream)
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request):
+    async def completions(body: CompletionRequest):
         _check_model(body.model)
         _check_unsupported(body)
         stops = _stop_strings(body.stop)
@@ -416,7 +416,6 @@ def create_app(model, scheduler: Scheduler, model_name: str, method: str) -> Fas
         budget = _budget(prompt_ids, body.max_tokens, "max_tokens", 16,
                          scheduler.engine_for(sampling), "prompt")
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return await _run(request, prompt_ids, budget, sampling, stops, False, include_usage,
-                          body.stream)
+        return await _run(prompt_ids, budget, sampling, stops, False, include_usage, body.stream)
 
     return app
