@@ -20,7 +20,6 @@ Every output is compared with offline `generate` of the same prompt and budget.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -32,6 +31,8 @@ import time
 import urllib.request
 
 import numpy as np
+
+from hispec_jax.bench import args as args_lib
 
 
 def _free_port() -> int:
@@ -199,15 +200,15 @@ def table(rows: list[dict], clients: int) -> str:
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m hispec_jax.bench serve",
-                                description=__doc__.split("\n")[0])
+    p = args_lib.Parser(prog="hispec bench-tool serve", description=__doc__.split("\n")[0])
     p.add_argument("--model", default=None, help="model (default: the shipped one)")
     p.add_argument("--methods", default="ar,layerskip,hispec", help="comma-separated methods")
     p.add_argument("--clients", type=int, default=8, help="concurrent clients under load")
     p.add_argument("--requests", type=int, default=32, help="requests in the mix")
     p.add_argument("--alone-requests", type=int, default=8,
                    help="requests the lone client sends")
-    p.add_argument("--max-tokens", default="16,64,32,96", help="budgets, cycled over requests")
+    p.add_argument("--max-tokens", type=args_lib.positive_int_list, default=(16, 64, 32, 96),
+                   help="budgets, cycled over requests (comma-separated)")
     p.add_argument("--max-prompt-tokens", type=int, default=200)
     p.add_argument("--short-prompt", type=int, default=32,
                    help="prompts of at most this many tokens count as short (TTFT)")
@@ -221,10 +222,8 @@ def parse_args(argv):
     for name in ("clients", "requests", "alone_requests", "slots", "max_cache_len"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
-    try:
-        args.max_tokens = [int(x) for x in args.max_tokens.split(",")]
-    except ValueError:
-        p.error(f"--max-tokens {args.max_tokens}: expected comma-separated integers")
+    if not args.max_tokens:
+        p.error("--max-tokens: give at least one budget")
     return args
 
 

@@ -19,7 +19,7 @@ def add_decoding_arguments(parser, with_budget: bool = True) -> None:
     parser.add_argument("--exit-layer", type=int, default=None, metavar="N",
                         help="exit layer of --method exit")
     parser.add_argument("--draft-exit", type=int, default=None, metavar="N", help="draft exit Ld")
-    parser.add_argument("--verify-exits", type=common.exits, default=None, metavar="N[,N...]",
+    parser.add_argument("--verify-exits", type=common.int_list, default=None, metavar="N[,N...]",
                         help="intermediate verifier exits Li (hispec, sv)")
     parser.add_argument("--draft-len", type=int, default=None, metavar="N",
                         help="draft tokens per round Nd")
