@@ -21,6 +21,8 @@ DEFAULT_MODEL_DIR: str = _os.path.join(_os.path.dirname(_os.path.abspath(__file_
 _LAZY = {
     "GenerationResult": "hispec_jax.decoding.generate",
     "generate": "hispec_jax.api",
+    "generate_stream": "hispec_jax.serving.stream",
+    "TextStream": "hispec_jax.serving.stream",
     "SamplingParams": "hispec_jax.decoding.sampling",
     "ModelConfig": "hispec_jax.models.config",
     "Model": "hispec_jax.models.model",
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
     from hispec_jax.api import generate
     from hispec_jax.decoding.generate import GenerationResult
     from hispec_jax.decoding.sampling import SamplingParams
+    from hispec_jax.serving.stream import TextStream, generate_stream
     from hispec_jax.models.config import ModelConfig
     from hispec_jax.models.model import Model, load_model, save_model
 

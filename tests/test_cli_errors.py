@@ -42,6 +42,12 @@ CASES = [
     ("generate --method nope x", "invalid choice: 'nope'"),
     ("generate", "required: PROMPT"),
     ("generate ' '", "PROMPT 1 is empty"),
+    # serving
+    ("chat --max-new-tokens 0", "--max-new-tokens 0: must be an integer >= 1"),
+    ("chat --model {tmp}/none", "--model {tmp}/none: no such directory"),
+    ("serve --port 70000", "--port 70000: must be in [0, 65535]"),
+    ("serve --slots 0", "--slots 0: must be an integer >= 1"),
+    ("serve --method ar --draft-len 2", "--draft-len 2: method 'ar' does not take it"),
     # models
     ("convert {tmp}/none.gguf {tmp}/out", "no such GGUF file"),
     ("convert {tmp}/bad.gguf {tmp}/out", "not a readable GGUF file"),

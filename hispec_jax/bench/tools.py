@@ -34,6 +34,7 @@ TOOLS: dict[str, str] = {
     "plot-agreement": "studies.plot_agreement",
     "before-after": "studies.before_after",
     "duplicates": "duplicates",
+    "serve": "serve_load",
 }
 
 PROG = "python -m hispec_jax.bench"

@@ -8,9 +8,10 @@ arguments and what they run; `main` below only assembles them.
     bench.py      hispec bench                     the whole benchmark, report and plots
                   hispec bench-tool TOOL [args]    one benchmark tool (`bench/tools.py`):
                       ar, engine, oracle, accelerator, seed-methods, auto, memory,
-                      gguf-memory, exit-agreement, plot-agreement, before-after,
+                      gguf-memory, exit-agreement, plot-agreement, before-after, serve,
                       duplicates (copy-paste in the package)
     planner.py    hispec tune | profile-sv
+    serving.py    hispec chat | serve              streamed chat, the OpenAI-compatible server
     common.py     what the groups share: help format, --model checks, --mesh, overrides
 
 Adding a command: a group module exposes `add_parsers(subparsers)`, which registers each of
@@ -27,9 +28,9 @@ import argparse
 import sys
 
 from hispec_jax.bench import args as args_lib
-from hispec_jax.cli import bench, generate, memory, models, planner, training
+from hispec_jax.cli import bench, generate, memory, models, planner, serving, training
 
-GROUPS = (generate, models, training, memory, bench, planner)
+GROUPS = (generate, serving, models, training, memory, bench, planner)
 
 DESCRIPTION = """\
 Hierarchical speculative decoding for early-exit language models, in JAX. Greedy output

@@ -73,6 +73,9 @@ def add_parsers(subparsers) -> None:
     gen.add_argument("--json", action="store_true",
                      help="print one JSON object (outputs and stats) instead of text")
     common.add_mesh_flag(gen)
+    gen.add_argument("--stream", action="store_true",
+                     help="print each prompt's text as it is decoded (prompts one after "
+                          "another; docs/serving.md)")
     gen.add_argument("prompts", nargs="+", metavar="PROMPT", help="text to continue (non-empty)")
 
 
@@ -121,6 +124,12 @@ def check_generate_args(args) -> None:
     if args.sv_profile is not None and not Path(args.sv_profile).exists():
         raise ValueError(f"--sv-profile {args.sv_profile}: no such file or directory (make a "
                          "profile with hispec profile-sv, or leave the flag out)")
+    if args.stream:
+        for flag, given in (("--json", args.json), ("--batch-size", args.batch_size is not None),
+                            ("--mesh", args.mesh is not None)):
+            if given:
+                raise ValueError(f"--stream prints one prompt's text at a time as it is "
+                                 f"decoded; it does not combine with {flag}")
     for i, prompt in enumerate(args.prompts):
         if not prompt.strip():
             raise ValueError(f"PROMPT {i + 1} is empty ({prompt!r}): give the text to continue"
@@ -151,6 +160,8 @@ def run_generate(args) -> int:
         options["sv_profile"] = sv_profile.profile_for(
             model, args.draft_exit, companion, progress=lambda msg: print(f"[sv] {msg}",
                                                                           file=sys.stderr))
+    if args.stream:
+        return stream_generate(args, model, options)
     result = generate(model, list(args.prompts), method=args.method,
                       max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                       ignore_eos=args.ignore_eos, temperature=args.temperature, top_k=args.top_k,
@@ -164,4 +175,26 @@ def run_generate(args) -> int:
         for prompt, text in zip(args.prompts, texts):
             print(f"{prompt}\n{text}\n" if args.chat else f"{prompt}{text}\n")
         print(summary_line(result.stats), file=sys.stderr)
+    return 0
+
+
+def stream_generate(args, model, options: dict) -> int:
+    """`hispec generate --stream`: each prompt's text as it is decoded, then its summary."""
+    from hispec_jax.serving.stream import generate_stream
+
+    for prompt in args.prompts:
+        stream = generate_stream(model, prompt, method=args.method,
+                                 max_new_tokens=args.max_new_tokens, ignore_eos=args.ignore_eos,
+                                 temperature=args.temperature, top_k=args.top_k,
+                                 top_p=args.top_p, seed=args.seed, chat=args.chat, **options)
+        sys.stdout.write(prompt + ("\n" if args.chat else ""))
+        sys.stdout.flush()
+        for delta in stream:
+            sys.stdout.write(delta)
+            sys.stdout.flush()
+        sys.stdout.write("\n\n")
+        stats = stream.result.stats
+        print(f"[{stats['method']}] {stats['model']}: {stats['new_tokens']} tokens, "
+              f"{stats['tokens_per_second']:.1f} tokens/s, first token "
+              f"{stats['time_to_first_token'] or 0:.2f} s", file=sys.stderr)
     return 0

@@ -721,6 +721,28 @@ class Engine:
                                    lambda s: on_mesh(self.step(params, heads, req, s)), state)
         return state.out, state.counters, state.cache
 
+    def run_rounds(self, params, heads, req: Request, state: EngineState,
+                   max_rounds: jax.Array) -> EngineState:
+        """Continues `state` for at most `max_rounds` ([] int32, an array: any bound runs in
+        one compiled loop) more rounds, stopping earlier when every sequence is done.
+
+        Rounds are the same as `run`'s and every draw is keyed per sequence, so any split
+        of a run into `run_rounds` calls produces the tokens of one uninterrupted run
+        (serving/: streaming and continuous batching resume from the returned state).
+        """
+        on_mesh = functools.partial(sharding.constrain_state, batch=self.shapes.batch)
+
+        def more(carry):
+            s, trips = carry
+            return jnp.any(~s.out.done_B) & (trips < max_rounds)
+
+        def round_(carry):
+            s, trips = carry
+            return on_mesh(self.step(params, heads, req, s)), trips + 1
+
+        state, _ = jax.lax.while_loop(more, round_, (on_mesh(state), jnp.zeros((), jnp.int32)))
+        return state
+
     # ---- compilation -------------------------------------------------------------------
     def abstract_arguments(self) -> tuple:
         """`run`'s arguments as `jax.ShapeDtypeStruct`s (nothing allocated)."""

@@ -55,27 +55,35 @@ class SamplingParams:
 
 @flax.struct.dataclass
 class SamplingArrays:
-    """The numeric sampling settings as traced scalars (no recompiles when they change)."""
+    """The numeric sampling settings as traced arrays (no recompiles when they change):
+    scalars [] for the whole batch, or one entry per sequence [B] (serving: every slot has
+    its request's settings)."""
 
-    temperature: jax.Array  # [] float32, > 0
-    top_k: jax.Array  # [] int32, 0 = off
-    top_p: jax.Array  # [] float32, 1 = off
+    temperature: jax.Array  # [] or [B] float32, > 0
+    top_k: jax.Array  # [] or [B] int32, 0 = off
+    top_p: jax.Array  # [] or [B] float32, 1 = off
+
+
+def _per_row(setting, z_xV: jax.Array) -> jax.Array:
+    """A setting of shape [] or [B], shaped to broadcast against z [B, ..., V]."""
+    return jnp.reshape(setting, setting.shape + (1,) * (z_xV.ndim - setting.ndim))
 
 
 def filtered_logprobs(logits_xV: jax.Array, s: SamplingArrays) -> jax.Array:
     """Log-probabilities [..., V] after temperature, top-k and top-p (removed tokens: -inf)."""
-    z = logits_xV.astype(jnp.float32) / s.temperature
+    z = logits_xV.astype(jnp.float32) / _per_row(s.temperature, logits_xV)
     sorted_desc = -jnp.sort(-z, axis=-1)
     vocab = z.shape[-1]
     # top-k: keep logits >= the k-th largest (ties at the threshold are kept, as in HF).
-    kth = jnp.take(sorted_desc, jnp.clip(s.top_k - 1, 0, vocab - 1), axis=-1)[..., None]
-    kth = jnp.where(s.top_k > 0, kth, -jnp.inf)
+    k_x1 = jnp.broadcast_to(_per_row(jnp.clip(s.top_k - 1, 0, vocab - 1), z), z.shape[:-1] + (1,))
+    kth = jnp.take_along_axis(sorted_desc, k_x1, axis=-1)
+    kth = jnp.where(_per_row(s.top_k, z) > 0, kth, -jnp.inf)
     z = jnp.where(z >= kth, z, -jnp.inf)
     sorted_desc = jnp.where(sorted_desc >= kth, sorted_desc, -jnp.inf)
     # top-p: keep a sorted entry while the mass strictly before it is < top_p.
     probs_sorted = jax.nn.softmax(sorted_desc, axis=-1)
     mass_before = jnp.cumsum(probs_sorted, axis=-1) - probs_sorted
-    kept = (mass_before < s.top_p) & jnp.isfinite(sorted_desc)
+    kept = (mass_before < _per_row(s.top_p, z)) & jnp.isfinite(sorted_desc)
     threshold = jnp.min(jnp.where(kept, sorted_desc, jnp.inf), axis=-1, keepdims=True)
     z = jnp.where(z >= threshold, z, -jnp.inf)
     return jax.nn.log_softmax(z, axis=-1)

@@ -1,0 +1,256 @@
+"""Load benchmark of `hispec serve`: N concurrent streaming clients, throughput, TTFT,
+per-token latency, recompilations, greedy outputs checked against offline `generate`.
+
+For each method a server is started as a subprocess (`hispec serve --warmup`: every program
+compiled before it listens) on a free localhost port; then
+
+    alone   one client sends the first K requests of the mix, one after another
+    load    N clients at once, each sending its share of the mix, one after another
+
+Requests are ShareGPT evaluation prompts (`datasets.load_prompts`, mixed lengths) sent as token
+ids to /v1/completions with stream=True, temperature 0 and max_tokens cycling through
+--max-tokens (mixed output lengths). Per request: time to first token (TTFT: first text
+chunk), time per output token after the first (TPOT = (last - first) / (tokens - 1)) and
+the gaps between chunks (ITL; a speculative round delivers several tokens per chunk).
+Recompilations: the server's own count of XLA compilations (/health) after warm-up.
+Every output is compared with offline `generate` of the same prompt and budget.
+
+    python -m hispec_jax.bench serve --methods ar,layerskip,hispec --clients 8
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import numpy as np
+
+from hispec_jax.bench import args as args_lib
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _health(url: str) -> dict:
+    with urllib.request.urlopen(url + "/health", timeout=10) as r:
+        return json.loads(r.read().decode())
+
+
+def start_server(method: str, args) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    cmd = [sys.executable, "-c", "import sys; from hispec_jax.cli import main; sys.exit(main())",
+           "serve", "--method", method, "--port",
+           str(port), "--slots", str(args.slots), "--max-cache-len", str(args.max_cache_len),
+           "--warmup", "--rounds-per-step", str(args.rounds_per_step)]
+    if args.model:
+        cmd += ["--model", args.model]
+    log = open(os.path.join(args.log_dir, f"serve-{method}.log"), "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + args.startup_timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with {proc.returncode}: see {log.name}")
+        try:
+            if _health(url)["status"] == "ok":
+                return proc, url
+        except OSError:
+            pass
+        if time.time() > deadline:
+            proc.kill()
+            raise RuntimeError(f"the server did not start in {args.startup_timeout} s")
+        time.sleep(0.5)
+
+
+def stream_request(client, model_name: str, prompt_ids: list[int], max_tokens: int) -> dict:
+    """One streamed completion, timed on arrival of each chunk."""
+    t0 = time.perf_counter()
+    stamps, text, usage, reason = [], "", None, None
+    for chunk in client.completions.create(model=model_name, prompt=prompt_ids,
+                                           max_tokens=max_tokens, temperature=0, stream=True,
+                                           stream_options={"include_usage": True}):
+        now = time.perf_counter() - t0
+        if chunk.choices:
+            if chunk.choices[0].text:
+                stamps.append(now)
+                text += chunk.choices[0].text
+            reason = chunk.choices[0].finish_reason or reason
+        if chunk.usage is not None:
+            usage = chunk.usage
+    end = time.perf_counter() - t0
+    n = usage.completion_tokens
+    return {"prompt_tokens": len(prompt_ids), "max_tokens": max_tokens, "tokens": n,
+            "text": text, "finish_reason": reason, "ttft": stamps[0] if stamps else end,
+            "tpot": (stamps[-1] - stamps[0]) / (n - 1) if n > 1 and stamps else None,
+            "itl": list(np.diff(stamps)), "start": t0, "seconds": end}
+
+
+def run_clients(url: str, model_name: str, work: list[list[tuple]]) -> tuple[list[dict], float]:
+    """Each inner list is one client's requests (index, prompt ids, max_tokens), sent one
+    after another; clients run at once. Returns (results, wall seconds)."""
+    import openai
+
+    results: list[dict] = []
+    lock = threading.Lock()
+
+    def client_loop(requests):
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0,
+                               timeout=600)
+        for index, prompt_ids, max_tokens in requests:
+            r = stream_request(client, model_name, prompt_ids, max_tokens)
+            r["index"] = index
+            with lock:
+                results.append(r)
+
+    threads = [threading.Thread(target=client_loop, args=(w,)) for w in work]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results, time.perf_counter() - t0
+
+
+def percentiles(values, qs=(50, 90, 99)) -> dict:
+    values = [v for v in values if v is not None]
+    if not values:
+        return {f"p{q}": None for q in qs}
+    return {f"p{q}": float(np.percentile(values, q)) for q in qs}
+
+
+def summarize(results: list[dict], seconds: float, short_prompt: int) -> dict:
+    tokens = sum(r["tokens"] for r in results)
+    return {"requests": len(results), "tokens": tokens, "seconds": seconds,
+            "tokens_per_second": tokens / seconds,
+            "ttft": percentiles([r["ttft"] for r in results]),
+            "ttft_short_prompts": percentiles([r["ttft"] for r in results
+                                               if r["prompt_tokens"] <= short_prompt]),
+            "tpot": percentiles([r["tpot"] for r in results]),
+            "itl": percentiles([x for r in results for x in r["itl"]])}
+
+
+def offline_texts(model, method: str, requests: list[tuple]) -> dict:
+    """Request index -> offline greedy text (one `generate` batch per budget)."""
+    import hispec_jax
+
+    out = {}
+    for budget in sorted({m for _, _, m in requests}):
+        batch = [(i, p) for i, p, m in requests if m == budget]
+        texts = hispec_jax.generate(model, [p for _, p in batch], method=method,
+                                    max_new_tokens=budget).texts
+        out.update({i: t for (i, _), t in zip(batch, texts)})
+    return out
+
+
+def bench_method(method: str, args, requests: list[tuple], model) -> dict:
+    proc, url = start_server(method, args)
+    try:
+        health = _health(url)
+        name = health["model"]
+        compiles_ready = health["compiles"]
+        run_clients(url, name, [requests[:2]])  # the HTTP path, not measured
+        alone, alone_s = run_clients(url, name, [requests[:args.alone_requests]])
+        work = [requests[c::args.clients] for c in range(args.clients)]
+        load, load_s = run_clients(url, name, work)
+        recompiles = _health(url)["compiles"] - compiles_ready
+        proc.send_signal(signal.SIGTERM)
+        exit_code = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    want = offline_texts(model, method, requests)
+    mismatches = sum(r["text"] != want[r["index"]] for r in load + alone)
+    a = summarize(alone, alone_s, args.short_prompt)
+    b = summarize(load, load_s, args.short_prompt)
+    return {"method": method, "alone": a, "load": b,
+            "speedup": b["tokens_per_second"] / a["tokens_per_second"],
+            "recompiles_after_warmup": recompiles, "greedy_mismatches": mismatches,
+            "checked_outputs": len(load) + len(alone), "sigterm_exit_code": exit_code}
+
+
+def _ms(x) -> str:
+    return "-" if x is None else f"{1000 * x:.0f}"
+
+
+def table(rows: list[dict], clients: int) -> str:
+    lines = [f"| method | 1 client tok/s | {clients} clients tok/s | ratio | TTFT p50/p90 ms "
+             "(short prompts p90) | TPOT p50/p90 ms | ITL p50/p99 ms | recompiles | "
+             "greedy == offline |", "|" + "---|" * 9]
+    for r in rows:
+        b = r["load"]
+        lines.append(
+            f"| {r['method']} | {r['alone']['tokens_per_second']:.1f} | "
+            f"{b['tokens_per_second']:.1f} | {r['speedup']:.2f}x | "
+            f"{_ms(b['ttft']['p50'])}/{_ms(b['ttft']['p90'])} "
+            f"({_ms(b['ttft_short_prompts']['p90'])}) | "
+            f"{_ms(b['tpot']['p50'])}/{_ms(b['tpot']['p90'])} | "
+            f"{_ms(b['itl']['p50'])}/{_ms(b['itl']['p99'])} | {r['recompiles_after_warmup']} | "
+            f"{r['checked_outputs'] - r['greedy_mismatches']}/{r['checked_outputs']} |")
+    return "\n".join(lines)
+
+
+def parse_args(argv):
+    p = args_lib.Parser(prog="hispec bench-tool serve", description=__doc__.split("\n")[0])
+    p.add_argument("--model", default=None, help="model (default: the shipped one)")
+    p.add_argument("--methods", default="ar,layerskip,hispec", help="comma-separated methods")
+    p.add_argument("--clients", type=int, default=8, help="concurrent clients under load")
+    p.add_argument("--requests", type=int, default=32, help="requests in the mix")
+    p.add_argument("--alone-requests", type=int, default=8,
+                   help="requests the lone client sends")
+    p.add_argument("--max-tokens", type=args_lib.positive_int_list, default=(16, 64, 32, 96),
+                   help="budgets, cycled over requests (comma-separated)")
+    p.add_argument("--max-prompt-tokens", type=int, default=200)
+    p.add_argument("--short-prompt", type=int, default=32,
+                   help="prompts of at most this many tokens count as short (TTFT)")
+    p.add_argument("--slots", type=int, default=8)
+    p.add_argument("--max-cache-len", type=int, default=512)
+    p.add_argument("--rounds-per-step", type=int, default=1)
+    p.add_argument("--startup-timeout", type=float, default=600)
+    p.add_argument("--log-dir", default=".", help="where the servers' logs go")
+    p.add_argument("--json", default=None, metavar="PATH", help="also write the results here")
+    args = p.parse_args(argv)
+    for name in ("clients", "requests", "alone_requests", "slots", "max_cache_len"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if not args.max_tokens:
+        p.error("--max-tokens: give at least one budget")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    import hispec_jax
+    from hispec_jax.datasets import load_prompts
+
+    model = hispec_jax.load_model(args.model or hispec_jax.DEFAULT_MODEL_DIR)
+    prompts = load_prompts("sharegpt", model.tokenizer, args.requests, args.max_prompt_tokens)
+    requests = [(i, p, args.max_tokens[i % len(args.max_tokens)]) for i, p in enumerate(prompts)]
+    with open("/proc/loadavg") as f:
+        load_before = f.read().split()[:3]
+    rows = []
+    for method in args.methods.split(","):
+        rows.append(bench_method(method, args, requests, model))
+        print(table(rows[-1:], args.clients).split("\n")[-1], flush=True)
+    with open("/proc/loadavg") as f:
+        load_after = f.read().split()[:3]
+    print(table(rows, args.clients))
+    print(f"load average before {' '.join(load_before)}, after {' '.join(load_after)}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "load_before": load_before, "load_after": load_after,
+                       "results": [{k: v for k, v in r.items()} for r in rows]}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""`hispec chat` (a streamed multi-turn conversation) and `hispec serve` (the
+OpenAI-compatible server): `hispec_jax/serving/`, docs/serving.md. Argument checks run before
+JAX is imported or weights are read."""
+
+from __future__ import annotations
+
+from hispec_jax.cli import common
+from hispec_jax.cli import generate as generate_cli
+from hispec_jax.decoding import options as options_lib
+
+
+def add_decoding_arguments(parser, with_budget: bool = True) -> None:
+    """--model, --method and its options, sampling flags (the names `generate` uses)."""
+    parser.add_argument("--model", default=None,
+                        help="local Hugging Face model directory or .gguf file (default: the "
+                             "shipped model)")
+    parser.add_argument("--method", default="ar", choices=list(options_lib.METHODS),
+                        help="decoding method (see `hispec generate --help`)")
+    parser.add_argument("--exit-layer", type=int, default=None, metavar="N",
+                        help="exit layer of --method exit")
+    parser.add_argument("--draft-exit", type=int, default=None, metavar="N", help="draft exit Ld")
+    parser.add_argument("--verify-exits", type=common.int_list, default=None, metavar="N[,N...]",
+                        help="intermediate verifier exits Li (hispec, sv)")
+    parser.add_argument("--draft-len", type=int, default=None, metavar="N",
+                        help="draft tokens per round Nd")
+    parser.add_argument("--verify-window", type=int, default=None, metavar="N",
+                        help="intermediate verifier window Ni (hispec)")
+    parser.add_argument("--adaptive", action="store_true", help="adaptive Nd and Ni (App. J)")
+    parser.add_argument("--acceptance", default=None, choices=list(options_lib.ACCEPTANCE_RULES),
+                        help="verification rule when sampling")
+    generate_cli.add_method_arguments(parser)
+    parser.add_argument("--max-cache-len", type=int, default=None, metavar="S",
+                        help="KV-cache positions per sequence (prompt + answer + the method's "
+                             "lookahead); default: chat the model's context, serve 1024")
+    if with_budget:
+        parser.add_argument("--max-new-tokens", type=int, default=256, metavar="N",
+                            help="new tokens per answer, at most")
+        parser.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                            help="sampling temperature, >= 0; 0 is greedy decoding")
+        parser.add_argument("--top-k", type=int, default=0, metavar="K", help="top-k (0: off)")
+        parser.add_argument("--top-p", type=float, default=1.0, metavar="P", help="top-p (1: off)")
+        parser.add_argument("--seed", type=int, default=0, metavar="S", help="random seed")
+
+
+def add_parsers(subparsers) -> None:
+    chat = common.add_command(
+        subparsers, "chat", run_chat, help="talk to a model: multi-turn, streamed",
+        description="Reads your messages from standard input and streams each answer as it "
+                    "is decoded, keeping the conversation (the model's chat template, or a "
+                    "plain transcript for a model without one). /reset forgets the "
+                    "conversation, /quit (or end of input) leaves. After each answer the "
+                    "method, tokens/s and time to first token go to stderr.")
+    add_decoding_arguments(chat)
+    chat.add_argument("--system", default=None, metavar="TEXT", help="a system message")
+
+    serve = common.add_command(
+        subparsers, "serve", run_serve, help="an OpenAI-compatible HTTP server with continuous batching",
+        description="Serves /v1/chat/completions, /v1/completions, /v1/models and /health "
+                    "(streaming with server-sent events, or not). Requests share --slots "
+                    "sequences of one compiled engine (a second one for sampling requests); "
+                    "a finished request's slot takes the next waiting one at once. "
+                    "SIGTERM or Ctrl-C stops it cleanly. See docs/serving.md.")
+    add_decoding_arguments(serve, with_budget=False)
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    serve.add_argument("--port", type=int, default=8000, help="TCP port (0: any free port)")
+    serve.add_argument("--slots", type=int, default=8, metavar="N",
+                       help="sequences decoded together per engine")
+    serve.add_argument("--served-model-name", default=None, metavar="NAME",
+                       help="the model id clients send (default: the model's directory or "
+                            "file name)")
+    serve.add_argument("--warmup", action="store_true",
+                       help="compile every program before listening (then serving compiles "
+                            "nothing)")
+    serve.add_argument("--rounds-per-step", type=int, default=1, metavar="R",
+                       help="speculation rounds between two looks at the request queue")
+
+
+def _check(args, sampling: bool) -> None:
+    """Checks that need neither JAX nor weights."""
+    num_layers = common.check_model_path(args.model or common.default_model_dir())
+    try:
+        if sampling:
+            options_lib.check_positive_int("max_new_tokens", args.max_new_tokens)
+            options_lib.check_sampling(args.temperature, args.top_k, args.top_p, args.seed)
+        if args.max_cache_len is not None:
+            options_lib.check_positive_int("max_cache_len", args.max_cache_len)
+        options_lib.check_method_options(args.method, num_layers=num_layers,
+                                         **generate_cli.method_options(args))
+    except options_lib.OptionError as e:
+        raise common.usage_error(e) from None
+
+
+def _load(args):
+    from hispec_jax.models.model import load_model
+
+    return load_model(args.model or common.default_model_dir())
+
+
+def run_chat(args) -> int:
+    _check(args, sampling=True)
+    from hispec_jax.serving.chat_loop import chat_loop
+
+    model = _load(args)
+    return chat_loop(model, method=args.method, max_new_tokens=args.max_new_tokens,
+                     max_cache_len=args.max_cache_len, system=args.system,
+                     temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                     seed=args.seed, **generate_cli.method_options(args))
+
+
+def run_serve(args) -> int:
+    _check(args, sampling=False)
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port {args.port}: must be in [0, 65535]")
+    for name in ("slots", "rounds_per_step"):
+        try:
+            options_lib.check_positive_int(name, getattr(args, name))
+        except options_lib.OptionError as e:
+            raise ValueError(f"--{name.replace('_', '-')} {e.value}: {e.allowed}") from None
+    import logging
+
+    from hispec_jax.serving import server
+
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    model = _load(args)
+    app = server.build_app(model, args.method, slots=args.slots, max_cache_len=args.max_cache_len,
+                           warmup=args.warmup, rounds_per_step=args.rounds_per_step,
+                           served_name=args.served_model_name, **generate_cli.method_options(args))
+    server.serve(app, host=args.host, port=args.port)
+    return 0

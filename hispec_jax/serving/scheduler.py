@@ -1,0 +1,179 @@
+"""Continuous batching: one engine thread moves requests through the slots of two
+`SlotEngine`s (greedy requests in one, sampling requests in the other: `greedy` is a static
+property of a compiled loop).
+
+    HTTP handlers --submit(job)--> waiting (FIFO per engine)
+                                      |  a slot is free: insert (prefill)
+                                      v
+    engine thread:  loop { admit waiting jobs into free slots; cancel abandoned ones;
+                           generate(rounds_per_step) on each engine with busy slots;
+                           hand each job its new tokens }  --events--> job's asyncio queue
+
+A job's events are `("tokens", [ids])` and finally `("done", finish_reason)` with
+finish_reason "stop" (EOS / end of turn), "length" (max_tokens) or "cancelled".
+A handler that stops listening (client gone, stop string matched) calls `cancel`: the slot
+is freed before the next round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import itertools
+import logging
+import threading
+import time
+
+from hispec_jax.decoding.sampling import SamplingParams
+from hispec_jax.serving import slots as slots_lib
+
+log = logging.getLogger("hispec.serve")
+
+
+@dataclasses.dataclass(eq=False)
+class Job:
+    """One request inside the server.
+
+    Attributes:
+      prompt_ids: the prompt's token ids.
+      max_new_tokens: the token budget.
+      sampling: temperature (0: greedy engine), top_k, top_p, seed.
+      loop, queue: where the engine thread delivers events (thread-safe hand-off).
+    """
+
+    prompt_ids: list[int]
+    max_new_tokens: int
+    sampling: SamplingParams
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+    id: int = dataclasses.field(default_factory=itertools.count().__next__)
+    submitted: float = dataclasses.field(default_factory=time.perf_counter)
+    cancelled: bool = False
+
+    def deliver(self, event) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+        except RuntimeError:  # the event loop is closed (shutdown)
+            pass
+
+
+class Scheduler:
+    """The engine thread and its two slot engines.
+
+    Args:
+      engines: {True: the greedy SlotEngine, False: the sampling SlotEngine}.
+      rounds_per_step: speculation rounds per `generate` call (1: a new request waits at
+        most one round for a slot to be looked at).
+    """
+
+    def __init__(self, engines: dict[bool, slots_lib.SlotEngine], rounds_per_step: int = 1):
+        self.engines = engines
+        self.rounds_per_step = rounds_per_step
+        self._waiting = {g: collections.deque() for g in engines}
+        self._running: dict[bool, dict[int, Job]] = {g: {} for g in engines}
+        self._wake = threading.Condition()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="hispec-engine", daemon=True)
+        self.error: BaseException | None = None
+        self.finished = collections.Counter()  # finish reason -> requests (for /health)
+
+    # ---- called from the server's threads ---------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        with self._wake:
+            self._stop = True
+            self._wake.notify()
+        self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def engine_for(self, sampling: SamplingParams) -> slots_lib.SlotEngine:
+        return self.engines[sampling.greedy]
+
+    def submit(self, job: Job) -> None:
+        with self._wake:
+            self._waiting[job.sampling.greedy].append(job)
+            self._wake.notify()
+
+    def cancel(self, job: Job) -> None:
+        """The job's client stopped listening: free its slot (or drop it from the queue)."""
+        with self._wake:
+            job.cancelled = True
+            self._wake.notify()
+
+    def load(self) -> dict:
+        """Busy slots and waiting requests per engine (for /health)."""
+        with self._wake:
+            engines = {("greedy" if g else "sampling"): {
+                "slots": self.engines[g].slots, "busy": len(self._running[g]),
+                "waiting": len(self._waiting[g])} for g in self.engines}
+            return {"engines": engines, "finished": dict(self.finished),
+                    "compiles": slots_lib.backend_compiles()}
+
+    # ---- the engine thread --------------------------------------------------------------
+    def _admit(self) -> bool:
+        """Cancels abandoned jobs and fills free slots; returns whether any slot is busy."""
+        busy = False
+        for greedy, engine in self.engines.items():
+            running, waiting = self._running[greedy], self._waiting[greedy]
+            for slot, job in list(running.items()):
+                if job.cancelled:
+                    engine.cancel(slot)
+                    del running[slot]
+                    self.finished["cancelled"] += 1
+                    job.deliver(("done", "cancelled"))
+            while waiting and waiting[0].cancelled:
+                waiting.popleft().deliver(("done", "cancelled"))
+            for slot in engine.free_slots():
+                while waiting and waiting[0].cancelled:
+                    waiting.popleft().deliver(("done", "cancelled"))
+                if not waiting:
+                    break
+                job = waiting.popleft()
+                engine.insert(slot, slots_lib.SlotRequest(tuple(job.prompt_ids),
+                                                          job.max_new_tokens, job.sampling))
+                running[slot] = job
+            busy |= bool(running)
+        return busy
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._wake:
+                    if self._stop:
+                        break
+                    busy = self._admit()
+                    if not busy:
+                        self._wake.wait(timeout=0.5)
+                        continue
+                for greedy, engine in self.engines.items():
+                    if not self._running[greedy]:
+                        continue
+                    for update in engine.generate(self.rounds_per_step):
+                        with self._wake:
+                            job = self._running[greedy].get(update.slot)
+                            if update.done:
+                                self._running[greedy].pop(update.slot, None)
+                        if job is None:
+                            continue
+                        if update.new_token_ids:
+                            job.deliver(("tokens", update.new_token_ids))
+                        if update.done:
+                            reason = "stop" if update.hit_eos else "length"
+                            self.finished[reason] += 1
+                            job.deliver(("done", reason))
+        except BaseException as e:  # noqa: BLE001 - reported to every waiting client
+            log.exception("engine thread failed")
+            self.error = e
+        finally:
+            with self._wake:
+                for greedy in self.engines:
+                    for job in list(self._running[greedy].values()) + list(self._waiting[greedy]):
+                        job.deliver(("done", "error" if self.error else "cancelled"))
+                    self._running[greedy].clear()
+                    self._waiting[greedy].clear()

@@ -1,0 +1,126 @@
+"""`generate_stream`: one prompt's continuation as text deltas, while it is decoded.
+
+The prompt runs in a one-slot `SlotEngine` (slots.py) with the shapes offline `generate`
+would use; after every speculation round the tokens the top level accepted are turned into
+text (`detok.TextDeltas`: only text that later tokens cannot change) and yielded. The tokens
+are those of `generate` with the same arguments (greedy and, for a seed, sampling).
+
+    stream = generate_stream(model, "Hello", method="hispec", max_new_tokens=64)
+    for delta in stream:
+        print(delta, end="", flush=True)
+    stream.result.stats["tokens_per_second"]
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Iterator
+
+from hispec_jax.decoding import chat as chat_lib
+from hispec_jax.decoding import methods as methods_lib
+from hispec_jax.decoding.generate import (GenerationResult, _is_int, model_name, plan_shapes,
+                                          tokenize)
+from hispec_jax.decoding.sampling import SamplingParams
+from hispec_jax.planner import tune as tune_lib
+from hispec_jax.serving import detok as detok_lib
+from hispec_jax.serving import slots as slots_lib
+
+
+def make_decoder(model, method, greedy: bool, method_options: dict):
+    """(decoder, plan or None) for a method name, "auto" or a `methods.Decoder`, checked
+    as `generate` checks them."""
+    if isinstance(method, methods_lib.Decoder):
+        if method_options:
+            raise ValueError("method options are part of a Decoder; pass none with one")
+        return method, None
+    if method == "auto":
+        given = sorted(k for k, v in method_options.items() if v is not None and v is not False)
+        if given:
+            raise ValueError(f"method 'auto' does not take {', '.join(given)} "
+                             "(the tuned plan sets them)")
+        return tune_lib.auto_decoder(model, 1, greedy=greedy)
+    return methods_lib.make_method(model, method, greedy=greedy, **method_options), None
+
+
+class TextStream:
+    """An iterator over text deltas; after it ends, `result` is the `GenerationResult`
+    (token ids, the whole text, stats: method, tokens_per_second, time_to_first_token...)."""
+
+    def __init__(self, deltas: Iterator[str]):
+        self._deltas = deltas
+        self.result: GenerationResult | None = None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> str:
+        return next(self._deltas)
+
+
+def generate_stream(model, prompt, *, method="ar", max_new_tokens: int = 64,
+                    ignore_eos: bool = False, temperature: float = 0.0, top_k: int = 0,
+                    top_p: float = 1.0, seed: int = 0, max_cache_len: int | None = None,
+                    chat: bool = False, **method_options) -> TextStream:
+    """Streams the continuation of one prompt (a string, token ids, or with `chat=True` a
+    conversation) as text deltas. Arguments as `generate`'s; everything is checked before
+    this returns (a bad setting raises here, not at the first delta).
+
+    Yields only text that is final (an incomplete multi-byte character or a trailing space
+    waits for the next token); the deltas join to `generate(...).texts[0]`.
+    """
+    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    if not _is_int(max_new_tokens) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    if model.tokenizer is None:
+        raise ValueError("generate_stream needs a model with a tokenizer (it yields text)")
+    decoder, plan = make_decoder(model, method, sampling.greedy, method_options)
+    all_ids = tokenize(model, chat_lib.chat_prompt_ids(model, prompt) if chat else prompt)
+    if len(all_ids) != 1:
+        raise ValueError(f"generate_stream takes one prompt, got {len(all_ids)} (use generate "
+                         "for a batch)")
+    prompt_ids = all_ids[0]
+    _, capacity = plan_shapes(len(prompt_ids), int(max_new_tokens), decoder.lookahead(),
+                              model.cfg.max_position_embeddings, max_cache_len)
+    eos = () if ignore_eos else model.eos_token_ids
+    if chat and not ignore_eos:
+        eos = tuple(dict.fromkeys(eos + chat_lib.end_of_turn_ids(model)))
+    compiles_before = slots_lib.backend_compiles()
+    engine = slots_lib.SlotEngine(model, decoder, slots=1, capacity=capacity,
+                                  greedy=sampling.greedy, eos_ids=eos)
+    request = slots_lib.SlotRequest(tuple(prompt_ids), int(max_new_tokens), sampling)
+    stream = TextStream(iter(()))
+
+    def deltas():
+        detok = detok_lib.TextDeltas(model.tokenizer)
+        t0 = time.perf_counter()
+        first = None
+        engine.insert(0, request)
+        done = False
+        while not done:
+            for update in engine.generate(1):
+                done = update.done
+                if update.new_token_ids and first is None:
+                    first = time.perf_counter() - t0
+                delta = detok.push(update.new_token_ids)
+                if delta:
+                    yield delta
+        tail = detok.finish()
+        seconds = time.perf_counter() - t0
+        new = len(detok.token_ids)
+        stream.result = GenerationResult(
+            token_ids=[detok.token_ids], texts=[detok.text], prompt_token_ids=[list(prompt_ids)],
+            stats={"method": method if isinstance(method, str) else "custom",
+                   "model": model_name(model), "model_path": model.path,
+                   **({"plan": plan.name()} if plan is not None else {}),
+                   "new_tokens": new, "seconds": seconds,
+                   "tokens_per_second": new / seconds if seconds > 0 else 0.0,
+                   "time_to_first_token": first,
+                   "compile_count": slots_lib.backend_compiles() - compiles_before,
+                   "cache_capacity": capacity,
+                   **methods_lib.summarize_counters(engine.engine.hierarchy,
+                                                    [engine.counters()], [1])})
+        if tail:
+            yield tail
+
+    stream._deltas = deltas()
+    return stream

@@ -1,0 +1,108 @@
+"""Resumable engine runs and slots (serving/slots.py) on the shipped default model: a request
+inserted into a slot while other slots decode gets exactly its offline `generate` tokens."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import hispec_jax
+from hispec_jax.decoding import engine as engine_lib
+from hispec_jax.decoding import methods as methods_lib
+from hispec_jax.decoding.generate import make_request, plan_shapes
+from hispec_jax.decoding.sampling import SamplingParams
+from hispec_jax.serving.slots import SlotEngine, SlotRequest
+
+PROMPTS = ["Once upon a time", "The cat sat on the mat and", "Hello",
+           "In the beginning the world was dark and cold, and people",
+           "Why is the sky blue?"]
+BUDGETS = [12, 5, 9, 3, 7]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return hispec_jax.load_model(hispec_jax.DEFAULT_MODEL_DIR)
+
+
+def _offline(model, method, **kw):
+    return [hispec_jax.generate(model, p, method=method, max_new_tokens=n, **kw).token_ids[0]
+            for p, n in zip(PROMPTS, BUDGETS)]
+
+
+def _interleaved(model, method, slots, sampling=lambda i: SamplingParams(), rounds=2):
+    """Requests enter free slots as others finish; returns each request's tokens."""
+    decoder = methods_lib.make_method(model, method, greedy=sampling(0).greedy)
+    eng = SlotEngine(model, decoder, slots=slots, capacity=128, greedy=sampling(0).greedy,
+                     eos_ids=model.eos_token_ids)
+    ids = [list(model.tokenizer(p)["input_ids"]) for p in PROMPTS]
+    waiting = list(range(len(PROMPTS)))
+    owner, got = {}, {i: [] for i in waiting}
+    while waiting or owner:
+        for slot in eng.free_slots():
+            if waiting:
+                i = waiting.pop(0)
+                eng.insert(slot, SlotRequest(tuple(ids[i]), BUDGETS[i], sampling(i)))
+                owner[slot] = i
+        for u in eng.generate(rounds):
+            got[owner[u.slot]] += u.new_token_ids
+            if u.done:
+                del owner[u.slot]
+    return [got[i] for i in range(len(PROMPTS))]
+
+
+@pytest.mark.parametrize("method", ["ar", "layerskip", "hispec"])
+def test_interleaved_slots_equal_offline_generate(model, method):
+    assert _interleaved(model, method, slots=2) == _offline(model, method)
+
+
+def test_sampling_slots_equal_offline_generate_with_the_same_seed(model):
+    def sampling(i):
+        return SamplingParams(temperature=[0.7, 1.0, 0.9, 1.2, 0.8][i], top_k=[0, 50, 0, 20, 0][i],
+                              top_p=[1.0, 0.9, 0.95, 1.0, 0.8][i], seed=100 + i)
+    got = _interleaved(model, "hispec", slots=3, sampling=sampling, rounds=1)
+    want = [hispec_jax.generate(model, p, method="hispec", max_new_tokens=n,
+                                temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
+                                seed=s.seed).token_ids[0]
+            for p, n, s in zip(PROMPTS, BUDGETS, map(sampling, range(5)))]
+    assert got == want
+
+
+def test_cancel_frees_the_slot_and_leaves_the_others(model):
+    decoder = methods_lib.make_method(model, "layerskip")
+    eng = SlotEngine(model, decoder, slots=2, capacity=128, greedy=True,
+                     eos_ids=model.eos_token_ids)
+    ids = [tuple(model.tokenizer(p)["input_ids"]) for p in PROMPTS[:2]]
+    eng.insert(0, SlotRequest(ids[0], 12))
+    eng.insert(1, SlotRequest(ids[1], 5))
+    eng.generate(1)
+    eng.cancel(0)
+    assert eng.free_slots() == [0]
+    eng.insert(0, SlotRequest(ids[0], 12))
+    got = {0: [], 1: []}
+    while not all(not b for b in eng.busy) or not got[0]:
+        for u in eng.generate(3):
+            got[u.slot] += u.new_token_ids
+    assert got[0] == _offline(model, "layerskip")[0]
+
+
+def test_run_rounds_resumes_to_the_uninterrupted_run(model):
+    """Engine.run_rounds, one bound at a time, ends where Engine.run ends (sampling:
+    the same tokens for the same seed), with one compilation for every bound."""
+    import jax
+
+    sampling = SamplingParams(temperature=0.9, seed=3)
+    decoder = methods_lib.make_method(model, "hispec", greedy=False)
+    ids = [list(model.tokenizer(p)["input_ids"]) for p in PROMPTS[:3]]
+    block, capacity = plan_shapes(max(map(len, ids)), 10, decoder.lookahead(), 2048, None)
+    eng = engine_lib.Engine.for_model(model, decoder.hierarchy, engine_lib.Shapes(
+        batch=3, capacity=capacity, prompt_block=block), greedy=False)
+    req = make_request(ids, 3, 0, capacity, 10, np.asarray([-1], np.int32), sampling)
+    windows = decoder.windows_array()
+    out, _, _ = jax.jit(eng.run)(model.params, model.heads, req, eng.empty_cache(), windows)
+    state = jax.jit(eng.init_state)(model.params, model.heads, req, eng.empty_cache(), windows)
+    rounds = jax.jit(eng.run_rounds)
+    for bound in [1, 2, 1, 3] + [100]:
+        state = rounds(model.params, model.heads, req, state, np.int32(bound))
+    assert rounds._cache_size() == 1
+    np.testing.assert_array_equal(state.out.tokens_BxS, out.tokens_BxS)
+    np.testing.assert_array_equal(state.out.num_new_B, out.num_new_B)

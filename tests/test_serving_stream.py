@@ -1,0 +1,115 @@
+"""Streaming text (serving/detok.py, serving/stream.py), `hispec generate --stream` and
+`hispec chat` fed from stdin, on the shipped default model."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+import hispec_jax
+from hispec_jax import cli
+from hispec_jax.serving import prompts as prompts_lib
+from hispec_jax.serving.detok import REPLACEMENT, TextDeltas
+
+
+@pytest.fixture(scope="module")
+def model():
+    return hispec_jax.load_model(hispec_jax.DEFAULT_MODEL_DIR)
+
+
+def test_deltas_of_multi_byte_and_merged_tokens_join_to_the_decoded_text(model):
+    tok = model.tokenizer
+    text = "héllo 日本語 🙂 wörld, it is . done ! ok  "
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert len(ids) > len(text.split())  # characters really are split over tokens
+    deltas = TextDeltas(tok)
+    pieces = [deltas.push([t]) for t in ids]
+    assert all(REPLACEMENT not in p for p in pieces)
+    assert "" in pieces  # some tokens only complete a character later: nothing yielded
+    pieces.append(deltas.finish())
+    assert "".join(pieces) == tok.decode(ids, skip_special_tokens=True)
+
+
+class _CleanupTokenizer:
+    """A decoder that rewrites across token boundaries (" ." -> "."), as
+    clean_up_tokenization_spaces does."""
+
+    words = {1: "Hi", 2: " there", 3: " .", 4: " ok"}
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(self.words[i] for i in ids).replace(" .", ".")
+
+
+def test_deltas_never_take_back_text_a_later_token_rewrites():
+    deltas = TextDeltas(_CleanupTokenizer())
+    pieces = [deltas.push([t]) for t in (1, 2, 3, 4)] + [deltas.finish()]
+    assert "".join(pieces) == "Hi there. ok"
+
+
+@pytest.mark.parametrize("method", ["hispec"])  # ar: test_cli_generate_stream_...
+def test_generate_stream_is_generate(model, method):
+    stream = hispec_jax.generate_stream(model, "Once upon a time", method=method,
+                                        max_new_tokens=12)
+    pieces = list(stream)
+    want = hispec_jax.generate(model, "Once upon a time", method=method, max_new_tokens=12)
+    assert len(pieces) > 1
+    assert "".join(pieces) == want.texts[0]
+    assert stream.result.token_ids == want.token_ids
+    assert stream.result.stats["new_tokens"] == 12 and stream.result.stats["method"] == method
+
+
+def test_generate_stream_checks_its_arguments_before_decoding(model):
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        hispec_jax.generate_stream(model, "x", max_new_tokens=0)
+    with pytest.raises(ValueError, match="one prompt"):
+        hispec_jax.generate_stream(model, ["a", "b"])
+    with pytest.raises(ValueError, match="temperature"):
+        hispec_jax.generate_stream(model, "x", temperature=-1.0)
+    with pytest.raises(ValueError, match="chat template"):
+        hispec_jax.generate_stream(model, "x", chat=True)
+
+
+def test_cli_generate_stream_prints_the_generated_text(model, capsys):
+    assert cli.main(["generate", "--stream", "--max-new-tokens", "12", "Once upon a time"]) == 0
+    out, err = capsys.readouterr()
+    want = hispec_jax.generate(model, "Once upon a time", max_new_tokens=12).texts[0]
+    assert out == "Once upon a time" + want + "\n\n"
+    assert "[ar] default_model: 12 tokens" in err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["generate", "--stream", "--json", "x"], "--json"),
+    (["generate", "--stream", "--batch-size", "2", "x"], "--batch-size"),
+    (["chat", "--max-new-tokens", "0"], "--max-new-tokens"),
+    (["chat", "--method", "ar", "--draft-len", "2"], "draft"),
+    (["serve", "--port", "-1"], "--port"),
+    (["serve", "--slots", "0"], "--slots"),
+    (["serve", "--model", "/no/such/dir"], "--model"),
+])
+def test_cli_serving_flags_fail_with_one_line(argv, message, capsys):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hispec: error: ") and message in err and err.count("\n") == 1
+
+
+def test_cli_chat_from_stdin(model, monkeypatch, capsys):
+    """Two turns, a /reset, an unknown command, /quit; each answer is the continuation of
+    the whole conversation so far (the transcript, this model has no chat template)."""
+    monkeypatch.setattr("sys.stdin", io.StringIO(
+        "Hello\nWhat is a cat?\n/bogus\n/reset\nHello\n/quit\nnot read\n"))
+    assert cli.main(["chat", "--method", "layerskip", "--max-new-tokens", "6",
+                     "--max-cache-len", "128"]) == 0
+    out, err = capsys.readouterr()
+
+    def answer(history):
+        prompt, chat = prompts_lib.conversation_prompt(model, history)
+        return hispec_jax.generate(model, prompt, max_new_tokens=6, chat=chat).texts[0]
+
+    first = answer([{"role": "user", "content": "Hello"}])
+    second = answer([{"role": "user", "content": "Hello"},
+                     {"role": "assistant", "content": first.strip()},
+                     {"role": "user", "content": "What is a cat?"}])
+    assert out == (f"{first}\n{second}\nunknown command /bogus (commands: /reset, /quit)\n"
+                   f"(conversation reset)\n{first}\n")
+    assert err.count("[layerskip] 6 tokens") == 3 and "tokens/s" in err
