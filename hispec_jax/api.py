@@ -3,7 +3,8 @@
 
 The package's layers import one way (`tests/test_imports.py` holds them to it):
 
-    models, datasets  ->  decoding, train_heads  ->  planner  ->  api  ->  bench  ->  cli
+    models, datasets  ->  decoding, train_heads  ->  planner  ->  api  ->  serving
+        ->  bench  ->  cli
 
 Decoding knows nothing of the planner, so a method that needs a tuned plan is resolved
 here, one layer above both: the plan for (model, device, batch size) becomes a `Decoder`

@@ -1,5 +1,5 @@
-"""Imports run one way: models, datasets -> decoding, train_heads -> planner -> api -> bench
--> cli, inference code never imports the training code, and no package's modules import
+"""Imports run one way: models, datasets -> decoding, train_heads -> planner -> api -> serving
+-> bench -> cli, inference code never imports the training code, and no package's modules import
 each other in a cycle. The contracts are import-linter's, in pyproject.toml; function-level
 imports count."""
 
