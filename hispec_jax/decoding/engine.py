@@ -676,8 +676,12 @@ class _Round:
                 jnp.where(part_B & (n_B > 0), n_B, hist.shape[0])].add(1, mode="drop"))
         windows = self.h.window_policy.update(state.windows, k, K, m_B, n_B, part_B)
         if k == 1 and self.h.lookup is not None:
-            counters = counters.replace(lookup_accepted=counters.lookup_accepted + jnp.sum(
-                jnp.where(part_B, jnp.minimum(m_B, state.lookup_len_B), 0)))
+            looked_B = jnp.where(part_B, state.lookup_len_B, 0)
+            kept_B = jnp.minimum(m_B, looked_B)
+            counters = counters.replace(
+                lookup_accepted=counters.lookup_accepted + jnp.sum(kept_B))
+            windows = windows.replace(windows_BxK1=windows.windows_BxK1.at[:, 0].set(
+                self.h.lookup.adapt(windows.windows_BxK1[:, 0], looked_B, kept_B)))
         counters = counters.replace(
             actions_K=counters.actions_K.at[k].add(1),
             layer_passes=counters.layer_passes + fwd.layer_passes,

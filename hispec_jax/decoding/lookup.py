@@ -61,10 +61,27 @@ class PromptLookup:
     Attributes:
       max_tokens: k_max, the static bound of tokens one lookup proposes (its block).
       max_ngram: N, the longest suffix matched (n = N down to 1).
+      adaptive: adapt each sequence's k (its level-1 window, `adapt`): a proposal of m
+        tokens costs a pass over m positions, so k doubles after a fully accepted match and
+        halves after a rejected one (1 token costs what an AR step costs). False: always k.
     """
 
     max_tokens: int = DEFAULT_LOOKUP
     max_ngram: int = DEFAULT_MAX_NGRAM
+    adaptive: bool = True
+
+    def initial_window(self) -> int:
+        return min(2, self.max_tokens) if self.adaptive else self.max_tokens
+
+    def adapt(self, window_B, proposed_B, accepted_B) -> jax.Array:
+        """Each sequence's next k after level 1 kept `accepted_B` of `proposed_B` lookup
+        tokens (proposed 0: no match, k unchanged)."""
+        if not self.adaptive:
+            return window_B
+        grown_B = jnp.minimum(2 * window_B, self.max_tokens)
+        shrunk_B = jnp.maximum(window_B // 2, 1)
+        new_B = jnp.where(accepted_B >= proposed_B, grown_B, shrunk_B)
+        return jnp.where(proposed_B > 0, new_B, window_B).astype(window_B.dtype)
 
     def __post_init__(self):
         if not 1 <= self.max_tokens <= MAX_LOOKUP:

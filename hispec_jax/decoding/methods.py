@@ -232,7 +232,7 @@ def _with_lookup(decoder: Decoder, lookup: int | None, max_ngram: int | None) ->
     h, k = decoder.hierarchy, drafter.max_tokens
     hierarchy = dataclasses.replace(h, exits=(0,) + h.exits, max_windows=(k,) + h.max_windows,
                                     lookup=drafter)
-    return Decoder(hierarchy=hierarchy, windows=(k,) + decoder.windows)
+    return Decoder(hierarchy=hierarchy, windows=(drafter.initial_window(),) + decoder.windows)
 
 
 def _sampling_rule(acceptance: str | None, greedy: bool):
