@@ -238,3 +238,29 @@ def test_cli_bad_lookup_flags_exit_2_in_one_line(argv, expected, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and expected in err, err
     assert engine_lib.compilations == before
+
+
+# ------------------------------------------------------------ 5. the task-mix benchmark
+def test_task_prompts_come_from_packaged_data():
+    from hispec_jax.bench import tasks
+
+    for task in tasks.TASKS:
+        messages = tasks.task_messages(task)
+        assert len(messages) >= 50, task
+    summarize, extract = tasks.task_messages("summarize")[0], tasks.task_messages("extract")[0]
+    assert summarize.startswith("Summarize this text:\n\n") and len(summarize) > 400
+    assert any(ch.isdigit() for ch in extract.split("\n\n", 1)[1])
+    assert "def " in tasks.task_messages("code")[0] and "return" in tasks.task_messages("code")[0]
+
+
+@pytest.mark.parametrize("argv,expected", [
+    ("--tasks chat,poetry", "--tasks chat,poetry: expected a comma-separated list"),
+    ("--tasks code --rounds 0", "--rounds 0: must be >= 1"),
+    ("--tasks code --lookup 0", "--lookup 0: must be an integer in [1, 64]"),
+])
+def test_task_bench_bad_flags(argv, expected, capsys):
+    from hispec_jax.bench import tasks
+
+    assert tasks.main(argv.split()) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and expected in err, err

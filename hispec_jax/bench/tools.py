@@ -33,6 +33,7 @@ TOOLS: dict[str, str] = {
     "exit-agreement": "exit_agreement",
     "plot-agreement": "plot_agreement",
     "before-after": "before_after",
+    "tasks": "tasks",
 }
 
 PROG = "python -m hispec_jax.bench"
