@@ -196,6 +196,24 @@ def test_lookup_sampling_matches_exact_distribution(small, method, options):
     assert stat < threshold, (stat, threshold)
 
 
+def test_broken_rule_under_lookup_fails_the_same_test(small):
+    """Negative control: the same chi-square test, through the lookup hierarchy, rejects a
+    rule that replaces rejected lookup drafts from p instead of the residual."""
+    import dataclasses
+
+    from test_sampling_exact import _ResampleFromTarget
+
+    decoder = methods.make_method(small, "lookup", lookup=2, greedy=False)
+    broken = methods.Decoder(dataclasses.replace(decoder.hierarchy, rule=_ResampleFromTarget()),
+                             windows=decoder.windows)
+    sampling = SamplingParams(temperature=1.0, seed=19)
+    probs = exact_ar_distribution(small, sampling)
+    r = generate(small, [PROMPT] * N_SAMPLES, method=broken, max_new_tokens=NEW,
+                 ignore_eos=True, temperature=1.0, seed=19)
+    stat, threshold = chi_square_test(r.token_ids, probs, N_SAMPLES)
+    assert stat > threshold, (stat, threshold)
+
+
 # ------------------------------------------------------------------- 4. bad input
 @pytest.mark.parametrize("method,options,match", [
     ("lookup", dict(lookup=0), "lookup must be an integer in"),

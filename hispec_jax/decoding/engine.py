@@ -46,6 +46,13 @@ cache in place as it runs (`run_layers_cached`), and KV entries of rolled-back p
 are simply overwritten later (causal masking by absolute position makes stale slots
 harmless; see `kv_cache.py`).
 
+A drafter that is not an exit: with `Hierarchy.lookup` set, level 0 is the prompt-lookup
+(n-gram) drafter (`lookup.py`; e_0 = 0, no layers). One lookup per round proposes up to k
+tokens at once (`_Round.lookup_draft`); level 1 embeds them and verifies them in one pass,
+at the shortest compiled block that holds them (`Hierarchy.level_blocks`), so a round
+without a match is a one-position pass: an AR step for `method="lookup"`, the draft exit's
+own draft step under layerskip / hispec.
+
 Seams: `Hierarchy.window_policy` (when a level verifies: fixed windows, App. J adaptive
 windows; `windows.py`), `Hierarchy.draft_exit` (how deep a draft runs: `draft.py`) and
 `Hierarchy.rule` (which tokens a level keeps: `acceptance.py`), each with its state in the
