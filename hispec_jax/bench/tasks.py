@@ -23,13 +23,13 @@ proposed / accepted) and writes tasks.json.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 from pathlib import Path
 
 from hispec_jax import datasets
+from hispec_jax.bench import args as args_lib
 
 TASKS = ("chat", "summarize", "extract", "code")
 PASSAGE_CHARS = (400, 1600)  # passages long enough to copy from, short enough for a prompt
@@ -111,8 +111,8 @@ def parse_tasks(text: str) -> tuple[str, ...]:
     return tasks
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
+def parse_args(argv=None):
+    p = args_lib.Parser(prog=PROG, description=__doc__.split("\n")[0])
     p.add_argument("--tasks", default=",".join(TASKS), help="comma-separated: " + ", ".join(TASKS))
     p.add_argument("--model", default=None,
                    help="Hugging Face model directory or .gguf file (default: the shipped model)")
