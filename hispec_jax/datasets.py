@@ -203,12 +203,20 @@ def load_prompts(dataset: str, tokenizer, num_prompts: int,
     """
     if tokenizer is None:
         raise ValueError("benchmark prompts need a model with a tokenizer")
+    token_ids = (tokenizer(text)["input_ids"] for text in dataset_texts(dataset))
+    return first_prompts(token_ids, num_prompts, max_prompt_tokens, source=f"{dataset} has")
+
+
+def first_prompts(token_ids, num_prompts: int, max_prompt_tokens: int,
+                  source: str) -> list[list[int]]:
+    """The first `num_prompts` of the token-id lists `token_ids` (an iterable, consumed only
+    as far as needed) with at most `max_prompt_tokens` tokens; longer ones are skipped, never
+    cut. Raises ValueError ("{source} only N prompts ...") when there are fewer."""
     prompts = []
-    for text in dataset_texts(dataset):
-        ids = tokenizer(text)["input_ids"]
+    for ids in token_ids:
         if len(ids) <= max_prompt_tokens:
-            prompts.append(ids)
+            prompts.append(list(ids))
             if len(prompts) == num_prompts:
                 return prompts
-    raise ValueError(f"{dataset} has only {len(prompts)} prompts of at most "
+    raise ValueError(f"{source} only {len(prompts)} prompts of at most "
                      f"{max_prompt_tokens} tokens; {num_prompts} were asked for")

@@ -88,18 +88,13 @@ def task_prompts(model, task: str, num_prompts: int, max_prompt_tokens: int,
     format "User: ...\\nAssistant:"."""
     from hispec_jax.decoding import chat as chat_lib
 
-    prompts = []
-    for message in task_messages(task):
+    def token_ids(message: str) -> list[int]:
         if chat:
-            ids = chat_lib.chat_prompt_ids(model, [message])[0]
-        else:
-            ids = list(model.tokenizer(f"User: {message}\nAssistant:")["input_ids"])
-        if len(ids) <= max_prompt_tokens:
-            prompts.append(ids)
-            if len(prompts) == num_prompts:
-                return prompts
-    raise ValueError(f"task {task}: only {len(prompts)} prompts of at most {max_prompt_tokens} "
-                     f"tokens; {num_prompts} were asked for")
+            return chat_lib.chat_prompt_ids(model, [message])[0]
+        return list(model.tokenizer(f"User: {message}\nAssistant:")["input_ids"])
+
+    return datasets.first_prompts(map(token_ids, task_messages(task)), num_prompts,
+                                  max_prompt_tokens, source=f"task {task}: has")
 
 
 def parse_tasks(text: str) -> tuple[str, ...]:
