@@ -49,6 +49,32 @@ def draft_vocab_size(cfg: ModelConfig, heads: ExitHeads, exit_layer: int) -> int
     return int(head["vocab"].shape[0]) if "vocab" in head else cfg.vocab_size
 
 
+def layer_macs(cfg: ModelConfig) -> int:
+    """Multiply-adds of one decoder layer for one token, weights only (the projections:
+    q, k, v, o and the three SwiGLU matrices; attention over the cache grows with context
+    and is left out, as it is of AR's count)."""
+    D, H, F = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    return D * H * (2 * cfg.num_heads + 2 * cfg.num_kv_heads) + 3 * D * F
+
+
+def head_macs(cfg: ModelConfig, heads: ExitHeads, exit_layer: int) -> int:
+    """Multiply-adds of one evaluation of exit `exit_layer`'s head for one token: `D×V` for
+    the shared head, `D×K` for a full head over K draft tokens, `D×R + R×K` for a low-rank
+    one (norms and the -inf scatter are left out)."""
+    kind = head_kind(cfg, heads, exit_layer)
+    D, K = cfg.hidden_size, draft_vocab_size(cfg, heads, exit_layer)
+    if kind == "low_rank":
+        R = int(heads[str(exit_layer)]["proj_down"].shape[1])
+        return D * R + R * K
+    return D * K
+
+
+def head_cost_layers(cfg: ModelConfig, heads: ExitHeads, exit_layer: int) -> float:
+    """Exit `exit_layer`'s head in layer equivalents: `head_macs / layer_macs`
+    (SmolLM2-135M's shared head: 576·49152 / 3.5 M ≈ 8 layers)."""
+    return head_macs(cfg, heads, exit_layer) / layer_macs(cfg)
+
+
 def lm_head_matrix(params: Params, cfg: ModelConfig) -> jax.Array:
     """The shared LM head as a [D, V] matrix (the transposed embedding when tied)."""
     return params["embed"].T if cfg.tie_word_embeddings else params["lm_head"]
