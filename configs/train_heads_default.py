@@ -28,6 +28,11 @@ def get_config() -> ml_collections.ConfigDict:
     # Heads.
     c.head_layers = (3, 7, 11, 15, 19, 23, 27, 31)
     c.head_rank = 1024            # 0: full D x V heads
+    c.head_adapter_width = 0      # > 0: a residual MLP block of this width before the
+                                  # head's norm + projection (0: none)
+    c.head_adapter_act = "swiglu" # the adapter's MLP: "swiglu" | "gelu"
+    c.head_projection = "own"     # "own": a trained norm + LM head copy (full / head_rank);
+                                  # "shared": the model's frozen one (needs an adapter)
     # Loss: T^2 * KL(final || exit) at temperature T, over the teacher's top-k + a tail bucket.
     c.temperature = 2.0
     c.target_top_k = 64           # 0: exact full-vocabulary KL

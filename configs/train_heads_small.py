@@ -17,6 +17,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.output_dir = ""
     c.head_layers = (1, 2)
     c.head_rank = 16
+    c.head_adapter_width = 0      # > 0: an adapter block of this width in each head
+    c.head_adapter_act = "swiglu"
+    c.head_projection = "own"     # or "shared" (adapter + the model's own LM head)
     c.temperature = 2.0
     c.target_top_k = 16
     c.loss = "kl"                 # or "ce": cross-entropy on the final layer's greedy token

@@ -47,7 +47,7 @@ from hispec_jax.bench import args as args_lib
 from hispec_jax.bench import suite
 from hispec_jax.bench.roofline import nbytes, step_weight_bytes
 from hispec_jax.bench.suite import MethodSpec
-from hispec_jax.models.heads import head_kind
+from hispec_jax.models.heads import head_kind, projection_kind
 from hispec_jax.models.model import Model, load_model
 from hispec_jax.models.params import (default_layer_layout, init_params, layer_layout,
                                       with_layer_layout)
@@ -97,10 +97,11 @@ def head_cost_in_layers(model: Model, exit_layer: int) -> float:
     """One evaluation of exit `exit_layer`'s head, in units of one layer's weight bytes."""
     cfg = model.cfg
     layer_bytes = nbytes(model.params["layers"]) / cfg.num_layers
-    if head_kind(cfg, model.heads, exit_layer) == "shared":
-        head_bytes = cfg.hidden_size * cfg.vocab_size * jnp.dtype(cfg.dtype).itemsize
-    else:
+    head_bytes = 0
+    if head_kind(cfg, model.heads, exit_layer) != "shared":
         head_bytes = nbytes(model.heads[str(exit_layer)])
+    if projection_kind(cfg, model.heads, exit_layer) == "shared":  # (an adapter's too)
+        head_bytes += cfg.hidden_size * cfg.vocab_size * jnp.dtype(cfg.dtype).itemsize
     return head_bytes / layer_bytes
 
 

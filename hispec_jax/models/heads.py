@@ -17,6 +17,18 @@ step (SmolLM2-135M: V = 49,152, D = 576, one head = 8 transformer layers).
 
     logits_BxTxK = norm(h) @ proj_DxK                   K = len(vocab)
     logits_BxTxV = full(-inf).at[..., vocab].set(logits_BxTxK)
+
+An **adapter** head first adds a small residual MLP block of width Fa to the exit's states
+(its own RMSNorm, SwiGLU or GELU; `adapter_down` starts at zero, so an untrained adapter is
+the identity), then applies its own norm + projection, or the shared final norm + LM head
+when it has no projection of its own (kind "adapter"):
+
+    x_BxTxD = adapter_norm(h)
+    h'      = h + (silu(x @ gate_DxFa) * (x @ up_DxFa)) @ down_FaxD     SwiGLU
+    h'      = h + gelu(x @ up_DxFa) @ down_FaxD                          GELU (no gate)
+    logits  = head(h')                        shared, full or low-rank, as above
+
+Cost per token: `(3 or 2)·D·Fa` multiply-adds for the block + the projection's.
 """
 
 from __future__ import annotations
@@ -31,19 +43,33 @@ from hispec_jax.models.params import ExitHeads, Params
 from hispec_jax.models.transformer import rms_norm
 
 
+HEAD_KINDS = ("shared", "full", "low_rank", "adapter", "adapter_full", "adapter_low_rank")
+
+
 def head_kind(cfg: ModelConfig, heads: ExitHeads, exit_layer: int) -> str:
-    """"shared", "full" or "low_rank": which head exit `exit_layer` uses."""
+    """Which head exit `exit_layer` uses: "shared", "full" or "low_rank"; with an adapter
+    block "adapter" (then the shared projection), "adapter_full" or "adapter_low_rank"."""
     if not 1 <= exit_layer <= cfg.num_layers:
         raise ValueError(f"exit layer {exit_layer} is outside [1, {cfg.num_layers}]")
     head = heads.get(str(exit_layer)) if exit_layer < cfg.num_layers else None
     if head is None:
         return "shared"
-    return "full" if "proj" in head else "low_rank"
+    projection = "full" if "proj" in head else "low_rank" if "proj_down" in head else None
+    if "adapter_up" not in head:
+        return projection
+    return "adapter" if projection is None else f"adapter_{projection}"
+
+
+def projection_kind(cfg: ModelConfig, heads: ExitHeads, exit_layer: int) -> str:
+    """"shared", "full" or "low_rank": the projection exit `exit_layer`'s logits come from
+    (an adapter head without its own projection uses the shared one)."""
+    kind = head_kind(cfg, heads, exit_layer)
+    return "shared" if kind in ("shared", "adapter") else kind.removeprefix("adapter_")
 
 
 def draft_vocab_size(cfg: ModelConfig, heads: ExitHeads, exit_layer: int) -> int:
     """How many tokens exit `exit_layer` can propose: K with a draft vocabulary, else V."""
-    if head_kind(cfg, heads, exit_layer) == "shared":
+    if projection_kind(cfg, heads, exit_layer) == "shared":
         return cfg.vocab_size
     head = heads[str(exit_layer)]
     return int(head["vocab"].shape[0]) if "vocab" in head else cfg.vocab_size
@@ -57,16 +83,28 @@ def layer_macs(cfg: ModelConfig) -> int:
     return D * H * (2 * cfg.num_heads + 2 * cfg.num_kv_heads) + 3 * D * F
 
 
+def adapter_macs(cfg: ModelConfig, heads: ExitHeads, exit_layer: int) -> int:
+    """Multiply-adds of exit `exit_layer`'s adapter block for one token: `3·D·Fa` (SwiGLU)
+    or `2·D·Fa` (GELU); 0 without an adapter."""
+    if not head_kind(cfg, heads, exit_layer).startswith("adapter"):
+        return 0
+    head = heads[str(exit_layer)]
+    matrices = 3 if "adapter_gate" in head else 2
+    return matrices * cfg.hidden_size * int(head["adapter_up"].shape[1])
+
+
 def head_macs(cfg: ModelConfig, heads: ExitHeads, exit_layer: int) -> int:
     """Multiply-adds of one evaluation of exit `exit_layer`'s head for one token: `D×V` for
     the shared head, `D×K` for a full head over K draft tokens, `D×R + R×K` for a low-rank
-    one (norms and the -inf scatter are left out)."""
-    kind = head_kind(cfg, heads, exit_layer)
+    one, plus an adapter block's `(3 or 2)·D·Fa` (norms, activations and the -inf scatter
+    are left out)."""
+    kind = projection_kind(cfg, heads, exit_layer)
     D, K = cfg.hidden_size, draft_vocab_size(cfg, heads, exit_layer)
+    adapter = adapter_macs(cfg, heads, exit_layer)
     if kind == "low_rank":
         R = int(heads[str(exit_layer)]["proj_down"].shape[1])
-        return D * R + R * K
-    return D * K
+        return adapter + D * R + R * K
+    return adapter + D * K
 
 
 def head_cost_layers(cfg: ModelConfig, heads: ExitHeads, exit_layer: int) -> float:
@@ -80,11 +118,28 @@ def lm_head_matrix(params: Params, cfg: ModelConfig) -> jax.Array:
     return params["embed"].T if cfg.tie_word_embeddings else params["lm_head"]
 
 
+def apply_adapter(head, cfg: ModelConfig, h_BxTxD: jax.Array) -> jax.Array:
+    """`h + MLP(adapter_norm(h))`: the adapter block of `head` (module docstring), in h's dtype."""
+    dot = functools.partial(jnp.einsum, precision=cfg.precision)
+    x_BxTxD = rms_norm(h_BxTxD, head["adapter_norm"], cfg.rms_norm_eps)
+    up_BxTxF = dot("BTD,DF->BTF", x_BxTxD, head["adapter_up"])
+    if "adapter_gate" in head:
+        act_BxTxF = jax.nn.silu(dot("BTD,DF->BTF", x_BxTxD, head["adapter_gate"])) * up_BxTxF
+    else:
+        act_BxTxF = jax.nn.gelu(up_BxTxF)
+    return h_BxTxD + dot("BTF,FD->BTD", act_BxTxF, head["adapter_down"]).astype(h_BxTxD.dtype)
+
+
 def exit_logits(params: Params, heads: ExitHeads, cfg: ModelConfig, h_BxTxD: jax.Array,
                 exit_layer: int) -> jax.Array:
-    """Float32 logits [B, T, V] of exit `exit_layer` (static) from layer-`exit_layer` states."""
-    kind = head_kind(cfg, heads, exit_layer)
+    """Float32 logits [B, T, V] of exit `exit_layer` (static) from layer-`exit_layer` states.
+
+    `params` is read only for the shared projection (`final_norm` and `embed` / `lm_head`),
+    so a dict of just those serves for heads that use it."""
+    kind = projection_kind(cfg, heads, exit_layer)
     dot = functools.partial(jnp.einsum, precision=cfg.precision)
+    if head_kind(cfg, heads, exit_layer).startswith("adapter"):
+        h_BxTxD = apply_adapter(heads[str(exit_layer)], cfg, h_BxTxD)
     if kind == "shared":
         x = rms_norm(h_BxTxD, params["final_norm"], cfg.rms_norm_eps)
         if cfg.tie_word_embeddings:  # contract with the embedding directly: no transposed copy

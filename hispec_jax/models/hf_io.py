@@ -30,10 +30,17 @@ the residual stream after layer e):
     exit_heads.{e}.proj_up.weight    [V, R]
     exit_heads.{e}.vocab             [K]      optional int32 draft vocabulary (sorted token
                                               ids); proj / proj_up then have K rows, not V
+    exit_heads.{e}.adapter_norm.weight  [D]   optional adapter block (models/heads.py):
+    exit_heads.{e}.adapter_gate.weight  [Fa, D]   SwiGLU only (absent: GELU)
+    exit_heads.{e}.adapter_up.weight    [Fa, D]
+    exit_heads.{e}.adapter_down.weight  [D, Fa]
+                                      an adapter head without norm / proj tensors feeds the
+                                      model's own final norm + LM head
     metadata: {"format": "pt", "exit_layers": "3,7"}   (sorted, comma-separated)
 
 In memory: heads[str(e)] = {"norm": [D], "proj": [D, V]} or
-{"norm": [D], "proj_down": [D, R], "proj_up": [R, V]}, + "vocab" [K] (`params.head_specs`).
+{"norm": [D], "proj_down": [D, R], "proj_up": [R, V]}, + "vocab" [K], + the adapter's
+"adapter_*" arrays (`params.head_specs`).
 """
 
 from __future__ import annotations
@@ -84,8 +91,10 @@ _RULES: list[tuple[str, tuple[str, ...], int]] = [
 _INDEX = r"(0|[1-9][0-9]*)"  # no leading zeros, so one tensor has exactly one name
 _RULE_RES = [(re.compile(re.escape(t).replace(re.escape("{i}"), _INDEX) + "$"), p, n)
              for t, p, n in _RULES]
-_HEAD_RE = re.compile(rf"exit_heads\.{_INDEX}\.(?:(norm|proj|proj_down|proj_up)\.weight|(vocab))$")
-_HEAD_N_IN = {"norm": 0, "proj": 1, "proj_down": 1, "proj_up": 1, "vocab": 0}
+_HEAD_RE = re.compile(rf"exit_heads\.{_INDEX}\.(?:(norm|proj|proj_down|proj_up|adapter_norm|"
+                      rf"adapter_gate|adapter_up|adapter_down)\.weight|(vocab))$")
+_HEAD_N_IN = {"norm": 0, "proj": 1, "proj_down": 1, "proj_up": 1, "vocab": 0,
+              "adapter_norm": 0, "adapter_gate": 1, "adapter_up": 1, "adapter_down": 1}
 
 
 def _head_tensor_name(e, part: str) -> str:
@@ -329,8 +338,17 @@ def load_exit_heads(path, cfg: ModelConfig) -> ExitHeads:
         if vocab is not None:
             vocab = group["vocab"] = check_draft_vocab(
                 vocab, cfg.vocab_size, f"{HEADS_FILENAME}: tensor {_head_tensor_name(e, 'vocab')!r}")
-        specs = head_specs(cfg, int(group["proj_down"].shape[0]) if low_rank else None,
-                           draft_vocab=None if vocab is None else int(vocab.shape[0]))
+        adapter = "adapter_up" in group
+        own = any(part in group for part in ("norm", "proj", "proj_down", "proj_up"))
+        try:
+            specs = head_specs(
+                cfg, int(group["proj_down"].shape[0]) if low_rank else None,
+                draft_vocab=None if vocab is None else int(vocab.shape[0]),
+                adapter_width=int(group["adapter_up"].shape[0]) if adapter else None,
+                adapter_act="swiglu" if "adapter_gate" in group or not adapter else "gelu",
+                projection="own" if own or not adapter else "shared")
+        except ValueError as err:
+            raise ValueError(f"{HEADS_FILENAME}: exit head {e}: {err}") from None
         for part in specs:
             if part not in group:
                 raise ValueError(f"{HEADS_FILENAME}: missing tensor {_head_tensor_name(e, part)!r}")

@@ -35,8 +35,18 @@ Exit heads (`ExitHeads`) are a separate dict keyed by the exit layer as a string
     heads["e"] = {"norm": [D], "proj": [D, K], "vocab": [K] int32}      # draft vocabulary
                                                  # (K sorted token ids; low rank: proj_up [R, K])
 
+An **adapter** head adds a residual MLP block before its norm + projection
+(`models/heads.py`): `adapter_norm` [D], `adapter_up` [D, Fa], `adapter_down` [Fa, D] and,
+for a SwiGLU block, `adapter_gate` [D, Fa] (without it the block is a GELU MLP). With its
+own projection it also holds `norm` + `proj` (or `proj_down` / `proj_up`, and `vocab`);
+without one ("shared" projection) it holds only the adapter and feeds the model's own
+final norm + LM head:
+
+    heads["e"] = {"adapter_norm": [D], "adapter_gate": [D, Fa], "adapter_up": [D, Fa],
+                  "adapter_down": [Fa, D]}                            # adapter + shared head
+
 Legend: V vocab, D hidden, L layers, N query heads, K kv heads, H head dim, F MLP width,
-R head rank.
+R head rank, Fa adapter width.
 """
 
 from __future__ import annotations
@@ -59,8 +69,9 @@ class ParamSpec:
 
     shape: tuple[int, ...]
     axes: tuple[str, ...]
-    init: str = "normal"  # "normal" (std = init_std), "ones" (norm scales) or
-                          # "arange" (int32 0..n-1: a draft vocabulary's token ids)
+    init: str = "normal"  # "normal" (std = init_std), "ones" (norm scales), "zeros"
+                          # (an adapter's output projection: the block starts as identity)
+                          # or "arange" (int32 0..n-1: a draft vocabulary's token ids)
 
 
 def param_specs(cfg: ModelConfig) -> dict[str, Any]:
@@ -91,36 +102,73 @@ def param_specs(cfg: ModelConfig) -> dict[str, Any]:
     return specs
 
 
-def head_specs(cfg: ModelConfig, rank: int | None = None,
-               draft_vocab: int | None = None) -> dict[str, ParamSpec]:
+ADAPTER_ACTS = ("swiglu", "gelu")
+HEAD_PROJECTIONS = ("own", "shared")
+ADAPTER_PARTS = ("adapter_norm", "adapter_gate", "adapter_up", "adapter_down")
+
+
+def head_specs(cfg: ModelConfig, rank: int | None = None, draft_vocab: int | None = None,
+               adapter_width: int | None = None, adapter_act: str = "swiglu",
+               projection: str = "own") -> dict[str, ParamSpec]:
     """`ParamSpec`s of one trained exit head: full `D×V` when rank is None, else `D×R, R×V`;
-    with a draft vocabulary of K tokens, K output columns instead of V and `vocab` [K]."""
+    with a draft vocabulary of K tokens, K output columns instead of V and `vocab` [K].
+    `adapter_width` Fa adds a residual MLP block (`adapter_act` "swiglu" or "gelu") before
+    the norm + projection; `projection="shared"` (adapters only) leaves the projection to the
+    model's final norm + LM head, so the head holds the adapter alone."""
     D, V = cfg.hidden_size, cfg.vocab_size
+    if projection not in HEAD_PROJECTIONS:
+        raise ValueError(f"head projection must be one of {HEAD_PROJECTIONS}, got {projection!r}")
+    if adapter_width is not None:
+        if not isinstance(adapter_width, int) or isinstance(adapter_width, bool) or adapter_width < 1:
+            raise ValueError(f"adapter width must be a positive integer, got {adapter_width!r}")
+        if adapter_act not in ADAPTER_ACTS:
+            raise ValueError(f"adapter activation must be one of {ADAPTER_ACTS}, got {adapter_act!r}")
+    specs: dict[str, ParamSpec] = {}
+    if adapter_width is not None:
+        Fa = adapter_width
+        specs["adapter_norm"] = ParamSpec((D,), ("embed",), "ones")
+        if adapter_act == "swiglu":
+            specs["adapter_gate"] = ParamSpec((D, Fa), ("embed", "mlp"))
+        specs["adapter_up"] = ParamSpec((D, Fa), ("embed", "mlp"))
+        specs["adapter_down"] = ParamSpec((Fa, D), ("mlp", "embed"), "zeros")
+    if projection == "shared":
+        if adapter_width is None:
+            raise ValueError("a head with the shared projection needs an adapter (without one "
+                             "it is the shared head itself: leave the exit without a head)")
+        if rank is not None or draft_vocab is not None:
+            raise ValueError("a head with the shared projection has no rank or draft "
+                             "vocabulary of its own (those are the own projection's)")
+        return specs
     out = V
     if draft_vocab is not None:
         if not isinstance(draft_vocab, int) or not 1 <= draft_vocab <= V:
             raise ValueError(f"draft vocabulary size must be an integer in [1, {V}], "
                              f"got {draft_vocab!r}")
         out = draft_vocab
+    specs["norm"] = ParamSpec((D,), ("embed",), "ones")
     if rank is None:
-        specs = {"norm": ParamSpec((D,), ("embed",), "ones"),
-                 "proj": ParamSpec((D, out), ("embed", "vocab"))}
+        specs["proj"] = ParamSpec((D, out), ("embed", "vocab"))
     else:
         if not isinstance(rank, int) or rank < 1:
             raise ValueError(f"head rank must be a positive integer, got {rank!r}")
-        specs = {"norm": ParamSpec((D,), ("embed",), "ones"),
-                 "proj_down": ParamSpec((D, rank), ("embed", "rank")),
-                 "proj_up": ParamSpec((rank, out), ("rank", "vocab"))}
+        specs["proj_down"] = ParamSpec((D, rank), ("embed", "rank"))
+        specs["proj_up"] = ParamSpec((rank, out), ("rank", "vocab"))
     if draft_vocab is not None:
         specs["vocab"] = ParamSpec((draft_vocab,), ("draft_vocab",), "arange")
     return specs
 
 
-def head_shape_args(head) -> dict[str, int | None]:
-    """`head_specs` keyword arguments (rank, draft_vocab) that describe `head`'s arrays."""
-    rank = None if "proj" in head else int(head["proj_down"].shape[1])
+def head_shape_args(head) -> dict[str, Any]:
+    """`head_specs` keyword arguments (rank, draft_vocab, adapter_width, adapter_act,
+    projection) that describe `head`'s arrays."""
+    own = "proj" in head or "proj_down" in head or "proj_up" in head or "norm" in head
+    rank = int(head["proj_down"].shape[1]) if "proj_down" in head else None
     draft_vocab = int(head["vocab"].shape[0]) if "vocab" in head else None
-    return {"rank": rank, "draft_vocab": draft_vocab}
+    adapter = "adapter_up" in head
+    return {"rank": rank, "draft_vocab": draft_vocab,
+            "adapter_width": int(head["adapter_up"].shape[1]) if adapter else None,
+            "adapter_act": "swiglu" if "adapter_gate" in head or not adapter else "gelu",
+            "projection": "own" if own or not adapter else "shared"}
 
 
 def _is_spec(x) -> bool:
@@ -135,6 +183,8 @@ def init_from_specs(specs, key: jax.Array, dtype, init_std: float = 0.02):
     def init(s: ParamSpec, k):
         if s.init == "ones":
             return jnp.ones(s.shape, dtype)
+        if s.init == "zeros":
+            return jnp.zeros(s.shape, dtype)
         if s.init == "arange":
             return jnp.arange(s.shape[0], dtype=jnp.int32)
         return (init_std * jax.random.normal(k, s.shape, jnp.float32)).astype(dtype)

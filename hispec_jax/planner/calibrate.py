@@ -30,7 +30,7 @@ import numpy as np
 from hispec_jax import datasets
 from hispec_jax.decoding import generate as generate_lib
 from hispec_jax.decoding import methods
-from hispec_jax.models.heads import exit_logits
+from hispec_jax.models.heads import exit_logits, head_macs
 from hispec_jax.models.kv_cache import KVCache
 from hispec_jax.models.model import Model
 from hispec_jax.models.params import with_layer_layout
@@ -200,12 +200,9 @@ def head_cost_scales(model: Model) -> tuple[tuple[int, float], ...]:
     cfg = model.cfg
     shared = cfg.hidden_size * cfg.vocab_size
     out = []
-    for e, head in sorted(model.heads.items(), key=lambda kv: int(kv[0])):
-        if int(e) >= cfg.num_layers:
-            continue
-        macs = sum(int(np.prod(head[k].shape)) for k in ("proj", "proj_down", "proj_up")
-                   if k in head)
-        out.append((int(e), macs / shared))
+    for e in sorted(int(e) for e in model.heads):
+        if e < cfg.num_layers:  # (an adapter block's multiply-adds included: head_macs)
+            out.append((e, head_macs(cfg, model.heads, e) / shared))
     return tuple(out)
 
 

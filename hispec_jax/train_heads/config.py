@@ -13,6 +13,7 @@ from pathlib import Path
 import ml_collections
 
 from hispec_jax.models import presets
+from hispec_jax.models.params import ADAPTER_ACTS, HEAD_PROJECTIONS
 
 CONFIGS_DIR = Path(__file__).resolve().parents[2] / "configs"
 
@@ -20,6 +21,7 @@ CONFIGS_DIR = Path(__file__).resolve().parents[2] / "configs"
 KEYS: dict[str, type] = {
     "model_path": str, "model_dtype": str, "output_dir": str,
     "head_layers": tuple, "head_rank": int,
+    "head_adapter_width": int, "head_adapter_act": str, "head_projection": str,
     "temperature": float, "target_top_k": int, "loss": str,
     "learning_rate": float, "end_lr_fraction": float, "warmup_steps": int,
     "weight_decay": float, "adam_b1": float, "adam_b2": float, "adam_eps": float,
@@ -86,7 +88,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     for key in positive:
         if config[key] < 1:
             raise ValueError(f"train config key {key!r} must be >= 1, got {config[key]}")
-    for key in ("head_rank", "target_top_k", "warmup_steps", "total_steps", "num_epochs",
+    for key in ("head_rank", "head_adapter_width", "target_top_k", "warmup_steps", "total_steps", "num_epochs",
                 "max_train_docs", "random_train_rows", "eval_every"):
         if config[key] < 0:
             raise ValueError(f"train config key {key!r} must be >= 0, got {config[key]}")
@@ -98,6 +100,18 @@ def check_config(config: ml_collections.ConfigDict) -> None:
         raise ValueError(f"train config: loss={config.loss!r} must be one of {LOSSES} (kl: "
                          "T^2 KL(final || exit) at `temperature`; ce: cross-entropy on the final "
                          "layer's greedy token)")
+    if config.head_adapter_act not in ADAPTER_ACTS:
+        raise ValueError(f"train config: head_adapter_act={config.head_adapter_act!r} must be "
+                         f"one of {ADAPTER_ACTS}")
+    if config.head_projection not in HEAD_PROJECTIONS:
+        raise ValueError(f"train config: head_projection={config.head_projection!r} must be one "
+                         f"of {HEAD_PROJECTIONS} (own: a trained copy of the final norm + LM "
+                         "head; shared: the model's own, frozen, behind an adapter)")
+    if config.head_projection == "shared" and (config.head_adapter_width == 0 or config.head_rank):
+        raise ValueError("train config: head_projection='shared' needs head_adapter_width > 0 "
+                         f"and head_rank = 0 (got {config.head_adapter_width} and "
+                         f"{config.head_rank}): the head is an adapter before the model's own "
+                         "LM head")
     if config.data_source not in DATA_SOURCES:
         raise ValueError(f"train config: data_source={config.data_source!r} must be one of "
                          f"{DATA_SOURCES}")

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hispec_jax import datasets
-from hispec_jax.models.heads import head_kind, lm_head_matrix
+from hispec_jax.models.heads import head_kind, lm_head_matrix, projection_kind
 from hispec_jax.models.hf_io import check_draft_vocab
 from hispec_jax.models.model import Model
 from hispec_jax.models.params import ExitHeads
@@ -96,10 +96,9 @@ def restrict_heads(model: Model, exits: Sequence[int], vocab_K: np.ndarray) -> E
         kind = head_kind(cfg, model.heads, int(e))
         if kind != "shared" and "vocab" in model.heads[str(e)]:
             raise ValueError(f"exit {e} already has a draft vocabulary")
-        if kind == "shared":
-            head = {"norm": model.params["final_norm"], "proj": lm_head_matrix(model.params, cfg)}
-        else:
-            head = dict(model.heads[str(e)])
+        head = {} if kind == "shared" else dict(model.heads[str(e)])
+        if projection_kind(cfg, model.heads, int(e)) == "shared":  # (an adapter's too)
+            head.update(norm=model.params["final_norm"], proj=lm_head_matrix(model.params, cfg))
         columns = "proj" if "proj" in head else "proj_up"  # the [., V] projection
         head[columns] = jnp.take(head[columns], vocab, axis=1)
         heads[str(int(e))] = {**head, "vocab": vocab}

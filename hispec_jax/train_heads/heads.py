@@ -12,6 +12,12 @@ Gram matrix `W Wᵀ = U S² Uᵀ` ([D, D], float64) rather than an SVD of the [D
 `W_R = U_R U_Rᵀ W`. The factors are balanced, `proj_down = U_R √S_R` and
 `proj_up = (U_Rᵀ W) / √S_R`, so both carry the singular values' scale. With R = D,
 `U Uᵀ = I` and the product reproduces W (to float32 rounding).
+
+An **adapter** (`adapter_width` Fa) adds a residual MLP block before that norm + projection
+(`models/heads.py`): its norm starts at ones, its gate / up matrices at normal(0, 1/√D)
+(seeded per exit), its down matrix at zero, so the block starts as the identity and step 0
+is still the shared head. With `projection="shared"` the head holds the adapter alone and
+feeds the model's frozen final norm + LM head: only the block trains.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import numpy as np
 
 from hispec_jax.models.config import ModelConfig
 from hispec_jax.models.heads import lm_head_matrix
-from hispec_jax.models.params import ExitHeads, Params
+from hispec_jax.models.params import ExitHeads, Params, head_specs, init_from_specs
 
 
 def check_head_layers(cfg: ModelConfig, head_layers: Sequence[int]) -> tuple[int, ...]:
@@ -79,7 +85,8 @@ def low_rank_factors(w_DxV: jax.Array, rank: int) -> tuple[jax.Array, jax.Array]
 
 
 def init_heads(params: Params, cfg: ModelConfig, head_layers: Sequence[int],
-               rank: int | None = None, dtype=jnp.float32) -> ExitHeads:
+               rank: int | None = None, dtype=jnp.float32, adapter_width: int | None = None,
+               adapter_act: str = "swiglu", projection: str = "own", seed: int = 0) -> ExitHeads:
     """Exit heads at `head_layers`, each a copy of the shared head (module docstring).
 
     Args:
@@ -88,18 +95,43 @@ def init_heads(params: Params, cfg: ModelConfig, head_layers: Sequence[int],
       head_layers: exits in [1, L - 1].
       rank: None for full `D×V` heads, else the low-rank heads' rank R.
       dtype: dtype of the head parameters (float32: the optimizer's master copy).
+      adapter_width, adapter_act: an adapter block of width Fa ("swiglu" or "gelu") in
+        every head; None for none.
+      projection: "own" (a trained copy of the final norm + LM head, full or rank R) or
+        "shared" (adapters only: the model's own, frozen).
+      seed: seeds the adapters' random matrices (exit e draws from key (seed, e)).
     """
     layers = check_head_layers(cfg, head_layers)
     rank = check_rank(cfg, rank)
-    norm = jnp.asarray(params["final_norm"], dtype)
-    w_DxV = lm_head_matrix(params, cfg)
-    if rank is None:
-        template = {"norm": norm, "proj": jnp.asarray(w_DxV, dtype)}
-    else:
-        down, up = low_rank_factors(w_DxV, rank)
-        template = {"norm": norm, "proj_down": down.astype(dtype), "proj_up": up.astype(dtype)}
-    # Separate copies per exit, so no two heads alias one buffer (donation-safe).
-    return {str(e): jax.tree.map(jnp.copy, template) for e in layers}
+    specs = head_specs(cfg, rank, adapter_width=adapter_width, adapter_act=adapter_act,
+                       projection=projection)  # validates the combination
+    template = {}
+    if projection == "own":
+        norm = jnp.asarray(params["final_norm"], dtype)
+        w_DxV = lm_head_matrix(params, cfg)
+        if rank is None:
+            template = {"norm": norm, "proj": jnp.asarray(w_DxV, dtype)}
+        else:
+            down, up = low_rank_factors(w_DxV, rank)
+            template = {"norm": norm, "proj_down": down.astype(dtype), "proj_up": up.astype(dtype)}
+    heads = {}
+    for e in layers:
+        # Separate copies per exit, so no two heads alias one buffer (donation-safe).
+        head = jax.tree.map(jnp.copy, template)
+        if adapter_width is not None:
+            adapter_specs = {k: v for k, v in specs.items() if k.startswith("adapter_")}
+            head.update(init_from_specs(adapter_specs, jax.random.key(seed * 100_003 + e), dtype,
+                                        init_std=cfg.hidden_size ** -0.5))
+        heads[str(e)] = {k: head[k] for k in specs}  # the specs' order
+    return heads
+
+
+def shared_head_params(params: Params, cfg: ModelConfig) -> Params:
+    """The model parameters the shared projection reads (`final_norm`, `embed` or `lm_head`):
+    what heads with `projection="shared"` need at training time, as a frozen input."""
+    return {"final_norm": params["final_norm"],
+            **({"embed": params["embed"]} if cfg.tie_word_embeddings
+               else {"lm_head": params["lm_head"]})}
 
 
 def num_head_params(heads: ExitHeads) -> int:

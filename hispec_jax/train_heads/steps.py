@@ -6,7 +6,10 @@ update can reach them.
 
     optimizer = chain(clip_by_global_norm(c), adamw(warmup_cosine(lr, warmup, total), mask))
 
-The weight-decay mask comes from parameter paths: projections decay, RMSNorm scales do not.
+The weight-decay mask comes from parameter paths: projections decay, RMSNorm scales
+(`norm`, an adapter's `adapter_norm`) do not. Heads that use the model's own final norm +
+LM head (adapters with `projection="shared"`) read them from `shared`
+(`heads.shared_head_params`), a frozen input like the base parameters.
 
 Train state (a plain dict, so orbax saves it as is):
 
@@ -77,7 +80,7 @@ def learning_rate_schedule(s: OptimizerSettings) -> optax.Schedule:
 def decay_mask(heads: ExitHeads) -> ExitHeads:
     """True for the projection matrices, False for the norm scales (by parameter path)."""
     return jax.tree_util.tree_map_with_path(
-        lambda path, _: jax.tree_util.keystr(path[-1:]) != "['norm']", heads)
+        lambda path, _: not jax.tree_util.keystr(path[-1:]).endswith("norm']"), heads)
 
 
 @functools.lru_cache(maxsize=None)
@@ -94,10 +97,10 @@ def init_state(heads: ExitHeads, optimizer: optax.GradientTransformation, seed: 
             "rng": jax.random.key_data(jax.random.key(seed))}
 
 
-def _exit_loss(head, hidden_BxTxD, targets, *, settings: StepSettings, exit_layer: int):
+def _exit_loss(head, hidden_BxTxD, targets, shared, *, settings: StepSettings, exit_layer: int):
     """(loss, top-1 agreement) of one exit; rematerialized so only one exit's [B, T, V]
     logits are alive at a time in the backward pass."""
-    logits = exit_logits({}, {str(exit_layer): head}, settings.cfg,
+    logits = exit_logits(shared or {}, {str(exit_layer): head}, settings.cfg,
                          hidden_BxTxD.astype(jnp.float32), exit_layer)
     if settings.loss == "ce":
         loss = losses.hard_loss(targets, logits)
@@ -106,14 +109,14 @@ def _exit_loss(head, hidden_BxTxD, targets, *, settings: StepSettings, exit_laye
     return loss, losses.top1_agreement(targets, logits)
 
 
-def heads_loss(heads: ExitHeads, features: Features, settings: StepSettings):
+def heads_loss(heads: ExitHeads, features: Features, settings: StepSettings, shared=None):
     """Mean over exits of the training loss (T²·KL(final ‖ exit), or the hard
     cross-entropy with `loss="ce"`); aux: per-exit loss ("kl", whichever loss it is) and
     top-1 agreement [E]."""
     kls, agrees = [], []
     for i, e in enumerate(settings.head_layers):
         fn = jax.checkpoint(functools.partial(_exit_loss, settings=settings, exit_layer=e))
-        kl, agree = fn(heads[str(e)], features.hidden[:, i], features.targets)
+        kl, agree = fn(heads[str(e)], features.hidden[:, i], features.targets, shared)
         kls.append(kl)
         agrees.append(agree)
     kl_E, agree_E = jnp.stack(kls), jnp.stack(agrees)
@@ -121,10 +124,10 @@ def heads_loss(heads: ExitHeads, features: Features, settings: StepSettings):
 
 
 def _update(state: TrainState, features: Features, settings: StepSettings,
-            opt: OptimizerSettings):
+            opt: OptimizerSettings, shared=None):
     optimizer = make_optimizer(opt)
     (loss, aux), grads = jax.value_and_grad(heads_loss, has_aux=True)(
-        state["heads"], features, settings)
+        state["heads"], features, settings, shared)
     updates, opt_state = optimizer.update(grads, state["opt_state"], state["heads"])
     heads = optax.apply_updates(state["heads"], updates)
     rng = jax.random.key_data(jax.random.split(jax.random.wrap_key_data(state["rng"]))[0])
@@ -135,10 +138,11 @@ def _update(state: TrainState, features: Features, settings: StepSettings,
 
 
 @functools.partial(jax.jit, static_argnames=("settings", "opt"))
-def train_step_cached(state: TrainState, features: Features, *, settings: StepSettings,
-                      opt: OptimizerSettings):
-    """One update from precomputed features (the feature-cache path)."""
-    return _update(state, features, settings, opt)
+def train_step_cached(state: TrainState, features: Features, shared: Params | None = None, *,
+                      settings: StepSettings, opt: OptimizerSettings):
+    """One update from precomputed features (the feature-cache path); `shared`: the frozen
+    final norm + LM head, for heads that use them (`heads.shared_head_params`)."""
+    return _update(state, features, settings, opt, shared)
 
 
 @functools.partial(jax.jit, static_argnames=("settings", "opt"))
@@ -148,7 +152,7 @@ def train_step_tokens(state: TrainState, params: Params, tokens_BxT: jax.Array, 
     features = compute_features(params, tokens_BxT, cfg=settings.cfg,
                                 head_layers=settings.head_layers,
                                 temperature=settings.temperature, top_k=settings.top_k)
-    return _update(state, features, settings, opt)
+    return _update(state, features, settings, opt, params)
 
 
 @functools.partial(jax.jit, static_argnames=("settings",))
@@ -163,7 +167,7 @@ def eval_step(heads: ExitHeads, params: Params, tokens_BxT: jax.Array, valid_B: 
     mask_BxT = jnp.broadcast_to(valid_B[:, None], (valid_B.shape[0], T)).astype(jnp.float32)
     kls, agrees = [], []
     for i, e in enumerate(settings.head_layers):
-        logits = exit_logits({}, heads, settings.cfg,
+        logits = exit_logits(params, heads, settings.cfg,
                              features.hidden[:, i].astype(jnp.float32), e)
         kl = losses.kl_per_token(features.targets, logits, settings.temperature)
         agree = jnp.argmax(logits, -1).astype(jnp.int32) == features.targets.top1

@@ -41,18 +41,21 @@ from hispec_jax.train_heads import steps
 from hispec_jax.train_heads.checkpoint import Checkpointer, abstract_like
 from hispec_jax.train_heads.config import check_config
 from hispec_jax.train_heads.features import FeatureCache, bytes_per_row, compute_features
-from hispec_jax.train_heads.heads import check_head_layers, check_rank, init_heads
+from hispec_jax.train_heads.heads import (check_head_layers, check_rank, init_heads,
+                                         shared_head_params)
 from hispec_jax.train_heads.rows import RowOrder, TokenRows, load_rows
 
 METRICS_FILENAME = "metrics.jsonl"
 CHECKPOINT_SUBDIR = "checkpoints"
 # Settings a resumed run must share with its checkpoint (anything else may change).
-RESUME_KEYS = ("head_layers", "head_rank", "temperature", "target_top_k", "loss", "learning_rate",
+RESUME_KEYS = ("head_layers", "head_rank", "head_adapter_width", "head_adapter_act",
+               "head_projection", "temperature", "target_top_k", "loss", "learning_rate",
                "end_lr_fraction", "warmup_steps", "weight_decay", "adam_b1", "adam_b2",
                "adam_eps", "grad_clip_norm", "batch_size", "seq_len", "data_source", "seed",
                "max_train_docs", "random_train_rows")
 # What a checkpoint written before a key existed ran with.
-RESUME_DEFAULTS = {"loss": "kl"}
+RESUME_DEFAULTS = {"loss": "kl", "head_adapter_width": 0, "head_adapter_act": "swiglu",
+                   "head_projection": "own"}
 
 
 @dataclasses.dataclass
@@ -234,11 +237,13 @@ def _batch_pipeline(config, model: Model, rows: TokenRows, order: RowOrder,
                                        config.batch_size, row_bytes,
                                        max_bytes=config.cache_max_gb * 2**30, log=log)
 
+    shared = shared_head_params(model.params, settings.cfg)
+
     def batch(step):
         return jax.device_put(cache.gather(order.rows(step)))
 
     def run_step(state, b):
-        return steps.train_step_cached(state, b, settings=settings, opt=opt)
+        return steps.train_step_cached(state, b, shared, settings=settings, opt=opt)
     return batch, run_step, cache.meta["build_seconds"] if cache.built_now else 0.0
 
 
@@ -309,7 +314,10 @@ def train(config, model: Model | None = None, log: Callable[[str], None] = print
                                   head_layers=head_layers,
                                   temperature=float(config.temperature), top_k=config.target_top_k,
                                   loss=config.loss)
-    state = steps.init_state(init_heads(model.params, cfg, head_layers, rank),
+    adapter = dict(adapter_width=config.head_adapter_width or None,
+                   adapter_act=config.head_adapter_act, projection=config.head_projection)
+    state = steps.init_state(init_heads(model.params, cfg, head_layers, rank, **adapter,
+                                        seed=config.seed),
                              steps.make_optimizer(opt), config.seed)
 
     workdir = Path(config.workdir).expanduser()
@@ -325,7 +333,10 @@ def train(config, model: Model | None = None, log: Callable[[str], None] = print
     metrics_log = MetricsLog(workdir / METRICS_FILENAME, resume_step=start)
 
     tokens_per_step = config.batch_size * config.seq_len
-    kind = f"low-rank (rank {rank})" if rank else "full"
+    kind = ("shared-projection" if config.head_projection == "shared"
+            else f"low-rank (rank {rank})" if rank else "full")
+    if config.head_adapter_width:
+        kind += f" {config.head_adapter_act} adapter (width {config.head_adapter_width})"
     log(f"train-heads: {len(head_layers)} {kind} heads at exits {list(head_layers)}; "
         f"{rows.source}, {len(rows.train)} rows used; {total_steps} steps of "
         f"{tokens_per_step} tokens; feature_cache={config.feature_cache}")
