@@ -39,6 +39,11 @@ def get_config() -> ml_collections.ConfigDict:
     c.max_train_docs = 0
     c.random_train_rows = 32
     c.eval_rows = 4
+    c.on_policy_prompts = 8       # data_source="on_policy": the model's own continuations
+    c.on_policy_new_tokens = 16
+    c.on_policy_sampling = "greedy"
+    c.on_policy_temperature = 1.0
+    c.on_policy_batch = 8
     c.feature_cache = True
     c.cache_dir = "~/.cache/hispec_jax/feature_cache"
     c.cache_dtype = "float32"

@@ -28,11 +28,13 @@ KEYS: dict[str, type] = {
     "grad_clip_norm": float,
     "batch_size": int, "seq_len": int, "num_epochs": int, "total_steps": int,
     "data_source": str, "max_train_docs": int, "random_train_rows": int, "eval_rows": int,
+    "on_policy_prompts": int, "on_policy_new_tokens": int, "on_policy_sampling": str,
+    "on_policy_temperature": float, "on_policy_batch": int,
     "feature_cache": bool, "cache_dir": str, "cache_dtype": str, "cache_max_gb": float,
     "workdir": str, "resume": bool, "checkpoint_every": int, "keep_checkpoints": int,
     "async_checkpoint": bool, "eval_every": int, "seed": int, "progress_bar": bool,
 }
-DATA_SOURCES = ("sharegpt", "random")
+DATA_SOURCES = ("sharegpt", "on_policy", "random")
 LOSSES = ("kl", "ce")
 
 
@@ -115,6 +117,18 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     if config.data_source not in DATA_SOURCES:
         raise ValueError(f"train config: data_source={config.data_source!r} must be one of "
                          f"{DATA_SOURCES}")
+    if config.data_source == "on_policy":
+        for key in ("on_policy_prompts", "on_policy_new_tokens", "on_policy_batch"):
+            if config[key] < 1:
+                raise ValueError(f"train config: {key}={config[key]} must be >= 1 with "
+                                 "data_source='on_policy'")
+        if config.on_policy_sampling not in ("greedy", "sampled"):
+            raise ValueError(f"train config: on_policy_sampling={config.on_policy_sampling!r} "
+                             "must be 'greedy' or 'sampled'")
+        if config.on_policy_sampling == "sampled" and config.on_policy_temperature <= 0:
+            raise ValueError(f"train config: on_policy_temperature="
+                             f"{config.on_policy_temperature} must be > 0 for sampled "
+                             "continuations")
     if config.data_source == "random" and config.random_train_rows < config.batch_size:
         raise ValueError(f"train config: random_train_rows={config.random_train_rows} must be "
                          f">= batch_size={config.batch_size}")

@@ -52,10 +52,13 @@ RESUME_KEYS = ("head_layers", "head_rank", "head_adapter_width", "head_adapter_a
                "head_projection", "temperature", "target_top_k", "loss", "learning_rate",
                "end_lr_fraction", "warmup_steps", "weight_decay", "adam_b1", "adam_b2",
                "adam_eps", "grad_clip_norm", "batch_size", "seq_len", "data_source", "seed",
-               "max_train_docs", "random_train_rows")
+               "max_train_docs", "random_train_rows", "on_policy_prompts",
+               "on_policy_new_tokens", "on_policy_sampling", "on_policy_temperature")
 # What a checkpoint written before a key existed ran with.
 RESUME_DEFAULTS = {"loss": "kl", "head_adapter_width": 0, "head_adapter_act": "swiglu",
-                   "head_projection": "own"}
+                   "head_projection": "own", "on_policy_prompts": 1000,
+                   "on_policy_new_tokens": 256, "on_policy_sampling": "greedy",
+                   "on_policy_temperature": 1.0}
 
 
 @dataclasses.dataclass
@@ -291,7 +294,7 @@ def train(config, model: Model | None = None, log: Callable[[str], None] = print
     if config.target_top_k > cfg.vocab_size:
         raise ValueError(f"target_top_k={config.target_top_k} exceeds vocab_size={cfg.vocab_size}")
 
-    rows: TokenRows = load_rows(config, model)
+    rows: TokenRows = load_rows(config, model, log)
     if len(rows.train) < config.batch_size:
         raise ValueError(f"{len(rows.train)} training rows do not fill one batch of "
                          f"{config.batch_size}")
