@@ -83,6 +83,8 @@ def test_hispec_bench_tool_is_the_same_dispatcher(capsys):
     (["engine", "--temperatures", "0.6,0"], "--temperatures must be > 0"),
     (["memory", "--prompt-block", "4096", "--capacity", "4096"], "must be below --capacity"),
     (["exit-agreement", "--model", "m", "--rows", "0"], "--rows must be >= 1"),
+    (["decode-agreement", "--model", "m", "--prompts", "0"], "--prompts must be >= 1"),
+    (["decode-agreement", "--model", "m", "--exits", "3,x"], "--exits must be comma-separated"),
     (["gguf-memory", "/nonexistent/model.gguf"], "no GGUF file at /nonexistent/model.gguf"),
     (["before-after", "--before", "/nonexistent", "--after", "."], "--before /nonexistent: no "
                                                                    "hispec_jax/ in it"),

@@ -31,6 +31,7 @@ TOOLS: dict[str, str] = {
     "memory": "loop_memory",
     "gguf-memory": "studies.gguf_memory",
     "exit-agreement": "studies.exit_agreement",
+    "decode-agreement": "studies.decode_agreement",
     "plot-agreement": "studies.plot_agreement",
     "before-after": "studies.before_after",
     "duplicates": "duplicates",
