@@ -9,7 +9,7 @@ draft_exit=e, draft_len=Nd)` greedy over the first `--prompts` ShareGPT evaluati
 (never trained on; at most 128 tokens each) and reports, per exit, the final verifier's
 acceptance rate (`final_acceptance_rate`: accepted / proposed draft tokens; with Nd = 1
 exactly the per-token agreement of exit e with the final layer along the model's own greedy
-path), tokens per round, the head's kind and its cost in layer equivalents
+path), tokens per full-model pass, the head's kind and its cost in layer equivalents
 (`models.heads.head_cost_layers`), and checks every output against AR's.
 """
 
@@ -71,7 +71,7 @@ def main(argv=None) -> int:
             "head_kind": head_kind(model.cfg, model.heads, e),
             "head_cost_layers": round(head_cost_layers(model.cfg, model.heads, e), 4),
             "acceptance_rate": s["final_acceptance_rate"],
-            "tokens_per_round": s.get("tokens_per_round"),
+            "tokens_per_full_pass": s.get("tokens_per_full_pass"),
             "identical_to_ar": out.token_ids == ar.token_ids}
         print(f"exit {e}: {result['exits'][e]}", file=sys.stderr)
     result["seconds"] = round(time.perf_counter() - t0, 1)
