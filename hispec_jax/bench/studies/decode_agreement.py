@@ -11,6 +11,13 @@ acceptance rate (`final_acceptance_rate`: accepted / proposed draft tokens; with
 exactly the per-token agreement of exit e with the final layer along the model's own greedy
 path), tokens per full-model pass, the head's kind and its cost in layer equivalents
 (`models.heads.head_cost_layers`), and checks every output against AR's.
+
+It also reports `own_text_agreement`: exit e's greedy token against the final layer's at
+every position of AR's continuations, teacher-forced (the per-token agreement on the model's
+own text). The two differ because drafts do not sample positions evenly: where exit and
+final layer agree for a stretch, a draft length of 1 proposes every other token (each
+accepted draft brings the verifier's bonus token), where they disagree every token, so the
+acceptance rate weighs the hard stretches more than the per-token agreement does.
 """
 
 from __future__ import annotations
@@ -63,6 +70,7 @@ def main(argv=None) -> int:
     ar = hispec_jax.generate(model, prompts, method="ar", **common)
     result = {"model": args.model, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
               "draft_len": args.draft_len, "ar_new_tokens": ar.stats["new_tokens"], "exits": {}}
+    own_text = own_text_agreement(model, exits, ar.prompt_token_ids, ar.token_ids)
     for e in exits:
         out = hispec_jax.generate(model, prompts, method="layerskip", draft_exit=e,
                                   draft_len=args.draft_len, **common)
@@ -71,6 +79,7 @@ def main(argv=None) -> int:
             "head_kind": head_kind(model.cfg, model.heads, e),
             "head_cost_layers": round(head_cost_layers(model.cfg, model.heads, e), 4),
             "acceptance_rate": s["final_acceptance_rate"],
+            "own_text_agreement": own_text[e],
             "tokens_per_full_pass": s.get("tokens_per_full_pass"),
             "identical_to_ar": out.token_ids == ar.token_ids}
         print(f"exit {e}: {result['exits'][e]}", file=sys.stderr)
@@ -80,6 +89,35 @@ def main(argv=None) -> int:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
     return 0
+
+
+def own_text_agreement(model, exits, prompts, continuations) -> dict[int, float]:
+    """Per exit, the fraction of continuation tokens where exit e's greedy token (teacher-
+    forced on prompt + continuation) equals the final layer's."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from hispec_jax.models.heads import exit_logits
+    from hispec_jax.models.params import with_layer_layout
+    from hispec_jax.models.transformer import scan_exits
+
+    params, cfg, L = with_layer_layout(model.params, "scan"), model.cfg, model.cfg.num_layers
+    agree, total = {e: 0 for e in exits}, 0
+    for prompt, new in zip(prompts, continuations):
+        if not new:
+            continue
+        _, h_LxBxTxD = scan_exits(params, cfg, jnp.asarray(list(prompt) + list(new))[None],
+                                  lambda h, i: h)
+        # the tokens predicted for the continuation's positions
+        span = slice(len(prompt) - 1, len(prompt) + len(new) - 1)
+        final_T = np.asarray(jnp.argmax(exit_logits(params, model.heads, cfg, h_LxBxTxD[L - 1], L),
+                                        -1))[0, span]
+        for e in exits:
+            draft_T = np.asarray(jnp.argmax(exit_logits(params, model.heads, cfg,
+                                                        h_LxBxTxD[e - 1], e), -1))[0, span]
+            agree[e] += int((draft_T == final_T).sum())
+        total += len(new)
+    return {e: agree[e] / total if total else None for e in exits}
 
 
 if __name__ == "__main__":
