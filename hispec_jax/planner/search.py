@@ -44,15 +44,33 @@ def _plan(exits, windows, pred: latency.Prediction, ar_tps: float, adaptive=Fals
 def search(exits: Sequence[int], alpha: AlphaFn, costs: Costs, *, max_levels: int = 3,
            draft_lens: Sequence[int] = range(1, 9), verify_windows: Sequence[int] = range(2, 17),
            coarse_exits: Sequence[int] | None = None, adaptive: bool = True,
-           rescore: int = 24, top: int = 8) -> list[Plan]:
+           rescore: int = 24, top: int = 8,
+           lookup: latency.LookupProfile | None = None) -> list[Plan]:
     """Plans ranked by predicted tokens/s (best first), at most `top`, always followed by
-    the best plan of each kind (AR, LayerSkip, HiSpec) when it is not among them.
+    the best plan of each kind (AR, LayerSkip, HiSpec, lookup) when it is not among them.
 
     Args:
       exits: exits with a head, ascending; the last is the final layer L.
       alpha: alpha(a, b), acceptance of exit a's tokens by exit b.
       costs: measured costs (their batch size is the plans').
+      lookup: what `method="lookup"` did on the calibration prompts (None: not a candidate).
     """
+    plans = _search_exits(exits, alpha, costs, max_levels=max_levels, draft_lens=draft_lens,
+                          verify_windows=verify_windows, coarse_exits=coarse_exits,
+                          adaptive=adaptive, rescore=rescore, top=top)
+    if lookup is None:
+        return plans
+    L = exits[-1]
+    ar_tps = latency.predict((L,), (), [], costs).tokens_per_second
+    pred = latency.predict_lookup(lookup, costs, L)
+    plan = dataclasses.replace(_plan((L,), (), pred, ar_tps), lookup=lookup.k)
+    # (a stable sort: a tie keeps the exit plan, AR first, ahead of lookup)
+    return sorted(plans + [plan], key=lambda p: -p.predicted_tokens_per_second)
+
+
+def _search_exits(exits, alpha, costs, *, max_levels, draft_lens, verify_windows, coarse_exits,
+                  adaptive, rescore, top) -> list[Plan]:
+    """`search` over exit hierarchies (AR, LayerSkip, HiSpec, K >= 4)."""
     L = exits[-1]
     lower = [e for e in exits if e < L]
     ar = latency.predict((L,), (), [], costs)
