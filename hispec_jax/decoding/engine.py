@@ -233,6 +233,9 @@ class Counters:
       actions_K: [K] passes run at each level (level 0: draft steps).
       layer_passes: [] sequential layer passes (each pass adds its depth once).
       layer_token_evals: [] layers x valid tokens actually computed (decode, not prefill).
+      head_evals_E: [L + 1] sequential exit-head evaluations by exit layer (a pass's head
+        counts once whatever its block length, like `layer_passes`): with the heads' costs
+        in layer equivalents, the work a method did (`methods.summarize_counters`).
       verifications_K: [K] (sequence, verification) pairs with something to verify.
       proposed_K: [K] tokens submitted to each verifying level.
       accepted_K: [K] of those, tokens the level accepted.
@@ -252,6 +255,7 @@ class Counters:
     actions_K: jax.Array
     layer_passes: jax.Array
     layer_token_evals: jax.Array
+    head_evals_E: jax.Array
     verifications_K: jax.Array
     proposed_K: jax.Array
     accepted_K: jax.Array
@@ -268,7 +272,7 @@ class Counters:
     def zeros(cls, K: int, max_verified: int = 0, num_layers: int = 0) -> "Counters":
         z = jnp.zeros((), jnp.int32)
         zk = jnp.zeros((K,), jnp.int32)
-        return cls(z, zk, z, z, zk, zk, zk, z, z, z,
+        return cls(z, zk, z, z, jnp.zeros((num_layers + 1,), jnp.int32), zk, zk, zk, z, z, z,
                    jnp.zeros((max_verified + 1,), jnp.int32),
                    jnp.zeros((num_layers + 1,), jnp.int32), z, z, z)
 
@@ -528,6 +532,8 @@ class _Round:
             actions_K=counters.actions_K.at[0].add(1),
             layer_passes=counters.layer_passes + d.layer_passes,
             layer_token_evals=counters.layer_token_evals + d.layer_token_evals,
+            head_evals_E=(counters.head_evals_E.at[h.exits[0]].add(1) if d.head_evals_E is None
+                          else counters.head_evals_E + d.head_evals_E),
             draft_depth_hist=counters.draft_depth_hist.at[
                 jnp.where(part_B, d.depth_B, counters.draft_depth_hist.shape[0])].add(
                     1, mode="drop"))
@@ -693,6 +699,7 @@ class _Round:
             actions_K=counters.actions_K.at[k].add(1),
             layer_passes=counters.layer_passes + fwd.layer_passes,
             layer_token_evals=counters.layer_token_evals + fwd.layer_token_evals,
+            head_evals_E=counters.head_evals_E.at[self.h.exits[k]].add(1),
             verifications_K=counters.verifications_K.at[k].add(jnp.sum(n_B > 0)),
             proposed_K=counters.proposed_K.at[k].add(jnp.sum(n_B)),
             accepted_K=counters.accepted_K.at[k].add(jnp.sum(jnp.where(part_B, passed_B, 0))))

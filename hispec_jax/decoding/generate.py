@@ -269,7 +269,8 @@ def decode(model: Model, prompt_ids: list[list[int]], decoder: methods_lib.Decod
         **({"mesh": sharding.describe(model.mesh)} if model.mesh is not None else {}),
         "prompt_block": block,
         "cache_capacity": capacity,
-        **methods_lib.summarize_counters(engine.hierarchy, method_stats, batch_sequences),
+        **methods_lib.summarize_counters(engine.hierarchy, method_stats, batch_sequences,
+                                         model),
     }
     texts = None
     if model.tokenizer is not None:

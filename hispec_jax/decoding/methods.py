@@ -23,6 +23,7 @@ from hispec_jax.decoding.engine import Counters, Hierarchy
 from hispec_jax.decoding.lookup import PromptLookup
 from hispec_jax.decoding.windows import (DRAFT_LEN_RANGE, VERIFY_WINDOW_RANGE, AdaptiveWindows,
                                          FixedWindows)
+from hispec_jax.models import heads as heads_lib
 from hispec_jax.models.config import ModelConfig
 from hispec_jax.models.model import Model
 
@@ -58,10 +59,11 @@ class Decoder:
         return jnp.asarray(self.windows, jnp.int32).reshape(len(self.windows))
 
 
-def summarize_counters(h: Hierarchy, counters: list[Counters],
-                       batch_sequences: list[int]) -> dict[str, Any]:
+def summarize_counters(h: Hierarchy, counters: list[Counters], batch_sequences: list[int],
+                       model: Model | None = None) -> dict[str, Any]:
     """Stats of paper App. H / Table 9 from the loops' counters (one entry per batch, with
-    the number of real sequences in it), summed over batches."""
+    the number of real sequences in it), summed over batches. With the `model`, also the
+    work accounting (`work_stats`)."""
     total = jax.tree.map(lambda *xs: np.sum(np.stack([np.asarray(x) for x in xs]), axis=0), *counters)
     K = h.num_levels
     proposed, accepted = total.proposed_K.tolist(), total.accepted_K.tolist()
@@ -90,6 +92,11 @@ def summarize_counters(h: Hierarchy, counters: list[Counters],
                                        if per_sequence_tokens else None)
     rounds = int(total.rounds)
     stats["tokens_per_round"] = per_sequence_tokens / rounds if rounds else None
+    stats["head_evals_per_exit"] = {int(e): int(n) for e, n in
+                                    enumerate(total.head_evals_E.tolist()) if n}
+    if model is not None:
+        stats.update(work_stats(model, int(total.layer_passes), stats["head_evals_per_exit"],
+                                per_sequence_tokens))
     # How many tokens each top-level verification checked (SV's verified lengths), and the
     # layer each draft token exited at (SpecBound's depths; one bar for a static exit).
     stats["verified_length_histogram"] = total.verified_hist.tolist() if K > 1 else []
@@ -105,6 +112,35 @@ def summarize_counters(h: Hierarchy, counters: list[Counters],
             "acceptance_rate": rate(int(total.lookup_accepted), proposed_lookup),
             "verified_by_exit": h.exits[1]}
     return stats
+
+
+def ar_work_per_token(model: Model) -> float:
+    """AR's work per token in layer equivalents: L layers and the final head."""
+    L = model.cfg.num_layers
+    return L + heads_lib.head_cost_layers(model.cfg, model.heads, L)
+
+
+def work_stats(model: Model, layer_passes: int, head_evals: dict[int, int],
+               tokens: float) -> dict[str, Any]:
+    """The hardware-free cost of a run, in layer equivalents per emitted token:
+
+        work_per_token = (layer passes + sum_e head evaluations at e x head cost(e)) / tokens
+
+    where a head's cost is its multiply-adds over one layer's (`models.heads.head_cost_layers`:
+    SmolLM2's shared head is 8 layers, the default model's 0.7). Passes and head evaluations
+    count once per pass whatever its block length: on memory-bound hardware a block of a few
+    tokens costs about one. AR does `L + head cost(L)`; `work_speedup` is AR's work over the
+    method's, what a perfect engine on such hardware would turn into a wall-clock speedup.
+    """
+    if not tokens:
+        return {"work_per_token": None, "work_speedup": None}
+    cfg = model.cfg
+    head_work = sum(n * heads_lib.head_cost_layers(cfg, model.heads, e)
+                    for e, n in head_evals.items())
+    work = (layer_passes + head_work) / tokens
+    ar = ar_work_per_token(model)
+    return {"work_per_token": work, "head_work_per_token": head_work / tokens,
+            "ar_work_per_token": ar, "work_speedup": ar / work if work else None}
 
 
 METHODS = options_lib.METHODS
