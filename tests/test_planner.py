@@ -323,3 +323,26 @@ def test_bench_auto_times_a_grid_point_equal_to_auto_once(tmp_path, monkeypatch)
     assert "timed once, as auto" in auto_bench.markdown(report)
     # auto 12 tok/s against 11 in every round
     assert report["auto_vs_best_other_paired"] == pytest.approx(12 / 11)
+
+
+@pytest.mark.parametrize("method,exits,windows", [
+    ("ar", (6,), ()), ("layerskip", (2, 6), (3,)), ("hispec", (1, 3, 6), (2, 4))])
+def test_predicted_work_per_token_is_what_the_engine_counts(method, exits, windows):
+    """On the always-agree model (every draft accepted: alpha = 1) the work model
+    (`latency.work_costs`, layer passes + heads in layer equivalents) predicts exactly the
+    engine's measured `work_per_token` for whole rounds."""
+    from hispec_jax import generate
+    from test_engine import tiny_model
+
+    model = tiny_model(6, 0, layer_scale=0.0)
+    work = latency.work_costs(model, exits)
+    pred = latency.predict(exits, windows, [1.0] * (len(exits) - 1), work)
+    plan = plan_lib.Plan(exits=exits, windows=windows)
+    tokens_per_cycle = {"ar": 1, "layerskip": 4, "hispec": 6}[method]  # Ni + 1 at the top
+    got = generate(model, [[4, 5]], method=plan.decoder(model),
+                   max_new_tokens=1 + 4 * tokens_per_cycle, ignore_eos=True)
+    assert got.stats["work_per_token"] == pytest.approx(pred.seconds_per_token)
+    planned = search_lib.with_work(plan, lambda a, b: 1.0, work)
+    assert planned.predicted_work_per_token == pytest.approx(pred.seconds_per_token)
+    assert planned.predicted_work_speedup == pytest.approx(
+        got.stats["ar_work_per_token"] / got.stats["work_per_token"])

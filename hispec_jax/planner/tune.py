@@ -31,7 +31,8 @@ def tune(model: Model, batch_size: int = 1, *, quick: bool = False,
     cal = calibrate_lib.calibrate(model, batch_size, prompts=prompts, settings=settings,
                                   progress=progress)
     t0 = time.perf_counter()
-    plans = search_lib.search(cal.exits, cal.alpha_of, cal.costs, max_levels=max_levels, top=top)
+    plans = search_lib.search(cal.exits, cal.alpha_of, cal.costs, max_levels=max_levels, top=top,
+                              work=latency.work_costs(model, cal.exits))
     search_seconds = time.perf_counter() - t0
     path = None
     if save:
@@ -191,13 +192,16 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
              f"pass {1e6 * c.pass_s:.0f} us, round {1e6 * c.round_s:.0f} us, "
              f"prefill {1e3 * c.prefill_s:.1f} ms"]
     measured = {r["plan"]: r for r in (report.get("verify") or [])}
-    header = f"{'plan':40s} {'pred tok/s':>10s} {'pred x AR':>9s} {'tok/round':>9s}"
+    header = (f"{'plan':40s} {'pred tok/s':>10s} {'pred x AR':>9s} {'tok/round':>9s} "
+              f"{'work/tok':>8s} {'work x AR':>9s}")
     if measured:
         header += f" {'pred e2e':>9s} {'measured':>9s} {'meas/pred':>9s} {'meas tok/rnd':>12s}"
     lines.append(header)
     for p in report["plans"]:
+        work = lambda x, w: f"{x:{w}.2f}" if x is not None else f"{'-':>{w}s}"
         line = (f"{p.name():40s} {p.predicted_tokens_per_second:10.1f} "
-                f"{p.predicted_speedup:9.2f} {p.tokens_per_round:9.2f}")
+                f"{p.predicted_speedup:9.2f} {p.tokens_per_round:9.2f} "
+                f"{work(p.predicted_work_per_token, 8)} {work(p.predicted_work_speedup, 9)}")
         r = measured.get(p.name())
         if r:
             line += (f" {r['predicted_end_to_end']:9.1f} {r['measured_tokens_per_second']:9.1f} "
