@@ -190,9 +190,14 @@ def test_tune_cli_on_a_tiny_model(tmp_path, monkeypatch, capsys):
         num_prompts=2, max_prompt_tokens=8, new_tokens=12, block_sizes=(1, 4), repeats=1,
         capacity=64)))
     save_model(_tiny(), tmp_path / "tiny")
-    assert cli.main(["tune", "--model", str(tmp_path / "tiny"), "--quick", "--top", "3"]) == 0
+    assert cli.main(["tune", "--model", str(tmp_path / "tiny"), "--quick", "--top", "3",
+                     "--recommend"]) == 0
     out = capsys.readouterr().out
-    assert "pred tok/s" in out and "saved the plan" in out
+    assert "pred tok/s" in out and "work x AR" in out and "saved the plan" in out
+    assert "recommended plan" in out  # --recommend: the best LayerSkip / HiSpec plans
+    rec = json.loads((tmp_path / "tiny" / "recommended_plan.json").read_text())
+    assert set(rec["methods"]) == {"layerskip", "hispec"}
+    assert rec["source"].startswith("hispec tune --quick on ")
     model = load_model(tmp_path / "tiny")
     saved = plan_lib.load_plan(model, 1)
     assert saved is not None

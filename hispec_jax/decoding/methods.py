@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from hispec_jax.decoding import options as options_lib
+from hispec_jax.decoding import recommended
 from hispec_jax.decoding.acceptance import RULES, GreedyAcceptance
 from hispec_jax.decoding.draft import DynamicDraftExit
 from hispec_jax.decoding.engine import Counters, Hierarchy
@@ -39,6 +40,9 @@ class Decoder:
 
     hierarchy: Hierarchy
     windows: tuple[int, ...] = ()  # initial (draft_len, verify_window, ...), K - 1 entries
+    # where the exits came from, for the stats: "given", "paper defaults (L/8, L/4)",
+    # "recommended: <source>" (`recommended.py`); "" for hand-built decoders
+    source: str = ""
 
     def __post_init__(self):
         if len(self.windows) != self.hierarchy.num_levels - 1:
@@ -193,7 +197,9 @@ def make_method(model: Model, method: str, *, exit_layer: int | None = None,
     verified by the final layer: `lookup.py`). `lookup=k` with "layerskip" or "hispec" puts
     the lookup drafter below their levels: its drafts are verified by the draft exit first;
     a round without a match is the draft exit's own draft step.
-    Defaults (paper §3.3, §6): draft_exit ~ L/8, verify_exits ~ (L/4,), draft_len 2,
+    Defaults: the model's recommended plan for "layerskip" / "hispec" when it has one and
+    no exits are given (`recommended.py`: its exits, and its windows where none are given),
+    else the paper's (§3.3, §6): draft_exit ~ L/8, verify_exits ~ (L/4,), draft_len 2,
     verify_window 4; SpecBound: `options.SPECBOUND_DEFAULTS`, depth_bound ~ 2L/3.
     `acceptance` picks the sampling-mode rule of every verifying level: "tokenwise"
     (default) or "blockwise"; greedy decoding always uses the greedy rule.
@@ -218,6 +224,18 @@ def make_method(model: Model, method: str, *, exit_layer: int | None = None,
         return Decoder(Hierarchy(exits=(check_exit(model, "exit_layer", exit_layer),)))
     if method == "specbound":
         return _specbound(model, tau, anneal, depth_bound, width, acceptance, greedy)
+    source = "given"
+    if draft_exit is None and verify_exits is None:
+        rec = recommended.load(model.path, method, L)
+        if rec is None:
+            source = "paper defaults (L/8, L/4)"
+        else:  # the model's own best hierarchy; windows given explicitly still win
+            opts, source = rec.options(), f"recommended: {rec.source}"
+            draft_exit, verify_exits = opts["draft_exit"], opts.get("verify_exits")
+            draft_len = opts["draft_len"] if draft_len is None else draft_len
+            if verify_window is None:
+                verify_window = opts.get("verify_window")
+            adaptive = adaptive or opts.get("adaptive", False)
     default_draft, default_verify = default_exits(model)
     draft = check_exit(model, "draft_exit", default_draft if draft_exit is None else draft_exit,
                        below_top=True)
@@ -255,7 +273,7 @@ def make_method(model: Model, method: str, *, exit_layer: int | None = None,
     hierarchy = Hierarchy(exits=exits, max_windows=max_windows,
                           window_policy=AdaptiveWindows() if adaptive else FixedWindows(),
                           rule=rule, schedule=schedule)
-    decoder = Decoder(hierarchy=hierarchy, windows=windows)
+    decoder = Decoder(hierarchy=hierarchy, windows=windows, source=source)
     return decoder if lookup is None else _with_lookup(decoder, lookup, max_ngram)
 
 
@@ -268,7 +286,8 @@ def _with_lookup(decoder: Decoder, lookup: int | None, max_ngram: int | None) ->
     h, k = decoder.hierarchy, drafter.max_tokens
     hierarchy = dataclasses.replace(h, exits=(0,) + h.exits, max_windows=(k,) + h.max_windows,
                                     lookup=drafter)
-    return Decoder(hierarchy=hierarchy, windows=(drafter.initial_window(),) + decoder.windows)
+    return Decoder(hierarchy=hierarchy, windows=(drafter.initial_window(),) + decoder.windows,
+                   source=decoder.source)
 
 
 def _sampling_rule(acceptance: str | None, greedy: bool):

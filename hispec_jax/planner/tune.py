@@ -15,7 +15,9 @@ from typing import Any
 import numpy as np
 
 from hispec_jax import datasets
+from hispec_jax.decoding import costs as costs_lib
 from hispec_jax.decoding import generate as generate_lib
+from hispec_jax.decoding import recommended as recommended_lib
 from hispec_jax.models.model import Model
 from hispec_jax.planner import calibrate as calibrate_lib
 from hispec_jax.planner import latency, plan as plan_lib, search as search_lib
@@ -156,6 +158,30 @@ def tune_and_verify(model: Model, batch_size: int = 1, *, quick: bool = False,
         if plot:
             report["plot"] = predicted_vs_measured_plot(report["verify"], plot)
     return report
+
+
+def save_recommended(model: Model, report: dict[str, Any], command: str) -> Path:
+    """Writes the model's recommended plan (`decoding/recommended.py`) from a tune report:
+    the first (best: measured when verified, else predicted) LayerSkip and HiSpec plans,
+    with their predicted (and measured) figures as evidence."""
+    measured = {r["plan"]: r for r in (report.get("verify") or [])}
+    chosen, evidence = {}, {}
+    for kind in recommended_lib.METHODS:
+        plan = search_lib.best_of_kind(report["plans"], kind)
+        if plan is None:
+            continue
+        chosen[kind] = {"exits": plan.exits, "windows": plan.windows, "adaptive": plan.adaptive}
+        evidence[kind] = {"plan": plan.name(),
+                          "predicted_speedup": round(plan.predicted_speedup, 3),
+                          "predicted_work_speedup": plan.predicted_work_speedup,
+                          **({"measured_tokens_per_second":
+                              measured[plan.name()]["measured_tokens_per_second"]}
+                             if plan.name() in measured else {})}
+    if not chosen:
+        raise ValueError("the tune found no LayerSkip or HiSpec plan to recommend")
+    source = (f"{command} on {costs_lib.device_key()}, {time.strftime('%Y-%m-%d')}, chosen by "
+              f"{report.get('chosen_by', 'prediction')}")
+    return recommended_lib.save(model.path, chosen, source, evidence)
 
 
 def predicted_vs_measured_plot(rows: list[dict[str, Any]], path) -> str:
