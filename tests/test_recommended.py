@@ -50,7 +50,7 @@ def test_the_recommended_plan_is_used_and_reported(model_dir):
         assert hs.stats["exits"] == [2, 5, 8] and hs.stats["window_bounds"] == [3, 5]
         assert hs.stats["hierarchy_source"] == "recommended: a recorded sweep (test) " \
                                                "(recommended_plan.json)"
-        assert "recommended: a recorded sweep" in cli_generate.summary_line(hs.stats)
+        assert "exits 2,5,8; the model's recommended plan)" in cli_generate.summary_line(hs.stats)
         ls = generate(model, PROMPTS, method="layerskip", max_new_tokens=12)
         assert ls.token_ids == ar.token_ids and ls.stats["exits"] == [4, 8]
         assert ls.stats["window_bounds"][0] >= 2  # adaptive: bounded by App. J's range
