@@ -127,7 +127,8 @@ def find_table(model_path, table=None, exits: tuple[int, int] | None = None) -> 
     if model_path is None:
         raise FileNotFoundError("method 'sv' needs an SV profile: this model has no directory "
                                 "to look in; pass sv_profile=PATH (make one with "
-                                "`hispec profile-sv`)")
+                                "`hispec profile-sv`), or call hispec_jax.generate, which "
+                                "makes a quick one")
     directory = Path(model_path)
     if directory.is_file():  # a .gguf file: look beside it
         directory = directory.parent
