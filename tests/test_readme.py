@@ -68,3 +68,17 @@ def test_python_examples_run_as_written(tiny_gguf, tmp_path):
                           timeout=900, cwd=REPO,
                           env={**os.environ, "JAX_PLATFORMS": "cpu", "M": str(tiny_gguf)})
     assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+MACHINE_LOCAL = re.compile(r"(?<![\w.$~-])/(tmp|work|root|home|mnt)/")
+
+
+def test_docs_and_configs_name_no_machine_local_paths():
+    """Issue 27: a reader's machine has no /tmp/smol_exp or /work/shared: paths in the docs,
+    configs and notebooks are project-relative, `~/.cache/...` or `$(hispec pull ...)`."""
+    files = [REPO / "README.md", REPO / "BENCHMARKS.md", *sorted((REPO / "docs").rglob("*.md")),
+             *sorted((REPO / "configs").glob("*.py")), *sorted((REPO / "notebooks").glob("*.ipynb"))]
+    found = [f"{f.relative_to(REPO)}:{n}: {line.strip()[:80]}"
+             for f in files for n, line in enumerate(f.read_text().splitlines(), 1)
+             if MACHINE_LOCAL.search(line)]
+    assert not found, "\n".join(found)

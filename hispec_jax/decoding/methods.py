@@ -302,7 +302,7 @@ def _sv(model: Model, exits: tuple[int, ...], draft_len, sv_profile, greedy: boo
     from hispec_jax.decoding import sv as sv_lib
 
     nd = _check_window("draft_len", draft_len)
-    table = sv_lib.find_table(model.path, sv_profile)
+    table = sv_lib.find_table(model.path, sv_profile, exits=(exits[0], exits[1]))
     sv_lib.warn_if_other_device(table)
     companion = sv_lib.selector(table, exits[0], exits[1], model.cfg.num_layers, nd, greedy)
     rule, schedule = _sampling_rule(None, greedy)
