@@ -23,7 +23,7 @@ from hispec_jax.decoding.draft import DynamicDraftExit
 from hispec_jax.decoding.engine import Counters, Hierarchy
 from hispec_jax.decoding.lookup import PromptLookup
 from hispec_jax.decoding.windows import (DRAFT_LEN_RANGE, VERIFY_WINDOW_RANGE, AdaptiveWindows,
-                                         FixedWindows)
+                                         FixedWindows, power_of_two_blocks)
 from hispec_jax.models import heads as heads_lib
 from hispec_jax.models.config import ModelConfig
 from hispec_jax.models.model import Model
@@ -308,7 +308,7 @@ def _sv(model: Model, exits: tuple[int, ...], draft_len, sv_profile, greedy: boo
     rule, schedule = _sampling_rule(None, greedy)
     windows = (nd, 0)  # the top level verifies whatever the companion passes up, every round
     hierarchy = Hierarchy(exits=exits, max_windows=windows, rule=rule, schedule=schedule,
-                          companion=companion, top_blocks=sv_lib.top_blocks(nd + 1))
+                          companion=companion, top_blocks=power_of_two_blocks(nd + 1))
     return Decoder(hierarchy=hierarchy, windows=windows)
 
 

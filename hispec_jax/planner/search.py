@@ -55,9 +55,10 @@ def with_work(plan: Plan, alpha: AlphaFn, work: Costs) -> Plan:
 def search(exits: Sequence[int], alpha: AlphaFn, costs: Costs, *, max_levels: int = 3,
            draft_lens: Sequence[int] = range(1, 9), verify_windows: Sequence[int] = range(2, 17),
            coarse_exits: Sequence[int] | None = None, adaptive: bool = True,
-           rescore: int = 24, top: int = 8, work: Costs | None = None) -> list[Plan]:
+           rescore: int = 24, top: int = 8, work: Costs | None = None,
+           lookup: latency.LookupProfile | None = None) -> list[Plan]:
     """Plans ranked by predicted tokens/s (best first), at most `top`, always followed by
-    the best plan of each kind (AR, LayerSkip, HiSpec) when it is not among them.
+    the best plan of each kind (AR, LayerSkip, HiSpec, lookup) when it is not among them.
 
     Args:
       exits: exits with a head, ascending; the last is the final layer L.
@@ -65,7 +66,29 @@ def search(exits: Sequence[int], alpha: AlphaFn, costs: Costs, *, max_levels: in
       costs: measured costs (their batch size is the plans').
       work: `latency.work_costs` of the model: each plan also gets its predicted work per
         token (hardware-free; the ranking stays by predicted tokens/s).
+      lookup: what `method="lookup"` did on the calibration prompts (None: not a candidate).
     """
+    plans = _search_exits(exits, alpha, costs, max_levels=max_levels, draft_lens=draft_lens,
+                          verify_windows=verify_windows, coarse_exits=coarse_exits,
+                          adaptive=adaptive, rescore=rescore, top=top, work=work)
+    if lookup is None:
+        return plans
+    L = exits[-1]
+    ar_tps = latency.predict((L,), (), [], costs).tokens_per_second
+    pred = latency.predict_lookup(lookup, costs, L)
+    plan = dataclasses.replace(_plan((L,), (), pred, ar_tps), lookup=lookup.k)
+    if work is not None:  # a full pass (layers and head) per verification, any block
+        per_token = latency.predict_lookup(lookup, dataclasses.replace(work, batch=costs.batch),
+                                           L).seconds_per_token
+        plan = dataclasses.replace(plan, predicted_work_per_token=per_token,
+                                   predicted_work_speedup=work.stage(0, L, 1) / per_token)
+    # (a stable sort: a tie keeps the exit plan, AR first, ahead of lookup)
+    return sorted(plans + [plan], key=lambda p: -p.predicted_tokens_per_second)
+
+
+def _search_exits(exits, alpha, costs, *, max_levels, draft_lens, verify_windows, coarse_exits,
+                  adaptive, rescore, top, work=None) -> list[Plan]:
+    """`search` over exit hierarchies (AR, LayerSkip, HiSpec, K >= 4)."""
     L = exits[-1]
     lower = [e for e in exits if e < L]
     ar = latency.predict((L,), (), [], costs)

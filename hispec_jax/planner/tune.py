@@ -34,7 +34,7 @@ def tune(model: Model, batch_size: int = 1, *, quick: bool = False,
                                   progress=progress)
     t0 = time.perf_counter()
     plans = search_lib.search(cal.exits, cal.alpha_of, cal.costs, max_levels=max_levels, top=top,
-                              work=latency.work_costs(model, cal.exits))
+                              work=latency.work_costs(model, cal.exits), lookup=cal.lookup)
     search_seconds = time.perf_counter() - t0
     path = None
     if save:
@@ -130,12 +130,12 @@ def tune_and_verify(model: Model, batch_size: int = 1, *, quick: bool = False,
                     verify_prompts: int = 4, verify_tokens: int = 64, verify_repeats: int = 3,
                     choose_measured: bool = True,
                     plot=None, settings: calibrate_lib.Settings | None = None,
-                    progress=None) -> dict[str, Any]:
+                    prompts=None, progress=None) -> dict[str, Any]:
     """`hispec tune`: `tune`, then (with `verify`) measured tokens/s of the printed plans on
     held-out prompts and a predicted-vs-measured plot; with `choose_measured` the plan file
     is saved again with the fastest measured plan first (what method="auto" runs)."""
-    report = tune(model, batch_size, quick=quick, settings=settings, max_levels=max_levels,
-                  top=top, out=out, progress=progress)
+    report = tune(model, batch_size, quick=quick, settings=settings, prompts=prompts,
+                  max_levels=max_levels, top=top, out=out, progress=progress)
     report["verify"] = None
     report["chosen_by"] = "prediction"
     if verify:
