@@ -190,9 +190,14 @@ def test_tune_cli_on_a_tiny_model(tmp_path, monkeypatch, capsys):
         num_prompts=2, max_prompt_tokens=8, new_tokens=12, block_sizes=(1, 4), repeats=1,
         capacity=64)))
     save_model(_tiny(), tmp_path / "tiny")
-    assert cli.main(["tune", "--model", str(tmp_path / "tiny"), "--quick", "--top", "3"]) == 0
+    assert cli.main(["tune", "--model", str(tmp_path / "tiny"), "--quick", "--top", "3",
+                     "--recommend"]) == 0
     out = capsys.readouterr().out
-    assert "pred tok/s" in out and "saved the plan" in out
+    assert "pred tok/s" in out and "work x AR" in out and "saved the plan" in out
+    assert "recommended plan" in out  # --recommend: the best LayerSkip / HiSpec plans
+    rec = json.loads((tmp_path / "tiny" / "recommended_plan.json").read_text())
+    assert set(rec["methods"]) == {"layerskip", "hispec"}
+    assert rec["source"].startswith("hispec tune --quick on ")
     model = load_model(tmp_path / "tiny")
     saved = plan_lib.load_plan(model, 1)
     assert saved is not None
@@ -326,6 +331,29 @@ def test_bench_auto_times_a_grid_point_equal_to_auto_once(tmp_path, monkeypatch)
     assert "timed once, as auto" in auto_bench.markdown(report)
     # auto 12 tok/s against 11 in every round
     assert report["auto_vs_best_other_paired"] == pytest.approx(12 / 11)
+
+
+@pytest.mark.parametrize("method,exits,windows", [
+    ("ar", (6,), ()), ("layerskip", (2, 6), (3,)), ("hispec", (1, 3, 6), (2, 4))])
+def test_predicted_work_per_token_is_what_the_engine_counts(method, exits, windows):
+    """On the always-agree model (every draft accepted: alpha = 1) the work model
+    (`latency.work_costs`, layer passes + heads in layer equivalents) predicts exactly the
+    engine's measured `work_per_token` for whole rounds."""
+    from hispec_jax import generate
+    from test_engine import tiny_model
+
+    model = tiny_model(6, 0, layer_scale=0.0)
+    work = latency.work_costs(model, exits)
+    pred = latency.predict(exits, windows, [1.0] * (len(exits) - 1), work)
+    plan = plan_lib.Plan(exits=exits, windows=windows)
+    tokens_per_cycle = {"ar": 1, "layerskip": 4, "hispec": 6}[method]  # Ni + 1 at the top
+    got = generate(model, [[4, 5]], method=plan.decoder(model),
+                   max_new_tokens=1 + 4 * tokens_per_cycle, ignore_eos=True)
+    assert got.stats["work_per_token"] == pytest.approx(pred.seconds_per_token)
+    planned = search_lib.with_work(plan, lambda a, b: 1.0, work)
+    assert planned.predicted_work_per_token == pytest.approx(pred.seconds_per_token)
+    assert planned.predicted_work_speedup == pytest.approx(
+        got.stats["ar_work_per_token"] / got.stats["work_per_token"])
 
 
 # ----- prompt lookup as a planner candidate (issue 28) ------------------------------------

@@ -38,6 +38,10 @@ def add_parsers(subparsers) -> None:
     tune.add_argument("--out", default=None,
                       help="plan file to write (default: the plan cache, see docs/planner.md)")
     tune.add_argument("--plot", default=None, help="PNG of predicted vs measured (--verify)")
+    tune.add_argument("--recommend", action="store_true",
+                      help="also write the best LayerSkip and HiSpec plans as the model's "
+                           "recommended_plan.json (in its directory): what --method "
+                           "layerskip / hispec use when no exits are given")
     tune.add_argument("--task", default=None, metavar="TASK",
                       help="calibrate on the prompts of a `hispec bench --tasks` task (chat, "
                            "summarize, extract, code) instead of ShareGPT chat: the workload "
@@ -102,6 +106,11 @@ def run_tune(args) -> int:
         choose_measured=not args.keep_predicted, plot=args.plot,
         progress=lambda msg: print(f"[tune] {msg}", file=sys.stderr))
     print("\n".join(tune_lib.summary_lines(report)))
+    if args.recommend:
+        command = "hispec tune" + (" --verify" if args.verify else "") + (
+            " --quick" if args.quick else "")
+        path = tune_lib.save_recommended(model, report, command)
+        print(f"wrote the model's recommended plan to {path}")
     return 0
 
 

@@ -182,9 +182,10 @@ class Hierarchy:
     @property
     def keeps_dists(self) -> bool:
         """Whether levels keep the distributions of the tokens they pass up even in greedy
-        decoding (the SV companion's signals compare the draft's and its own distribution;
-        sampling always keeps them)."""
-        return self.num_levels > 1 and self.companion is not None
+        decoding (a companion that reads the drafts' distributions; sampling always keeps
+        them)."""
+        return (self.num_levels > 1 and self.companion is not None
+                and self.companion.keeps_draft_dists)
 
     @property
     def ring(self) -> int:
@@ -224,6 +225,9 @@ class Counters:
       actions_K: [K] passes run at each level (level 0: draft steps).
       layer_passes: [] sequential layer passes (each pass adds its depth once).
       layer_token_evals: [] layers x valid tokens actually computed (decode, not prefill).
+      head_evals_E: [L + 1] sequential exit-head evaluations by exit layer (a pass's head
+        counts once whatever its block length, like `layer_passes`): with the heads' costs
+        in layer equivalents, the work a method did (`methods.summarize_counters`).
       verifications_K: [K] (sequence, verification) pairs with something to verify.
       proposed_K: [K] tokens submitted to each verifying level.
       accepted_K: [K] of those, tokens the level accepted.
@@ -243,6 +247,7 @@ class Counters:
     actions_K: jax.Array
     layer_passes: jax.Array
     layer_token_evals: jax.Array
+    head_evals_E: jax.Array
     verifications_K: jax.Array
     proposed_K: jax.Array
     accepted_K: jax.Array
@@ -259,7 +264,7 @@ class Counters:
     def zeros(cls, K: int, max_verified: int = 0, num_layers: int = 0) -> "Counters":
         z = jnp.zeros((), jnp.int32)
         zk = jnp.zeros((K,), jnp.int32)
-        return cls(z, zk, z, z, zk, zk, zk, z, z, z,
+        return cls(z, zk, z, z, jnp.zeros((num_layers + 1,), jnp.int32), zk, zk, zk, z, z, z,
                    jnp.zeros((max_verified + 1,), jnp.int32),
                    jnp.zeros((num_layers + 1,), jnp.int32), z, z, z)
 
@@ -380,6 +385,10 @@ class _Round:
         if self.h.schedule == "own":
             return active_B & self.ready(state, k)
         return active_B & (self.pending(state, k) > 0)
+
+    def companion(self, k: int) -> policies.Companion | None:
+        """Level k's companion (only level 1 may have one: SV), or None."""
+        return self.h.companion if k == 1 else None
 
     def keys(self, state: EngineState, purpose: int) -> jax.Array:
         """Per-sequence PRNG keys for this pass's draws (fresh for every pass)."""
@@ -522,7 +531,7 @@ class _Round:
                     else self._ring_write(hidden[0], pos_B[:, None], d.h_Bx1xD, part_B[:, None]))
             hidden = (ring,) + hidden[1:]
             if dists:
-                if logp_BxV is None:  # greedy SV: the draft's distribution, for the signals
+                if logp_BxV is None:  # greedy, kept for a companion's signals
                     logp_BxV = jax.nn.log_softmax(d.logits_BxV, axis=-1)
                 dists = (self._ring_write(dists[0], pos_B[:, None] + 1, logp_BxV[:, None],
                                           part_B[:, None]),) + dists[1:]
@@ -536,6 +545,8 @@ class _Round:
             actions_K=counters.actions_K.at[0].add(1),
             layer_passes=counters.layer_passes + d.layer_passes,
             layer_token_evals=counters.layer_token_evals + d.layer_token_evals,
+            head_evals_E=(counters.head_evals_E.at[h.exits[0]].add(1) if d.head_evals_E is None
+                          else counters.head_evals_E + d.head_evals_E),
             draft_depth_hist=counters.draft_depth_hist.at[
                 jnp.where(part_B, d.depth_B, counters.draft_depth_hist.shape[0])].add(
                     1, mode="drop"))
@@ -616,17 +627,17 @@ class _Round:
         return fwd, state.replace(cache=cache)
 
     def accept(self, state: EngineState, k: int, fwd: _Forward) -> Verdict:
-        """The acceptance rule on the block (the level below's distributions as `q`); level 1
-        of an SV hierarchy asks the companion how many drafts to pass up instead."""
+        """The acceptance rule on the block (the level below's distributions as `q`); a level
+        with a companion (SV's level 1) asks it how many drafts to pass up instead."""
         if k == 1 and self.h.lookup is not None:  # deterministic proposals: q one-hot
             proposal_BxTxV = (None if self.greedy
                               else lookup_lib.one_hot_logq(fwd.proposed_BxT, self.cfg.vocab_size))
         else:
             proposal_BxTxV = (self._ring_read(state.dists[k - 1], fwd.proposed_pos_BxT)
                               if state.dists else None)
-        if k == 1 and self.h.companion is not None:
-            return self.h.companion.select(fwd.target_BxTxV, proposal_BxTxV, fwd.proposed_BxT,
-                                           fwd.n_B, self.greedy)
+        if self.companion(k) is not None:
+            return self.companion(k).select(fwd.target_BxTxV, proposal_BxTxV, fwd.proposed_BxT,
+                                            fwd.n_B, self.greedy)
         return self.h.rule.accept(fwd.target_BxTxV, proposal_BxTxV, fwd.proposed_BxT, fwd.n_B,
                                   self.keys(state, k))
 
@@ -652,8 +663,9 @@ class _Round:
             hidden[k] = self._ring_write(hidden[k], fwd.positions_BxT, fwd.h_BxTxD, valid_BxT)
             if dists:
                 passed_BxTxV = fwd.target_BxTxV
-                if k == 1 and self.h.companion is not None:  # SV: the drafts' own q goes up
-                    passed_BxTxV = self._ring_read(dists[0], fwd.proposed_pos_BxT)
+                if self.companion(k) is not None:  # the companion says which q goes up
+                    passed_BxTxV = self.companion(k).passed_dists(
+                        fwd.target_BxTxV, self._ring_read(dists[0], fwd.proposed_pos_BxT))
                 dists[k] = self._ring_write(dists[k], fwd.proposed_pos_BxT, passed_BxTxV,
                                             valid_BxT)
         tokens_BxS = _scatter_tokens(out.tokens_BxS, reject_pos_B, verdict.next_token_B,
@@ -687,7 +699,8 @@ class _Round:
         batch_Bx1 = jnp.arange(n_B.shape[0])[:, None]
         counters = state.counters
         rej_pos, rej_tok = state.rejected_pos_BxW, state.rejected_tok_BxW
-        tracks_rejects = K >= 3 and self.h.companion is None  # SV's level 1 does not reject
+        below_top = self.companion(K - 2)  # a companion below the top may not reject
+        tracks_rejects = K >= 3 and (below_top is None or below_top.rejects)
         if tracks_rejects and k == K - 2:  # record this level's rejections (true-reject rate)
             rejected_B = part_B & (m_B < n_B)
             record_BxT = valid_BxT & (j_T[None, :] == m_B[:, None]) & rejected_B[:, None]
@@ -704,8 +717,8 @@ class _Round:
                 reject_checks=counters.reject_checks + jnp.sum(has_rec_BxT),
                 true_rejects=counters.true_rejects + jnp.sum(has_rec_BxT & agree_BxT))
         passed_B = m_B
-        if k == 1 and self.h.companion is not None:  # SV: x_gamma is passed up too
-            passed_B = jnp.where(m_B < n_B, m_B + 1, m_B)
+        if self.companion(k) is not None:  # e.g. SV passes its cut token x_gamma up too
+            passed_B = self.companion(k).passed_up(verdict, n_B)
         if k == K - 1:
             hist = counters.verified_hist
             counters = counters.replace(verified_hist=hist.at[
@@ -722,6 +735,7 @@ class _Round:
             actions_K=counters.actions_K.at[k].add(1),
             layer_passes=counters.layer_passes + fwd.layer_passes,
             layer_token_evals=counters.layer_token_evals + fwd.layer_token_evals,
+            head_evals_E=counters.head_evals_E.at[self.h.exits[k]].add(1),
             verifications_K=counters.verifications_K.at[k].add(jnp.sum(n_B > 0)),
             proposed_K=counters.proposed_K.at[k].add(jnp.sum(n_B)),
             accepted_K=counters.accepted_K.at[k].add(jnp.sum(jnp.where(part_B, passed_B, 0))))

@@ -30,6 +30,7 @@ import numpy as np
 from hispec_jax import datasets
 from hispec_jax.decoding import generate as generate_lib
 from hispec_jax.decoding import methods
+from hispec_jax.models import heads as heads_lib
 from hispec_jax.models.heads import exit_logits
 from hispec_jax.models.kv_cache import KVCache
 from hispec_jax.models.model import Model
@@ -203,19 +204,14 @@ def monotone(values) -> list[float]:
 
 def head_cost_scales(model: Model) -> tuple[tuple[int, float], ...]:
     """((exit, cost of its trained head / the shared head's), ...) for every exit below L
-    with a trained head, by the heads' multiply-adds per token (D x V for the shared head;
-    D x K, or D x R + R x K, with K = V or a draft vocabulary's size). The V-wide -inf fill
-    of a draft vocabulary and the argmax are left out: linear in V, not in D x V."""
+    with a trained head, by the heads' multiply-adds per token (`models.heads.head_macs`:
+    D x V for the shared head; D x K, or D x R + R x K, with K = V or a draft vocabulary's
+    size). The V-wide -inf fill of a draft vocabulary and the argmax are left out: linear
+    in V, not in D x V."""
     cfg = model.cfg
-    shared = cfg.hidden_size * cfg.vocab_size
-    out = []
-    for e, head in sorted(model.heads.items(), key=lambda kv: int(kv[0])):
-        if int(e) >= cfg.num_layers:
-            continue
-        macs = sum(int(np.prod(head[k].shape)) for k in ("proj", "proj_down", "proj_up")
-                   if k in head)
-        out.append((int(e), macs / shared))
-    return tuple(out)
+    shared = heads_lib.head_macs(cfg, model.heads, cfg.num_layers)
+    return tuple((int(e), heads_lib.head_macs(cfg, model.heads, int(e)) / shared)
+                 for e in sorted(model.heads, key=int) if int(e) < cfg.num_layers)
 
 
 def measure_stage_costs(model: Model, batch: int, capacity: int, block_sizes, repeats: int,

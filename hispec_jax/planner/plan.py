@@ -37,6 +37,9 @@ class Plan:
       predicted_tokens_per_second: steady-state decoding speed at the plan's batch size.
       predicted_speedup: over AR's predicted speed.
       tokens_per_round: expected tokens per sequence per loop trip.
+      predicted_work_per_token: expected layer passes + heads (in layer equivalents) per
+        emitted token (`latency.work_costs`; None when the search had no model).
+      predicted_work_speedup: AR's work per token over the plan's.
       lookup: k of the prompt-lookup drafter (`method="lookup"` when exits is (L,)); 0: none.
     """
 
@@ -46,6 +49,8 @@ class Plan:
     predicted_tokens_per_second: float = 0.0
     predicted_speedup: float = 1.0
     tokens_per_round: float = 1.0
+    predicted_work_per_token: float | None = None
+    predicted_work_speedup: float | None = None
     lookup: int = 0
 
     def __post_init__(self):
