@@ -3,7 +3,7 @@
     hispec bench-tool work [--model PATH] [--dataset sharegpt|humaneval] [--prompts 8]
                            [--max-new-tokens 64] [--chat] [--out work.json]
 
-One greedy `generate` call per method on the same prompts (EOS ignored, so every method
+One greedy `generate` call per method on the same prompts (batch 1 by default; EOS ignored, so every method
 emits the same tokens; each is checked to equal AR's), no timing: the counters give
 `work_per_token` = (layer passes + every exit-head evaluation at its multiply-add cost in
 layer equivalents) per emitted token (`decoding/methods.work_stats`), `work_speedup` =
@@ -34,10 +34,14 @@ def parse_args(argv):
     p.add_argument("--max-prompt-tokens", type=int, default=256,
                    help="longer prompts are skipped, never cut")
     p.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per prompt")
+    p.add_argument("--batch-size", type=int, default=1,
+                   help="prompts decoded together (default 1: a pass counts once for the "
+                        "whole batch, so at batch > 1 every sequence pays for the others' "
+                        "passes)")
     p.add_argument("--chat", action="store_true", help="render with the chat template")
     p.add_argument("--out", default=None, help="write the rows as JSON here")
     args = p.parse_args(argv)
-    for name in ("prompts", "max_prompt_tokens", "max_new_tokens"):
+    for name in ("prompts", "max_prompt_tokens", "max_new_tokens", "batch_size"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     return args
@@ -61,14 +65,15 @@ def method_options(model) -> list[tuple[str, str, dict]]:
     return rows
 
 
-def measure(model, prompts: list[list[int]], max_new_tokens: int) -> list[dict]:
+def measure(model, prompts: list[list[int]], max_new_tokens: int,
+            batch_size: int = 1) -> list[dict]:
     """One row per method: its work stats, whether its tokens equal AR's."""
     from hispec_jax import generate
 
     rows, ar_tokens = [], None
     for name, method, options in method_options(model):
         r = generate(model, prompts, method=method, max_new_tokens=max_new_tokens,
-                     ignore_eos=True, **options)
+                     ignore_eos=True, batch_size=batch_size, **options)
         s = r.stats
         if ar_tokens is None:
             ar_tokens = r.token_ids
@@ -109,9 +114,9 @@ def main(argv=None) -> int:
         ids = (model.tokenizer(t)["input_ids"] for t in texts)
     prompts = datasets.first_prompts(ids, args.prompts, args.max_prompt_tokens,
                                      source=f"{args.dataset} has")
-    rows = measure(model, prompts, args.max_new_tokens)
+    rows = measure(model, prompts, args.max_new_tokens, args.batch_size)
     print(f"# {Path(model.path or 'model').name}, {args.dataset}, {len(prompts)} prompts x "
-          f"{args.max_new_tokens} tokens, greedy, batch {len(prompts)}")
+          f"{args.max_new_tokens} tokens, greedy, batch {args.batch_size}")
     print(table(rows))
     if args.out:
         Path(args.out).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
