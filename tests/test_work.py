@@ -86,3 +86,17 @@ def test_every_head_evaluation_is_counted(model, method, options):
     expected = (s["layer_passes"] + sum(n * cost(e) for e, n in evals.items())) / tokens
     assert s["work_per_token"] == pytest.approx(expected)
     assert s["work_speedup"] == pytest.approx(s["ar_work_per_token"] / expected)
+
+
+def test_work_tool_measures_every_method_and_checks_it_equals_ar(model):
+    """`hispec bench-tool work`'s rows: every method at its defaults, AR-identical, with
+    AR's row at work speedup 1 (on a tiny model with no tokenizer: `measure` directly)."""
+    from hispec_jax.bench import work
+
+    rows = work.measure(model, [[5, 9, 11], [7, 1, 2, 8]], 8)
+    names = [r["name"] for r in rows]
+    assert names[0] == "ar" and {"layerskip", "hispec", "specbound", "lookup"} <= set(names)
+    assert all(r["identical_to_ar"] for r in rows)
+    assert rows[0]["work_speedup"] == pytest.approx(1.0)
+    assert all(r["work_per_token"] > 0 for r in rows)
+    assert "| ar | 6 |" in work.table(rows)
