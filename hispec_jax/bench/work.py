@@ -108,8 +108,9 @@ def main(argv=None) -> int:
 
     model = load_model(args.model or DEFAULT_MODEL_DIR)
     texts = datasets.dataset_texts(args.dataset)
-    if args.chat:
-        ids = (chat_lib.chat_prompt_ids(model, [t])[0] for t in texts)
+    if args.chat:  # the user's message itself, without the plain-text "User: ...\nAssistant:"
+        ids = (chat_lib.chat_prompt_ids(model, [t.removeprefix("User: ").removesuffix(
+            "\nAssistant:")])[0] for t in texts)
     else:
         ids = (model.tokenizer(t)["input_ids"] for t in texts)
     prompts = datasets.first_prompts(ids, args.prompts, args.max_prompt_tokens,
