@@ -286,3 +286,35 @@ def test_task_bench_bad_flags(argv, expected, capsys):
     assert tasks.main(argv.split()) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and expected in err, err
+
+
+# ------------------------------------------------------ the compiled loop copies no cache
+def _cache_copies(model, k=4) -> int:
+    """Copies of cache-shaped buffers ([.., S = 64, H = 8]) in the compiled lookup loop."""
+    import re
+
+    decoder = methods.make_method(model, "lookup", lookup=k)
+    engine = engine_lib.Engine.for_model(model, decoder.hierarchy,
+                                         engine_lib.Shapes(batch=1, capacity=64, prompt_block=16))
+    return len(re.findall(r"= f32\[[0-9,]*64,8\]\{[0-9,]*\} copy\(", engine.lower().compile().as_text()))
+
+
+def test_lookup_loop_copies_no_cache(monkeypatch):
+    """The `lax.switch` over block lengths only reads the cache (keys/values are written
+    after it): a branch that writes the cache made XLA copy all of it every round."""
+    import functools
+
+    import jax
+
+    model = tiny_model(2, 0)
+    assert _cache_copies(model) == 0
+
+    def writes_in_branches(self, state, k, part_B):  # the earlier verification: copies
+        blocks = self.h.level_blocks(k)
+        index = jnp.minimum(jnp.searchsorted(jnp.asarray(blocks), jnp.max(jnp.where(
+            part_B, self.pending(state, k), 0))), len(blocks) - 1)
+        return jax.lax.switch(index, [functools.partial(self.verify, k=k, part_B=part_B, T=T)
+                                      for T in blocks], state)
+
+    monkeypatch.setattr(engine_lib._Round, "verify_top_or_not", writes_in_branches)
+    assert _cache_copies(model) > 0

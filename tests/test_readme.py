@@ -43,7 +43,9 @@ def test_command_a_generates_with_the_default_model():
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith(argv[-1])  # the prompt, then its continuation
     assert len(proc.stdout) > len(argv[-1]) + 20
-    assert re.search(r"^\[hispec\] default_model \(24 layers, exits [\d,]+\): 48 tokens, ",
+    # --method hispec without exits: the shipped model's recommended plan, as README says
+    assert re.search(r"^\[hispec\] default_model \(24 layers, exits 8,12,24; the model's "
+                     r"recommended plan\): 48 tokens, ",
                      proc.stderr, re.M), proc.stderr
     assert "PyTorch was not found" not in proc.stderr
 

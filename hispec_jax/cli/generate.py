@@ -148,8 +148,11 @@ def check_generate_args(args) -> None:
 
 def summary_line(stats: dict) -> str:
     """The one-line summary `generate` prints on stderr."""
+    source = stats.get("hierarchy_source", "")  # the whole source is in --json's stats
+    source = ("; the model's recommended plan" if source.startswith("recommended")
+              else "; the paper's L/8, L/4" if source.startswith("paper") else "")
     return (f"[{stats['method']}] {stats['model']} ({stats['num_layers']} layers, exits "
-            f"{','.join(map(str, stats['exits']))}): {stats['new_tokens']} tokens, "
+            f"{','.join(map(str, stats['exits']))}{source}): {stats['new_tokens']} tokens, "
             f"{stats['tokens_per_second']:.1f} tokens/s, compile {stats['compile_seconds']:.1f} s"
             + (f", SV profile {stats['sv_profile']}" if "sv_profile" in stats else ""))
 

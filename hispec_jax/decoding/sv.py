@@ -45,6 +45,7 @@ import numpy as np
 
 from hispec_jax.decoding.acceptance import Verdict, leading_run
 from hispec_jax.decoding.costs import Costs, device_key
+from hispec_jax.decoding.windows import power_of_two_blocks
 
 PROFILE_FILE = "sv_profile.json"
 FORMAT_VERSION = 1
@@ -232,16 +233,6 @@ class SVSelector:
                        last_B.astype(jnp.int32), predictions_BxT)
 
 
-def top_blocks(block: int) -> tuple[int, ...]:
-    """The block lengths the top level's pass is compiled at: powers of two below `block`,
-    then `block`."""
-    sizes, t = [], 1
-    while t < block:
-        sizes.append(t)
-        t *= 2
-    return tuple(sizes) + (block,)
-
-
 def selector(table: SVTable, draft_exit: int, companion_exit: int, num_layers: int,
              draft_len: int, greedy: bool) -> SVSelector:
     """The in-loop selector for a hierarchy (draft_exit, companion_exit, L) with `draft_len`
@@ -253,7 +244,7 @@ def selector(table: SVTable, draft_exit: int, companion_exit: int, num_layers: i
                          f"{companion_exit}`")
     costs = Costs.from_json(table.costs)
     block = draft_len + 1
-    sizes = top_blocks(block)
+    sizes = power_of_two_blocks(block)  # the top level's compiled blocks
     bucket = lambda t: min(s for s in sizes if s >= t)
     round_s = (block * costs.stage(0, draft_exit, 1) + costs.stage(draft_exit, companion_exit, block)
                + costs.round_s)
