@@ -3,8 +3,8 @@ early-exit loss, on one CPU core. Writes hispec_jax/default_model.
 
     hispec pretrain --config configs/finetune_default.py
 
-Starts from stage 1's model (configs/pretrain_gpu.py; the shared candidate
-/work/shared/models/hispec-24l is that model: `--config.init_from=PATH`), keeps its
+Starts from stage 1's model (configs/pretrain_gpu.py writes it to
+~/.cache/hispec_jax/pretrain_gpu/model: `--config.init_from=PATH`), keeps its
 architecture and tokenizer, and trains every weight with the recipe that won the
 side-by-side comparison in docs/early_exit_recipes.md. The budget is wall clock
 (40 minutes on one core of the shared 2-core development machine), so the tokens seen

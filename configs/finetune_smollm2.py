@@ -2,9 +2,8 @@
 the LayerSkip recipe on a real pretrained model that was never trained to exit early.
 
     M=$(hispec pull smollm2-135m-instruct)
-    hispec convert "$M" /tmp/smol_exp/smollm2_hf            # float32 HF directory
-    hispec pretrain --config configs/finetune_smollm2.py \\
-        --config.init_from=/tmp/smol_exp/smollm2_hf --config.out_dir=/tmp/smol_exp/smollm2_ee
+    hispec convert "$M" ~/.cache/hispec_jax/smol_exp/smollm2_hf     # float32 HF directory
+    hispec pretrain --config configs/finetune_smollm2.py    # reads it, writes .../smollm2_ee
 
 Keeps SmolLM2's architecture and tokenizer (`init_from` must match `model` below field for
 field) and trains every weight (the tied embedding / LM head included) on the ShareGPT
@@ -72,7 +71,7 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
     c.curriculum_rotation = 2      # R of the rotational curriculum (unused with "none")
     c.layer_dropout_max = 0.0      # off: a short run on a trained model; see the doc
     c.exit_stride = 1              # every position scored at every supervised exit
-    c.init_from = "/tmp/smol_exp/smollm2_hf"  # `hispec convert` of the pulled GGUF
+    c.init_from = "~/.cache/hispec_jax/smol_exp/smollm2_hf"  # `hispec convert` of the pulled GGUF
 
     # Optimizer: clip_by_global_norm -> AdamW with a warmup-cosine learning rate. A
     # fine-tuning rate: moves the exits without wrecking the final layer.
@@ -98,8 +97,8 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
     c.eval_batches = 8             # held-out batches for the final evaluation
     c.save_dtype = "float32"       # as the converted init model: compare like with like
     c.resume = True                # continue from work_dir's snapshot when there is one
-    c.out_dir = "/tmp/smol_exp/smollm2_ee"
-    c.work_dir = "/tmp/smol_exp/work_ee"
+    c.out_dir = "~/.cache/hispec_jax/smol_exp/smollm2_ee"
+    c.work_dir = "~/.cache/hispec_jax/smol_exp/work_ee"
 
     if variant is not None:
         raise ValueError(f"unknown pretrain config variant {variant!r} (this config has none)")

@@ -2,7 +2,7 @@
 
     hispec pretrain --config configs/pretrain_gpu.py
 
-Reproduces the candidate in /work/shared/models/hispec-24l (PROVENANCE.md): project commit
+Reproduces the 24-layer stage-1 candidate (its PROVENANCE.md, kept with that model): project commit
 076f1a5 ran `configs/pretrain_default.py` with the overrides
 `--config.model.num_layers=24 --config.time_budget_s=440 --config.data.batch_size=64
 --config.data.seq_len=512 --config.checkpoint_every=0 --config.exit_loss_scale=8` on one

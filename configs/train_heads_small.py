@@ -1,7 +1,7 @@
 """Exit-head distillation smoke run: a few steps on random tokens (tests, quick checks).
 
     hispec train-heads --config configs/train_heads_small.py --config.model_path=DIR \
-        --config.workdir=/tmp/run
+        --config.workdir=runs/heads_small
 
 Meant for tiny models (`hispec init-model`): two low-rank heads at exits 1 and 2, the
 feature cache on (float32, so it matches the uncached pipeline), checkpoints every 5 steps.

@@ -13,6 +13,10 @@ and decoding runs it like any other.
 
 from __future__ import annotations
 
+import functools
+import os
+import sys
+
 from hispec_jax.decoding import generate as generate_lib
 from hispec_jax.decoding import options as options_lib
 from hispec_jax.decoding.generate import GenerationResult
@@ -27,13 +31,28 @@ def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int =
     """Generates continuations of `prompts`: `decoding.generate.generate`'s arguments and
     result, and also method="auto": the plan `hispec tune` saved for this model, device and
     batch size (a quick tune first when there is none, said on stderr). Auto takes no
-    method options (the plan sets them); its stats name the plan ("plan")."""
+    method options (the plan sets them); its stats name the plan ("plan").
+
+    method="sv" works on any model: without `sv_profile=` it uses the model directory's
+    profile when it is for the requested exits, else one cached for this model, device and
+    exits, else it makes a quick one now (`planner.sv_profile.profile_for`: progress on
+    stderr, then cached). `stats["sv_profile"]` says which ("model directory: PATH",
+    "cached quick profile: PATH", "quick profile made now: PATH", or "given: ...")."""
     if method != "auto":
-        return generate_lib.generate(
+        profile_source: list[str] = []
+        if method == "sv" and method_options.get("sv_profile") is None:
+            method_options = dict(method_options, sv_profile=functools.partial(
+                _sv_profile, model, profile_source))
+        result = generate_lib.generate(
             model, prompts, method=method, max_new_tokens=max_new_tokens,
             batch_size=batch_size, ignore_eos=ignore_eos, temperature=temperature, top_k=top_k,
             top_p=top_p, seed=seed, max_cache_len=max_cache_len, chat=chat, mesh=mesh,
             **method_options)
+        if method == "sv":
+            given = method_options["sv_profile"]
+            result.stats["sv_profile"] = (profile_source[0] if profile_source else "given: " + (
+                str(given) if isinstance(given, (str, os.PathLike)) else type(given).__name__))
+        return result
     # The same checks, in the same order, as decoding's, before anything is tuned.
     sampling, max_new_tokens = generate_lib.check_request(max_new_tokens, temperature, top_k,
                                                           top_p, seed)
@@ -46,3 +65,15 @@ def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int =
         model, prompt_ids, decoder, sampling, method_name="auto", max_new_tokens=max_new_tokens,
         batch_size=batch_size, ignore_eos=ignore_eos, max_cache_len=max_cache_len, chat=chat,
         mesh=mesh, reuse_compiled=True, extra_stats={"plan": plan.name()})
+
+
+def _sv_profile(model: Model, source: list[str], draft_exit: int, companion_exit: int):
+    """The SV profile `generate(method="sv")` decodes with when given none (called by
+    `methods.make_method` once the other settings are checked); notes where it came from."""
+    from hispec_jax.planner import sv_profile
+
+    table, where = sv_profile.profile_with_source(
+        model, draft_exit, companion_exit,
+        progress=lambda msg: print(f"[sv] {msg}", file=sys.stderr))
+    source.append(where)
+    return table

@@ -85,6 +85,8 @@ CASES = [
     ("tune --model {tmp}/none", "--model {tmp}/none: no such directory"),
     ("tune --batch-size 0", "--batch-size must be >= 1"),
     ("tune --max-levels 9", "invalid choice: 9"),
+    ("tune --task poems", "--task poems: expected one of chat, summarize, extract, code"),
+    ("tune --chat", "--chat renders --task prompts; give --task too"),
     ("profile-sv --model {tmp}/none", "no such directory"),
     ("profile-sv --draft-exit 0", "--draft-exit 0: must be in [1, 23]"),
     ("profile-sv --prompts 0", "prompts must be an integer >= 1"),

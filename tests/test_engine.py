@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from hispec_jax import Model, ModelConfig, generate
 from hispec_jax.decoding import engine as engine_lib
 from hispec_jax.decoding import methods
-from hispec_jax.models.heads import lm_head_matrix
+from hispec_jax.models.heads import head_cost_layers, lm_head_matrix
 from hispec_jax.models.params import init_params, layer_layout, with_layer_layout
 
 VOCAB = 64
@@ -151,6 +151,14 @@ def test_always_agree_layerskip_layer_passes_formula():
     assert got.stats["layer_passes"] == rounds * ((nd + 1) * e0 + (L - e0))
     assert got.stats["tokens_per_full_pass"] == nd + 1
     assert got.stats["layer_passes_per_token"] == pytest.approx(e0 + (L - e0) / (nd + 1))
+    # work: every draft step evaluates e_0's head, every verification the final head
+    assert got.stats["head_evals_per_exit"] == {e0: rounds * (nd + 1), L: rounds}
+    head = head_cost_layers(model.cfg, model.heads, L)  # shared head at every exit
+    tokens = rounds * (nd + 1)
+    assert got.stats["work_per_token"] == pytest.approx(
+        (rounds * ((nd + 1) * e0 + (L - e0)) + (rounds * (nd + 1) + rounds) * head) / tokens)
+    assert got.stats["ar_work_per_token"] == pytest.approx(L + head)
+    assert got.stats["work_speedup"] == pytest.approx((L + head) / got.stats["work_per_token"])
 
 
 def test_batch_with_early_finishers_equals_single_runs():

@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from hispec_jax import DEFAULT_MODEL_DIR, generate, load_model
@@ -22,7 +22,7 @@ from hispec_jax.decoding.lookup import PromptLookup, one_hot_logq
 from hispec_jax.decoding.options import OptionError, check_method_options
 from hispec_jax.decoding.sampling import SamplingParams
 
-from test_engine import random_prompts, tiny_model
+from test_engine import PROPERTY_SETTINGS, random_prompts, tiny_model
 from test_sampling_exact import (N_SAMPLES, NEW, PROMPT, chi_square_test, exact_ar_distribution,
                                  output_distribution, random_conditionals, total_variation)
 
@@ -42,7 +42,7 @@ def reference_proposal(tokens, c, k, max_ngram, limit):
     return [seq[c]], 0  # the placeholder: the newest token again
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, **PROPERTY_SETTINGS)
 @given(data=st.data())
 def test_proposal_equals_reference(data):
     B, S = data.draw(st.integers(1, 4)), 24
@@ -87,12 +87,16 @@ LOOKUP_METHODS = [
 ]
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=10, **PROPERTY_SETTINGS)
 @given(case=st.fixed_dictionaries(dict(
     which=st.integers(0, len(LOOKUP_METHODS) - 1), seed=st.integers(0, 2),
     layer_scale=st.sampled_from([1.0, 0.1, 0.0]), batch=st.sampled_from([1, 3]),
     max_prompt_len=st.integers(1, 12), max_new=st.integers(1, 20),
     ignore_eos=st.booleans(), prompt_seed=st.integers(0, 1000), tight_cache=st.booleans())))
+# the cycling model under HiSpec + lookup: long accepted copies run into a cache that is
+# exactly full, for a batch of 3
+@example(case=dict(which=3, seed=0, layer_scale=0.0, batch=3, max_prompt_len=12, max_new=20,
+                   ignore_eos=True, prompt_seed=4, tight_cache=True))
 def test_lookup_greedy_equals_autoregressive(case):
     """Tiny random and cycling models, batch > 1 with per-sequence matches, EOS (id 3),
     budgets down to one token, and caches just large enough."""
@@ -282,3 +286,35 @@ def test_task_bench_bad_flags(argv, expected, capsys):
     assert tasks.main(argv.split()) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and expected in err, err
+
+
+# ------------------------------------------------------ the compiled loop copies no cache
+def _cache_copies(model, k=4) -> int:
+    """Copies of cache-shaped buffers ([.., S = 64, H = 8]) in the compiled lookup loop."""
+    import re
+
+    decoder = methods.make_method(model, "lookup", lookup=k)
+    engine = engine_lib.Engine.for_model(model, decoder.hierarchy,
+                                         engine_lib.Shapes(batch=1, capacity=64, prompt_block=16))
+    return len(re.findall(r"= f32\[[0-9,]*64,8\]\{[0-9,]*\} copy\(", engine.lower().compile().as_text()))
+
+
+def test_lookup_loop_copies_no_cache(monkeypatch):
+    """The `lax.switch` over block lengths only reads the cache (keys/values are written
+    after it): a branch that writes the cache made XLA copy all of it every round."""
+    import functools
+
+    import jax
+
+    model = tiny_model(2, 0)
+    assert _cache_copies(model) == 0
+
+    def writes_in_branches(self, state, k, part_B):  # the earlier verification: copies
+        blocks = self.h.level_blocks(k)
+        index = jnp.minimum(jnp.searchsorted(jnp.asarray(blocks), jnp.max(jnp.where(
+            part_B, self.pending(state, k), 0))), len(blocks) - 1)
+        return jax.lax.switch(index, [functools.partial(self.verify, k=k, part_B=part_B, T=T)
+                                      for T in blocks], state)
+
+    monkeypatch.setattr(engine_lib._Round, "verify_top_or_not", writes_in_branches)
+    assert _cache_copies(model) > 0

@@ -190,9 +190,14 @@ def test_tune_cli_on_a_tiny_model(tmp_path, monkeypatch, capsys):
         num_prompts=2, max_prompt_tokens=8, new_tokens=12, block_sizes=(1, 4), repeats=1,
         capacity=64)))
     save_model(_tiny(), tmp_path / "tiny")
-    assert cli.main(["tune", "--model", str(tmp_path / "tiny"), "--quick", "--top", "3"]) == 0
+    assert cli.main(["tune", "--model", str(tmp_path / "tiny"), "--quick", "--top", "3",
+                     "--recommend"]) == 0
     out = capsys.readouterr().out
-    assert "pred tok/s" in out and "saved the plan" in out
+    assert "pred tok/s" in out and "work x AR" in out and "saved the plan" in out
+    assert "recommended plan" in out  # --recommend: the best LayerSkip / HiSpec plans
+    rec = json.loads((tmp_path / "tiny" / "recommended_plan.json").read_text())
+    assert set(rec["methods"]) == {"layerskip", "hispec"}
+    assert rec["source"].startswith("hispec tune --quick on ")
     model = load_model(tmp_path / "tiny")
     saved = plan_lib.load_plan(model, 1)
     assert saved is not None
@@ -200,6 +205,9 @@ def test_tune_cli_on_a_tiny_model(tmp_path, monkeypatch, capsys):
     alpha = np.asarray(payload["calibration"]["alpha"])
     assert alpha.shape == (4, 4) and np.allclose(np.diag(alpha), 1) and np.allclose(alpha, alpha.T)
     assert ((alpha >= 0) & (alpha <= 1)).all()
+    lookup = latency.LookupProfile.from_json(payload["calibration"]["lookup"])  # measured
+    assert lookup.k == 8 and sum(lookup.verified) >= lookup.rounds > 0 and lookup.tokens > 0
+    assert any(p["method"] == "lookup" for p in payload["plans"])  # a candidate, ranked
     assert tune.auto_decoder(model, 1)[1] == saved
     result = generate(model, [[5, 6, 7]], method="auto", max_new_tokens=6, ignore_eos=True)
     assert result.stats["plan"] == saved.name()
@@ -323,3 +331,80 @@ def test_bench_auto_times_a_grid_point_equal_to_auto_once(tmp_path, monkeypatch)
     assert "timed once, as auto" in auto_bench.markdown(report)
     # auto 12 tok/s against 11 in every round
     assert report["auto_vs_best_other_paired"] == pytest.approx(12 / 11)
+
+
+@pytest.mark.parametrize("method,exits,windows", [
+    ("ar", (6,), ()), ("layerskip", (2, 6), (3,)), ("hispec", (1, 3, 6), (2, 4))])
+def test_predicted_work_per_token_is_what_the_engine_counts(method, exits, windows):
+    """On the always-agree model (every draft accepted: alpha = 1) the work model
+    (`latency.work_costs`, layer passes + heads in layer equivalents) predicts exactly the
+    engine's measured `work_per_token` for whole rounds."""
+    from hispec_jax import generate
+    from test_engine import tiny_model
+
+    model = tiny_model(6, 0, layer_scale=0.0)
+    work = latency.work_costs(model, exits)
+    pred = latency.predict(exits, windows, [1.0] * (len(exits) - 1), work)
+    plan = plan_lib.Plan(exits=exits, windows=windows)
+    tokens_per_cycle = {"ar": 1, "layerskip": 4, "hispec": 6}[method]  # Ni + 1 at the top
+    got = generate(model, [[4, 5]], method=plan.decoder(model),
+                   max_new_tokens=1 + 4 * tokens_per_cycle, ignore_eos=True)
+    assert got.stats["work_per_token"] == pytest.approx(pred.seconds_per_token)
+    planned = search_lib.with_work(plan, lambda a, b: 1.0, work)
+    assert planned.predicted_work_per_token == pytest.approx(pred.seconds_per_token)
+    assert planned.predicted_work_speedup == pytest.approx(
+        got.stats["ar_work_per_token"] / got.stats["work_per_token"])
+
+
+# ----- prompt lookup as a planner candidate (issue 28) ------------------------------------
+# A CPU-like cost curve: a block of 2+ positions costs far more than 1, then grows slowly.
+STEP_COSTS = Costs(batch=1, num_layers=24, block_sizes=(1, 2, 4, 8),
+                   layer_s=(1e-3, 1.7e-3, 1.8e-3, 2.0e-3), head_s=(4e-3, 8e-3, 9e-3, 1e-2),
+                   pass_s=1e-4, round_s=1e-4)
+# 100 tokens each: copying (long accepted blocks) and open chat (one-position rounds and a
+# few spurious matches), as `calibrate.measure_lookup` records them.
+COPY_HEAVY = latency.LookupProfile(k=8, rounds=20, tokens=100,
+                                   verified=(0, 8, 0, 0, 0, 0, 0, 0, 12))
+NO_COPY = latency.LookupProfile(k=8, rounds=95, tokens=100, verified=(0, 88, 3, 0, 2, 0, 0, 0, 2))
+
+
+def test_predict_lookup_charges_each_round_its_compiled_block():
+    c = STEP_COSTS
+    profile = latency.LookupProfile(k=8, rounds=3, tokens=9, verified=(0, 1, 0, 1, 0, 0, 0, 0, 1))
+    seconds = 3 * c.round_s + c.stage(0, 24, 1) + c.stage(0, 24, 4) + c.stage(0, 24, 8)  # 3 -> 4
+    pred = latency.predict_lookup(profile, c, 24)
+    assert pred.seconds_per_token == pytest.approx(seconds / 9)
+    assert pred.tokens_per_round == pytest.approx(3.0)
+    assert latency.LookupProfile.from_json(json.loads(json.dumps(profile.to_json()))) == profile
+
+
+@pytest.mark.parametrize("profile,chosen", [(COPY_HEAVY, "lookup"), (NO_COPY, "ar")])
+def test_search_picks_lookup_on_copy_heavy_calibration_only(profile, chosen):
+    """Exits that agree rarely (LayerSkip/HiSpec lose to AR): lookup wins when the
+    calibration prompts copy their context and loses on open chat; either way it is listed."""
+    plans = search_lib.search((4, 8, 24), lambda a, b: 0.2, STEP_COSTS, max_levels=3, top=4,
+                              lookup=profile)
+    assert plans[0].method == chosen
+    looked = [p for p in plans if p.method == "lookup"]
+    assert len(looked) == 1 and looked[0].lookup == 8 and looked[0].name() == "lookup k=8"
+    assert (looked[0].predicted_speedup > 1.5) == (profile is COPY_HEAVY)
+    assert search_lib.search((4, 8, 24), lambda a, b: 0.2, STEP_COSTS, top=4)[0].method == "ar"
+
+
+def test_lookup_plan_round_trips_and_auto_runs_it_equal_to_ar(tmp_path, monkeypatch):
+    from hispec_jax import generate
+
+    p = plan_lib.Plan(exits=(4,), lookup=3, predicted_speedup=1.4)
+    assert (p.method, p.method_options(), p.name()) == ("lookup", {"lookup": 3}, "lookup k=3")
+    assert plan_lib.Plan.from_json(json.loads(json.dumps(p.to_json()))) == p
+    with pytest.raises(ValueError, match="full model only"):
+        plan_lib.Plan(exits=(1, 4), windows=(2,), lookup=3)
+    monkeypatch.setenv("HISPEC_CACHE_DIR", str(tmp_path))
+    model = _tiny()
+    plan_lib.save_plan_file(plan_lib.plan_path(model, 1), plan_lib.plan_payload(model, 1, [p]))
+    prompts = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6]]  # copyable context: the lookup drafts
+    auto = generate(model, prompts, method="auto", max_new_tokens=12, ignore_eos=True)
+    ar = generate(model, prompts, method="ar", max_new_tokens=12, ignore_eos=True)
+    assert auto.stats["plan"] == "lookup k=3" and auto.stats["lookup"]["k"] == 3
+    assert auto.stats["lookup"]["matches"] > 0
+    assert auto.token_ids == ar.token_ids

@@ -196,7 +196,6 @@ def sv_profile_quick(model):
     ("specbound", dict(draft_exit=1), ValueError, "specbound"),
     ("layerskip", dict(tau=0.5), ValueError, "tau"),
     ("hispec", dict(sv_profile="x"), ValueError, "sv_profile"),
-    ("sv", dict(draft_exit=1, verify_exits=2), FileNotFoundError, "profile"),
     ("sv", dict(draft_exit=1, verify_exits=2, sv_profile="/nonexistent"), FileNotFoundError,
      "profile-sv"),
     ("sv", dict(verify_window=3), ValueError, "verify_window"),

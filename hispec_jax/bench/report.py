@@ -15,8 +15,8 @@ def _mib(n) -> str:
 
 METHOD_HEADER = ("| method | tokens/s | speedup vs AR | identical to AR | final acceptance | "
                  "true reject | false accept | tokens / full pass | tokens / round | "
-                 "layer passes / token | ms / layer pass | compile s | loop memory MiB |\n"
-                 + "|---" * 13 + "|\n")
+                 "layer passes / token | work / token | work speedup | ms / layer pass | "
+                 "compile s | loop memory MiB |\n" + "|---" * 15 + "|\n")
 
 
 def identical_cell(row: dict[str, Any]) -> str:
@@ -38,8 +38,8 @@ def method_table(rows: list[dict[str, Any]]) -> str:
             f"| {identical_cell(r)} | {_f(s.get('final_acceptance_rate'))} "
             f"| {_f(s.get('true_reject_rate'))} | {_f(s.get('false_accept_rate'))} "
             f"| {_f(s.get('tokens_per_full_pass'))} | {_f(s.get('tokens_per_round'))} "
-            f"| {_f(s.get('layer_passes_per_token'), 1)} "
-            f"| {_f(r.get('ms_per_layer_pass'), 3)} | {_f(r.get('compile_seconds'), 1)} | {_mib(r.get('memory_bytes'))} |\n")
+            f"| {_f(s.get('layer_passes_per_token'), 1)} | {_f(s.get('work_per_token'), 1)} "
+            f"| {_f(s.get('work_speedup'), 2, 'x')} | {_f(r.get('ms_per_layer_pass'), 3)} | {_f(r.get('compile_seconds'), 1)} | {_mib(r.get('memory_bytes'))} |\n")
     return "".join(lines)
 
 

@@ -34,7 +34,7 @@ import jax
 from hispec_jax import datasets as prompts_lib
 from hispec_jax.bench import plots, report, suite, sweeps
 from hispec_jax.bench.suite import MethodSpec, Result, Runner
-from hispec_jax.decoding import methods
+from hispec_jax.decoding import methods, recommended
 from hispec_jax.models.model import Model, load_model
 
 
@@ -98,6 +98,11 @@ class BenchConfig:
         specs += sweeps.layerskip_specs(draft_exits, self.draft_lens)
         specs += [MethodSpec.of("hispec defaults", "hispec"),
                   MethodSpec.of("hispec adaptive", "hispec", adaptive=True)]
+        if recommended.load(model.path, "hispec", model.cfg.num_layers) is not None:
+            # "defaults" ran the model's recommended plan: the paper's exits beside it
+            d, v = methods.default_exits(model)
+            specs.append(MethodSpec.of("hispec paper exits", "hispec", draft_exit=d,
+                                       verify_exits=(v,)))
         if tuned is not None:
             specs.append(tuned)
         return specs + [spec for spec in suite.default_specs(sv_profile, self.seed_methods)

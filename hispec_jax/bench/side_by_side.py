@@ -190,9 +190,9 @@ def greedy(model, prompts, args) -> int:
           f"V={model.cfg.vocab_size}, {len(prompts)} prompts, batch {args.batch_size}, "
           f"{args.max_new_tokens} new tokens")
     print("| method | exits | tokens/s | speedup | identical | accept/level | final acc | "
-          "true rej | tok/full pass | layer passes/tok | loop trips/tok | ms/layer pass "
-          "| time/tok vs passes x AR's ms/pass | extra mem vs AR |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "true rej | tok/full pass | layer passes/tok | work/tok | work speedup | "
+          "loop trips/tok | ms/layer pass | time/tok vs passes x AR's ms/pass | extra mem vs AR |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     ar_cost = cost_columns(ar.stats, ar.tokens_per_second, len(prompts), args.batch_size)
     fmt = lambda x: "-" if x is None else f"{x:.2f}"
     rows = {}
@@ -208,6 +208,7 @@ def greedy(model, prompts, args) -> int:
               f"| {r.tokens_per_second / ar.tokens_per_second:.2f}x | {r.identical_to_ar} "
               f"| {accept} | {fmt(s['final_acceptance_rate'])} | {fmt(s['true_reject_rate'])} "
               f"| {fmt(s['tokens_per_full_pass'])} | {fmt(s['layer_passes_per_token'])} "
+              f"| {fmt(s.get('work_per_token'))} | {fmt(s.get('work_speedup'))} "
               f"| {cost['trips_per_token']:.2f} | {cost['ms_per_layer_pass']:.3f} "
               f"| {relative:.2f} | {extra:+.2f}% |")
     if args.out:

@@ -30,7 +30,9 @@ from hispec_jax.models.model import Model
 STAT_KEYS = ("exits", "acceptance_rate_per_level", "final_acceptance_rate", "true_reject_rate",
              "false_accept_rate", "tokens_per_full_pass", "layer_passes_per_token",
              "layer_passes", "actions_per_level", "rounds", "new_tokens", "tokens_per_round",
-             "verified_length_histogram", "draft_exit_histogram", "lookup")
+             "verified_length_histogram", "draft_exit_histogram", "lookup",
+             "head_evals_per_exit", "work_per_token", "head_work_per_token", "ar_work_per_token",
+             "work_speedup")
 
 
 @dataclasses.dataclass(frozen=True)

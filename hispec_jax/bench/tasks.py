@@ -217,7 +217,9 @@ def run_task(model, hf_model, task: str, args) -> dict:
                      "x_ar": r.tokens_per_second / ar, "identical_to_ar": r.identical_to_ar,
                      "seconds": r.seconds, "rounds": (r.stats or {}).get("rounds"),
                      "lookup_proposed": look.get("proposed"),
-                     "lookup_accepted": look.get("accepted")})
+                     "lookup_accepted": look.get("accepted"),
+                     "work_per_token": (r.stats or {}).get("work_per_token"),
+                     "work_speedup": (r.stats or {}).get("work_speedup")})
     return {"task": task, "prompt_lengths": [len(p) for p in prompts], "new_tokens": N,
             "rows": rows}
 
@@ -225,13 +227,16 @@ def run_task(model, hf_model, task: str, args) -> dict:
 def markdown(result: dict) -> str:
     lines = [f"{result['task']} ({len(result['prompt_lengths'])} prompts, "
              f"{result['new_tokens']} new tokens each)", "",
-             "| method | tokens/s | x our AR | same tokens as AR | lookup accepted / proposed |",
-             "|---|---|---|---|---|"]
+             "| method | tokens/s | x our AR | same tokens as AR | lookup accepted / proposed "
+             "| work / token | work speedup |",
+             "|---|---|---|---|---|---|---|"]
+    f = lambda x: "" if x is None else f"{x:.2f}"
     for row in result["rows"]:
         look = ("" if row["lookup_proposed"] is None
                 else f"{row['lookup_accepted']} / {row['lookup_proposed']}")
         lines.append(f"| {row['name']} | {row['tokens_per_second']:.1f} | {row['x_ar']:.2f} | "
-                     f"{'yes' if row['identical_to_ar'] else 'NO'} | {look} |")
+                     f"{'yes' if row['identical_to_ar'] else 'NO'} | {look} "
+                     f"| {f(row.get('work_per_token'))} | {f(row.get('work_speedup'))} |")
     return "\n".join(lines)
 
 

@@ -37,6 +37,7 @@ TOOLS: dict[str, str] = {
     "duplicates": "duplicates",
     "serve": "serve_load",
     "tasks": "tasks",
+    "work": "work",
 }
 
 PROG = "python -m hispec_jax.bench"

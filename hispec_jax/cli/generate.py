@@ -148,9 +148,13 @@ def check_generate_args(args) -> None:
 
 def summary_line(stats: dict) -> str:
     """The one-line summary `generate` prints on stderr."""
+    source = stats.get("hierarchy_source", "")  # the whole source is in --json's stats
+    source = ("; the model's recommended plan" if source.startswith("recommended")
+              else "; the paper's L/8, L/4" if source.startswith("paper") else "")
     return (f"[{stats['method']}] {stats['model']} ({stats['num_layers']} layers, exits "
-            f"{','.join(map(str, stats['exits']))}): {stats['new_tokens']} tokens, "
-            f"{stats['tokens_per_second']:.1f} tokens/s, compile {stats['compile_seconds']:.1f} s")
+            f"{','.join(map(str, stats['exits']))}{source}): {stats['new_tokens']} tokens, "
+            f"{stats['tokens_per_second']:.1f} tokens/s, compile {stats['compile_seconds']:.1f} s"
+            + (f", SV profile {stats['sv_profile']}" if "sv_profile" in stats else ""))
 
 
 def run_generate(args) -> int:
@@ -163,15 +167,16 @@ def run_generate(args) -> int:
     common.use_mesh(mesh_shape)  # load_model shards onto it
     model = load_model(args.model or common.default_model_dir())
     options = method_options(args)
-    if args.method == "sv" and args.sv_profile is None:  # any model: a profile made if none
-        from hispec_jax.planner import sv_profile
-
-        companion = args.verify_exits[0] if args.verify_exits else None
-        options["sv_profile"] = sv_profile.profile_for(
-            model, args.draft_exit, companion, progress=lambda msg: print(f"[sv] {msg}",
-                                                                          file=sys.stderr))
     if args.stream:
+        if args.method == "sv" and args.sv_profile is None:  # as `generate` (api.py) does
+            from hispec_jax.planner import sv_profile
+
+            companion = args.verify_exits[0] if args.verify_exits else None
+            options["sv_profile"] = sv_profile.profile_for(
+                model, args.draft_exit, companion, progress=lambda msg: print(f"[sv] {msg}",
+                                                                              file=sys.stderr))
         return stream_generate(args, model, options)
+    # method sv without --sv-profile: the library finds or makes one (progress on stderr)
     result = generate(model, list(args.prompts), method=args.method,
                       max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                       ignore_eos=args.ignore_eos, temperature=args.temperature, top_k=args.top_k,

@@ -38,6 +38,16 @@ def add_parsers(subparsers) -> None:
     tune.add_argument("--out", default=None,
                       help="plan file to write (default: the plan cache, see docs/planner.md)")
     tune.add_argument("--plot", default=None, help="PNG of predicted vs measured (--verify)")
+    tune.add_argument("--recommend", action="store_true",
+                      help="also write the best LayerSkip and HiSpec plans as the model's "
+                           "recommended_plan.json (in its directory): what --method "
+                           "layerskip / hispec use when no exits are given")
+    tune.add_argument("--task", default=None, metavar="TASK",
+                      help="calibrate on the prompts of a `hispec bench --tasks` task (chat, "
+                           "summarize, extract, code) instead of ShareGPT chat: the workload "
+                           "decides whether prompt lookup pays (prompts up to 512 tokens)")
+    tune.add_argument("--chat", action="store_true",
+                      help="with --task: render the prompts with the model's chat template")
 
     prof = common.add_command(
         subparsers, "profile-sv", run_profile_sv,
@@ -71,15 +81,36 @@ def run_tune(args) -> int:
     for flag in ("batch_size", "verify_prompts", "verify_tokens", "verify_repeats", "top"):
         if getattr(args, flag) < 1:
             raise ValueError(f"{common.flag(flag)} must be >= 1, got {getattr(args, flag)}")
+    if args.task is not None:
+        from hispec_jax.bench import tasks as tasks_lib
+
+        if args.task not in tasks_lib.TASKS:
+            raise ValueError(f"--task {args.task}: expected one of {', '.join(tasks_lib.TASKS)}")
+    elif args.chat:
+        raise ValueError("--chat renders --task prompts; give --task too")
     common.check_model_path(args.model or common.default_model_dir())
     model = load_model(args.model or common.default_model_dir())
+    settings, prompts = None, None
+    if args.task is not None:  # the task's prompts (long: passages, code), a cache to hold them
+        from hispec_jax.planner import calibrate
+
+        settings = calibrate.Settings.quick() if args.quick else calibrate.Settings()
+        settings = dataclasses.replace(settings, max_prompt_tokens=512, capacity=1024)
+        prompts = tasks_lib.task_prompts(model, args.task, settings.num_prompts,
+                                         settings.max_prompt_tokens, args.chat)
     report = tune_lib.tune_and_verify(
-        model, args.batch_size, quick=args.quick, max_levels=args.max_levels, top=args.top,
+        model, args.batch_size, quick=args.quick, settings=settings, prompts=prompts,
+        max_levels=args.max_levels, top=args.top,
         out=args.out, verify=args.verify, verify_prompts=args.verify_prompts,
         verify_tokens=args.verify_tokens, verify_repeats=args.verify_repeats,
         choose_measured=not args.keep_predicted, plot=args.plot,
         progress=lambda msg: print(f"[tune] {msg}", file=sys.stderr))
     print("\n".join(tune_lib.summary_lines(report)))
+    if args.recommend:
+        command = "hispec tune" + (" --verify" if args.verify else "") + (
+            " --quick" if args.quick else "")
+        path = tune_lib.save_recommended(model, report, command)
+        print(f"wrote the model's recommended plan to {path}")
     return 0
 
 

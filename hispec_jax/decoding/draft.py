@@ -83,6 +83,8 @@ class DraftOutput:
       state: the policy's new state.
       ring_BxWxD: the updated ring of hidden states, when the policy wrote it itself (None:
         the engine writes `h_Bx1xD` at the new token's slot).
+      head_evals_E: [L + 1] exit-head evaluations this step ran, by exit layer (None: one, at
+        the draft exit).
     """
 
     h_Bx1xD: jax.Array
@@ -93,6 +95,7 @@ class DraftOutput:
     depth_B: jax.Array
     state: Any
     ring_BxWxD: jax.Array | None = None
+    head_evals_E: jax.Array | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,6 +202,7 @@ class DynamicDraftExit:
         exit_B = jnp.zeros((B,), jnp.int32)
         hard_B = jnp.zeros((B,), bool)
         passes = evals = jnp.zeros((), jnp.int32)
+        heads_E = jnp.zeros((self.num_layers + 1,), jnp.int32)
         for layer in range(self.depth_bound):
             runs_BxT = valid_BxT & going_B[:, None] & (depth_BxT == layer)
             x_BxTxD, cache = jax.lax.cond(
@@ -211,6 +215,7 @@ class DynamicDraftExit:
             if e not in self.exits:
                 continue
             h_Bx1xD = jnp.take_along_axis(x_BxTxD, new_index_B[:, None, None], axis=1)
+            heads_E = heads_E.at[e].add(jnp.any(going_B).astype(jnp.int32))
             z_BxV = jax.lax.cond(
                 jnp.any(going_B),
                 lambda h: exit_logits(params, heads, cfg, h, e)[:, 0].astype(jnp.float32),
@@ -229,7 +234,8 @@ class DynamicDraftExit:
                                state.hard_pos_B)
         h_Bx1xD = jnp.take_along_axis(x_BxTxD, new_index_B[:, None, None], axis=1)
         return DraftOutput(h_Bx1xD, logits_BxV, cache, passes, evals, exit_B,
-                           DepthState(depth_BxW, hard_pos_B), ring_BxWxD=ring)
+                           DepthState(depth_BxW, hard_pos_B), ring_BxWxD=ring,
+                           head_evals_E=heads_E)
 
     def align(self, params, cfg, x_BxTxD, positions_BxT, valid_BxT, cache, state: DepthState,
               lo: int):

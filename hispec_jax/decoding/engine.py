@@ -88,8 +88,8 @@ from hispec_jax.decoding.sampling import SamplingArrays, choose_tokens, filtered
 from hispec_jax.models.config import ModelConfig
 from hispec_jax.models.heads import exit_logits
 from hispec_jax.models import sharding
-from hispec_jax.models.kv_cache import KVCache
-from hispec_jax.models.transformer import embed, run_layers_cached
+from hispec_jax.models.kv_cache import KVBlock, KVCache
+from hispec_jax.models.transformer import embed, run_layers, run_layers_cached
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,15 +176,16 @@ class Hierarchy:
         if k == self.num_levels - 1 and self.top_blocks:
             return self.top_blocks
         if self.lookup is not None and (k == 1 or k == self.num_levels - 1):
-            return power_of_two_blocks(self.blocks[k - 1])
+            return windows_lib.power_of_two_blocks(self.blocks[k - 1])
         return ()
 
     @property
     def keeps_dists(self) -> bool:
         """Whether levels keep the distributions of the tokens they pass up even in greedy
-        decoding (the SV companion's signals compare the draft's and its own distribution;
-        sampling always keeps them)."""
-        return self.num_levels > 1 and self.companion is not None
+        decoding (a companion that reads the drafts' distributions; sampling always keeps
+        them)."""
+        return (self.num_levels > 1 and self.companion is not None
+                and self.companion.keeps_draft_dists)
 
     @property
     def ring(self) -> int:
@@ -215,15 +216,6 @@ class Hierarchy:
                 and all(a >= b for a, b in zip(self.max_windows, other.max_windows)))
 
 
-def power_of_two_blocks(block: int) -> tuple[int, ...]:
-    """Powers of two below `block`, then `block` (1, 2, 4, 8 for 8; 1, 2, 4, 8, 11 for 11)."""
-    sizes, t = [], 1
-    while t < block:
-        sizes.append(t)
-        t *= 2
-    return tuple(sizes) + (block,)
-
-
 @flax.struct.dataclass
 class Counters:
     """Cost and acceptance counters, summed over the batch (K = number of levels).
@@ -233,6 +225,9 @@ class Counters:
       actions_K: [K] passes run at each level (level 0: draft steps).
       layer_passes: [] sequential layer passes (each pass adds its depth once).
       layer_token_evals: [] layers x valid tokens actually computed (decode, not prefill).
+      head_evals_E: [L + 1] sequential exit-head evaluations by exit layer (a pass's head
+        counts once whatever its block length, like `layer_passes`): with the heads' costs
+        in layer equivalents, the work a method did (`methods.summarize_counters`).
       verifications_K: [K] (sequence, verification) pairs with something to verify.
       proposed_K: [K] tokens submitted to each verifying level.
       accepted_K: [K] of those, tokens the level accepted.
@@ -252,6 +247,7 @@ class Counters:
     actions_K: jax.Array
     layer_passes: jax.Array
     layer_token_evals: jax.Array
+    head_evals_E: jax.Array
     verifications_K: jax.Array
     proposed_K: jax.Array
     accepted_K: jax.Array
@@ -268,7 +264,7 @@ class Counters:
     def zeros(cls, K: int, max_verified: int = 0, num_layers: int = 0) -> "Counters":
         z = jnp.zeros((), jnp.int32)
         zk = jnp.zeros((K,), jnp.int32)
-        return cls(z, zk, z, z, zk, zk, zk, z, z, z,
+        return cls(z, zk, z, z, jnp.zeros((num_layers + 1,), jnp.int32), zk, zk, zk, z, z, z,
                    jnp.zeros((max_verified + 1,), jnp.int32),
                    jnp.zeros((num_layers + 1,), jnp.int32), z, z, z)
 
@@ -326,6 +322,8 @@ class _Forward:
       target_BxTxV: logits (greedy) or filtered log-probabilities (sampling) of level k.
       layer_passes: [] sequential layer passes the pass ran.
       layer_token_evals: [] layers x valid tokens it computed.
+      kv: None (the pass wrote its keys/values into the cache), or the block's keys/values
+        of layers [e_{k-1}, e_k) (`KVBlock`), for the caller to write.
     """
 
     start_B: jax.Array
@@ -337,6 +335,7 @@ class _Forward:
     target_BxTxV: jax.Array
     layer_passes: Any
     layer_token_evals: Any
+    kv: KVBlock | None = None
 
 
 def _gather_positions(tokens_BxS, positions_BxT):
@@ -386,6 +385,10 @@ class _Round:
         if self.h.schedule == "own":
             return active_B & self.ready(state, k)
         return active_B & (self.pending(state, k) > 0)
+
+    def companion(self, k: int) -> policies.Companion | None:
+        """Level k's companion (only level 1 may have one: SV), or None."""
+        return self.h.companion if k == 1 else None
 
     def keys(self, state: EngineState, purpose: int) -> jax.Array:
         """Per-sequence PRNG keys for this pass's draws (fresh for every pass)."""
@@ -451,8 +454,22 @@ class _Round:
         sizes = jnp.asarray(blocks, jnp.int32)
         longest = jnp.max(jnp.where(part_B, self.pending(state, k), 0))
         index = jnp.minimum(jnp.searchsorted(sizes, longest), len(blocks) - 1)
-        branches = [functools.partial(self.verify, k=k, part_B=part_B, T=T) for T in blocks]
-        return jax.lax.switch(index, branches, state)
+        # The cache is only read inside the branches, and the block's keys/values are
+        # written after the switch: a branch that updates the cache makes XLA copy all of
+        # it (in the branch and again in the loop body) every round.
+        cache = state.cache
+
+        def branch(s, T):
+            s, positions_BxT, kv = self.verify(s.replace(cache=cache), k, part_B, T,
+                                               pad_kv_to=blocks[-1])
+            return s.replace(cache=None), positions_BxT, kv
+
+        branches = [functools.partial(branch, T=T) for T in blocks]
+        state, positions_BxT, kv = jax.lax.switch(index, branches, state.replace(cache=None))
+        # (the barrier keeps XLA from moving the writes back into every branch)
+        positions_BxT, kv = jax.lax.optimization_barrier((positions_BxT, kv))
+        lo, _ = self.h.layer_range(k)
+        return state.replace(cache=cache.write_block(lo, positions_BxT, kv))
 
     # ---- level 0 as a lookup drafter: propose up to k tokens at once -------------------
     def lookup_draft(self, state: EngineState, part_B: jax.Array) -> EngineState:
@@ -514,7 +531,7 @@ class _Round:
                     else self._ring_write(hidden[0], pos_B[:, None], d.h_Bx1xD, part_B[:, None]))
             hidden = (ring,) + hidden[1:]
             if dists:
-                if logp_BxV is None:  # greedy SV: the draft's distribution, for the signals
+                if logp_BxV is None:  # greedy, kept for a companion's signals
                     logp_BxV = jax.nn.log_softmax(d.logits_BxV, axis=-1)
                 dists = (self._ring_write(dists[0], pos_B[:, None] + 1, logp_BxV[:, None],
                                           part_B[:, None]),) + dists[1:]
@@ -528,6 +545,8 @@ class _Round:
             actions_K=counters.actions_K.at[0].add(1),
             layer_passes=counters.layer_passes + d.layer_passes,
             layer_token_evals=counters.layer_token_evals + d.layer_token_evals,
+            head_evals_E=(counters.head_evals_E.at[h.exits[0]].add(1) if d.head_evals_E is None
+                          else counters.head_evals_E + d.head_evals_E),
             draft_depth_hist=counters.draft_depth_hist.at[
                 jnp.where(part_B, d.depth_B, counters.draft_depth_hist.shape[0])].add(
                     1, mode="drop"))
@@ -538,21 +557,34 @@ class _Round:
 
     # ---- level k > 0: verify the level below --------------------------------------------
     def verify(self, state: EngineState, k: int, part_B: jax.Array,
-               T: int | None = None) -> EngineState:
+               T: int | None = None, pad_kv_to: int | None = None):
         """Forward (over a block of T positions, default the level's static block),
-        acceptance, rollback, emit (top level), then policy and counters."""
+        acceptance, rollback, emit (top level), then policy and counters.
+
+        With `pad_kv_to` (a `lax.switch` branch of `verify_top_or_not`) the pass only reads
+        the cache and returns (state, the block's positions [B, pad_kv_to] (padding: S), its
+        keys/values as a `KVBlock` padded to pad_kv_to) for the caller to write."""
         with jax.named_scope(f"verify_level{k}"):
-            fwd, state = self.forward(state, k, part_B, T)
+            fwd, state = self.forward(state, k, part_B, T, write_cache=pad_kv_to is None)
             verdict = self.accept(state, k, fwd)
             state = self.rollback(state, k, part_B, fwd, verdict)
             if k == self.h.num_levels - 1:
                 state = self.emit_accepted(state, part_B, fwd)
-            return self.record(state, k, part_B, fwd, verdict)
+            state = self.record(state, k, part_B, fwd, verdict)
+        if pad_kv_to is None:
+            return state
+        pad = pad_kv_to - fwd.positions_BxT.shape[1]
+        S = state.out.tokens_BxS.shape[1]
+        positions_BxT = jnp.pad(fwd.positions_BxT, ((0, 0), (0, pad)), constant_values=S)
+        pad_kv = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, pad), (0, 0), (0, 0)))
+        return state, positions_BxT, KVBlock(k=pad_kv(fwd.kv.k), v=pad_kv(fwd.kv.v))
 
-    def forward(self, state: EngineState, k: int, part_B: jax.Array, T: int | None = None):
+    def forward(self, state: EngineState, k: int, part_B: jax.Array, T: int | None = None,
+                write_cache: bool = True):
         """Continues the buffered layer-e_{k-1} states of [c_k, c_{k-1}) through level k's
-        layers (writing their keys/values) and computes level k's exit. Above a dynamic
-        draft exit (k = 1), each position starts at its own draft depth."""
+        layers (writing their keys/values; `write_cache` False: only reading the cache and
+        keeping them in `_Forward.kv`) and computes level k's exit. Above a dynamic draft
+        exit (k = 1), each position starts at its own draft depth."""
         cfg, T = self.cfg, T or self.h.blocks[k - 1]
         lo, hi = self.h.layer_range(k)
         c, tokens_BxS = state.processed_BxK, state.out.tokens_BxS
@@ -571,11 +603,19 @@ class _Round:
             aligned = self.h.draft_exit.align(self.params, cfg, x_BxTxD, positions_BxT, valid_BxT,
                                               state.cache, state.draft_state, lo)
             if aligned is not None:  # dynamic depths: bring every position up to layer lo
+                if not write_cache:
+                    raise ValueError("a dynamic draft exit writes the cache in its pass")
                 x_BxTxD, cache, lo, passes, evals = aligned
                 state = state.replace(cache=cache)
                 passes, evals = passes + hi - lo, evals + (hi - lo) * jnp.sum(n_B)
-        h_BxTxD, cache = run_layers_cached(self.params, cfg, x_BxTxD, positions_BxT, state.cache,
-                                           lo, hi)
+        kv = None
+        if write_cache:
+            h_BxTxD, cache = run_layers_cached(self.params, cfg, x_BxTxD, positions_BxT,
+                                               state.cache, lo, hi)
+        else:
+            h_BxTxD, kv = run_layers(self.params, cfg, x_BxTxD, positions_BxT, state.cache, lo,
+                                     hi, split_context=True)
+            cache = state.cache
         logits_BxTxV = exit_logits(self.params, self.heads, cfg, h_BxTxD, hi)
         target_BxTxV = (logits_BxTxV if self.greedy
                         else filtered_logprobs(logits_BxTxV, self.req.sampling))
@@ -583,21 +623,21 @@ class _Round:
                        proposed_pos_BxT=proposed_pos_BxT,
                        proposed_BxT=_gather_positions(tokens_BxS, proposed_pos_BxT),
                        h_BxTxD=h_BxTxD, target_BxTxV=target_BxTxV, layer_passes=passes,
-                       layer_token_evals=evals)
+                       layer_token_evals=evals, kv=kv)
         return fwd, state.replace(cache=cache)
 
     def accept(self, state: EngineState, k: int, fwd: _Forward) -> Verdict:
-        """The acceptance rule on the block (the level below's distributions as `q`); level 1
-        of an SV hierarchy asks the companion how many drafts to pass up instead."""
+        """The acceptance rule on the block (the level below's distributions as `q`); a level
+        with a companion (SV's level 1) asks it how many drafts to pass up instead."""
         if k == 1 and self.h.lookup is not None:  # deterministic proposals: q one-hot
             proposal_BxTxV = (None if self.greedy
                               else lookup_lib.one_hot_logq(fwd.proposed_BxT, self.cfg.vocab_size))
         else:
             proposal_BxTxV = (self._ring_read(state.dists[k - 1], fwd.proposed_pos_BxT)
                               if state.dists else None)
-        if k == 1 and self.h.companion is not None:
-            return self.h.companion.select(fwd.target_BxTxV, proposal_BxTxV, fwd.proposed_BxT,
-                                           fwd.n_B, self.greedy)
+        if self.companion(k) is not None:
+            return self.companion(k).select(fwd.target_BxTxV, proposal_BxTxV, fwd.proposed_BxT,
+                                            fwd.n_B, self.greedy)
         return self.h.rule.accept(fwd.target_BxTxV, proposal_BxTxV, fwd.proposed_BxT, fwd.n_B,
                                   self.keys(state, k))
 
@@ -623,8 +663,9 @@ class _Round:
             hidden[k] = self._ring_write(hidden[k], fwd.positions_BxT, fwd.h_BxTxD, valid_BxT)
             if dists:
                 passed_BxTxV = fwd.target_BxTxV
-                if k == 1 and self.h.companion is not None:  # SV: the drafts' own q goes up
-                    passed_BxTxV = self._ring_read(dists[0], fwd.proposed_pos_BxT)
+                if self.companion(k) is not None:  # the companion says which q goes up
+                    passed_BxTxV = self.companion(k).passed_dists(
+                        fwd.target_BxTxV, self._ring_read(dists[0], fwd.proposed_pos_BxT))
                 dists[k] = self._ring_write(dists[k], fwd.proposed_pos_BxT, passed_BxTxV,
                                             valid_BxT)
         tokens_BxS = _scatter_tokens(out.tokens_BxS, reject_pos_B, verdict.next_token_B,
@@ -658,7 +699,8 @@ class _Round:
         batch_Bx1 = jnp.arange(n_B.shape[0])[:, None]
         counters = state.counters
         rej_pos, rej_tok = state.rejected_pos_BxW, state.rejected_tok_BxW
-        tracks_rejects = K >= 3 and self.h.companion is None  # SV's level 1 does not reject
+        below_top = self.companion(K - 2)  # a companion below the top may not reject
+        tracks_rejects = K >= 3 and (below_top is None or below_top.rejects)
         if tracks_rejects and k == K - 2:  # record this level's rejections (true-reject rate)
             rejected_B = part_B & (m_B < n_B)
             record_BxT = valid_BxT & (j_T[None, :] == m_B[:, None]) & rejected_B[:, None]
@@ -675,8 +717,8 @@ class _Round:
                 reject_checks=counters.reject_checks + jnp.sum(has_rec_BxT),
                 true_rejects=counters.true_rejects + jnp.sum(has_rec_BxT & agree_BxT))
         passed_B = m_B
-        if k == 1 and self.h.companion is not None:  # SV: x_gamma is passed up too
-            passed_B = jnp.where(m_B < n_B, m_B + 1, m_B)
+        if self.companion(k) is not None:  # e.g. SV passes its cut token x_gamma up too
+            passed_B = self.companion(k).passed_up(verdict, n_B)
         if k == K - 1:
             hist = counters.verified_hist
             counters = counters.replace(verified_hist=hist.at[
@@ -693,6 +735,7 @@ class _Round:
             actions_K=counters.actions_K.at[k].add(1),
             layer_passes=counters.layer_passes + fwd.layer_passes,
             layer_token_evals=counters.layer_token_evals + fwd.layer_token_evals,
+            head_evals_E=counters.head_evals_E.at[self.h.exits[k]].add(1),
             verifications_K=counters.verifications_K.at[k].add(jnp.sum(n_B > 0)),
             proposed_K=counters.proposed_K.at[k].add(jnp.sum(n_B)),
             accepted_K=counters.accepted_K.at[k].add(jnp.sum(jnp.where(part_B, passed_B, 0))))

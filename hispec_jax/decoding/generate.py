@@ -258,6 +258,7 @@ def decode(model: Model, prompt_ids: list[list[int]], decoder: methods_lib.Decod
         "model": model_name(model),
         "model_path": model.path,
         "num_layers": model.cfg.num_layers,
+        **({"hierarchy_source": decoder.source} if decoder.source else {}),
         **(extra_stats or {}),
         "new_tokens": new_tokens,
         "tokens_per_second": new_tokens / run_seconds if run_seconds > 0 else 0.0,
@@ -269,7 +270,8 @@ def decode(model: Model, prompt_ids: list[list[int]], decoder: methods_lib.Decod
         **({"mesh": sharding.describe(model.mesh)} if model.mesh is not None else {}),
         "prompt_block": block,
         "cache_capacity": capacity,
-        **methods_lib.summarize_counters(engine.hierarchy, method_stats, batch_sequences),
+        **methods_lib.summarize_counters(engine.hierarchy, method_stats, batch_sequences,
+                                         model),
     }
     texts = None
     if model.tokenizer is not None:

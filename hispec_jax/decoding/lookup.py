@@ -35,6 +35,10 @@ from hispec_jax.decoding.options import (DEFAULT_LOOKUP, DEFAULT_MAX_NGRAM, MAX_
                                          MAX_NGRAM)
 
 
+SCHEDULES = ("probe", "halving")
+PROBE_KEEP = 2  # "probe": a long proposal keeping fewer tokens than this drops k to 1
+
+
 @dataclasses.dataclass(frozen=True)
 class Proposal:
     """A lookup's result for one round.
@@ -61,26 +65,41 @@ class PromptLookup:
     Attributes:
       max_tokens: k_max, the static bound of tokens one lookup proposes (its block).
       max_ngram: N, the longest suffix matched (n = N down to 1).
-      adaptive: adapt each sequence's k (its level-1 window, `adapt`): a proposal of m
-        tokens costs a pass over m positions, so k doubles after a fully accepted match and
-        halves after a rejected one (1 token costs what an AR step costs). False: always k.
+      adaptive: adapt each sequence's k (its level-1 window, `adapt`) with `schedule`.
+        False: always k.
+      schedule: how k adapts (a proposal of m tokens costs a pass over m positions, and
+        on a CPU the cost of a pass jumps from 1 position to 2, then grows slowly:
+        BENCHMARKS.md, "Prompt lookup"):
+        "probe" (default): k is 1 or `max_tokens`. At k = 1 the pass is an AR step, and it
+          checks the match's first token for free; once a match is fully accepted (the
+          probe held), k = `max_tokens`; a long proposal that kept fewer than
+          `PROBE_KEEP` tokens drops k back to 1 (a spurious match costs one long pass).
+        "halving": k starts at 2, doubles after a fully accepted match and halves after a
+          rejected one, within [1, max_tokens].
     """
 
     max_tokens: int = DEFAULT_LOOKUP
     max_ngram: int = DEFAULT_MAX_NGRAM
     adaptive: bool = True
+    schedule: str = "probe"
 
     def initial_window(self) -> int:
-        return min(2, self.max_tokens) if self.adaptive else self.max_tokens
+        if not self.adaptive:
+            return self.max_tokens
+        return 1 if self.schedule == "probe" else min(2, self.max_tokens)
 
     def adapt(self, window_B, proposed_B, accepted_B) -> jax.Array:
         """Each sequence's next k after level 1 kept `accepted_B` of `proposed_B` lookup
         tokens (proposed 0: no match, k unchanged)."""
         if not self.adaptive:
             return window_B
-        grown_B = jnp.minimum(2 * window_B, self.max_tokens)
-        shrunk_B = jnp.maximum(window_B // 2, 1)
-        new_B = jnp.where(accepted_B >= proposed_B, grown_B, shrunk_B)
+        if self.schedule == "probe":
+            keep_B = accepted_B >= jnp.minimum(proposed_B, PROBE_KEEP)
+            new_B = jnp.where(keep_B, self.max_tokens, 1)
+        else:
+            grown_B = jnp.minimum(2 * window_B, self.max_tokens)
+            shrunk_B = jnp.maximum(window_B // 2, 1)
+            new_B = jnp.where(accepted_B >= proposed_B, grown_B, shrunk_B)
         return jnp.where(proposed_B > 0, new_B, window_B).astype(window_B.dtype)
 
     def __post_init__(self):
@@ -88,6 +107,8 @@ class PromptLookup:
             raise ValueError(f"lookup={self.max_tokens} is outside [1, {MAX_LOOKUP}]")
         if not 1 <= self.max_ngram <= MAX_NGRAM:
             raise ValueError(f"max_ngram={self.max_ngram} is outside [1, {MAX_NGRAM}]")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule={self.schedule!r} is not one of {SCHEDULES}")
 
     def propose(self, tokens_BxS: jax.Array, newest_B: jax.Array, limit_B: jax.Array) -> Proposal:
         """The n-gram proposal of every sequence.

@@ -17,12 +17,14 @@ import jax
 import jax.numpy as jnp
 
 from hispec_jax.decoding import options as options_lib
+from hispec_jax.decoding import recommended
 from hispec_jax.decoding.acceptance import RULES, GreedyAcceptance
 from hispec_jax.decoding.draft import DynamicDraftExit
 from hispec_jax.decoding.engine import Counters, Hierarchy
 from hispec_jax.decoding.lookup import PromptLookup
 from hispec_jax.decoding.windows import (DRAFT_LEN_RANGE, VERIFY_WINDOW_RANGE, AdaptiveWindows,
-                                         FixedWindows)
+                                         FixedWindows, power_of_two_blocks)
+from hispec_jax.models import heads as heads_lib
 from hispec_jax.models.config import ModelConfig
 from hispec_jax.models.model import Model
 
@@ -38,6 +40,9 @@ class Decoder:
 
     hierarchy: Hierarchy
     windows: tuple[int, ...] = ()  # initial (draft_len, verify_window, ...), K - 1 entries
+    # where the exits came from, for the stats: "given", "paper defaults (L/8, L/4)",
+    # "recommended: <source>" (`recommended.py`); "" for hand-built decoders
+    source: str = ""
 
     def __post_init__(self):
         if len(self.windows) != self.hierarchy.num_levels - 1:
@@ -58,10 +63,11 @@ class Decoder:
         return jnp.asarray(self.windows, jnp.int32).reshape(len(self.windows))
 
 
-def summarize_counters(h: Hierarchy, counters: list[Counters],
-                       batch_sequences: list[int]) -> dict[str, Any]:
+def summarize_counters(h: Hierarchy, counters: list[Counters], batch_sequences: list[int],
+                       model: Model | None = None) -> dict[str, Any]:
     """Stats of paper App. H / Table 9 from the loops' counters (one entry per batch, with
-    the number of real sequences in it), summed over batches."""
+    the number of real sequences in it), summed over batches. With the `model`, also the
+    work accounting (`work_stats`)."""
     total = jax.tree.map(lambda *xs: np.sum(np.stack([np.asarray(x) for x in xs]), axis=0), *counters)
     K = h.num_levels
     proposed, accepted = total.proposed_K.tolist(), total.accepted_K.tolist()
@@ -90,6 +96,11 @@ def summarize_counters(h: Hierarchy, counters: list[Counters],
                                        if per_sequence_tokens else None)
     rounds = int(total.rounds)
     stats["tokens_per_round"] = per_sequence_tokens / rounds if rounds else None
+    stats["head_evals_per_exit"] = {int(e): int(n) for e, n in
+                                    enumerate(total.head_evals_E.tolist()) if n}
+    if model is not None:
+        stats.update(work_stats(model, int(total.layer_passes), stats["head_evals_per_exit"],
+                                per_sequence_tokens))
     # How many tokens each top-level verification checked (SV's verified lengths), and the
     # layer each draft token exited at (SpecBound's depths; one bar for a static exit).
     stats["verified_length_histogram"] = total.verified_hist.tolist() if K > 1 else []
@@ -105,6 +116,35 @@ def summarize_counters(h: Hierarchy, counters: list[Counters],
             "acceptance_rate": rate(int(total.lookup_accepted), proposed_lookup),
             "verified_by_exit": h.exits[1]}
     return stats
+
+
+def ar_work_per_token(model: Model) -> float:
+    """AR's work per token in layer equivalents: L layers and the final head."""
+    L = model.cfg.num_layers
+    return L + heads_lib.head_cost_layers(model.cfg, model.heads, L)
+
+
+def work_stats(model: Model, layer_passes: int, head_evals: dict[int, int],
+               tokens: float) -> dict[str, Any]:
+    """The hardware-free cost of a run, in layer equivalents per emitted token:
+
+        work_per_token = (layer passes + sum_e head evaluations at e x head cost(e)) / tokens
+
+    where a head's cost is its multiply-adds over one layer's (`models.heads.head_cost_layers`:
+    SmolLM2's shared head is 8 layers, the default model's 0.7). Passes and head evaluations
+    count once per pass whatever its block length: on memory-bound hardware a block of a few
+    tokens costs about one. AR does `L + head cost(L)`; `work_speedup` is AR's work over the
+    method's, what a perfect engine on such hardware would turn into a wall-clock speedup.
+    """
+    if not tokens:
+        return {"work_per_token": None, "work_speedup": None}
+    cfg = model.cfg
+    head_work = sum(n * heads_lib.head_cost_layers(cfg, model.heads, e)
+                    for e, n in head_evals.items())
+    work = (layer_passes + head_work) / tokens
+    ar = ar_work_per_token(model)
+    return {"work_per_token": work, "head_work_per_token": head_work / tokens,
+            "ar_work_per_token": ar, "work_speedup": ar / work if work else None}
 
 
 METHODS = options_lib.METHODS
@@ -157,7 +197,9 @@ def make_method(model: Model, method: str, *, exit_layer: int | None = None,
     verified by the final layer: `lookup.py`). `lookup=k` with "layerskip" or "hispec" puts
     the lookup drafter below their levels: its drafts are verified by the draft exit first;
     a round without a match is the draft exit's own draft step.
-    Defaults (paper §3.3, §6): draft_exit ~ L/8, verify_exits ~ (L/4,), draft_len 2,
+    Defaults: the model's recommended plan for "layerskip" / "hispec" when it has one and
+    no exits are given (`recommended.py`: its exits, and its windows where none are given),
+    else the paper's (§3.3, §6): draft_exit ~ L/8, verify_exits ~ (L/4,), draft_len 2,
     verify_window 4; SpecBound: `options.SPECBOUND_DEFAULTS`, depth_bound ~ 2L/3.
     `acceptance` picks the sampling-mode rule of every verifying level: "tokenwise"
     (default) or "blockwise"; greedy decoding always uses the greedy rule.
@@ -182,6 +224,18 @@ def make_method(model: Model, method: str, *, exit_layer: int | None = None,
         return Decoder(Hierarchy(exits=(check_exit(model, "exit_layer", exit_layer),)))
     if method == "specbound":
         return _specbound(model, tau, anneal, depth_bound, width, acceptance, greedy)
+    source = "given"
+    if draft_exit is None and verify_exits is None:
+        rec = recommended.load(model.path, method, L)
+        if rec is None:
+            source = "paper defaults (L/8, L/4)"
+        else:  # the model's own best hierarchy; windows given explicitly still win
+            opts, source = rec.options(), f"recommended: {rec.source}"
+            draft_exit, verify_exits = opts["draft_exit"], opts.get("verify_exits")
+            draft_len = opts["draft_len"] if draft_len is None else draft_len
+            if verify_window is None:
+                verify_window = opts.get("verify_window")
+            adaptive = adaptive or opts.get("adaptive", False)
     default_draft, default_verify = default_exits(model)
     draft = check_exit(model, "draft_exit", default_draft if draft_exit is None else draft_exit,
                        below_top=True)
@@ -219,7 +273,7 @@ def make_method(model: Model, method: str, *, exit_layer: int | None = None,
     hierarchy = Hierarchy(exits=exits, max_windows=max_windows,
                           window_policy=AdaptiveWindows() if adaptive else FixedWindows(),
                           rule=rule, schedule=schedule)
-    decoder = Decoder(hierarchy=hierarchy, windows=windows)
+    decoder = Decoder(hierarchy=hierarchy, windows=windows, source=source)
     return decoder if lookup is None else _with_lookup(decoder, lookup, max_ngram)
 
 
@@ -232,7 +286,8 @@ def _with_lookup(decoder: Decoder, lookup: int | None, max_ngram: int | None) ->
     h, k = decoder.hierarchy, drafter.max_tokens
     hierarchy = dataclasses.replace(h, exits=(0,) + h.exits, max_windows=(k,) + h.max_windows,
                                     lookup=drafter)
-    return Decoder(hierarchy=hierarchy, windows=(drafter.initial_window(),) + decoder.windows)
+    return Decoder(hierarchy=hierarchy, windows=(drafter.initial_window(),) + decoder.windows,
+                   source=decoder.source)
 
 
 def _sampling_rule(acceptance: str | None, greedy: bool):
@@ -247,13 +302,13 @@ def _sv(model: Model, exits: tuple[int, ...], draft_len, sv_profile, greedy: boo
     from hispec_jax.decoding import sv as sv_lib
 
     nd = _check_window("draft_len", draft_len)
-    table = sv_lib.find_table(model.path, sv_profile)
+    table = sv_lib.find_table(model.path, sv_profile, exits=(exits[0], exits[1]))
     sv_lib.warn_if_other_device(table)
     companion = sv_lib.selector(table, exits[0], exits[1], model.cfg.num_layers, nd, greedy)
     rule, schedule = _sampling_rule(None, greedy)
     windows = (nd, 0)  # the top level verifies whatever the companion passes up, every round
     hierarchy = Hierarchy(exits=exits, max_windows=windows, rule=rule, schedule=schedule,
-                          companion=companion, top_blocks=sv_lib.top_blocks(nd + 1))
+                          companion=companion, top_blocks=power_of_two_blocks(nd + 1))
     return Decoder(hierarchy=hierarchy, windows=windows)
 
 

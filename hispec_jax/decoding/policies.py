@@ -9,7 +9,8 @@ hashable: part of the compile key) policy objects held by `engine.Hierarchy`:
     draft: level 0 proposes tokens from exit e_0  ...  DraftExitPolicy.draft / .stops
     a level k >= 1 may verify its pending input?  ...  WindowPolicy.ready
     level k checks the tokens below it            ...  AcceptanceRule.accept
-                     (SV's level 1 instead)       ...  Companion.select
+                     (SV's level 1 instead)       ...  Companion.select, .passed_up,
+                                                              .passed_dists
     after each verification                       ...  WindowPolicy.update
 
                   e_0            e_1                 L
@@ -102,9 +103,26 @@ class AcceptanceRule(Protocol):
 
 @runtime_checkable
 class Companion(Protocol):
-    """SV's level 1: scores the drafts and passes a prefix of them to the top level."""
+    """A level-1 companion (SV's): instead of accepting or rejecting, level 1 scores the
+    drafts and passes a prefix of them to the top level. Everything the engine does
+    differently at such a level, it asks the companion.
+
+    `keeps_draft_dists`: greedy decoding keeps the drafts' distributions too (the
+    companion's signals read them). `rejects`: whether a cut is a rejection that the top
+    level checks (the true-reject rate; SV's cut is not: level 1 never replaces a token)."""
+
+    keeps_draft_dists: bool
+    rejects: bool
 
     def select(self, companion_BxTxV: jax.Array, draft_logp_BxTxV: jax.Array,
                proposed_BxT: jax.Array, num_proposed_B: jax.Array, greedy: bool) -> Verdict:
         """gamma per sequence as a `Verdict` (gamma - 1 accepted + x_gamma as the
         replacement, or all n kept)."""
+
+    def passed_up(self, verdict: Verdict, num_proposed_B: jax.Array) -> jax.Array:
+        """[B] tokens the verdict passes to the top level."""
+
+    def passed_dists(self, companion_BxTxV: jax.Array,
+                     draft_logp_BxTxV: jax.Array) -> jax.Array:
+        """[B, T, V] the distributions the top level verifies the passed tokens against
+        (its `q`), from level 1's own output and the drafts' log-distributions."""

@@ -37,7 +37,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -45,6 +45,7 @@ import numpy as np
 
 from hispec_jax.decoding.acceptance import Verdict, leading_run
 from hispec_jax.decoding.costs import Costs, device_key
+from hispec_jax.decoding.windows import power_of_two_blocks
 
 PROFILE_FILE = "sv_profile.json"
 FORMAT_VERSION = 1
@@ -111,17 +112,24 @@ class SVTable:
         return cls.from_json(json.loads(path.read_text()))
 
 
-def find_table(model_path, table=None) -> SVTable:
-    """The SV table: `table` itself (an `SVTable`, or a path to one), else the model
-    directory's `sv_profile.json`. FileNotFoundError names what is missing."""
+def find_table(model_path, table=None, exits: tuple[int, int] | None = None) -> SVTable:
+    """The SV table: `table` itself (an `SVTable`, or a path to one, or a function
+    `table(draft_exit, companion_exit) -> SVTable` called with `exits` once every other
+    setting was checked: `hispec_jax.generate` passes one that finds or makes a profile),
+    else the model directory's `sv_profile.json`. FileNotFoundError names what is missing."""
     if isinstance(table, SVTable):
         return table
+    if callable(table):
+        if exits is None:
+            raise ValueError("an SV profile function needs the exits it is asked for")
+        return table(*exits)
     if table is not None:
         return SVTable.load(table)
     if model_path is None:
         raise FileNotFoundError("method 'sv' needs an SV profile: this model has no directory "
                                 "to look in; pass sv_profile=PATH (make one with "
-                                "`hispec profile-sv`)")
+                                "`hispec profile-sv`), or call hispec_jax.generate, which "
+                                "makes a quick one")
     directory = Path(model_path)
     if directory.is_file():  # a .gguf file: look beside it
         directory = directory.parent
@@ -161,6 +169,19 @@ class SVSelector:
     round_seconds: float
     verify_seconds: tuple[float, ...]
     per_batch: bool = True
+
+    # What the engine asks of a level-1 companion (`policies.Companion`).
+    keeps_draft_dists: ClassVar[bool] = True  # the signals compare p_d with p_c, also greedy
+    rejects: ClassVar[bool] = False  # a cut shortens the verification; nothing is replaced
+
+    def passed_up(self, verdict: Verdict, num_proposed_B) -> jax.Array:
+        """[B] gamma: a cut verdict (gamma - 1 accepted) passes x_gamma up too."""
+        m_B = verdict.num_accepted_B
+        return jnp.where(m_B < num_proposed_B, m_B + 1, m_B)
+
+    def passed_dists(self, companion_BxTxV, draft_logp_BxTxV) -> jax.Array:
+        """The drafts' own distributions: the top level verifies against q = p_d."""
+        return draft_logp_BxTxV
 
     def alpha(self, S_BxT, A_BxTx) -> jax.Array:
         """Table lookup: alpha for signals S [B, T] and A [B, T, ...]."""
@@ -212,16 +233,6 @@ class SVSelector:
                        last_B.astype(jnp.int32), predictions_BxT)
 
 
-def top_blocks(block: int) -> tuple[int, ...]:
-    """The block lengths the top level's pass is compiled at: powers of two below `block`,
-    then `block`."""
-    sizes, t = [], 1
-    while t < block:
-        sizes.append(t)
-        t *= 2
-    return tuple(sizes) + (block,)
-
-
 def selector(table: SVTable, draft_exit: int, companion_exit: int, num_layers: int,
              draft_len: int, greedy: bool) -> SVSelector:
     """The in-loop selector for a hierarchy (draft_exit, companion_exit, L) with `draft_len`
@@ -233,7 +244,7 @@ def selector(table: SVTable, draft_exit: int, companion_exit: int, num_layers: i
                          f"{companion_exit}`")
     costs = Costs.from_json(table.costs)
     block = draft_len + 1
-    sizes = top_blocks(block)
+    sizes = power_of_two_blocks(block)  # the top level's compiled blocks
     bucket = lambda t: min(s for s in sizes if s >= t)
     round_s = (block * costs.stage(0, draft_exit, 1) + costs.stage(draft_exit, companion_exit, block)
                + costs.round_s)

@@ -113,3 +113,14 @@ def ema(rate_B, accepted_B, proposed_B, mask_B):
     """Running acceptance rate, updated only where `mask_B` (a verification happened)."""
     new = accepted_B / jnp.maximum(proposed_B, 1)
     return jnp.where(mask_B, (1 - EMA_DECAY) * rate_B + EMA_DECAY * new, rate_B)
+
+
+def power_of_two_blocks(block: int) -> tuple[int, ...]:
+    """The block lengths a pass of at most `block` positions is compiled at, one
+    `lax.switch` branch each (the levels above a lookup drafter, SV's top level): powers of
+    two below `block`, then `block` (1, 2, 4, 8 for 8; 1, 2, 4, 8, 11 for 11)."""
+    sizes, t = [], 1
+    while t < block:
+        sizes.append(t)
+        t *= 2
+    return tuple(sizes) + (block,)

@@ -98,6 +98,13 @@ class KVCache:
             return x[layer]
         return jax.lax.dynamic_index_in_dim(x, layer, keepdims=False)
 
+    def write_block(self, start: int, positions_BxT: jax.Array, block: "KVBlock") -> "KVCache":
+        """Writes a block's keys/values of layers [start, start + n_layers) (a `KVBlock`,
+        as `run_layers` returns it) at their positions (sentinel S is dropped)."""
+        for i in range(block.k.shape[0]):
+            self = self.write_layer(start + i, positions_BxT, block.k[i], block.v[i])
+        return self
+
     def write_layer(self, layer, positions_BxT: jax.Array, k_BxTxKxH: jax.Array,
                     v_BxTxKxH: jax.Array) -> "KVCache":
         """Writes one layer's block keys/values at their positions (sentinel S is dropped).

@@ -129,6 +129,49 @@ def _block_attention(layer_params, cfg: ModelConfig, x_BxTxD, positions_BxT, con
     return _attention_output(layer_params, cfg, out), k_BxTxKxH, v_BxTxKxH
 
 
+def _context_block_attention(layer_params, cfg: ModelConfig, x_BxTxD, positions_BxT,
+                             context_k_BxKxSxH, context_v_BxKxSxH):
+    """`_block_attention` without concatenating the context: one softmax over two score
+    blocks (context slots < the block's first position, and the block itself, causal).
+
+        scores   [ context S (masked at >= start) | block T (causal) ]
+        m = max over both;  out = (p_ctx V_ctx + p_blk V_blk) / (sum p_ctx + sum p_blk)
+
+    The context is only read (no [S + T] copy of a cache layer per layer), so a pass run
+    inside a `lax.switch` branch leaves the cache untouched and XLA copies nothing; the
+    block's keys/values are returned and written after the branch (decoding/engine.py).
+    Returns (output [B, T, D], the block's k and v [B, T, K, H])."""
+    T = x_BxTxD.shape[1]
+    q, k_BxTxKxH, v_BxTxKxH = _project_qkv(layer_params, cfg, x_BxTxD, positions_BxT,
+                                           context_k_BxKxSxH.dtype)
+    S = context_k_BxKxSxH.shape[2]
+    f32, prec = jnp.float32, cfg.precision
+    ctx_visible_BxS = jnp.arange(S)[None, :] < positions_BxT[:, :1]
+    if _single_query_on_cpu(q):  # products and reductions (see `_attend_single_query`)
+        s_ctx = jnp.sum(q[:, 0, :, :, None, :].astype(f32)
+                        * context_k_BxKxSxH[:, :, None, :, :], axis=-1)[:, :, :, None, :]
+    else:
+        s_ctx = jnp.einsum("BTKGH,BKSH->BKGTS", q, context_k_BxKxSxH,
+                           preferred_element_type=f32, precision=prec)
+    s_ctx = jnp.where(ctx_visible_BxS[:, None, None, None, :], s_ctx, -1e30)
+    s_blk = jnp.einsum("BTKGH,BUKH->BKGTU", q, k_BxTxKxH, preferred_element_type=f32,
+                       precision=prec)
+    causal_TxU = jnp.arange(T)[None, :] <= jnp.arange(T)[:, None]
+    s_blk = jnp.where(causal_TxU[None, None, None], s_blk, -1e30)
+    m = jnp.maximum(jnp.max(s_ctx, axis=-1, keepdims=True), jnp.max(s_blk, axis=-1, keepdims=True))
+    p_ctx, p_blk = jnp.exp(s_ctx - m), jnp.exp(s_blk - m)
+    denom_BxKxGxTx1 = jnp.sum(p_ctx, axis=-1, keepdims=True) + jnp.sum(p_blk, axis=-1, keepdims=True)
+    dtype = context_v_BxKxSxH.dtype
+    p_ctx, p_blk = (p_ctx / denom_BxKxGxTx1).astype(dtype), (p_blk / denom_BxKxGxTx1).astype(dtype)
+    if _single_query_on_cpu(q):
+        o_ctx = jnp.sum((p_ctx[:, :, :, 0, :, None] * context_v_BxKxSxH[:, :, None, :, :])
+                        .astype(f32), axis=-2).astype(dtype)[:, None]
+    else:
+        o_ctx = jnp.einsum("BKGTS,BKSH->BTKGH", p_ctx, context_v_BxKxSxH, precision=prec)
+    out = o_ctx + jnp.einsum("BKGTU,BUKH->BTKGH", p_blk, v_BxTxKxH, precision=prec)
+    return _attention_output(layer_params, cfg, out), k_BxTxKxH, v_BxTxKxH
+
+
 def _cached_attention(layer_params, cfg: ModelConfig, x_BxTxD, positions_BxT, write_positions_BxT,
                       cache: KVCache, layer):
     """Self-attention that first writes the block's keys/values into the cache (at
@@ -153,7 +196,8 @@ def _mlp(layer_params, cfg: ModelConfig, x_BxTxD):
 
 
 def run_layers(params: Params, cfg: ModelConfig, x_BxTxD: jax.Array, positions_BxT: jax.Array,
-               cache: KVCache, start: int, stop: int) -> tuple[jax.Array, KVBlock]:
+               cache: KVCache, start: int, stop: int, *,
+               split_context: bool = False) -> tuple[jax.Array, KVBlock]:
     """Runs layers [start, stop) over a block, continuing from layer-`start` hidden states.
 
     Args:
@@ -165,6 +209,8 @@ def run_layers(params: Params, cfg: ModelConfig, x_BxTxD: jax.Array, positions_B
       cache: KV cache holding at least `stop` layers; only read. A sequence's context is
         its cache slots < `positions_BxT[:, 0]`, which must be valid for these layers.
       start, stop: static layer range, 0 <= start <= stop <= L.
+      split_context: attend with `_context_block_attention` (no concatenated copy of the
+        context; decoding passes over a read-only cache) instead of `_block_attention`.
 
     Returns:
       (hidden states leaving layer stop - 1, i.e. "layer-`stop` states", the block's new
@@ -175,10 +221,11 @@ def run_layers(params: Params, cfg: ModelConfig, x_BxTxD: jax.Array, positions_B
     if stop > cache.num_layers:
         raise ValueError(f"cache holds {cache.num_layers} layers, layer range needs {stop}")
     layers = params["layers"]
+    block_attention = _context_block_attention if split_context else _block_attention
     if isinstance(layers, (tuple, list)):  # the "unrolled" layout: one buffer set per layer
         ks, vs = [], []
         for layer in range(start, stop):
-            attention = lambda h, lp=layers[layer], layer=layer: _unpack(_block_attention(
+            attention = lambda h, lp=layers[layer], layer=layer: _unpack(block_attention(
                 lp, cfg, h, positions_BxT, cache.layer_keys(layer), cache.layer_values(layer)))
             x_BxTxD, (k, v) = _layer(layers[layer], cfg, x_BxTxD, attention)
             ks.append(k)
@@ -195,7 +242,7 @@ def run_layers(params: Params, cfg: ModelConfig, x_BxTxD: jax.Array, positions_B
 
     def step(x, layer):
         layer_params = jax.tree.map(lambda w: take(w, layer), layers)
-        attention = lambda h: _unpack(_block_attention(
+        attention = lambda h: _unpack(block_attention(
             layer_params, cfg, h, positions_BxT, cache.layer_keys(layer), cache.layer_values(layer)))
         x, (k, v) = _layer(layer_params, cfg, x, attention)
         return x, (k, v)

@@ -30,12 +30,14 @@ import numpy as np
 from hispec_jax import datasets
 from hispec_jax.decoding import generate as generate_lib
 from hispec_jax.decoding import methods
-from hispec_jax.models.heads import exit_logits, head_macs
+from hispec_jax.models import heads as heads_lib
+from hispec_jax.models.heads import exit_logits
 from hispec_jax.models.kv_cache import KVCache
 from hispec_jax.models.model import Model
 from hispec_jax.models.params import with_layer_layout
 from hispec_jax.models.transformer import run_layers_cached, scan_exits
-from hispec_jax.planner.latency import Costs, blocks
+from hispec_jax.decoding.options import DEFAULT_LOOKUP
+from hispec_jax.planner.latency import Costs, LookupProfile, blocks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +52,8 @@ class Settings:
       repeats: timed calls per measurement (the median is kept).
       capacity: KV-cache positions of every measured loop and stage.
       temperature: 0 for greedy acceptance (top-1 agreement), else the sampling temperature.
+      lookup: k of the prompt-lookup drafter run on the calibration prompts (0: not
+        measured, and the search leaves lookup out).
     """
 
     num_prompts: int = 8
@@ -59,10 +63,11 @@ class Settings:
     repeats: int = 7
     capacity: int = 256
     temperature: float = 0.0
+    lookup: int = DEFAULT_LOOKUP
 
     @classmethod
     def quick(cls) -> "Settings":
-        return cls(num_prompts=4, max_prompt_tokens=48, new_tokens=32, block_sizes=(1, 4, 16),
+        return cls(num_prompts=4, max_prompt_tokens=48, new_tokens=32, block_sizes=(1, 2, 4, 8, 16),
                    repeats=3, capacity=192)
 
 
@@ -77,6 +82,8 @@ class Calibration:
       tokens: positions the acceptance was measured on.
       seconds: wall seconds the calibration took (compilations included).
       loop: the raw loop timings (for the record).
+      lookup: what `method="lookup"` did on the calibration prompts
+        (`latency.LookupProfile`), or None when not measured.
     """
 
     exits: tuple[int, ...]
@@ -85,6 +92,7 @@ class Calibration:
     tokens: int
     seconds: float
     loop: dict[str, Any]
+    lookup: LookupProfile | None = None
 
     def alpha_of(self, a: int, b: int) -> float:
         index = {e: i for i, e in enumerate(self.exits)}
@@ -93,13 +101,15 @@ class Calibration:
     def to_json(self) -> dict[str, Any]:
         return {"exits": list(self.exits), "alpha": np.round(self.alpha, 5).tolist(),
                 "costs": self.costs.to_json(), "tokens": self.tokens,
-                "seconds": round(self.seconds, 2), "loop": self.loop}
+                "seconds": round(self.seconds, 2), "loop": self.loop,
+                "lookup": self.lookup.to_json() if self.lookup is not None else None}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "Calibration":
         return cls(exits=tuple(d["exits"]), alpha=np.asarray(d["alpha"], float),
                    costs=Costs.from_json(d["costs"]), tokens=int(d["tokens"]),
-                   seconds=float(d["seconds"]), loop=dict(d.get("loop", {})))
+                   seconds=float(d["seconds"]), loop=dict(d.get("loop", {})),
+                   lookup=LookupProfile.from_json(d["lookup"]) if d.get("lookup") else None)
 
 
 def calibration_prompts(model: Model, num_prompts: int, max_prompt_tokens: int,
@@ -194,16 +204,14 @@ def monotone(values) -> list[float]:
 
 def head_cost_scales(model: Model) -> tuple[tuple[int, float], ...]:
     """((exit, cost of its trained head / the shared head's), ...) for every exit below L
-    with a trained head, by the heads' multiply-adds per token (D x V for the shared head;
-    D x K, or D x R + R x K, with K = V or a draft vocabulary's size). The V-wide -inf fill
-    of a draft vocabulary and the argmax are left out: linear in V, not in D x V."""
+    with a trained head, by the heads' multiply-adds per token (`models.heads.head_macs`:
+    D x V for the shared head; D x K, or D x R + R x K, with K = V or a draft vocabulary's
+    size). The V-wide -inf fill of a draft vocabulary and the argmax are left out: linear
+    in V, not in D x V."""
     cfg = model.cfg
-    shared = cfg.hidden_size * cfg.vocab_size
-    out = []
-    for e in sorted(int(e) for e in model.heads):
-        if e < cfg.num_layers:  # (an adapter block's multiply-adds included: head_macs)
-            out.append((e, head_macs(cfg, model.heads, e) / shared))
-    return tuple(out)
+    shared = heads_lib.head_macs(cfg, model.heads, cfg.num_layers)
+    return tuple((int(e), heads_lib.head_macs(cfg, model.heads, int(e)) / shared)
+                 for e in sorted(model.heads, key=int) if int(e) < cfg.num_layers)
 
 
 def measure_stage_costs(model: Model, batch: int, capacity: int, block_sizes, repeats: int,
@@ -323,8 +331,25 @@ def calibrate(model: Model, batch_size: int = 1, prompts: list[list[int]] | None
                     layerskip_passes=drafts + verifies, layerskip_draft_exit=draft,
                     layerskip_draft_len=nd)
     costs = dataclasses.replace(costs, prefill_s=float(t_prefill))
+    lookup = None
+    if s.lookup:
+        tick("prompt lookup on the calibration prompts (rounds and blocks)")
+        lookup = measure_lookup(model, prompts, s.lookup, s.new_tokens, batch_size, capacity)
     return Calibration(exits=exits, alpha=alpha, costs=costs, tokens=tokens,
-                       seconds=time.perf_counter() - t_start, loop=loop)
+                       seconds=time.perf_counter() - t_start, loop=loop, lookup=lookup)
+
+
+def measure_lookup(model: Model, prompts: list[list[int]], k: int, new_tokens: int,
+                   batch_size: int = 1, max_cache_len: int | None = None) -> LookupProfile:
+    """What `method="lookup"` (greedy, k) does on `prompts`: its rounds and the positions
+    each verification ran. Prompts with copyable context (a passage to summarize, code to
+    edit) give long accepted blocks; open chat gives mostly one-position rounds."""
+    r = generate_lib.generate(model, prompts, method="lookup", lookup=k,
+                              max_new_tokens=new_tokens, ignore_eos=True, batch_size=batch_size,
+                              max_cache_len=max_cache_len)
+    return LookupProfile(k=k, rounds=int(r.stats["rounds"]),
+                         tokens=int(r.stats["emitted_in_loop"]),
+                         verified=tuple(int(n) for n in r.stats["verified_length_histogram"]))
 
 
 def fit_loop_costs(costs: Costs, per_round_ar: float, ls_seconds: float, draft: int, nd: int,

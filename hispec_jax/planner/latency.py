@@ -41,6 +41,7 @@ import numpy as np
 
 from hispec_jax.decoding import windows as windows_lib
 from hispec_jax.decoding.costs import Costs
+from hispec_jax.models import heads as heads_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,6 +224,65 @@ def simulate(exits: tuple[int, ...], windows: tuple[int, ...], alphas: list[floa
     per_sequence = emitted / B
     t = seconds / per_sequence
     return Prediction(per_sequence / rounds, t, B / t)
+
+
+def work_costs(model, exits) -> Costs:
+    """`Costs` in layer equivalents instead of seconds: a layer pass costs 1 at any block
+    length, exit e's head `head_cost_layers(e)`, nothing else (no fixed round or pass cost).
+    `predict(..., work_costs(...)).seconds_per_token` is then the hierarchy's expected
+    `work_per_token`, the engine's measured `stats["work_per_token"]` (`methods.work_stats`)."""
+    cfg, L = model.cfg, model.cfg.num_layers
+    shared = heads_lib.head_cost_layers(cfg, model.heads, L)
+    scale = tuple((int(e), heads_lib.head_cost_layers(cfg, model.heads, int(e)) / shared)
+                  for e in exits if int(e) != L)
+    return Costs(batch=1, num_layers=L, block_sizes=(1, 2), layer_s=(1.0, 1.0),
+                 head_s=(shared, shared), head_scale=scale)
+@dataclasses.dataclass(frozen=True)
+class LookupProfile:
+    """What the prompt-lookup drafter did on calibration prompts (`calibrate.measure_lookup`):
+    measured, not modelled, because its acceptance is not i.i.d. per token (a copy runs
+    until the text departs from its context; chat matches are spurious).
+
+    Attributes:
+      k: the lookup's k (the `lookup` option it ran with).
+      rounds: loop trips of `method="lookup"` over the calibration prompts.
+      tokens: tokens it emitted in the loop (per sequence, summed over the prompts).
+      verified: [k + 1] (sequence, verification) pairs by the positions n each one ran
+        (the engine's `verified_length_histogram`; a round without a match is n = 1).
+    """
+
+    k: int
+    rounds: int
+    tokens: int
+    verified: tuple[int, ...]
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "LookupProfile":
+        return cls(k=int(d["k"]), rounds=int(d["rounds"]), tokens=int(d["tokens"]),
+                   verified=tuple(int(n) for n in d["verified"]))
+
+
+def predict_lookup(profile: LookupProfile, costs: Costs, top: int) -> Prediction:
+    """`method="lookup"` at the measured rounds and blocks: each verification over n
+    positions is a pass of all `top` layers at the shortest compiled block holding n
+    (`windows.power_of_two_blocks(k)`), each round adds `round_s`.
+
+        seconds per token = (rounds * round_s + sum_n verified[n] * stage(0, top, block(n)))
+                            / tokens
+
+    At batch B a round runs every sequence at the block of its longest proposal; the
+    histogram counts each sequence's own n, so this is a lower bound there."""
+    compiled = windows_lib.power_of_two_blocks(profile.k)
+    block = lambda n: min(b for b in compiled if b >= n)
+    seconds = profile.rounds * costs.round_s + sum(
+        count * costs.stage(0, top, block(n)) for n, count in enumerate(profile.verified)
+        if n and count) / costs.batch
+    tokens = profile.tokens / costs.batch  # per sequence
+    t = seconds / max(tokens, 1e-9)
+    return Prediction(tokens / max(profile.rounds, 1), t, costs.batch / t)
 
 
 def end_to_end_tokens_per_second(pred: Prediction, costs: Costs, new_tokens: int) -> float:

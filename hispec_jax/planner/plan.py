@@ -37,6 +37,10 @@ class Plan:
       predicted_tokens_per_second: steady-state decoding speed at the plan's batch size.
       predicted_speedup: over AR's predicted speed.
       tokens_per_round: expected tokens per sequence per loop trip.
+      predicted_work_per_token: expected layer passes + heads (in layer equivalents) per
+        emitted token (`latency.work_costs`; None when the search had no model).
+      predicted_work_speedup: AR's work per token over the plan's.
+      lookup: k of the prompt-lookup drafter (`method="lookup"` when exits is (L,)); 0: none.
     """
 
     exits: tuple[int, ...]
@@ -45,13 +49,24 @@ class Plan:
     predicted_tokens_per_second: float = 0.0
     predicted_speedup: float = 1.0
     tokens_per_round: float = 1.0
+    predicted_work_per_token: float | None = None
+    predicted_work_speedup: float | None = None
+    lookup: int = 0
+
+    def __post_init__(self):
+        if self.lookup and len(self.exits) != 1:
+            raise ValueError(f"a lookup plan verifies with the full model only, got exits {self.exits}")
 
     @property
     def method(self) -> str:
+        if self.lookup:
+            return "lookup"
         return {1: "ar", 2: "layerskip"}.get(len(self.exits), "hispec")
 
     def method_options(self) -> dict[str, Any]:
         """Options of `make_method(model, self.method, **options)`."""
+        if self.lookup:
+            return {"lookup": self.lookup}
         if len(self.exits) == 1:
             return {}
         opts: dict[str, Any] = {"draft_exit": self.exits[0], "draft_len": self.windows[0]}
@@ -73,6 +88,8 @@ class Plan:
         return decoder
 
     def name(self) -> str:
+        if self.lookup:
+            return f"lookup k={self.lookup}"
         if len(self.exits) == 1:
             return "ar"
         if len(self.exits) == 2:

@@ -123,6 +123,14 @@ def profile_for(model: Model, draft_exit: int | None = None, companion_exit: int
     for this model and device, else a quick profile (`calibrate.Settings.quick()`) made now
     and cached. `progress(msg)` hears what happens when one is made (nothing otherwise).
     ValueError for exits SV cannot use."""
+    return profile_with_source(model, draft_exit, companion_exit, progress=progress)[0]
+
+
+def profile_with_source(model: Model, draft_exit: int | None = None,
+                        companion_exit: int | None = None, *,
+                        progress=None) -> tuple[sv_lib.SVTable, str]:
+    """`profile_for`'s table and where it came from, for a result's stats: "model
+    directory: PATH", "cached quick profile: PATH" or "quick profile made now: PATH"."""
     default_d, default_c = methods.default_exits(model)
     d = default_d if draft_exit is None else draft_exit
     c = default_c if companion_exit is None else companion_exit
@@ -132,14 +140,16 @@ def profile_for(model: Model, draft_exit: int | None = None, companion_exit: int
         except FileNotFoundError:
             own = None
         if own is not None and (own.draft_exit, own.companion_exit) == (d, c):
-            return own
+            directory = Path(model.path)
+            directory = directory.parent if directory.is_file() else directory
+            return own, f"model directory: {directory / sv_lib.PROFILE_FILE}"
     path = cache_path(model, d, c) if c is not None else None
     if path is not None and path.is_file():
-        return sv_lib.SVTable.load(path)
+        return sv_lib.SVTable.load(path), f"cached quick profile: {path}"
     tick = progress or (lambda msg: None)
     tick(f"no SV profile of this model for exits ({d}, {c}) on this device: making a quick "
          "one (`hispec profile-sv` makes a full one)")
     table = profile_sv(model, d, c, settings=calibrate.Settings.quick(), progress=tick)
     path.parent.mkdir(parents=True, exist_ok=True)
     tick(f"saved it to {table.save(path)} (used from there next time)")
-    return table
+    return table, f"quick profile made now: {path}"

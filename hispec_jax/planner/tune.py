@@ -15,7 +15,9 @@ from typing import Any
 import numpy as np
 
 from hispec_jax import datasets
+from hispec_jax.decoding import costs as costs_lib
 from hispec_jax.decoding import generate as generate_lib
+from hispec_jax.decoding import recommended as recommended_lib
 from hispec_jax.models.model import Model
 from hispec_jax.planner import calibrate as calibrate_lib
 from hispec_jax.planner import latency, plan as plan_lib, search as search_lib
@@ -31,7 +33,8 @@ def tune(model: Model, batch_size: int = 1, *, quick: bool = False,
     cal = calibrate_lib.calibrate(model, batch_size, prompts=prompts, settings=settings,
                                   progress=progress)
     t0 = time.perf_counter()
-    plans = search_lib.search(cal.exits, cal.alpha_of, cal.costs, max_levels=max_levels, top=top)
+    plans = search_lib.search(cal.exits, cal.alpha_of, cal.costs, max_levels=max_levels, top=top,
+                              work=latency.work_costs(model, cal.exits), lookup=cal.lookup)
     search_seconds = time.perf_counter() - t0
     path = None
     if save:
@@ -127,12 +130,12 @@ def tune_and_verify(model: Model, batch_size: int = 1, *, quick: bool = False,
                     verify_prompts: int = 4, verify_tokens: int = 64, verify_repeats: int = 3,
                     choose_measured: bool = True,
                     plot=None, settings: calibrate_lib.Settings | None = None,
-                    progress=None) -> dict[str, Any]:
+                    prompts=None, progress=None) -> dict[str, Any]:
     """`hispec tune`: `tune`, then (with `verify`) measured tokens/s of the printed plans on
     held-out prompts and a predicted-vs-measured plot; with `choose_measured` the plan file
     is saved again with the fastest measured plan first (what method="auto" runs)."""
-    report = tune(model, batch_size, quick=quick, settings=settings, max_levels=max_levels,
-                  top=top, out=out, progress=progress)
+    report = tune(model, batch_size, quick=quick, settings=settings, prompts=prompts,
+                  max_levels=max_levels, top=top, out=out, progress=progress)
     report["verify"] = None
     report["chosen_by"] = "prediction"
     if verify:
@@ -155,6 +158,30 @@ def tune_and_verify(model: Model, batch_size: int = 1, *, quick: bool = False,
         if plot:
             report["plot"] = predicted_vs_measured_plot(report["verify"], plot)
     return report
+
+
+def save_recommended(model: Model, report: dict[str, Any], command: str) -> Path:
+    """Writes the model's recommended plan (`decoding/recommended.py`) from a tune report:
+    the first (best: measured when verified, else predicted) LayerSkip and HiSpec plans,
+    with their predicted (and measured) figures as evidence."""
+    measured = {r["plan"]: r for r in (report.get("verify") or [])}
+    chosen, evidence = {}, {}
+    for kind in recommended_lib.METHODS:
+        plan = search_lib.best_of_kind(report["plans"], kind)
+        if plan is None:
+            continue
+        chosen[kind] = {"exits": plan.exits, "windows": plan.windows, "adaptive": plan.adaptive}
+        evidence[kind] = {"plan": plan.name(),
+                          "predicted_speedup": round(plan.predicted_speedup, 3),
+                          "predicted_work_speedup": plan.predicted_work_speedup,
+                          **({"measured_tokens_per_second":
+                              measured[plan.name()]["measured_tokens_per_second"]}
+                             if plan.name() in measured else {})}
+    if not chosen:
+        raise ValueError("the tune found no LayerSkip or HiSpec plan to recommend")
+    source = (f"{command} on {costs_lib.device_key()}, {time.strftime('%Y-%m-%d')}, chosen by "
+              f"{report.get('chosen_by', 'prediction')}")
+    return recommended_lib.save(model.path, chosen, source, evidence)
 
 
 def predicted_vs_measured_plot(rows: list[dict[str, Any]], path) -> str:
@@ -191,13 +218,16 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
              f"pass {1e6 * c.pass_s:.0f} us, round {1e6 * c.round_s:.0f} us, "
              f"prefill {1e3 * c.prefill_s:.1f} ms"]
     measured = {r["plan"]: r for r in (report.get("verify") or [])}
-    header = f"{'plan':40s} {'pred tok/s':>10s} {'pred x AR':>9s} {'tok/round':>9s}"
+    header = (f"{'plan':40s} {'pred tok/s':>10s} {'pred x AR':>9s} {'tok/round':>9s} "
+              f"{'work/tok':>8s} {'work x AR':>9s}")
     if measured:
         header += f" {'pred e2e':>9s} {'measured':>9s} {'meas/pred':>9s} {'meas tok/rnd':>12s}"
     lines.append(header)
     for p in report["plans"]:
+        work = lambda x, w: f"{x:{w}.2f}" if x is not None else f"{'-':>{w}s}"
         line = (f"{p.name():40s} {p.predicted_tokens_per_second:10.1f} "
-                f"{p.predicted_speedup:9.2f} {p.tokens_per_round:9.2f}")
+                f"{p.predicted_speedup:9.2f} {p.tokens_per_round:9.2f} "
+                f"{work(p.predicted_work_per_token, 8)} {work(p.predicted_work_speedup, 9)}")
         r = measured.get(p.name())
         if r:
             line += (f" {r['predicted_end_to_end']:9.1f} {r['measured_tokens_per_second']:9.1f} "

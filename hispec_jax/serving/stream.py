@@ -118,7 +118,7 @@ def generate_stream(model, prompt, *, method="ar", max_new_tokens: int = 64,
                    "compile_count": slots_lib.backend_compiles() - compiles_before,
                    "cache_capacity": capacity,
                    **methods_lib.summarize_counters(engine.engine.hierarchy,
-                                                    [engine.counters()], [1])})
+                                                    [engine.counters()], [1], model)})
         if tail:
             yield tail
 
