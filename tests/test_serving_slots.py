@@ -73,7 +73,7 @@ def test_cancel_frees_the_slot_and_leaves_the_others(model):
                      eos_ids=model.eos_token_ids)
     ids = [tuple(model.tokenizer(p)["input_ids"]) for p in PROMPTS[:2]]
     eng.insert(0, SlotRequest(ids[0], 12))
-    eng.insert(1, SlotRequest(ids[1], 5))
+    eng.insert(1, SlotRequest(ids[1], 24))  # still running after a round (up to Nd + 1 tokens)
     eng.generate(1)
     eng.cancel(0)
     assert eng.free_slots() == [0]
