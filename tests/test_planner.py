@@ -343,7 +343,7 @@ def test_predicted_work_per_token_is_what_the_engine_counts(method, exits, windo
     from test_engine import tiny_model
 
     model = tiny_model(6, 0, layer_scale=0.0)
-    work = latency.work_costs(model, exits)
+    work = latency.work_costs(model)
     pred = latency.predict(exits, windows, [1.0] * (len(exits) - 1), work)
     plan = plan_lib.Plan(exits=exits, windows=windows)
     tokens_per_cycle = {"ar": 1, "layerskip": 4, "hispec": 6}[method]  # Ni + 1 at the top

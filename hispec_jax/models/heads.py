@@ -113,6 +113,15 @@ def head_cost_layers(cfg: ModelConfig, heads: ExitHeads, exit_layer: int) -> flo
     return head_macs(cfg, heads, exit_layer) / layer_macs(cfg)
 
 
+def head_cost_scales(cfg: ModelConfig, heads: ExitHeads) -> tuple[tuple[int, float], ...]:
+    """((exit, cost of its trained head / the shared head's), ...) for every exit below L
+    with a trained head, by `head_macs` (the V-wide -inf fill of a draft vocabulary and the
+    argmax are left out: linear in V, not in D x V). Exits without one cost 1."""
+    shared = head_macs(cfg, heads, cfg.num_layers)
+    return tuple((int(e), head_macs(cfg, heads, int(e)) / shared)
+                 for e in sorted(heads, key=int) if int(e) < cfg.num_layers)
+
+
 def lm_head_matrix(params: Params, cfg: ModelConfig) -> jax.Array:
     """The shared LM head as a [D, V] matrix (the transposed embedding when tied)."""
     return params["embed"].T if cfg.tie_word_embeddings else params["lm_head"]

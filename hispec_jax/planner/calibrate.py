@@ -203,15 +203,9 @@ def monotone(values) -> list[float]:
 
 
 def head_cost_scales(model: Model) -> tuple[tuple[int, float], ...]:
-    """((exit, cost of its trained head / the shared head's), ...) for every exit below L
-    with a trained head, by the heads' multiply-adds per token (`models.heads.head_macs`:
-    D x V for the shared head; D x K, or D x R + R x K, with K = V or a draft vocabulary's
-    size). The V-wide -inf fill of a draft vocabulary and the argmax are left out: linear
-    in V, not in D x V."""
-    cfg = model.cfg
-    shared = heads_lib.head_macs(cfg, model.heads, cfg.num_layers)
-    return tuple((int(e), heads_lib.head_macs(cfg, model.heads, int(e)) / shared)
-                 for e in sorted(model.heads, key=int) if int(e) < cfg.num_layers)
+    """`Costs.head_scale` of `model`: its trained heads' multiply-adds over the shared
+    head's (`models.heads.head_cost_scales`)."""
+    return heads_lib.head_cost_scales(model.cfg, model.heads)
 
 
 def measure_stage_costs(model: Model, batch: int, capacity: int, block_sizes, repeats: int,

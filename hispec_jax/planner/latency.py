@@ -226,17 +226,17 @@ def simulate(exits: tuple[int, ...], windows: tuple[int, ...], alphas: list[floa
     return Prediction(per_sequence / rounds, t, B / t)
 
 
-def work_costs(model, exits) -> Costs:
+def work_costs(model) -> Costs:
     """`Costs` in layer equivalents instead of seconds: a layer pass costs 1 at any block
     length, exit e's head `head_cost_layers(e)`, nothing else (no fixed round or pass cost).
     `predict(..., work_costs(...)).seconds_per_token` is then the hierarchy's expected
     `work_per_token`, the engine's measured `stats["work_per_token"]` (`methods.work_stats`)."""
     cfg, L = model.cfg, model.cfg.num_layers
     shared = heads_lib.head_cost_layers(cfg, model.heads, L)
-    scale = tuple((int(e), heads_lib.head_cost_layers(cfg, model.heads, int(e)) / shared)
-                  for e in exits if int(e) != L)
     return Costs(batch=1, num_layers=L, block_sizes=(1, 2), layer_s=(1.0, 1.0),
-                 head_s=(shared, shared), head_scale=scale)
+                 head_s=(shared, shared), head_scale=heads_lib.head_cost_scales(cfg, model.heads))
+
+
 @dataclasses.dataclass(frozen=True)
 class LookupProfile:
     """What the prompt-lookup drafter did on calibration prompts (`calibrate.measure_lookup`):

@@ -34,7 +34,7 @@ def tune(model: Model, batch_size: int = 1, *, quick: bool = False,
                                   progress=progress)
     t0 = time.perf_counter()
     plans = search_lib.search(cal.exits, cal.alpha_of, cal.costs, max_levels=max_levels, top=top,
-                              work=latency.work_costs(model, cal.exits), lookup=cal.lookup)
+                              work=latency.work_costs(model), lookup=cal.lookup)
     search_seconds = time.perf_counter() - t0
     path = None
     if save:
