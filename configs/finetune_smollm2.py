@@ -13,14 +13,13 @@ docs/early_exit_recipes.md). Only the supervised exits' logits are computed: wit
 V = 49,152 the LM head costs 8 layers, so scoring all 29 exits would cost more than the
 model. The budget is wall clock (45 minutes on one core of the shared CPU machine).
 
-Result of this recipe as written (docs/smollm2_early_exit.md, section 4): 98 steps
-(25k tokens) raised the supervised exits' agreement with the final layer (8: 3.9 -> 11.0 %,
-15: 9.5 -> 18.5 %, 22: 22.7 -> 38.3 %, 26: 42.9 -> 51.6 %) but the final layer's held-out
-perplexity went from 7.7 to 78: peak_lr and exit_loss_scale are too aggressive for a short
-run. The doc lists what the next run should change and the GPU command (overrides of this
-file). Section 7 ran the gentler variant on CPU (--config.optim.peak_lr=3e-5
---config.exit_loss_scale=1.0 --config.optim.frozen=embed, 456 steps): the exits gained most of
-the same ground (8: 9.6 %, 22: 33.2 %, 26: 50.3 %) with the final layer's perplexity at 10.3.
+What this recipe as written did in a 98-step CPU run (BENCHMARKS.md, "SmolLM2-135M-Instruct:
+continued early-exit pretraining on one CPU core", a record without kept output): the
+supervised exits' agreement with the final layer rose, but the final layer's held-out
+perplexity rose about tenfold: peak_lr and exit_loss_scale are too aggressive for a short
+run. docs/smollm2_early_exit.md lists what the next run should change and the GPU command
+(overrides of this file); its section 7 is the gentler variant
+(--config.optim.peak_lr=3e-5 --config.exit_loss_scale=1.0 --config.optim.frozen=embed).
 """
 
 import ml_collections

@@ -84,9 +84,9 @@ def _single_query_on_cpu(q_BxTxKxGxH) -> bool:
     There the two attention dots over a cache layer that was just updated in place make
     XLA:CPU copy or relayout the layer (at batch 1 each key and value buffer 3-4 times per
     step: the update is duplicated into the dot's operand); elementwise products with
-    reductions read it once. AR step at S = 2048, 8 layers, side by side: 19.7 -> 14.0 ms at
-    batch 1, 28.1 -> 22.1 at batch 2, 53.4 -> 46.5 at batch 4 (BENCHMARKS.md). Blocks of
-    several queries keep the dots, which are several times faster there."""
+    reductions read it once (both variants side by side, bytes and time:
+    benchmarks/results_claims/attention_single_query.py). Blocks of several queries keep
+    the dots, which are several times faster there."""
     return q_BxTxKxGxH.shape[1] == 1 and jax.default_backend() == "cpu"
 
 
