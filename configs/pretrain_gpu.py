@@ -48,6 +48,15 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
     d.tokenizer_train_docs = 4000  # conversations the BPE tokenizer is trained on
     d.seed = 0
     d.token_cache_dir = ""        # "": work_dir/token_cache (runs can share one cache)
+    # "sharegpt": train on the ShareGPT training split; "on_policy": on the init_from model's
+    # own continuations of ShareGPT training prompts (generated once by the engine before
+    # training, cached under token_cache_dir/on_policy; hispec_jax/train_heads/on_policy.py).
+    d.source = "sharegpt"
+    d.on_policy_prompts = 1000    # first user turns of the ShareGPT training split
+    d.on_policy_new_tokens = 256  # new tokens per prompt (up to EOS)
+    d.on_policy_sampling = "greedy"   # "greedy" | "sampled"
+    d.on_policy_temperature = 1.0     # "sampled" only
+    d.on_policy_batch = 64        # prompts per generation batch
 
     # Early-exit recipe (hispec_jax/train_heads/exit_recipe.py):
     # CE(final) + sum_{e<L} w_e [(1 - distill_weight) CE(exit e) + distill_weight KL_e].

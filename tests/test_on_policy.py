@@ -1,6 +1,7 @@
-"""On-policy head-training data (`train_heads/on_policy.py`): the rows are the model's own
+"""On-policy training data (`train_heads/on_policy.py`): the rows are the model's own
 continuations (greedy: exactly its argmax, token by token), deterministic given the seed,
-cached on disk; `train-heads` trains on them; bad settings are one-line errors."""
+cached on disk; `train-heads` and `hispec pretrain` (`data.source="on_policy"`) train on
+them; bad settings are one-line errors."""
 
 from __future__ import annotations
 
@@ -10,10 +11,13 @@ import pytest
 
 from hispec_jax import cli, load_model
 from hispec_jax.models.heads import exit_logits
+from hispec_jax.models.presets import PRESETS_DIR
 from hispec_jax.models.transformer import scan_exits
 from hispec_jax.train_heads import on_policy
+from hispec_jax.train_heads import pretrain as pt
 from hispec_jax.train_heads.train import train
 from test_engine import random_prompts, tiny_model
+from test_exit_recipe import _pretrain
 from test_train_heads import read_metrics, small_config
 
 
@@ -81,3 +85,59 @@ def test_bad_on_policy_settings_are_one_line_errors(capsys, args, message):
                      "--config.model_path=/m", *args]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+# ----- continued pretraining on the model's own continuations (hispec pretrain) --------
+
+ON_POLICY = ["--config.data.source=on_policy", "--config.data.on_policy_prompts=4",
+             "--config.data.on_policy_new_tokens=8", "--config.data.on_policy_batch=2",
+             "--config.data.batch_size=2"]
+
+
+def test_pretrain_on_policy_trains_on_the_init_models_continuations(tmp_path, capsys):
+    """The training documents are `init_from`'s greedy continuations of ShareGPT training
+    prompts (every new token its final layer's argmax), generated once and then read from
+    the cache; evaluation stays on ShareGPT."""
+    _pretrain(tmp_path / "a", "--config.num_steps=0", "--config.eval_batches=1")
+    src = tmp_path / "a" / "model"
+    args = [f"--config.init_from={src}", "--config.num_steps=2", "--config.eval_batches=1",
+            *ON_POLICY]
+    summary = _pretrain(tmp_path / "b", *args)
+    assert "generated" in capsys.readouterr().out
+    assert summary["steps"] == 2 and summary["train_source"] == "on_policy"
+    assert summary["train_docs"] == 4 and summary["eval"]["replies"]["tokens"] > 0
+    assert len(list((tmp_path / "b" / "token_cache" / "on_policy").glob("*.tokens.npy"))) == 1
+
+    model = load_model(src, dtype="float32", layer_layout="scan")
+    prompts = on_policy.training_prompts(model, 4)
+    config = pt.load_pretrain_config(PRESETS_DIR / "pretrain_default.py", small=True)
+    config.init_from, config.data.token_cache_dir = str(src), str(tmp_path / "b" / "token_cache")
+    for key in ON_POLICY:
+        key, value = key.removeprefix("--config.data.").split("=")
+        config.data[key] = type(config.data[key])(value)
+    _, train, evals, _ = pt.prepare_data(config, tmp_path / "c", model.tokenizer, model)
+    assert "continuations from" in capsys.readouterr().out  # the cache, not a new generation
+    assert len(train.docs) == 4
+    for prompt, doc in zip(prompts, train.docs):
+        assert list(doc[:len(prompt)]) == prompt and 1 <= len(doc) - len(prompt) <= 8
+        np.testing.assert_array_equal(doc[len(prompt):],
+                                      _final_argmax(model, doc)[len(prompt) - 1:-1])
+    assert evals.docs[0][0] == model.tokenizer.bos_token_id  # held-out text: ShareGPT's
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--config.data.source=pile"], "data.source='pile' must be one of ('sharegpt', 'on_policy')"),
+    (["--config.data.source=on_policy"], "data.source='on_policy' trains on the init_from"),
+    (["--config.init_from=/m", *ON_POLICY, "--config.data.on_policy_sampling=beam"],
+     "data.on_policy_sampling='beam' must be 'greedy' or 'sampled'"),
+    (["--config.init_from=/m", *ON_POLICY, "--config.data.on_policy_prompts=0"],
+     "data.on_policy_prompts=0 must be >= 1"),
+    (["--config.init_from=/m", *ON_POLICY, "--config.data.on_policy_sampling=sampled",
+      "--config.data.on_policy_temperature=0"], "data.on_policy_temperature=0.0 must be > 0"),
+])
+def test_bad_pretrain_on_policy_settings_are_one_line_errors(tmp_path, capsys, args, message):
+    assert cli.main(["pretrain", "--small", "--no-progress", f"--config.work_dir={tmp_path}",
+                     *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "tokenizer").exists()  # rejected before any data was prepared

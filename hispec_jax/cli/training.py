@@ -9,10 +9,12 @@ from hispec_jax.cli import common
 def add_parsers(subparsers) -> None:
     pre = common.add_command(
         subparsers, "pretrain", run_pretrain,
-        help="train an early-exit model on ShareGPT (from scratch or from a model)",
+        help="train an early-exit model on ShareGPT or on a model's own continuations",
         description="Trains a Llama-architecture model with an early-exit loss (exit weights, "
                     "KL distillation, LayerSkip curricula and layer dropout: "
-                    "docs/early_exit_recipes.md) and writes it in HF layout to the config's "
+                    "docs/early_exit_recipes.md), on ShareGPT text or, with "
+                    "--config.data.source=on_policy, on the init_from model's own greedy or "
+                    "sampled continuations, and writes it in HF layout to the config's "
                     "out_dir (configs/finetune_default.py: the package's default_model). "
                     "Override config keys with --config.KEY=VALUE (e.g. --config.num_steps=100, "
                     "--config.optim.peak_lr=1e-3).")

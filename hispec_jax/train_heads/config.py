@@ -118,17 +118,12 @@ def check_config(config: ml_collections.ConfigDict) -> None:
         raise ValueError(f"train config: data_source={config.data_source!r} must be one of "
                          f"{DATA_SOURCES}")
     if config.data_source == "on_policy":
-        for key in ("on_policy_prompts", "on_policy_new_tokens", "on_policy_batch"):
-            if config[key] < 1:
-                raise ValueError(f"train config: {key}={config[key]} must be >= 1 with "
-                                 "data_source='on_policy'")
-        if config.on_policy_sampling not in ("greedy", "sampled"):
-            raise ValueError(f"train config: on_policy_sampling={config.on_policy_sampling!r} "
-                             "must be 'greedy' or 'sampled'")
-        if config.on_policy_sampling == "sampled" and config.on_policy_temperature <= 0:
-            raise ValueError(f"train config: on_policy_temperature="
-                             f"{config.on_policy_temperature} must be > 0 for sampled "
-                             "continuations")
+        from hispec_jax.train_heads import on_policy
+
+        try:
+            on_policy.generation_from_config(config, config.seed)
+        except ValueError as e:
+            raise ValueError(f"train config: {e} with data_source='on_policy'") from None
     if config.data_source == "random" and config.random_train_rows < config.batch_size:
         raise ValueError(f"train config: random_train_rows={config.random_train_rows} must be "
                          f">= batch_size={config.batch_size}")

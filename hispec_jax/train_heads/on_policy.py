@@ -19,6 +19,11 @@ data sources. Generation is cached on disk (`<cache_dir>/on_policy/<key>.tokens.
 `.offsets.npy`, key = hash of the model's fingerprint, the prompts and the generation
 settings), so a rerun or a second run on the same data skips it.
 
+Both trainers read this data through `config_docs`: `train-heads` (`data_source`, the
+`on_policy_*` keys at the top of its config; `rows.on_policy_rows`) and `hispec pretrain`
+(`data.source`, the same `on_policy_*` keys in `config.data`; `pretrain.prepare_data`, the
+continuations of the `init_from` model, generated once before training).
+
 Shapes: docs are int32 [prompt + continuation] (lengths vary); rows int32 [N, seq_len].
 """
 
@@ -53,10 +58,12 @@ class Generation:
 
     def __post_init__(self):
         if self.sampling not in SAMPLINGS:
-            raise ValueError(f"on_policy_sampling={self.sampling!r} must be one of {SAMPLINGS}")
-        if self.new_tokens < 1 or self.batch_size < 1:
-            raise ValueError(f"on_policy_new_tokens={self.new_tokens} and on_policy_batch="
-                             f"{self.batch_size} must be >= 1")
+            raise ValueError(f"on_policy_sampling={self.sampling!r} must be 'greedy' or "
+                             "'sampled'")
+        for key, value in (("on_policy_new_tokens", self.new_tokens),
+                           ("on_policy_batch", self.batch_size)):
+            if value < 1:
+                raise ValueError(f"{key}={value} must be >= 1")
         if self.sampling == "sampled" and self.temperature <= 0:
             raise ValueError(f"on_policy_temperature={self.temperature} must be > 0 for "
                              "sampled continuations")
@@ -121,6 +128,27 @@ def continuation_docs(model: Model, prompts: Sequence[Sequence[int]], gen: Gener
             np.save(tmp, arr)
             os.replace(tmp, final)
     return docs
+
+
+def generation_from_config(keys, seed: int) -> Generation:
+    """The `Generation` a config's `on_policy_new_tokens`, `_sampling`, `_temperature` and
+    `_batch` keys describe (`keys`: train-heads' config or pretrain's `config.data`);
+    ValueError naming the key with a bad value."""
+    if keys.on_policy_prompts < 1:
+        raise ValueError(f"on_policy_prompts={keys.on_policy_prompts} must be >= 1")
+    return Generation(new_tokens=keys.on_policy_new_tokens, sampling=keys.on_policy_sampling,
+                      temperature=keys.on_policy_temperature, seed=seed,
+                      batch_size=keys.on_policy_batch)
+
+
+def config_docs(model: Model, keys, seed: int, cache_dir: str | Path | None,
+                log: Callable[[str], None] = print) -> tuple[Generation, list[np.ndarray]]:
+    """(generation settings, docs): `model`'s continuations of the first
+    `keys.on_policy_prompts` ShareGPT training prompts as `keys` asks (`generation_from_config`),
+    cached under `cache_dir`."""
+    gen = generation_from_config(keys, seed)
+    prompts = training_prompts(model, keys.on_policy_prompts)
+    return gen, continuation_docs(model, prompts, gen, cache_dir=cache_dir, log=log)
 
 
 def training_prompts(model: Model, num_prompts: int,

@@ -12,7 +12,9 @@ with exit weights `w_e` per `exit_weights` (linear in e, uniform or sqrt; summin
 layer's distribution, and optional LayerSkip layer dropout. `exit_recipe` documents each.
 
 Pipeline (`pretrain`): ShareGPT training split -> byte-level BPE tokenizer (or the
-`init_from` model's) -> cached token ids -> `PackedBatches` -> jitted AdamW steps
+`init_from` model's) -> cached token ids (or, with `data.source="on_policy"`, the `init_from`
+model's own greedy or sampled continuations of ShareGPT training prompts, generated once by
+the engine before training: `on_policy.py`) -> `PackedBatches` -> jitted AdamW steps
 (clip_by_global_norm; linear warmup, then a cosine over training progress: steps /
 num_steps, or elapsed / time_budget_s when a wall-clock budget is set and that is further
 along) -> held-out evaluation (perplexity, per-exit top-1 agreement with the final layer,
@@ -49,7 +51,7 @@ from hispec_jax.models.model import Model, load_model, save_model
 from hispec_jax.models.params import Params, init_params
 from hispec_jax.models.presets import model_config_from_ml_collections
 from hispec_jax.models.transformer import scan_exits
-from hispec_jax.train_heads import data, exit_recipe
+from hispec_jax.train_heads import data, exit_recipe, on_policy
 
 log = logging.getLogger(__name__)
 
@@ -220,10 +222,33 @@ def evaluate(params: Params, cfg: ModelConfig, batches, reply_masks=None) -> dic
 
 # ----- data ----------------------------------------------------------------------------
 
-def prepare_data(config: ml_collections.ConfigDict, work_dir: Path, tokenizer=None):
-    """(tokenizer, train PackedBatches, eval PackedBatches, eval reply-mask PackedBatches)
-    for the ShareGPT split. `tokenizer` (e.g. the `init_from` model's) is used as is;
-    None: the one in work_dir (resume) or a newly trained one."""
+DATA_SOURCES = ("sharegpt", "on_policy")
+
+
+def validate_data(config: ml_collections.ConfigDict) -> None:
+    """ValueError naming the `data` key with a bad value (before any data is read)."""
+    d = config.data
+    if d.source not in DATA_SOURCES:
+        raise ValueError(f"data.source={d.source!r} must be one of {DATA_SOURCES}")
+    if d.source == "on_policy":
+        if not config.init_from:
+            raise ValueError("data.source='on_policy' trains on the init_from model's own "
+                             "continuations: set init_from (a model directory)")
+        try:
+            on_policy.generation_from_config(d, config.seed)
+        except ValueError as e:
+            raise ValueError(f"data.{e} with data.source='on_policy'") from None
+
+
+def prepare_data(config: ml_collections.ConfigDict, work_dir: Path, tokenizer=None,
+                 init_model: Model | None = None):
+    """(tokenizer, train PackedBatches, eval PackedBatches, eval reply-mask PackedBatches).
+
+    Training documents: the ShareGPT training split (`data.source="sharegpt"`), or the
+    `init_from` model's own continuations of ShareGPT training prompts
+    (`data.source="on_policy"`, `on_policy.config_docs`, cached beside the token ids);
+    evaluation is the ShareGPT evaluation split either way. `tokenizer` (e.g. the `init_from`
+    model's) is used as is; None: the one in work_dir (resume) or a newly trained one."""
     d = config.data
     sharegpt = datasets.load_sharegpt()
     train_records, eval_records = datasets.split_sharegpt(sharegpt.records)
@@ -250,7 +275,10 @@ def prepare_data(config: ml_collections.ConfigDict, work_dir: Path, tokenizer=No
     if len(tokenizer) > vocab_size:
         raise ValueError(f"tokenizer has {len(tokenizer)} tokens > vocab_size={vocab_size}")
     cache = Path(d.token_cache_dir).expanduser() if d.token_cache_dir else work_dir / "token_cache"
-    train_docs = data.tokenize_docs(tokenizer, train_texts, cache)
+    if d.source == "on_policy":
+        _, train_docs = on_policy.config_docs(init_model, d, config.seed, cache)
+    else:
+        train_docs = data.tokenize_docs(tokenizer, train_texts, cache)
     eval_docs = data.tokenize_docs(tokenizer, eval_texts, cache)
     reply_masks = data.reply_token_masks(tokenizer, eval_records)
     if [len(m) for m in reply_masks] != [len(x) for x in eval_docs]:
@@ -310,11 +338,12 @@ def pretrain(config: ml_collections.ConfigDict, progress: bool = True) -> dict[s
         raise ValueError(f"num_steps must be an integer >= 0 (0: evaluate only), got "
                          f"{config.num_steps!r}")
     exit_recipe.validate_recipe(config, cfg.num_layers)
+    validate_data(config)
     init_model = load_init_model(config, cfg) if config.init_from else None
 
     t0 = time.time()
     tokenizer, train_batches, eval_batches, eval_masks = prepare_data(
-        config, work_dir, init_model.tokenizer if init_model is not None else None)
+        config, work_dir, init_model.tokenizer if init_model is not None else None, init_model)
     data_seconds = time.time() - t0
 
     if init_model is not None:
@@ -417,6 +446,7 @@ def pretrain(config: ml_collections.ConfigDict, progress: bool = True) -> dict[s
                                    / max(train_seconds, 1e-9), 1),
         "first_loss": history[0]["loss"] if history else None,
         "last_loss": history[-1]["loss"] if history else None,
+        "train_source": config.data.source,
         "train_docs": len(train_batches.docs), "train_tokens_per_epoch": train_batches.num_tokens,
         "eval": metrics,
         "exit_loss_weights": [round(float(w), 4) for w in exit_recipe.exit_loss_weights(

@@ -111,16 +111,11 @@ def on_policy_rows(config, model: Model, log=print) -> TokenRows:
     """Packed rows of the model's own continuations (`on_policy.py`); ShareGPT held-out rows."""
     from hispec_jax.train_heads import on_policy
 
-    gen = on_policy.Generation(new_tokens=config.on_policy_new_tokens,
-                               sampling=config.on_policy_sampling,
-                               temperature=config.on_policy_temperature, seed=config.seed,
-                               batch_size=config.on_policy_batch)
-    prompts = on_policy.training_prompts(model, config.on_policy_prompts)
-    docs = on_policy.continuation_docs(model, prompts, gen, cache_dir=config.cache_dir, log=log)
+    gen, docs = on_policy.config_docs(model, config, config.seed, config.cache_dir, log)
     train = _packed_rows(docs, config.seq_len, config.seed, _eos_id(model), shuffle=True)
     return TokenRows(train=train,
                      eval=sharegpt_eval_rows(model, config.seq_len, config.eval_rows, config.seed),
-                     source=f"on-policy ({gen.sampling} continuations of {len(prompts)} ShareGPT "
+                     source=f"on-policy ({gen.sampling} continuations of {len(docs)} ShareGPT "
                             f"training prompts, {len(train)} rows of {config.seq_len} tokens)")
 
 
