@@ -13,9 +13,9 @@ earlier chunks wrote plus itself, as a verification block does:
                  0 1 2 3 | 4 5 6 S
                  chunk 0   chunk 1
 
-The trip count is ceil(longest / T), a traced value: prompts of any length up to the cache
-share one compilation, and a prompt costs the chunks it fills, not the next power of two
-of its length (a 300-token prompt runs 384 positions at T = 128, not 512).
+The trip count is ceil(longest / T), a traced value: for one cache capacity, prompts of
+any length share one compilation, and a prompt costs the chunks it fills, not the next
+power of two of its length (a 300-token prompt runs 384 positions at T = 128, not 512).
 """
 
 from __future__ import annotations
