@@ -83,10 +83,10 @@ def test_param_shapes(name):
 def test_prefill_eval_shape(name):
     cfg = CONFIGS[name]
     L = cfg.num_layers
-    fn = functools.partial(prefill, cfg=cfg, stop=L)
+    fn = functools.partial(prefill, cfg=cfg, stop=L, chunk=BLOCK)
     h, cache = jax.eval_shape(
-        lambda p, t, n, c: fn(p, tokens_BxT=t, lengths_B=n, cache=c),
-        shape_structs(cfg), sds((BATCH, BLOCK), I32), sds((BATCH,), I32), cache_structs(cfg))
+        lambda p, t, n, c: fn(p, tokens_BxS=t, lengths_B=n, cache=c),
+        shape_structs(cfg), sds((BATCH, CAPACITY), I32), sds((BATCH,), I32), cache_structs(cfg))
     assert h.shape == (BATCH, cfg.hidden_size) and h.dtype == BF16
     expected = (L, BATCH, cfg.num_kv_heads, CAPACITY, cfg.head_dim)
     assert cache.k.shape == expected and cache.v.shape == expected

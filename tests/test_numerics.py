@@ -106,6 +106,46 @@ def test_ragged_positions_per_sequence(hf_models):
     np.testing.assert_allclose(ours[1], ref_b, atol=ATOL, rtol=0)
 
 
+@pytest.mark.parametrize("layout", ["scan", "unrolled"])
+def test_chunked_prefill_matches_transformers(hf_models, layout):
+    """The engine's prefill in chunks of 4 (ragged prompts of 11, 3 and 8 tokens: three,
+    one and two chunks; the buffer ends mid-chunk) gives every prompt's last-position
+    logits as transformers does, and the same cache as one chunk of 16."""
+    from hispec_jax.decoding.prefill import prefill
+    from hispec_jax.models.params import layer_layout, with_layer_layout
+
+    hf_model, path = hf_models["llama3"]
+    model = load_model(path)
+    if layer_layout(model.params) != layout:
+        model = dataclasses.replace(model, params=with_layer_layout(model.params, layout))
+    rng = np.random.RandomState(5)
+    prompts = [rng.randint(0, 97, n) for n in (11, 3, 8)]
+    S, L = 14, model.cfg.num_layers  # 14: the third chunk of 4 runs past the buffer
+    tokens = np.zeros((3, S), np.int32)
+    for b, p in enumerate(prompts):
+        tokens[b, :len(p)] = p
+    lengths = jnp.asarray([len(p) for p in prompts], jnp.int32)
+    run = jax.jit(prefill, static_argnames=("cfg", "stop", "chunk"))
+    results = {chunk: run(model.params, model.cfg, jnp.asarray(tokens), lengths,
+                          KVCache.zeros(model.cfg, 3, S, per_layer=layout == "unrolled"),
+                          stop=L, chunk=chunk)
+               for chunk in (4, 16)}
+    h_BxD, cache = results[4]
+    ours = np.asarray(exit_logits(model.params, {}, model.cfg, h_BxD[:, None], L))[:, 0]
+    for b, p in enumerate(prompts):
+        with torch.no_grad():
+            ref = hf_model(torch.tensor(p[None])).logits[0, -1].numpy()
+        np.testing.assert_allclose(ours[b], ref, atol=ATOL, rtol=0, err_msg=f"prompt {b}")
+    one_h, one_cache = results[16]
+    np.testing.assert_allclose(np.asarray(h_BxD), np.asarray(one_h), atol=ATOL, rtol=0)
+    for b, p in enumerate(prompts):  # the prompt's slots; later slots are never read
+        for ours_kv, one_kv in ((cache.k, one_cache.k), (cache.v, one_cache.v)):
+            for layer in range(L):
+                np.testing.assert_allclose(np.asarray(ours_kv[layer])[b, :, :len(p)],
+                                           np.asarray(one_kv[layer])[b, :, :len(p)],
+                                           atol=ATOL, rtol=0)
+
+
 def test_bfloat16_close_to_float32(hf_models):
     _, path = hf_models["qwen3"]
     m32, m16 = load_model(path), load_model(path, dtype="bfloat16")

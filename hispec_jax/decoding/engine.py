@@ -752,7 +752,8 @@ class Shapes:
     Attributes:
       batch: B, sequences per loop (padding rows included).
       capacity: S, cache positions per sequence.
-      prompt_block: T, the prefill block (a power-of-two bucket of the longest prompt).
+      prompt_block: T, the prefill chunk (a power of two; `prefill.py`): prompts of any
+        length run ceil(length / T) chunks of T positions.
       num_eos: E, EOS ids (padded with -1; at least 1).
     """
 
@@ -835,8 +836,8 @@ class Engine:
         if not greedy and K > 1 and not h.rule.needs_proposal_dists:
             raise ValueError("sampling with a speculative hierarchy needs a sampling acceptance rule")
         with jax.named_scope("prefill"):
-            h_BxD, cache = prefill(params, cfg, req.tokens_BxS[:, :self.shapes.prompt_block],
-                                   req.prompt_lens_B, cache, top)
+            h_BxD, cache = prefill(params, cfg, req.tokens_BxS, req.prompt_lens_B, cache, top,
+                                   chunk=self.shapes.prompt_block)
             logits_BxV = exit_logits(params, heads, cfg, h_BxD[:, None], top)[:, 0]
             first_keys = jax.vmap(jax.random.fold_in)(req.sequence_keys_Bx2, jnp.full((B,), -1))
             first_B = choose_tokens(logits_BxV, greedy, req.sampling, first_keys)

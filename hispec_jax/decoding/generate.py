@@ -29,6 +29,10 @@ from hispec_jax.models import sharding
 from hispec_jax.models.model import Model, place_on_mesh
 
 MIN_PROMPT_BLOCK = 16
+# The prefill runs chunks of at most this many positions (`prefill.py`): a long prompt
+# pays for the chunks it fills (a 300-token prompt: 384 positions, not the 512 of its
+# power-of-two bucket), and prompts of any length above it share one compiled loop.
+PREFILL_CHUNK = 128
 CAPACITY_MULTIPLE = 64
 
 
@@ -92,7 +96,10 @@ def _round_up(n: int, multiple: int) -> int:
 
 def plan_shapes(max_prompt_len: int, max_new_tokens: int, lookahead: int, max_len: int,
                 max_cache_len: int | None) -> tuple[int, int]:
-    """(prompt block T, cache capacity S); raises ValueError when the request does not fit.
+    """(prefill chunk T, cache capacity S); raises ValueError when the request does not fit.
+
+    T is the power-of-two bucket of the longest prompt, at most `PREFILL_CHUNK`; the
+    capacity is planned from the bucket as before (one compilation per bucket and budget).
 
     `lookahead` is how many positions past the last emitted token a method may write
     (drafts beyond the budget), so the cache needs that much room.
@@ -114,7 +121,7 @@ def plan_shapes(max_prompt_len: int, max_new_tokens: int, lookahead: int, max_le
         capacity = limit  # a fixed capacity: one compilation for any request that fits
     else:
         capacity = min(limit, _round_up(block + max_new_tokens + lookahead, CAPACITY_MULTIPLE))
-    return min(block, capacity), max(capacity, need)
+    return min(block, PREFILL_CHUNK, capacity), max(capacity, need)
 
 
 def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int = 64,
