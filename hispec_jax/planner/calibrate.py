@@ -36,8 +36,8 @@ from hispec_jax.models.kv_cache import KVCache
 from hispec_jax.models.model import Model
 from hispec_jax.models.params import with_layer_layout
 from hispec_jax.models.transformer import run_layers_cached, scan_exits
-from hispec_jax.decoding.options import DEFAULT_LOOKUP
-from hispec_jax.planner.latency import Costs, LookupProfile, blocks
+from hispec_jax.decoding.options import DEFAULT_LOOKUP, DEFAULT_MAX_NGRAM
+from hispec_jax.planner.latency import Costs, LookupProfile, LookupTrace, blocks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -329,6 +329,9 @@ def calibrate(model: Model, batch_size: int = 1, prompts: list[list[int]] | None
     if s.lookup:
         tick("prompt lookup on the calibration prompts (rounds and blocks)")
         lookup = measure_lookup(model, prompts, s.lookup, s.new_tokens, batch_size, capacity)
+        tick("every exit's choices along the continuations (lookup under exits)")
+        lookup = dataclasses.replace(lookup, trace=measure_lookup_trace(
+            model, sequences, [len(p) for p in ar.prompt_token_ids]))
     return Calibration(exits=exits, alpha=alpha, costs=costs, tokens=tokens,
                        seconds=time.perf_counter() - t_start, loop=loop, lookup=lookup)
 
@@ -344,6 +347,40 @@ def measure_lookup(model: Model, prompts: list[list[int]], k: int, new_tokens: i
     return LookupProfile(k=k, rounds=int(r.stats["rounds"]),
                          tokens=int(r.stats["emitted_in_loop"]),
                          verified=tuple(int(n) for n in r.stats["verified_length_histogram"]))
+
+
+@functools.partial(jax.jit, static_argnames=("model_cfg", "exits"))
+def _exit_choices(params, heads, tokens_BxT, *, model_cfg, exits):
+    """[E, B, T] each exit's greedy token after every position (teacher-forced)."""
+    params = with_layer_layout(params, "scan")
+    _, h_LxBxTxD = scan_exits(params, model_cfg, tokens_BxT, lambda h, index: h)
+    return jnp.stack([jnp.argmax(exit_logits(params, heads, model_cfg, h_LxBxTxD[e - 1], e), -1)
+                      for e in exits])
+
+
+def measure_lookup_trace(model: Model, sequences: list[list[int]], starts: list[int],
+                         max_ngram: int = DEFAULT_MAX_NGRAM, chunk: int = 2) -> LookupTrace:
+    """The greedy continuations `sequences` (prompt + continuation from `starts`) and every
+    exit below L's greedy choice along them: what `latency.simulate_lookup` replays the
+    lookup drafter under an exit on (the lookup's matches, what the exit keeps of them)."""
+    L = model.cfg.num_layers
+    exits = tuple(e for e in methods.available_exits(model) if e < L)
+    T = max(16, 1 << (max(map(len, sequences)) - 1).bit_length())
+    choices: dict[int, list[tuple[int, ...]]] = {e: [] for e in exits}
+    for lo in range(0, len(sequences), chunk):
+        part = sequences[lo:lo + chunk]
+        tokens = np.zeros((chunk, T), np.int32)
+        for b, seq in enumerate(part):
+            tokens[b, :len(seq)] = seq
+        top = np.asarray(_exit_choices(model.params, model.heads, tokens, model_cfg=model.cfg,
+                                       exits=exits)) if exits else None
+        for b, seq in enumerate(part):
+            p = starts[lo + b]
+            for i, e in enumerate(exits):
+                choices[e].append(tuple(int(t) for t in top[i, b, p:len(seq)]))
+    return LookupTrace(max_ngram=max_ngram, sequences=tuple(tuple(s) for s in sequences),
+                       starts=tuple(starts),
+                       predictions=tuple((e, tuple(choices[e])) for e in exits))
 
 
 def fit_loop_costs(costs: Costs, per_round_ar: float, ls_seconds: float, draft: int, nd: int,
