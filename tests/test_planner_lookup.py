@@ -155,3 +155,51 @@ def test_lookup_under_exit_plan_round_trips_and_auto_runs_it_equal_to_ar(tmp_pat
     assert auto.stats["plan"] == name
     assert auto.stats["exits"] == [0, *plan.exits] and auto.stats["lookup"]["verified_by_exit"] == 1
     assert auto.token_ids == ar.token_ids
+
+
+def test_task_bench_auto_row_is_tuned_on_other_prompts_and_timed_in_the_run(monkeypatch,
+                                                                           capsys):
+    """`bench --tasks ... --auto`: per task a tune on the prompts after the measured ones,
+    its plan timed beside the fixed choices, its ratio to the best of them from the rows."""
+    import types
+
+    from hispec_jax.bench import tasks
+    from test_planner import _tiny
+
+    monkeypatch.setattr(calibrate.Settings, "quick", classmethod(lambda cls: cls(
+        num_prompts=2, max_prompt_tokens=8, new_tokens=6, block_sizes=(1, 4), repeats=1,
+        capacity=64)))
+    pool = [[5, 6, 7, 8, 5, 6, 7], [9, 10, 11, 9, 10], [12, 13, 12, 13, 12, 13],
+            [14, 15, 16, 14, 15, 16, 14, 15]]
+    monkeypatch.setattr(tasks, "task_prompts", lambda model, task, n, m, chat: pool[:n])
+    tuned_on = []
+    tune = tasks.tune_for_task
+    monkeypatch.setattr(tasks, "tune_for_task", lambda model, calibration, args, progress=None: (
+        tuned_on.append(calibration), tune(model, calibration, args))[1])
+    args = types.SimpleNamespace(prompts=2, auto_prompts=2, auto=True, recommended=False,
+                                 max_prompt_tokens=64, max_new_tokens=6, rounds=2, lookup=4,
+                                 chat=False)
+    result = tasks.run_task(_tiny(), None, "summarize", args)
+    assert tuned_on == [pool[2:4]] and result["prompt_lengths"] == [7, 5]  # disjoint
+    auto = result["auto"]
+    rows = {r["name"]: r for r in result["rows"]}
+    assert auto["row"] in rows and auto["plan"]["name"] in auto["row"] + (auto["same_as"] or "")
+    fixed = [r for n, r in rows.items() if not n.startswith("auto: ")]
+    best = max(fixed, key=lambda r: r["tokens_per_second"])
+    assert auto["best_fixed"] == best["name"]
+    assert auto["auto_vs_best_fixed"] == pytest.approx(
+        rows[auto["row"]]["tokens_per_second"] / best["tokens_per_second"])
+    assert all(r["identical_to_ar"] for r in rows.values())
+    text = tasks.markdown(result)
+    assert "auto (tuned on 2 other prompts of the task): " + auto["plan"]["name"] in text
+    assert "/ best fixed choice (" + best["name"] in text
+
+
+def test_greedy_alpha_from_the_exits_choices_is_measure_alpha():
+    """calibrate computes greedy acceptance from `exit_choices` (one exit's logits at a time:
+    a large vocabulary over many exits does not fit at once): the same numbers."""
+    model = tiny_model(4, 1)
+    seqs, starts = [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15], [20, 21, 22, 23, 24, 25, 26]], [4, 3]
+    exits, alpha, total = calibrate.measure_alpha(model, seqs, starts)
+    got = calibrate.alpha_from_choices(calibrate.exit_choices(model, seqs), starts)
+    assert got[0] == exits and got[2] == total and np.allclose(got[1], alpha)

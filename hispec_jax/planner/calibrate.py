@@ -295,8 +295,13 @@ def calibrate(model: Model, batch_size: int = 1, prompts: list[list[int]] | None
 
     tick("acceptance between every pair of exits")
     sequences = [p + t for p, t in zip(ar.prompt_token_ids, ar.token_ids)]
-    exits, alpha, tokens = measure_alpha(model, sequences, [len(p) for p in ar.prompt_token_ids],
-                                         s.temperature)
+    starts = [len(p) for p in ar.prompt_token_ids]
+    choices = None
+    if s.temperature == 0.0:  # top-1 agreement: from the exits' choices (also the lookup's trace)
+        choices = exit_choices(model, sequences)
+        exits, alpha, tokens = alpha_from_choices(choices, starts)
+    else:
+        exits, alpha, tokens = measure_alpha(model, sequences, starts, s.temperature)
 
     tick("stage costs (layers, exit head) per block length")
     layer_s, head_s = measure_stage_costs(model, batch_size, capacity, s.block_sizes, s.repeats,
@@ -331,7 +336,7 @@ def calibrate(model: Model, batch_size: int = 1, prompts: list[list[int]] | None
         lookup = measure_lookup(model, prompts, s.lookup, s.new_tokens, batch_size, capacity)
         tick("every exit's choices along the continuations (lookup under exits)")
         lookup = dataclasses.replace(lookup, trace=measure_lookup_trace(
-            model, sequences, [len(p) for p in ar.prompt_token_ids]))
+            model, sequences, starts, choices=choices))
     return Calibration(exits=exits, alpha=alpha, costs=costs, tokens=tokens,
                        seconds=time.perf_counter() - t_start, loop=loop, lookup=lookup)
 
@@ -349,38 +354,68 @@ def measure_lookup(model: Model, prompts: list[list[int]], k: int, new_tokens: i
                          verified=tuple(int(n) for n in r.stats["verified_length_histogram"]))
 
 
-@functools.partial(jax.jit, static_argnames=("model_cfg", "exits"))
-def _exit_choices(params, heads, tokens_BxT, *, model_cfg, exits):
-    """[E, B, T] each exit's greedy token after every position (teacher-forced)."""
+@functools.partial(jax.jit, static_argnames=("model_cfg",))
+def _hidden_states(params, tokens_BxT, *, model_cfg):
+    """[L, B, T, D] every layer's output states (teacher-forced)."""
     params = with_layer_layout(params, "scan")
-    _, h_LxBxTxD = scan_exits(params, model_cfg, tokens_BxT, lambda h, index: h)
-    return jnp.stack([jnp.argmax(exit_logits(params, heads, model_cfg, h_LxBxTxD[e - 1], e), -1)
-                      for e in exits])
+    return scan_exits(params, model_cfg, tokens_BxT, lambda h, index: h)[1]
+
+
+@functools.partial(jax.jit, static_argnames=("model_cfg", "exit_layer"))
+def _greedy_choice(params, heads, h_BxTxD, *, model_cfg, exit_layer):
+    return jnp.argmax(exit_logits(params, heads, model_cfg, h_BxTxD, exit_layer), -1)
+
+
+def exit_choices(model: Model, sequences: list[list[int]]) -> dict[int, list[np.ndarray]]:
+    """{exit: per sequence [len] its greedy token after every position} for every exit with
+    a head (teacher-forced). One sequence and one exit's [T, V] logits at a time (SmolLM2's
+    49k vocabulary over 30 exits does not fit at once); exits on the shared head share one
+    compiled program."""
+    from hispec_jax.models.heads import projection_kind
+
+    exits = tuple(methods.available_exits(model))
+    shared = next((e for e in exits if projection_kind(model.cfg, model.heads, e) == "shared"
+                   and str(e) not in model.heads), None)
+    choices: dict[int, list[np.ndarray]] = {e: [] for e in exits}
+    for seq in sequences:
+        T = max(16, 1 << (len(seq) - 1).bit_length())
+        tokens = np.zeros((1, T), np.int32)
+        tokens[0, :len(seq)] = seq
+        h_LxBxTxD = _hidden_states(model.params, tokens, model_cfg=model.cfg)
+        for e in exits:
+            key = shared if (shared is not None and str(e) not in model.heads) else e
+            top = _greedy_choice(model.params, model.heads, h_LxBxTxD[e - 1], model_cfg=model.cfg,
+                                 exit_layer=key)
+            choices[e].append(np.asarray(top)[0, :len(seq)])
+    return choices
+
+
+def alpha_from_choices(choices: dict[int, list[np.ndarray]],
+                       starts: list[int]) -> tuple[tuple[int, ...], np.ndarray, int]:
+    """Greedy `measure_alpha` from `exit_choices`: top-1 agreement of every pair of exits at
+    the positions >= starts[i] - 1 (the predictions of the continuation)."""
+    exits = tuple(sorted(choices))
+    tops = [np.concatenate([c[max(p - 1, 0):len(c) - 1] for c, p in zip(choices[e], starts)])
+            for e in exits]
+    total = len(tops[0])
+    alpha = np.array([[float(np.mean(a == b)) if total else 0.0 for b in tops] for a in tops])
+    return exits, alpha, total
 
 
 def measure_lookup_trace(model: Model, sequences: list[list[int]], starts: list[int],
-                         max_ngram: int = DEFAULT_MAX_NGRAM, chunk: int = 2) -> LookupTrace:
+                         max_ngram: int = DEFAULT_MAX_NGRAM,
+                         choices: dict[int, list[np.ndarray]] | None = None) -> LookupTrace:
     """The greedy continuations `sequences` (prompt + continuation from `starts`) and every
-    exit below L's greedy choice along them: what `latency.simulate_lookup` replays the
-    lookup drafter under an exit on (the lookup's matches, what the exit keeps of them)."""
+    exit below L's greedy choice along them (`exit_choices`, unless given): what
+    `latency.simulate_lookup` replays the lookup drafter under an exit on (the lookup's
+    matches, what the exit keeps of them)."""
     L = model.cfg.num_layers
-    exits = tuple(e for e in methods.available_exits(model) if e < L)
-    T = max(16, 1 << (max(map(len, sequences)) - 1).bit_length())
-    choices: dict[int, list[tuple[int, ...]]] = {e: [] for e in exits}
-    for lo in range(0, len(sequences), chunk):
-        part = sequences[lo:lo + chunk]
-        tokens = np.zeros((chunk, T), np.int32)
-        for b, seq in enumerate(part):
-            tokens[b, :len(seq)] = seq
-        top = np.asarray(_exit_choices(model.params, model.heads, tokens, model_cfg=model.cfg,
-                                       exits=exits)) if exits else None
-        for b, seq in enumerate(part):
-            p = starts[lo + b]
-            for i, e in enumerate(exits):
-                choices[e].append(tuple(int(t) for t in top[i, b, p:len(seq)]))
-    return LookupTrace(max_ngram=max_ngram, sequences=tuple(tuple(s) for s in sequences),
-                       starts=tuple(starts),
-                       predictions=tuple((e, tuple(choices[e])) for e in exits))
+    choices = exit_choices(model, sequences) if choices is None else choices
+    return LookupTrace(
+        max_ngram=max_ngram, sequences=tuple(tuple(int(t) for t in s) for s in sequences),
+        starts=tuple(starts),
+        predictions=tuple((e, tuple(tuple(int(t) for t in c[p:]) for c, p in zip(per, starts)))
+                          for e, per in sorted(choices.items()) if e < L))
 
 
 def fit_loop_costs(costs: Costs, per_round_ar: float, ls_seconds: float, draft: int, nd: int,
