@@ -172,12 +172,14 @@ def test_task_bench_auto_row_is_tuned_on_other_prompts_and_timed_in_the_run(monk
     pool = [[5, 6, 7, 8, 5, 6, 7], [9, 10, 11, 9, 10], [12, 13, 12, 13, 12, 13],
             [14, 15, 16, 14, 15, 16, 14, 15]]
     monkeypatch.setattr(tasks, "task_prompts", lambda model, task, n, m, chat: pool[:n])
+    specs = tasks.specs  # the fixed choices: AR and lookup (fewer loops to compile)
+    monkeypatch.setattr(tasks, "specs", lambda *a: specs(*a)[:2])
     tuned_on = []
     tune = tasks.tune_for_task
     monkeypatch.setattr(tasks, "tune_for_task", lambda model, calibration, args, progress=None: (
         tuned_on.append(calibration), tune(model, calibration, args))[1])
     args = types.SimpleNamespace(prompts=2, auto_prompts=2, auto=True, recommended=False,
-                                 max_prompt_tokens=64, max_new_tokens=6, rounds=2, lookup=4,
+                                 max_prompt_tokens=64, max_new_tokens=6, rounds=1, lookup=4,
                                  chat=False)
     result = tasks.run_task(_tiny(), None, "summarize", args)
     assert tuned_on == [pool[2:4]] and result["prompt_lengths"] == [7, 5]  # disjoint
