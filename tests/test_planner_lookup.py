@@ -176,8 +176,9 @@ def test_task_bench_auto_row_is_tuned_on_other_prompts_and_timed_in_the_run(monk
     monkeypatch.setattr(tasks, "specs", lambda *a: specs(*a)[:2])
     tuned_on = []
     tune = tasks.tune_for_task
-    monkeypatch.setattr(tasks, "tune_for_task", lambda model, calibration, args, progress=None: (
-        tuned_on.append(calibration), tune(model, calibration, args))[1])
+    monkeypatch.setattr(tasks, "tune_for_task", lambda model, calibration, args, progress=None,
+                        costs_from=None: (tuned_on.append(calibration),
+                                          tune(model, calibration, args, costs_from=costs_from))[1])
     args = types.SimpleNamespace(prompts=2, auto_prompts=2, auto=True, recommended=False,
                                  max_prompt_tokens=64, max_new_tokens=6, rounds=1, lookup=4,
                                  chat=False)
@@ -195,6 +196,11 @@ def test_task_bench_auto_row_is_tuned_on_other_prompts_and_timed_in_the_run(monk
     text = tasks.markdown(result)
     assert "auto (tuned on 2 other prompts of the task): " + auto["plan"]["name"] in text
     assert "/ best fixed choice (" + best["name"] in text
+    # a second task reuses the first's costs: only acceptance and the lookup are measured
+    first = result["calibration"]
+    again = tasks.run_task(_tiny(), None, "extract", args, costs_from=first)
+    assert again["auto"]["costs_reused"] and again["calibration"].costs == first.costs
+    assert again["calibration"].lookup.trace is not None
 
 
 def test_greedy_alpha_from_the_exits_choices_is_measure_alpha():

@@ -228,10 +228,12 @@ def split_prompts(model, task: str, args) -> tuple[list[list[int]], list[list[in
     return measured, calibration
 
 
-def tune_for_task(model, calibration: list[list[int]], args, progress=None):
+def tune_for_task(model, calibration: list[list[int]], args, progress=None, costs_from=None):
     """What method="auto" runs for this task: `tune` (quick settings, the bench's
     continuation length, a cache for the task's prompts) on the calibration prompts, not
-    saved. Returns the tune report (plans best first)."""
+    saved; with `costs_from` (the first task's calibration) only the acceptance and the
+    lookup are measured again: the device's costs do not depend on the task. Returns the
+    tune report (plans best first)."""
     import dataclasses
 
     from hispec_jax.planner import calibrate, tune as tune_lib
@@ -242,7 +244,7 @@ def tune_for_task(model, calibration: list[list[int]], args, progress=None):
         new_tokens=args.max_new_tokens, capacity=longest + args.max_new_tokens + 64,
         lookup=args.lookup or _default_k())
     return tune_lib.tune(model, 1, settings=settings, prompts=calibration, save=False,
-                         progress=progress)
+                         progress=progress, costs_from=costs_from)
 
 
 def _default_k() -> int:
@@ -251,7 +253,9 @@ def _default_k() -> int:
     return options_lib.DEFAULT_LOOKUP
 
 
-def run_task(model, hf_model, task: str, args) -> dict:
+def run_task(model, hf_model, task: str, args, costs_from=None) -> dict:
+    """One task's comparison; with --auto, `costs_from` (an earlier task's calibration) is
+    reused for the tune's costs, and the result's "calibration" is this task's."""
     from hispec_jax.bench import suite
 
     prompts, calibration = split_prompts(model, task, args)
@@ -260,7 +264,8 @@ def run_task(model, hf_model, task: str, args) -> dict:
     auto = None
     if getattr(args, "auto", False):
         report = tune_for_task(model, calibration, args,
-                               progress=lambda m: print(f"[tasks] {task}: tune: {m}", file=sys.stderr))
+                               progress=lambda m: print(f"[tasks] {task}: tune: {m}", file=sys.stderr),
+                               costs_from=costs_from)
         plan = report["plans"][0]
         spec = suite.MethodSpec.of(f"auto: {plan.name()}", plan.method, **plan.method_options())
         program = lambda s: (s.decoder(model).hierarchy, s.decoder(model).windows)
@@ -268,7 +273,11 @@ def run_task(model, hf_model, task: str, args) -> dict:
         auto = {"plan": plan.to_json(), "same_as": same, "calibration_prompts": len(calibration),
                 "calibration_prompt_lengths": [len(p) for p in calibration],
                 "tune_plans": [p.name() for p in report["plans"]],
-                "tune_seconds": report["calibration"].seconds}
+                "tune_seconds": report["calibration"].seconds,
+                "costs_reused": costs_from is not None,
+                "costs": report["calibration"].costs.to_json(),
+                "loop_fit": report["calibration"].loop.get("loop_fit"),
+                "calibration": report["calibration"]}
         print(f"[tasks] {task}: auto runs {plan.name()} (predicted "
               f"{plan.predicted_speedup:.2f}x AR{'; = ' + same if same else ''})", file=sys.stderr)
         if same is None:
@@ -296,8 +305,9 @@ def run_task(model, hf_model, task: str, args) -> dict:
     if auto is not None:
         auto.update(auto_ratios(results[:len(ours)], auto["same_as"] or ours[-1].name,
                                 [s.name for s in ours if s.name.startswith("auto: ")]))
+    calibration_used = auto.pop("calibration") if auto is not None else None
     return {"task": task, "prompt_lengths": [len(p) for p in prompts], "new_tokens": N,
-            "rows": rows, "auto": auto}
+            "rows": rows, "auto": auto, "calibration": calibration_used}
 
 
 def auto_ratios(results, auto_name: str, auto_rows: list[str]) -> dict:
@@ -332,8 +342,9 @@ def markdown(result: dict) -> str:
     auto = result.get("auto")
     if auto:
         plan = auto["plan"]
-        lines += ["", f"auto (tuned on {auto['calibration_prompts']} other prompts of the task): "
-                      f"{plan['name']}, predicted {plan['predicted_speedup']:.2f}x AR"
+        lines += ["", f"auto (tuned on {auto['calibration_prompts']} other prompts of the task"
+                      + ("; costs from the first task's tune" if auto.get("costs_reused") else "")
+                      + f"): {plan['name']}, predicted {plan['predicted_speedup']:.2f}x AR"
                       + (f"; the same program as the row '{auto['same_as']}' (timed once)"
                          if auto["same_as"] else ""),
                   f"auto {auto['tokens_per_second']:.1f} tok/s / best fixed choice "
@@ -351,9 +362,11 @@ def run(args) -> list[dict]:
     model = hispec_jax.load_model(model_path)
     hf_model = None if args.no_transformers else _hf_model(model_path)
     print(f"load average at start: {os.getloadavg()[0]:.2f}")
-    results = []
+    results, costs_from = [], None
     for task in args.tasks:
-        results.append(run_task(model, hf_model, task, args))
+        results.append(run_task(model, hf_model, task, args, costs_from))
+        costs_from = costs_from or results[-1].pop("calibration")
+        results[-1].pop("calibration", None)  # (not JSON: the tune's costs are in the plan)
         print(markdown(results[-1]) + "\n", flush=True)
     print(f"load average at end: {os.getloadavg()[0]:.2f}")
     if args.out:

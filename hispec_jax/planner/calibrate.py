@@ -269,9 +269,12 @@ def _generate_seconds(model, prompts, repeats, **kwargs):
 
 
 def calibrate(model: Model, batch_size: int = 1, prompts: list[list[int]] | None = None,
-              settings: Settings = Settings(), progress=None) -> Calibration:
+              settings: Settings = Settings(), progress=None,
+              costs_from: Calibration | None = None) -> Calibration:
     """Measures acceptance between every pair of exits and the costs of the engine's pieces
-    on this device at `batch_size` (see the module docstring)."""
+    on this device at `batch_size` (see the module docstring). With `costs_from` (an earlier
+    calibration of this model, device and batch size) only what depends on the prompts is
+    measured (acceptance, the lookup); the costs are that calibration's."""
     tick = progress or (lambda msg: None)
     t_start = time.perf_counter()
     s = settings
@@ -285,6 +288,9 @@ def calibrate(model: Model, batch_size: int = 1, prompts: list[list[int]] | None
     tick("AR continuations (acceptance positions) and AR timing")
     ar = generate_lib.generate(model, prompts, method="ar", max_new_tokens=s.new_tokens,
                                ignore_eos=True, batch_size=batch_size, max_cache_len=capacity)
+    if costs_from is not None:
+        return _prompt_measurements(model, ar, prompts, s, batch_size, capacity, tick, t_start,
+                                    costs_from)
     t_ar_run, _ = _generate_seconds(model, batch_prompts, s.repeats, method="ar",
                                     max_new_tokens=s.new_tokens, **common)
     t_prefill, _ = _generate_seconds(model, batch_prompts, s.repeats, method="ar",
@@ -294,14 +300,7 @@ def calibrate(model: Model, batch_size: int = 1, prompts: list[list[int]] | None
         per_round_ar, t_prefill = t_ar_run / s.new_tokens, 0.0
 
     tick("acceptance between every pair of exits")
-    sequences = [p + t for p, t in zip(ar.prompt_token_ids, ar.token_ids)]
-    starts = [len(p) for p in ar.prompt_token_ids]
-    choices = None
-    if s.temperature == 0.0:  # top-1 agreement: from the exits' choices (also the lookup's trace)
-        choices = exit_choices(model, sequences)
-        exits, alpha, tokens = alpha_from_choices(choices, starts)
-    else:
-        exits, alpha, tokens = measure_alpha(model, sequences, starts, s.temperature)
+    sequences, starts, choices, (exits, alpha, tokens) = _acceptance(model, ar, s)
 
     tick("stage costs (layers, exit head) per block length")
     layer_s, head_s = measure_stage_costs(model, batch_size, capacity, s.block_sizes, s.repeats,
@@ -330,15 +329,45 @@ def calibrate(model: Model, batch_size: int = 1, prompts: list[list[int]] | None
                     layerskip_passes=drafts + verifies, layerskip_draft_exit=draft,
                     layerskip_draft_len=nd)
     costs = dataclasses.replace(costs, prefill_s=float(t_prefill))
-    lookup = None
-    if s.lookup:
-        tick("prompt lookup on the calibration prompts (rounds and blocks)")
-        lookup = measure_lookup(model, prompts, s.lookup, s.new_tokens, batch_size, capacity)
-        tick("every exit's choices along the continuations (lookup under exits)")
-        lookup = dataclasses.replace(lookup, trace=measure_lookup_trace(
-            model, sequences, starts, choices=choices))
+    lookup = _lookup(model, prompts, s, batch_size, capacity, sequences, starts, choices, tick)
     return Calibration(exits=exits, alpha=alpha, costs=costs, tokens=tokens,
                        seconds=time.perf_counter() - t_start, loop=loop, lookup=lookup)
+
+
+def _acceptance(model: Model, ar, s: Settings):
+    """(sequences, starts, the exits' greedy choices or None, (exits, alpha, positions))."""
+    sequences = [p + t for p, t in zip(ar.prompt_token_ids, ar.token_ids)]
+    starts = [len(p) for p in ar.prompt_token_ids]
+    if s.temperature == 0.0:  # top-1 agreement: from the exits' choices (also the lookup's trace)
+        choices = exit_choices(model, sequences)
+        return sequences, starts, choices, alpha_from_choices(choices, starts)
+    return sequences, starts, None, measure_alpha(model, sequences, starts, s.temperature)
+
+
+def _lookup(model, prompts, s: Settings, batch_size, capacity, sequences, starts, choices,
+            tick) -> LookupProfile | None:
+    if not s.lookup:
+        return None
+    tick("prompt lookup on the calibration prompts (rounds and blocks)")
+    lookup = measure_lookup(model, prompts, s.lookup, s.new_tokens, batch_size, capacity)
+    tick("every exit's choices along the continuations (lookup under exits)")
+    return dataclasses.replace(lookup, trace=measure_lookup_trace(model, sequences, starts,
+                                                                  choices=choices))
+
+
+def _prompt_measurements(model, ar, prompts, s: Settings, batch_size, capacity, tick, t_start,
+                         costs_from: Calibration) -> Calibration:
+    """`calibrate` with the costs of `costs_from`: acceptance and the lookup only."""
+    if costs_from.costs.batch != batch_size:
+        raise ValueError(f"costs_from was measured at batch {costs_from.costs.batch}, "
+                         f"not {batch_size}")
+    tick("acceptance between every pair of exits (costs: the earlier calibration's)")
+    sequences, starts, choices, (exits, alpha, tokens) = _acceptance(model, ar, s)
+    lookup = _lookup(model, prompts, s, batch_size, capacity, sequences, starts, choices, tick)
+    return Calibration(exits=exits, alpha=alpha, costs=costs_from.costs, tokens=tokens,
+                       seconds=time.perf_counter() - t_start,
+                       loop={**costs_from.loop, "costs_from_an_earlier_calibration": True},
+                       lookup=lookup)
 
 
 def measure_lookup(model: Model, prompts: list[list[int]], k: int, new_tokens: int,
