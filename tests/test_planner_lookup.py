@@ -198,8 +198,14 @@ def test_task_bench_auto_row_is_tuned_on_other_prompts_and_timed_in_the_run(monk
     assert "/ best fixed choice (" + best["name"] in text
     # a second task reuses the first's costs: only acceptance and the lookup are measured
     first = result["calibration"]
+    args.auto_verify = True  # the plan chosen by timing the tune's plans on those prompts
+    monkeypatch.setattr(tasks, "tune_for_task", lambda *a, **k: (lambda r: {
+        **r, "plans": r["plans"][:2]})(tune(*a, **k)))  # two plans: fewer loops to compile
     again = tasks.run_task(_tiny(), None, "extract", args, costs_from=first)
     assert again["auto"]["costs_reused"] and again["calibration"].costs == first.costs
+    timed = {r["plan"]: r["measured_tokens_per_second"] for r in again["auto"]["verify"]}
+    assert again["auto"]["plan"]["name"] == max(timed, key=timed.get)
+    assert again["auto"]["chosen_by"] == "measurement (2 calibration prompts)"
     assert again["calibration"].lookup.trace is not None
 
 

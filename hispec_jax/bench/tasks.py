@@ -29,6 +29,9 @@ proposed / accepted) and writes tasks.json.
                     beside the fixed choices; the row gives its ratio to the best fixed
                     choice of ours in the same rounds (ratio of medians, and paired per
                     round). A plan equal to a fixed row is that program: timed once.
+    --auto-verify   auto's plan chosen by timing the tune's plans (the best 2 predicted
+                    and the best of each kind) on the calibration prompts instead of by
+                    prediction (`tune.measure_plans`, as `hispec tune --verify`)
 """
 
 from __future__ import annotations
@@ -138,6 +141,10 @@ def parse_args(argv=None):
                    help="also method='auto', tuned per task on prompts disjoint from the measured")
     p.add_argument("--auto-prompts", type=int, default=4,
                    help="--auto: calibration prompts per task (those after the measured ones)")
+    p.add_argument("--auto-verify", action="store_true",
+                   help="--auto: choose the plan by timing the tune's plans (the best 2 "
+                        "predicted and the best of each kind) on the calibration prompts, as "
+                        "`hispec tune --verify` does")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     return p.parse_args(argv)
 
@@ -150,6 +157,8 @@ def check_args(args) -> None:
         value = getattr(args, name)
         if value < 1:
             raise ValueError(f"--{name.replace('_', '-')} {value}: must be >= 1")
+    if getattr(args, "auto_verify", False) and not args.auto:
+        raise ValueError("--auto-verify chooses auto's plan: give --auto too")
     if args.lookup is not None:
         from hispec_jax.decoding import options as options_lib
 
@@ -244,7 +253,8 @@ def tune_for_task(model, calibration: list[list[int]], args, progress=None, cost
         new_tokens=args.max_new_tokens, capacity=longest + args.max_new_tokens + 64,
         lookup=args.lookup or _default_k())
     return tune_lib.tune(model, 1, settings=settings, prompts=calibration, save=False,
-                         progress=progress, costs_from=costs_from)
+                         progress=progress, costs_from=costs_from,
+                         top=2 if getattr(args, "auto_verify", False) else 8)
 
 
 def _default_k() -> int:
@@ -266,11 +276,20 @@ def run_task(model, hf_model, task: str, args, costs_from=None) -> dict:
         report = tune_for_task(model, calibration, args,
                                progress=lambda m: print(f"[tasks] {task}: tune: {m}", file=sys.stderr),
                                costs_from=costs_from)
-        plan = report["plans"][0]
+        plan, chosen_by, verify = report["plans"][0], "prediction", None
+        if getattr(args, "auto_verify", False):
+            from hispec_jax.planner import tune as tune_lib
+
+            verify = tune_lib.measure_plans(
+                model, report["plans"], 1, calibration, N, report["calibration"].costs,
+                repeats=2, progress=lambda m: print(f"[tasks] {task}: auto {m}", file=sys.stderr))
+            plan = tune_lib.rank_by_measurement(report["plans"], verify)[0]
+            chosen_by = f"measurement ({len(calibration)} calibration prompts)"
         spec = suite.MethodSpec.of(f"auto: {plan.name()}", plan.method, **plan.method_options())
         program = lambda s: (s.decoder(model).hierarchy, s.decoder(model).windows)
         same = next((s.name for s in ours if program(s) == program(spec)), None)
         auto = {"plan": plan.to_json(), "same_as": same, "calibration_prompts": len(calibration),
+                "chosen_by": chosen_by, "verify": verify,
                 "calibration_prompt_lengths": [len(p) for p in calibration],
                 "tune_plans": [p.name() for p in report["plans"]],
                 "tune_seconds": report["calibration"].seconds,
@@ -344,7 +363,8 @@ def markdown(result: dict) -> str:
         plan = auto["plan"]
         lines += ["", f"auto (tuned on {auto['calibration_prompts']} other prompts of the task"
                       + ("; costs from the first task's tune" if auto.get("costs_reused") else "")
-                      + f"): {plan['name']}, predicted {plan['predicted_speedup']:.2f}x AR"
+                      + f"): {plan['name']}, predicted {plan['predicted_speedup']:.2f}x AR, "
+                      f"chosen by {auto.get('chosen_by', 'prediction')}"
                       + (f"; the same program as the row '{auto['same_as']}' (timed once)"
                          if auto["same_as"] else ""),
                   f"auto {auto['tokens_per_second']:.1f} tok/s / best fixed choice "

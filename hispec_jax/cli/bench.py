@@ -89,6 +89,9 @@ def add_parsers(subparsers) -> None:
                             "best fixed choice")
     bench.add_argument("--auto-prompts", type=int, default=None, metavar="N",
                        help="--tasks --auto: calibration prompts per task (default 4)")
+    bench.add_argument("--auto-verify", action="store_true",
+                       help="--tasks --auto: choose auto's plan by timing the tune's plans on "
+                            "the calibration prompts (as hispec tune --verify)")
     common.add_mesh_flag(bench)
 
     tool = common.add_command(
@@ -118,6 +121,7 @@ def run_tasks(args) -> int:
     argv += ["--lookup", str(args.lookup)] if args.lookup is not None else []
     argv += ["--recommended"] if args.recommended else []
     argv += ["--auto"] if args.auto else []
+    argv += ["--auto-verify"] if args.auto_verify else []
     argv += ["--auto-prompts", str(args.auto_prompts)] if args.auto_prompts is not None else []
     parsed = tasks.parse_args(argv)
     tasks.check_args(parsed)  # one-line errors (ValueError) before anything loads
@@ -129,7 +133,7 @@ def run_tasks(args) -> int:
 def run_bench(args) -> int:
     if args.tasks is not None:
         return run_tasks(args)
-    for name in ("lookup", "recommended", "auto", "auto_prompts"):
+    for name in ("lookup", "recommended", "auto", "auto_prompts", "auto_verify"):
         if getattr(args, name) not in (None, False):
             raise ValueError(f"{common.flag(name)} is a --tasks flag: give --tasks too")
     mesh_shape = common.mesh_arg(args)  # before importing JAX
