@@ -76,6 +76,11 @@ CASES = [
     # bench
     ("bench --model {tmp}/none", "--model {tmp}/none: no such directory"),
     ("bench --tuned 1,2", "--tuned takes Ld,Li,Nd,Ni"),
+    ("bench --auto", "--auto is a --tasks flag: give --tasks too"),
+    ("bench --lookup 4", "--lookup is a --tasks flag: give --tasks too"),
+    ("bench --tasks chat --auto --auto-prompts 0", "--auto-prompts 0: must be >= 1"),
+    ("bench --tasks chat --lookup 99", "--lookup 99: must be an integer in [1, 64]"),
+    ("bench --tasks chat --auto-verify", "--auto-verify chooses auto's plan: give --auto too"),
     ("bench --batch-sizes x", "--batch-sizes: expected comma-separated integers"),
     ("bench --mesh model=0", "--mesh model=0"),
     ("bench --oracle --shapes tiny", "the oracle benchmark is `hispec bench-tool oracle`"),

@@ -208,6 +208,9 @@ def test_tune_cli_on_a_tiny_model(tmp_path, monkeypatch, capsys):
     lookup = latency.LookupProfile.from_json(payload["calibration"]["lookup"])  # measured
     assert lookup.k == 8 and sum(lookup.verified) >= lookup.rounds > 0 and lookup.tokens > 0
     assert any(p["method"] == "lookup" for p in payload["plans"])  # a candidate, ranked
+    assert lookup.trace is not None and {e for e, _ in lookup.trace.predictions} == {1, 2, 3}
+    kinds = {p["kind"] for p in payload["plans"]}  # and under exits, printed
+    assert {"layerskip+lookup", "hispec+lookup"} <= kinds and "+ lookup k=8" in out
     assert tune.auto_decoder(model, 1)[1] == saved
     result = generate(model, [[5, 6, 7]], method="auto", max_new_tokens=6, ignore_eos=True)
     assert result.stats["plan"] == saved.name()
@@ -397,8 +400,8 @@ def test_lookup_plan_round_trips_and_auto_runs_it_equal_to_ar(tmp_path, monkeypa
     p = plan_lib.Plan(exits=(4,), lookup=3, predicted_speedup=1.4)
     assert (p.method, p.method_options(), p.name()) == ("lookup", {"lookup": 3}, "lookup k=3")
     assert plan_lib.Plan.from_json(json.loads(json.dumps(p.to_json()))) == p
-    with pytest.raises(ValueError, match="full model only"):
-        plan_lib.Plan(exits=(1, 4), windows=(2,), lookup=3)
+    with pytest.raises(ValueError, match="fixed windows"):
+        plan_lib.Plan(exits=(1, 4), windows=(2,), lookup=3, adaptive=True)
     monkeypatch.setenv("HISPEC_CACHE_DIR", str(tmp_path))
     model = _tiny()
     plan_lib.save_plan_file(plan_lib.plan_path(model, 1), plan_lib.plan_payload(model, 1, [p]))

@@ -19,6 +19,19 @@ directory or a GGUF file transformers reads), transformers greedy and transforme
 prompt-lookup decoding (`prompt_lookup_num_tokens`, `max_matching_ngram_size`) on the same
 prompts and weights. Prints one table per task (tokens/s, ratio to our AR, lookup tokens
 proposed / accepted) and writes tasks.json.
+
+    --recommended   also the model's recommended LayerSkip and HiSpec (`recommended.py`;
+                    the paper's exits without one), each alone and with the lookup below
+    --auto          also what method="auto" runs, tuned for the task: per task `tune`
+                    (quick settings, the task's continuation length) calibrates on the
+                    `--auto-prompts` prompts that FOLLOW the measured ones in the task's
+                    order (disjoint from them), and its best predicted plan is timed
+                    beside the fixed choices; the row gives its ratio to the best fixed
+                    choice of ours in the same rounds (ratio of medians, and paired per
+                    round). A plan equal to a fixed row is that program: timed once.
+    --auto-verify   auto's plan chosen by timing the tune's plans (the best 2 predicted
+                    and the best of each kind) on the calibration prompts instead of by
+                    prediction (`tune.measure_plans`, as `hispec tune --verify`)
 """
 
 from __future__ import annotations
@@ -122,6 +135,16 @@ def parse_args(argv=None):
     p.add_argument("--hf-lookup", type=int, default=10, metavar="K",
                    help="transformers' prompt_lookup_num_tokens (its documented example: 10)")
     p.add_argument("--no-transformers", action="store_true", help="skip transformers")
+    p.add_argument("--recommended", action="store_true",
+                   help="also the recommended layerskip / hispec, alone and with the lookup")
+    p.add_argument("--auto", action="store_true",
+                   help="also method='auto', tuned per task on prompts disjoint from the measured")
+    p.add_argument("--auto-prompts", type=int, default=4,
+                   help="--auto: calibration prompts per task (those after the measured ones)")
+    p.add_argument("--auto-verify", action="store_true",
+                   help="--auto: choose the plan by timing the tune's plans (the best 2 "
+                        "predicted and the best of each kind) on the calibration prompts, as "
+                        "`hispec tune --verify` does")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     return p.parse_args(argv)
 
@@ -129,10 +152,13 @@ def parse_args(argv=None):
 def check_args(args) -> None:
     """Bad values: one-line errors before JAX, weights or data are touched."""
     args.tasks = parse_tasks(args.tasks)
-    for name in ("prompts", "max_prompt_tokens", "max_new_tokens", "rounds", "hf_lookup"):
+    for name in ("prompts", "max_prompt_tokens", "max_new_tokens", "rounds", "hf_lookup",
+                 "auto_prompts"):
         value = getattr(args, name)
         if value < 1:
             raise ValueError(f"--{name.replace('_', '-')} {value}: must be >= 1")
+    if getattr(args, "auto_verify", False) and not args.auto:
+        raise ValueError("--auto-verify chooses auto's plan: give --auto too")
     if args.lookup is not None:
         from hispec_jax.decoding import options as options_lib
 
@@ -174,18 +200,61 @@ def hf_runner(hf_model, prompts, new_tokens: int, name: str, lookup: int | None 
     return suite.Runner(name, warmup, lambda: run().seconds[0])
 
 
-def specs(model, lookup: int | None):
+def specs(model, lookup: int | None, recommended: bool = False):
     """Our methods of the comparison (AR first: the reference)."""
     from hispec_jax.bench import suite
     from hispec_jax.decoding import methods
 
     k = {} if lookup is None else {"lookup": lookup}
     draft, _ = methods.default_exits(model)
-    return [suite.MethodSpec.of("ar", "ar"),
-            suite.MethodSpec.of("lookup", "lookup", **k),
-            suite.MethodSpec.of(f"layerskip d={draft}", "layerskip", draft_exit=draft),
-            suite.MethodSpec.of(f"lookup under layerskip d={draft}", "layerskip",
-                                draft_exit=draft, lookup=lookup or _default_k())]
+    out = [suite.MethodSpec.of("ar", "ar"),
+           suite.MethodSpec.of("lookup", "lookup", **k),
+           suite.MethodSpec.of(f"layerskip d={draft}", "layerskip", draft_exit=draft),
+           suite.MethodSpec.of(f"lookup under layerskip d={draft}", "layerskip",
+                               draft_exit=draft, lookup=lookup or _default_k())]
+    if recommended:  # make_method's defaults: the model's recommended plan
+        for method in ("layerskip", "hispec"):
+            name = f"{method} (recommended: {_describe(methods.make_method(model, method))})"
+            out += [suite.MethodSpec.of(name, method),
+                    suite.MethodSpec.of(f"lookup under {name}", method,
+                                        lookup=lookup or _default_k())]
+    return out
+
+
+def _describe(decoder) -> str:
+    exits, windows = decoder.hierarchy.exits, decoder.windows
+    return "exits " + ",".join(map(str, exits)) + " windows " + ",".join(map(str, windows))
+
+
+def split_prompts(model, task: str, args) -> tuple[list[list[int]], list[list[int]]]:
+    """(measured prompts, calibration prompts for --auto): the task's first `--prompts`
+    prompts and the `--auto-prompts` after them (none without --auto); never the same."""
+    extra = args.auto_prompts if args.auto else 0
+    prompts = task_prompts(model, task, args.prompts + extra, args.max_prompt_tokens, args.chat)
+    measured, calibration = prompts[:args.prompts], prompts[args.prompts:]
+    if any(p in measured for p in calibration):  # the same text twice in the data set
+        calibration = [p for p in calibration if p not in measured]
+    return measured, calibration
+
+
+def tune_for_task(model, calibration: list[list[int]], args, progress=None, costs_from=None):
+    """What method="auto" runs for this task: `tune` (quick settings, the bench's
+    continuation length, a cache for the task's prompts) on the calibration prompts, not
+    saved; with `costs_from` (the first task's calibration) only the acceptance and the
+    lookup are measured again: the device's costs do not depend on the task. Returns the
+    tune report (plans best first)."""
+    import dataclasses
+
+    from hispec_jax.planner import calibrate, tune as tune_lib
+
+    longest = max(map(len, calibration))
+    settings = dataclasses.replace(
+        calibrate.Settings.quick(), num_prompts=len(calibration), max_prompt_tokens=longest,
+        new_tokens=args.max_new_tokens, capacity=longest + args.max_new_tokens + 64,
+        lookup=args.lookup or _default_k())
+    return tune_lib.tune(model, 1, settings=settings, prompts=calibration, save=False,
+                         progress=progress, costs_from=costs_from,
+                         top=2 if getattr(args, "auto_verify", False) else 8)
 
 
 def _default_k() -> int:
@@ -194,12 +263,44 @@ def _default_k() -> int:
     return options_lib.DEFAULT_LOOKUP
 
 
-def run_task(model, hf_model, task: str, args) -> dict:
+def run_task(model, hf_model, task: str, args, costs_from=None) -> dict:
+    """One task's comparison; with --auto, `costs_from` (an earlier task's calibration) is
+    reused for the tune's costs, and the result's "calibration" is this task's."""
     from hispec_jax.bench import suite
 
-    prompts = task_prompts(model, task, args.prompts, args.max_prompt_tokens, args.chat)
+    prompts, calibration = split_prompts(model, task, args)
     N = args.max_new_tokens
-    ours = specs(model, args.lookup)
+    ours = specs(model, args.lookup, getattr(args, "recommended", False))
+    auto = None
+    if getattr(args, "auto", False):
+        report = tune_for_task(model, calibration, args,
+                               progress=lambda m: print(f"[tasks] {task}: tune: {m}", file=sys.stderr),
+                               costs_from=costs_from)
+        plan, chosen_by, verify = report["plans"][0], "prediction", None
+        if getattr(args, "auto_verify", False):
+            from hispec_jax.planner import tune as tune_lib
+
+            verify = tune_lib.measure_plans(
+                model, report["plans"], 1, calibration, N, report["calibration"].costs,
+                repeats=2, progress=lambda m: print(f"[tasks] {task}: auto {m}", file=sys.stderr))
+            plan = tune_lib.rank_by_measurement(report["plans"], verify)[0]
+            chosen_by = f"measurement ({len(calibration)} calibration prompts)"
+        spec = suite.MethodSpec.of(f"auto: {plan.name()}", plan.method, **plan.method_options())
+        program = lambda s: (s.decoder(model).hierarchy, s.decoder(model).windows)
+        same = next((s.name for s in ours if program(s) == program(spec)), None)
+        auto = {"plan": plan.to_json(), "same_as": same, "calibration_prompts": len(calibration),
+                "chosen_by": chosen_by, "verify": verify,
+                "calibration_prompt_lengths": [len(p) for p in calibration],
+                "tune_plans": [p.name() for p in report["plans"]],
+                "tune_seconds": report["calibration"].seconds,
+                "costs_reused": costs_from is not None,
+                "costs": report["calibration"].costs.to_json(),
+                "loop_fit": report["calibration"].loop.get("loop_fit"),
+                "calibration": report["calibration"]}
+        print(f"[tasks] {task}: auto runs {plan.name()} (predicted "
+              f"{plan.predicted_speedup:.2f}x AR{'; = ' + same if same else ''})", file=sys.stderr)
+        if same is None:
+            ours = ours + [spec]
     capacity = suite.common_cache_len(model, prompts, ours, N)
     runners = [suite.hispec_runner(model, prompts, s, max_new_tokens=N, batch_size=1,
                                    max_cache_len=capacity, loop_time_only=True) for s in ours]
@@ -220,8 +321,28 @@ def run_task(model, hf_model, task: str, args) -> dict:
                      "lookup_accepted": look.get("accepted"),
                      "work_per_token": (r.stats or {}).get("work_per_token"),
                      "work_speedup": (r.stats or {}).get("work_speedup")})
+    if auto is not None:
+        auto.update(auto_ratios(results[:len(ours)], auto["same_as"] or ours[-1].name,
+                                [s.name for s in ours if s.name.startswith("auto: ")]))
+    calibration_used = auto.pop("calibration") if auto is not None else None
     return {"task": task, "prompt_lengths": [len(p) for p in prompts], "new_tokens": N,
-            "rows": rows}
+            "rows": rows, "auto": auto, "calibration": calibration_used}
+
+
+def auto_ratios(results, auto_name: str, auto_rows: list[str]) -> dict:
+    """Auto's row against the best fixed choice of ours in the same rounds: the ratio of
+    median tokens/s and, paired per round (round i of every method ran under the same
+    load), the median of per-round speed ratios."""
+    import statistics
+
+    auto = next(r for r in results if r.name == auto_name)
+    fixed = [r for r in results if r.name not in auto_rows]
+    best = max(fixed, key=lambda r: r.tokens_per_second)
+    paired = statistics.median(b / a for a, b in zip(auto.seconds, best.seconds))
+    return {"row": auto_name, "tokens_per_second": auto.tokens_per_second,
+            "best_fixed": best.name, "best_fixed_tokens_per_second": best.tokens_per_second,
+            "auto_vs_best_fixed": auto.tokens_per_second / best.tokens_per_second,
+            "auto_vs_best_fixed_paired": paired}
 
 
 def markdown(result: dict) -> str:
@@ -237,6 +358,19 @@ def markdown(result: dict) -> str:
         lines.append(f"| {row['name']} | {row['tokens_per_second']:.1f} | {row['x_ar']:.2f} | "
                      f"{'yes' if row['identical_to_ar'] else 'NO'} | {look} "
                      f"| {f(row.get('work_per_token'))} | {f(row.get('work_speedup'))} |")
+    auto = result.get("auto")
+    if auto:
+        plan = auto["plan"]
+        lines += ["", f"auto (tuned on {auto['calibration_prompts']} other prompts of the task"
+                      + ("; costs from the first task's tune" if auto.get("costs_reused") else "")
+                      + f"): {plan['name']}, predicted {plan['predicted_speedup']:.2f}x AR, "
+                      f"chosen by {auto.get('chosen_by', 'prediction')}"
+                      + (f"; the same program as the row '{auto['same_as']}' (timed once)"
+                         if auto["same_as"] else ""),
+                  f"auto {auto['tokens_per_second']:.1f} tok/s / best fixed choice "
+                  f"({auto['best_fixed']}, {auto['best_fixed_tokens_per_second']:.1f} tok/s): "
+                  f"{auto['auto_vs_best_fixed']:.3f}x; paired per round "
+                  f"{auto['auto_vs_best_fixed_paired']:.3f}x"]
     return "\n".join(lines)
 
 
@@ -248,9 +382,11 @@ def run(args) -> list[dict]:
     model = hispec_jax.load_model(model_path)
     hf_model = None if args.no_transformers else _hf_model(model_path)
     print(f"load average at start: {os.getloadavg()[0]:.2f}")
-    results = []
+    results, costs_from = [], None
     for task in args.tasks:
-        results.append(run_task(model, hf_model, task, args))
+        results.append(run_task(model, hf_model, task, args, costs_from))
+        costs_from = costs_from or results[-1].pop("calibration")
+        results[-1].pop("calibration", None)  # (not JSON: the tune's costs are in the plan)
         print(markdown(results[-1]) + "\n", flush=True)
     print(f"load average at end: {os.getloadavg()[0]:.2f}")
     if args.out:

@@ -78,6 +78,20 @@ def add_parsers(subparsers) -> None:
                             "--no-transformers, --chat, --out-dir)")
     bench.add_argument("--chat", action="store_true",
                        help="--tasks: render prompts with the model's chat template")
+    bench.add_argument("--lookup", type=int, default=None, metavar="K",
+                       help="--tasks: k of our lookup drafter (default 8)")
+    bench.add_argument("--recommended", action="store_true",
+                       help="--tasks: also the model's recommended layerskip and hispec, each "
+                            "alone and with the lookup drafter below it")
+    bench.add_argument("--auto", action="store_true",
+                       help="--tasks: also method='auto', tuned per task on --auto-prompts "
+                            "prompts disjoint from the measured ones, with its ratio to the "
+                            "best fixed choice")
+    bench.add_argument("--auto-prompts", type=int, default=None, metavar="N",
+                       help="--tasks --auto: calibration prompts per task (default 4)")
+    bench.add_argument("--auto-verify", action="store_true",
+                       help="--tasks --auto: choose auto's plan by timing the tune's plans on "
+                            "the calibration prompts (as hispec tune --verify)")
     common.add_mesh_flag(bench)
 
     tool = common.add_command(
@@ -104,6 +118,11 @@ def run_tasks(args) -> int:
     argv += ["--model", args.model] if args.model else []
     argv += ["--chat"] if args.chat else []
     argv += ["--no-transformers"] if args.no_transformers else []
+    argv += ["--lookup", str(args.lookup)] if args.lookup is not None else []
+    argv += ["--recommended"] if args.recommended else []
+    argv += ["--auto"] if args.auto else []
+    argv += ["--auto-verify"] if args.auto_verify else []
+    argv += ["--auto-prompts", str(args.auto_prompts)] if args.auto_prompts is not None else []
     parsed = tasks.parse_args(argv)
     tasks.check_args(parsed)  # one-line errors (ValueError) before anything loads
     Path(args.out_dir).mkdir(parents=True, exist_ok=True)
@@ -114,6 +133,9 @@ def run_tasks(args) -> int:
 def run_bench(args) -> int:
     if args.tasks is not None:
         return run_tasks(args)
+    for name in ("lookup", "recommended", "auto", "auto_prompts", "auto_verify"):
+        if getattr(args, name) not in (None, False):
+            raise ValueError(f"{common.flag(name)} is a --tasks flag: give --tasks too")
     mesh_shape = common.mesh_arg(args)  # before importing JAX
     if args.model is not None:
         common.check_model_path(args.model)

@@ -36,8 +36,8 @@ from hispec_jax.models.kv_cache import KVCache
 from hispec_jax.models.model import Model
 from hispec_jax.models.params import with_layer_layout
 from hispec_jax.models.transformer import run_layers_cached, scan_exits
-from hispec_jax.decoding.options import DEFAULT_LOOKUP
-from hispec_jax.planner.latency import Costs, LookupProfile, blocks
+from hispec_jax.decoding.options import DEFAULT_LOOKUP, DEFAULT_MAX_NGRAM
+from hispec_jax.planner.latency import Costs, LookupProfile, LookupTrace, blocks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,9 +269,12 @@ def _generate_seconds(model, prompts, repeats, **kwargs):
 
 
 def calibrate(model: Model, batch_size: int = 1, prompts: list[list[int]] | None = None,
-              settings: Settings = Settings(), progress=None) -> Calibration:
+              settings: Settings = Settings(), progress=None,
+              costs_from: Calibration | None = None) -> Calibration:
     """Measures acceptance between every pair of exits and the costs of the engine's pieces
-    on this device at `batch_size` (see the module docstring)."""
+    on this device at `batch_size` (see the module docstring). With `costs_from` (an earlier
+    calibration of this model, device and batch size) only what depends on the prompts is
+    measured (acceptance, the lookup); the costs are that calibration's."""
     tick = progress or (lambda msg: None)
     t_start = time.perf_counter()
     s = settings
@@ -285,6 +288,9 @@ def calibrate(model: Model, batch_size: int = 1, prompts: list[list[int]] | None
     tick("AR continuations (acceptance positions) and AR timing")
     ar = generate_lib.generate(model, prompts, method="ar", max_new_tokens=s.new_tokens,
                                ignore_eos=True, batch_size=batch_size, max_cache_len=capacity)
+    if costs_from is not None:
+        return _prompt_measurements(model, ar, prompts, s, batch_size, capacity, tick, t_start,
+                                    costs_from)
     t_ar_run, _ = _generate_seconds(model, batch_prompts, s.repeats, method="ar",
                                     max_new_tokens=s.new_tokens, **common)
     t_prefill, _ = _generate_seconds(model, batch_prompts, s.repeats, method="ar",
@@ -294,9 +300,7 @@ def calibrate(model: Model, batch_size: int = 1, prompts: list[list[int]] | None
         per_round_ar, t_prefill = t_ar_run / s.new_tokens, 0.0
 
     tick("acceptance between every pair of exits")
-    sequences = [p + t for p, t in zip(ar.prompt_token_ids, ar.token_ids)]
-    exits, alpha, tokens = measure_alpha(model, sequences, [len(p) for p in ar.prompt_token_ids],
-                                         s.temperature)
+    sequences, starts, choices, (exits, alpha, tokens) = _acceptance(model, ar, s)
 
     tick("stage costs (layers, exit head) per block length")
     layer_s, head_s = measure_stage_costs(model, batch_size, capacity, s.block_sizes, s.repeats,
@@ -325,12 +329,45 @@ def calibrate(model: Model, batch_size: int = 1, prompts: list[list[int]] | None
                     layerskip_passes=drafts + verifies, layerskip_draft_exit=draft,
                     layerskip_draft_len=nd)
     costs = dataclasses.replace(costs, prefill_s=float(t_prefill))
-    lookup = None
-    if s.lookup:
-        tick("prompt lookup on the calibration prompts (rounds and blocks)")
-        lookup = measure_lookup(model, prompts, s.lookup, s.new_tokens, batch_size, capacity)
+    lookup = _lookup(model, prompts, s, batch_size, capacity, sequences, starts, choices, tick)
     return Calibration(exits=exits, alpha=alpha, costs=costs, tokens=tokens,
                        seconds=time.perf_counter() - t_start, loop=loop, lookup=lookup)
+
+
+def _acceptance(model: Model, ar, s: Settings):
+    """(sequences, starts, the exits' greedy choices or None, (exits, alpha, positions))."""
+    sequences = [p + t for p, t in zip(ar.prompt_token_ids, ar.token_ids)]
+    starts = [len(p) for p in ar.prompt_token_ids]
+    if s.temperature == 0.0:  # top-1 agreement: from the exits' choices (also the lookup's trace)
+        choices = exit_choices(model, sequences)
+        return sequences, starts, choices, alpha_from_choices(choices, starts)
+    return sequences, starts, None, measure_alpha(model, sequences, starts, s.temperature)
+
+
+def _lookup(model, prompts, s: Settings, batch_size, capacity, sequences, starts, choices,
+            tick) -> LookupProfile | None:
+    if not s.lookup:
+        return None
+    tick("prompt lookup on the calibration prompts (rounds and blocks)")
+    lookup = measure_lookup(model, prompts, s.lookup, s.new_tokens, batch_size, capacity)
+    tick("every exit's choices along the continuations (lookup under exits)")
+    return dataclasses.replace(lookup, trace=measure_lookup_trace(model, sequences, starts,
+                                                                  choices=choices))
+
+
+def _prompt_measurements(model, ar, prompts, s: Settings, batch_size, capacity, tick, t_start,
+                         costs_from: Calibration) -> Calibration:
+    """`calibrate` with the costs of `costs_from`: acceptance and the lookup only."""
+    if costs_from.costs.batch != batch_size:
+        raise ValueError(f"costs_from was measured at batch {costs_from.costs.batch}, "
+                         f"not {batch_size}")
+    tick("acceptance between every pair of exits (costs: the earlier calibration's)")
+    sequences, starts, choices, (exits, alpha, tokens) = _acceptance(model, ar, s)
+    lookup = _lookup(model, prompts, s, batch_size, capacity, sequences, starts, choices, tick)
+    return Calibration(exits=exits, alpha=alpha, costs=costs_from.costs, tokens=tokens,
+                       seconds=time.perf_counter() - t_start,
+                       loop={**costs_from.loop, "costs_from_an_earlier_calibration": True},
+                       lookup=lookup)
 
 
 def measure_lookup(model: Model, prompts: list[list[int]], k: int, new_tokens: int,
@@ -344,6 +381,70 @@ def measure_lookup(model: Model, prompts: list[list[int]], k: int, new_tokens: i
     return LookupProfile(k=k, rounds=int(r.stats["rounds"]),
                          tokens=int(r.stats["emitted_in_loop"]),
                          verified=tuple(int(n) for n in r.stats["verified_length_histogram"]))
+
+
+@functools.partial(jax.jit, static_argnames=("model_cfg",))
+def _hidden_states(params, tokens_BxT, *, model_cfg):
+    """[L, B, T, D] every layer's output states (teacher-forced)."""
+    params = with_layer_layout(params, "scan")
+    return scan_exits(params, model_cfg, tokens_BxT, lambda h, index: h)[1]
+
+
+@functools.partial(jax.jit, static_argnames=("model_cfg", "exit_layer"))
+def _greedy_choice(params, heads, h_BxTxD, *, model_cfg, exit_layer):
+    return jnp.argmax(exit_logits(params, heads, model_cfg, h_BxTxD, exit_layer), -1)
+
+
+def exit_choices(model: Model, sequences: list[list[int]]) -> dict[int, list[np.ndarray]]:
+    """{exit: per sequence [len] its greedy token after every position} for every exit with
+    a head (teacher-forced). One sequence and one exit's [T, V] logits at a time (SmolLM2's
+    49k vocabulary over 30 exits does not fit at once); exits on the shared head share one
+    compiled program."""
+    from hispec_jax.models.heads import projection_kind
+
+    exits = tuple(methods.available_exits(model))
+    shared = next((e for e in exits if projection_kind(model.cfg, model.heads, e) == "shared"
+                   and str(e) not in model.heads), None)
+    choices: dict[int, list[np.ndarray]] = {e: [] for e in exits}
+    for seq in sequences:
+        T = max(16, 1 << (len(seq) - 1).bit_length())
+        tokens = np.zeros((1, T), np.int32)
+        tokens[0, :len(seq)] = seq
+        h_LxBxTxD = _hidden_states(model.params, tokens, model_cfg=model.cfg)
+        for e in exits:
+            key = shared if (shared is not None and str(e) not in model.heads) else e
+            top = _greedy_choice(model.params, model.heads, h_LxBxTxD[e - 1], model_cfg=model.cfg,
+                                 exit_layer=key)
+            choices[e].append(np.asarray(top)[0, :len(seq)])
+    return choices
+
+
+def alpha_from_choices(choices: dict[int, list[np.ndarray]],
+                       starts: list[int]) -> tuple[tuple[int, ...], np.ndarray, int]:
+    """Greedy `measure_alpha` from `exit_choices`: top-1 agreement of every pair of exits at
+    the positions >= starts[i] - 1 (the predictions of the continuation)."""
+    exits = tuple(sorted(choices))
+    tops = [np.concatenate([c[max(p - 1, 0):len(c) - 1] for c, p in zip(choices[e], starts)])
+            for e in exits]
+    total = len(tops[0])
+    alpha = np.array([[float(np.mean(a == b)) if total else 0.0 for b in tops] for a in tops])
+    return exits, alpha, total
+
+
+def measure_lookup_trace(model: Model, sequences: list[list[int]], starts: list[int],
+                         max_ngram: int = DEFAULT_MAX_NGRAM,
+                         choices: dict[int, list[np.ndarray]] | None = None) -> LookupTrace:
+    """The greedy continuations `sequences` (prompt + continuation from `starts`) and every
+    exit below L's greedy choice along them (`exit_choices`, unless given): what
+    `latency.simulate_lookup` replays the lookup drafter under an exit on (the lookup's
+    matches, what the exit keeps of them)."""
+    L = model.cfg.num_layers
+    choices = exit_choices(model, sequences) if choices is None else choices
+    return LookupTrace(
+        max_ngram=max_ngram, sequences=tuple(tuple(int(t) for t in s) for s in sequences),
+        starts=tuple(starts),
+        predictions=tuple((e, tuple(tuple(int(t) for t in c[p:]) for c, p in zip(per, starts)))
+                          for e, per in sorted(choices.items()) if e < L))
 
 
 def fit_loop_costs(costs: Costs, per_round_ar: float, ls_seconds: float, draft: int, nd: int,

@@ -35,6 +35,7 @@ machine itself on i.i.d. coin flips.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 
 import numpy as np
@@ -249,20 +250,26 @@ class LookupProfile:
       tokens: tokens it emitted in the loop (per sequence, summed over the prompts).
       verified: [k + 1] (sequence, verification) pairs by the positions n each one ran
         (the engine's `verified_length_histogram`; a round without a match is n = 1).
+      trace: the continuations and every exit's choices along them (`LookupTrace`): what
+        the lookup under an exit is simulated on (None: lookup alone only).
     """
 
     k: int
     rounds: int
     tokens: int
     verified: tuple[int, ...]
+    trace: "LookupTrace | None" = None
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+        return {"k": self.k, "rounds": self.rounds, "tokens": self.tokens,
+                "verified": list(self.verified),
+                "trace": self.trace.to_json() if self.trace is not None else None}
 
     @classmethod
     def from_json(cls, d: dict) -> "LookupProfile":
         return cls(k=int(d["k"]), rounds=int(d["rounds"]), tokens=int(d["tokens"]),
-                   verified=tuple(int(n) for n in d["verified"]))
+                   verified=tuple(int(n) for n in d["verified"]),
+                   trace=LookupTrace.from_json(d["trace"]) if d.get("trace") else None)
 
 
 def predict_lookup(profile: LookupProfile, costs: Costs, top: int) -> Prediction:
@@ -290,3 +297,191 @@ def end_to_end_tokens_per_second(pred: Prediction, costs: Costs, new_tokens: int
     token comes from prefill (`costs.prefill_s`), the rest from the loop."""
     seconds = costs.prefill_s + max(new_tokens - 1, 0) * pred.seconds_per_token
     return costs.batch * new_tokens / seconds
+
+
+# ------------------------------------------------------------------ lookup under exits
+@dataclasses.dataclass(frozen=True)
+class LookupTrace:
+    """The calibration prompts' greedy continuations and every exit's greedy choice along
+    them (`calibrate.measure_lookup_trace`): what `simulate_lookup` replays the prompt-lookup
+    drafter under exits on.
+
+    Attributes:
+      max_ngram: N, the lookup drafter's longest matched suffix.
+      sequences: per prompt, its tokens + the model's greedy continuation (what every
+        greedy method outputs).
+      starts: per prompt, P (its length: the continuation's first token is at P).
+      predictions: ((exit e, per prompt exit e's greedy token after position q, for
+        q = P .. len - 1), ...), teacher-forced on the sequence, for the exits below L
+        (the final layer's choices are the sequence itself).
+    """
+
+    max_ngram: int
+    sequences: tuple[tuple[int, ...], ...]
+    starts: tuple[int, ...]
+    predictions: tuple[tuple[int, tuple[tuple[int, ...], ...]], ...]
+
+    def to_json(self) -> dict:
+        return {"max_ngram": self.max_ngram, "sequences": [list(s) for s in self.sequences],
+                "starts": list(self.starts),
+                "predictions": {str(e): [list(p) for p in per] for e, per in self.predictions}}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "LookupTrace":
+        return cls(max_ngram=int(d["max_ngram"]),
+                   sequences=tuple(tuple(int(t) for t in s) for s in d["sequences"]),
+                   starts=tuple(int(p) for p in d["starts"]),
+                   predictions=tuple(sorted((int(e), tuple(tuple(int(t) for t in p) for p in per))
+                                            for e, per in d["predictions"].items())))
+
+
+@dataclasses.dataclass(frozen=True)
+class LookupRun:
+    """What `simulate_lookup` counted, summed over the calibration prompts.
+
+    Attributes:
+      batch: sequences per simulated loop (the calibration prompts are cycled to fill
+        the last group; every row counts as a sequence).
+      rounds: loop trips (summed over groups).
+      passes: ((level k, block T), count) of every verification pass.
+      emitted: tokens the loop emitted, per sequence (summed over groups, / batch).
+      verified: [k + 1] the top level's (sequence, verification) pairs by positions n
+        (the engine's `verified_length_histogram`).
+    """
+
+    batch: int
+    rounds: int
+    passes: tuple[tuple[tuple[int, int], int], ...]
+    emitted: float
+    verified: tuple[int, ...]
+
+
+def _lookup_proposal(context: list[int], max_ngram: int, limit: int, k: int):
+    """`lookup.PromptLookup.propose` for one sequence in numpy: (tokens, matched)."""
+    c = len(context) - 1
+    arr = np.asarray(context)
+    for n in range(min(max_ngram, c), 0, -1):  # the longest suffix with an earlier occurrence
+        rows = np.lib.stride_tricks.sliding_window_view(arr[:c], n)  # row r ends at r + n - 1
+        hits = np.flatnonzero((rows == arr[c - n + 1:]).all(axis=1))
+        if hits.size:
+            j = int(hits[-1]) + n - 1  # the most recent end
+            m = max(1, min(c - j, limit, k))
+            return context[j + 1:j + 1 + m], True
+    return [context[c]], False  # the placeholder: the newest token again
+
+
+def simulate_lookup(trace: LookupTrace, k: int, exits: tuple[int, ...],
+                    windows: tuple[int, ...], batch: int = 1) -> LookupRun:
+    """The engine's greedy "sync" round loop with the prompt-lookup drafter as level 0 below
+    exits (e_1, ..., e_{K-1} = L) (`engine.py`: `draft_phase`, `_Round.lookup_draft`,
+    `verify`), replayed on the calibration continuations: level k verifies with exit e_k's
+    recorded greedy choices, the top level with the continuation itself, so the lookup's
+    matches and what each exit keeps of them are the measured ones.
+
+        exits (L,)        method="lookup"
+        exits (d, L)      lookup under layerskip: windows (Nd,), L verifies Nd + 1 tokens
+        exits (d, i, L)   lookup under hispec: windows (Nd, Ni)
+
+    The lookup's k adapts as the engine's ("probe": 1, then k after a held match). Exact at
+    batch 1 where the exits' choices are context-free (the always-agree model) and for
+    exits (L,); otherwise an exit's choice after a token the final layer will reject is
+    read off the continuation's context (those tokens are discarded either way)."""
+    from hispec_jax.decoding import lookup as lookup_lib
+
+    K = len(exits) + 1  # level 0: the lookup drafter
+    L = exits[-1]
+    drafter = lookup_lib.PromptLookup(max_tokens=k, max_ngram=trace.max_ngram)
+    assert drafter.adaptive and drafter.schedule == "probe"  # what `methods` builds
+    preds = dict(trace.predictions)
+    thresholds = (k,) + tuple(w + 1 for w in windows)
+    static = windows_lib.block_lengths(thresholds)
+    level_blocks = {1: windows_lib.power_of_two_blocks(static[0]),
+                    K - 1: windows_lib.power_of_two_blocks(static[K - 2])}
+    n_seq = len(trace.sequences)
+    groups = [[(g + b) % n_seq for b in range(batch)] for g in range(0, n_seq, batch)]
+    rounds, passes, emitted = 0, collections.Counter(), 0
+    verified = np.zeros(static[-1] + 1, np.int64)
+    for group in groups:
+        seqs = [list(trace.sequences[s]) for s in group]
+        P = [trace.starts[s] for s in group]
+        buf = [seq[:p + 1] for seq, p in zip(seqs, P)]
+        c = [[p] * K for p in P]
+        max_new = [len(seq) - p for seq, p in zip(seqs, P)]
+        num_new = [1] * batch
+        window = [drafter.initial_window()] * batch
+        looked = [0] * batch
+
+        def choice(b, level, q):  # exit e_level's greedy token after position q
+            if exits[level - 1] == L:
+                return seqs[b][q + 1]
+            per = preds[exits[level - 1]][group[b]]
+            return per[min(q - P[b], len(per) - 1)]
+
+        def pending(b, level):
+            return c[b][level - 1] - c[b][level]
+
+        def ready(b, level):
+            if level == 1:
+                return pending(b, 1) > 0
+            ahead = c[b][level - 1] + 1 - (P[b] + num_new[b])
+            return (pending(b, level) >= windows[level - 2] + 1
+                    or (ahead >= max_new[b] - num_new[b] and pending(b, level) > 0))
+
+        while any(n < m for n, m in zip(num_new, max_new)):
+            rounds += 1
+            active = [n < m for n, m in zip(num_new, max_new)]
+            for b in range(batch):  # the draft phase: one lookup
+                if not active[b] or ready(b, 1) or any(ready(b, j) for j in range(2, K)):
+                    continue
+                c0, length = c[b][0], P[b] + num_new[b]
+                limit = max(1, min(window[b], max_new[b] - num_new[b] - (c0 + 1 - length), k))
+                tokens, matched = _lookup_proposal(buf[b][:c0 + 1], trace.max_ngram, limit, k)
+                buf[b][c0 + 1:c0 + 1 + len(tokens)] = tokens
+                c[b][0] = c0 + len(tokens)
+                looked[b] = len(tokens) if matched else 0
+            for level in range(1, K):
+                part = [active[b] and pending(b, level) > 0 for b in range(batch)]
+                if level >= 2 and not any(p and ready(b, level) for b, p in enumerate(part)):
+                    continue
+                longest = max([pending(b, level) for b in range(batch) if part[b]], default=0)
+                sizes = level_blocks.get(level)
+                block = (next((t for t in sizes if t >= longest), sizes[-1]) if sizes
+                         else static[level - 1])
+                passes[(level, block)] += 1
+                for b in range(batch):
+                    if not part[b]:
+                        continue
+                    start, n = c[b][level], pending(b, level)
+                    m = 0
+                    while m < n and buf[b][start + 1 + m] == choice(b, level, start + m):
+                        m += 1
+                    if m < n:  # level's own token replaces the rejected one; lower levels roll back
+                        pos = start + m + 1
+                        buf[b][pos] = choice(b, level, start + m)
+                        del buf[b][pos + 1:]
+                        c[b][:level + 1] = [pos] * (level + 1)
+                    else:
+                        c[b][level] = c[b][level - 1]
+                    if level == 1 and looked[b]:  # `PromptLookup.adapt`, "probe"
+                        held = min(m, looked[b]) >= min(looked[b], lookup_lib.PROBE_KEEP)
+                        window[b] = k if held else 1
+                    if level == K - 1:
+                        verified[n] += 1
+                        count = min(c[b][level] - start, max_new[b] - num_new[b])
+                        num_new[b] += count
+                        emitted += count
+    return LookupRun(batch=batch, rounds=rounds, passes=tuple(sorted(passes.items())),
+                     emitted=emitted / batch, verified=tuple(int(v) for v in verified))
+
+
+def predict_lookup_run(run: LookupRun, exits: tuple[int, ...], costs: Costs) -> Prediction:
+    """The seconds of a simulated lookup loop at `costs`: each round `round_s`, each pass at
+    level k `stage(e_{k-1}, e_k, its block)` (level 1 from layer 0: the lookup runs none).
+
+        seconds per token = (rounds * round_s + sum passes * stage) / tokens per sequence"""
+    lows = (0,) + tuple(exits[:-1])
+    seconds = run.rounds * costs.round_s + sum(
+        count * costs.stage(lows[level - 1], exits[level - 1], block)
+        for (level, block), count in run.passes)
+    t = seconds / max(run.emitted, 1e-9)
+    return Prediction(run.emitted / max(run.rounds, 1), t, costs.batch / t)

@@ -40,7 +40,10 @@ class Plan:
       predicted_work_per_token: expected layer passes + heads (in layer equivalents) per
         emitted token (`latency.work_costs`; None when the search had no model).
       predicted_work_speedup: AR's work per token over the plan's.
-      lookup: k of the prompt-lookup drafter (`method="lookup"` when exits is (L,)); 0: none.
+      lookup: k of the prompt-lookup drafter, 0: none. With exits (L,) `method="lookup"`;
+        below exits (d, L) or (d, i, ..., L) the drafter is level 0 under LayerSkip /
+        HiSpec (`lookup=k`): exit d verifies its drafts, and the windows are the levels
+        above it (`Nd`: L, or i, verifies once Nd + 1 tokens are pending).
     """
 
     exits: tuple[int, ...]
@@ -54,18 +57,24 @@ class Plan:
     lookup: int = 0
 
     def __post_init__(self):
-        if self.lookup and len(self.exits) != 1:
-            raise ValueError(f"a lookup plan verifies with the full model only, got exits {self.exits}")
+        if self.lookup and self.adaptive:
+            raise ValueError("a lookup plan has fixed windows (the lookup adapts its own k)")
 
     @property
     def method(self) -> str:
-        if self.lookup:
+        if self.lookup and len(self.exits) == 1:
             return "lookup"
         return {1: "ar", 2: "layerskip"}.get(len(self.exits), "hispec")
 
+    @property
+    def kind(self) -> str:
+        """The plan's family in the search's table: ar, layerskip, hispec, lookup,
+        layerskip+lookup, hispec+lookup."""
+        return self.method + ("+lookup" if self.lookup and len(self.exits) > 1 else "")
+
     def method_options(self) -> dict[str, Any]:
         """Options of `make_method(model, self.method, **options)`."""
-        if self.lookup:
+        if self.lookup and len(self.exits) == 1:
             return {"lookup": self.lookup}
         if len(self.exits) == 1:
             return {}
@@ -75,6 +84,8 @@ class Plan:
             opts["verify_window"] = self.windows[1]
         if self.adaptive:
             opts["adaptive"] = True
+        if self.lookup:
+            opts["lookup"] = self.lookup
         return opts
 
     def decoder(self, model: Model, greedy: bool = True) -> methods.Decoder:
@@ -82,14 +93,18 @@ class Plan:
         decoder = methods.make_method(model, self.method, greedy=greedy, **self.method_options())
         if len(self.exits) > 3 and not self.adaptive:
             windows = tuple(self.windows)
+            below = tuple(decoder.windows[:1]) if self.lookup else ()  # the lookup's own
+            bounds = tuple(decoder.hierarchy.max_windows[:1]) if self.lookup else ()
             decoder = dataclasses.replace(
-                decoder, windows=windows,
-                hierarchy=dataclasses.replace(decoder.hierarchy, max_windows=windows))
+                decoder, windows=below + windows,
+                hierarchy=dataclasses.replace(decoder.hierarchy, max_windows=bounds + windows))
         return decoder
 
     def name(self) -> str:
-        if self.lookup:
+        if self.lookup and len(self.exits) == 1:
             return f"lookup k={self.lookup}"
+        if self.lookup:
+            return dataclasses.replace(self, lookup=0).name() + f" + lookup k={self.lookup}"
         if len(self.exits) == 1:
             return "ar"
         if len(self.exits) == 2:
@@ -101,7 +116,7 @@ class Plan:
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        d["method"], d["name"] = self.method, self.name()
+        d["method"], d["kind"], d["name"] = self.method, self.kind, self.name()
         return d
 
     @classmethod

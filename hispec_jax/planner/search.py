@@ -6,6 +6,10 @@
     K = 4   (max_levels >= 4) a coarse grid: exits from `coarse_exits`, Nd in 1..3,
             windows in {2, 4, 8}
 
+    lookup  with a calibrated `LookupProfile`: the prompt-lookup drafter alone, and as
+            level 0 under LayerSkip / HiSpec exits (`lookup_plans`: simulated on the
+            calibration continuations, `latency.simulate_lookup`)
+
 Batch 1 ranks with the exact renewal formulas (`latency.predict`). At larger batches the
 best `rescore` candidates (and K >= 4 ones) are re-scored with the engine-faithful
 simulator, which sees the "sync" schedule; adaptive (App. J) windows are scored by
@@ -58,7 +62,8 @@ def search(exits: Sequence[int], alpha: AlphaFn, costs: Costs, *, max_levels: in
            rescore: int = 24, top: int = 8, work: Costs | None = None,
            lookup: latency.LookupProfile | None = None) -> list[Plan]:
     """Plans ranked by predicted tokens/s (best first), at most `top`, always followed by
-    the best plan of each kind (AR, LayerSkip, HiSpec, lookup) when it is not among them.
+    the best plan of each kind (`Plan.kind`: AR, LayerSkip, HiSpec, lookup, LayerSkip +
+    lookup, HiSpec + lookup) when it is not among them.
 
     Args:
       exits: exits with a head, ascending; the last is the final layer L.
@@ -66,24 +71,75 @@ def search(exits: Sequence[int], alpha: AlphaFn, costs: Costs, *, max_levels: in
       costs: measured costs (their batch size is the plans').
       work: `latency.work_costs` of the model: each plan also gets its predicted work per
         token (hardware-free; the ranking stays by predicted tokens/s).
-      lookup: what `method="lookup"` did on the calibration prompts (None: not a candidate).
+      lookup: what `method="lookup"` did on the calibration prompts, with the trace the
+        lookup under exits is simulated on (`lookup_plans`; None: no lookup candidate).
     """
     plans = _search_exits(exits, alpha, costs, max_levels=max_levels, draft_lens=draft_lens,
                           verify_windows=verify_windows, coarse_exits=coarse_exits,
                           adaptive=adaptive, rescore=rescore, top=top, work=work)
     if lookup is None:
         return plans
+    looked = lookup_plans(exits, costs, lookup, work=work, draft_lens=draft_lens,
+                          max_levels=max_levels)
+    # (a stable sort: a tie keeps the exit plan, AR first, ahead of lookup)
+    ranked = sorted(plans + looked, key=lambda p: -p.predicted_tokens_per_second)
+    chosen = ranked[:top]
+    for plan in ranked[top:]:  # the best of each kind, for the side-by-side table
+        if all(p.kind != plan.kind for p in chosen):
+            chosen.append(plan)
+    return chosen
+
+
+LOOKUP_HISPEC_WINDOWS = ((1, 4), (2, 4), (2, 8), (4, 8))  # (Nd, Ni) under HiSpec
+LOOKUP_EXITS_KEPT = 3  # the draft exits of LayerSkip + lookup swept over every Nd
+
+
+def lookup_plans(exits: Sequence[int], costs: Costs, lookup: latency.LookupProfile, *,
+                 work: Costs | None = None, draft_lens: Sequence[int] = range(1, 9),
+                 max_levels: int = 3) -> list[Plan]:
+    """The prompt-lookup drafter's plans, best first: alone (`latency.predict_lookup` on
+    its measured run) and, when the profile has a trace, under exits
+    (`latency.simulate_lookup`): LayerSkip + lookup over every draft exit at Nd = 2, the
+    best `LOOKUP_EXITS_KEPT` of them over every Nd; HiSpec + lookup (max_levels >= 3) from
+    the best two draft exits, intermediate exits above them (at most six, evenly spread)
+    and `LOOKUP_HISPEC_WINDOWS`."""
     L = exits[-1]
     ar_tps = latency.predict((L,), (), [], costs).tokens_per_second
     pred = latency.predict_lookup(lookup, costs, L)
-    plan = dataclasses.replace(_plan((L,), (), pred, ar_tps), lookup=lookup.k)
+    alone = dataclasses.replace(_plan((L,), (), pred, ar_tps), lookup=lookup.k)
     if work is not None:  # a full pass (layers and head) per verification, any block
         per_token = latency.predict_lookup(lookup, dataclasses.replace(work, batch=costs.batch),
                                            L).seconds_per_token
-        plan = dataclasses.replace(plan, predicted_work_per_token=per_token,
+        alone = dataclasses.replace(alone, predicted_work_per_token=per_token,
+                                    predicted_work_speedup=work.stage(0, L, 1) / per_token)
+    plans = [alone]
+    trace = lookup.trace
+    lower = [e for e in exits if e < L and e in dict(trace.predictions)] if trace else []
+    if not lower:
+        return plans
+
+    def plan(hierarchy: tuple[int, ...], windows: tuple[int, ...]) -> Plan:
+        run = latency.simulate_lookup(trace, lookup.k, hierarchy, windows, batch=costs.batch)
+        p = dataclasses.replace(_plan(hierarchy, windows,
+                                      latency.predict_lookup_run(run, hierarchy, costs), ar_tps),
+                                lookup=lookup.k)
+        if work is None:
+            return p
+        per_token = latency.predict_lookup_run(run, hierarchy, work).seconds_per_token
+        return dataclasses.replace(p, predicted_work_per_token=per_token,
                                    predicted_work_speedup=work.stage(0, L, 1) / per_token)
-    # (a stable sort: a tie keeps the exit plan, AR first, ahead of lookup)
-    return sorted(plans + [plan], key=lambda p: -p.predicted_tokens_per_second)
+
+    first = sorted((plan((d, L), (2,)) for d in lower), key=lambda p: -p.predicted_tokens_per_second)
+    best_d = [p.exits[0] for p in first[:LOOKUP_EXITS_KEPT]]
+    layerskip = first + [plan((d, L), (nd,)) for d in best_d for nd in draft_lens if nd != 2]
+    plans += layerskip
+    if max_levels >= 3:
+        for d in best_d[:2]:
+            above = [e for e in lower if e > d]
+            above = [above[i] for i in sorted({round(j * (len(above) - 1) / 5)
+                                               for j in range(6)})] if len(above) > 6 else above
+            plans += [plan((d, i, L), w) for i in above for w in LOOKUP_HISPEC_WINDOWS]
+    return sorted(plans, key=lambda p: -p.predicted_tokens_per_second)
 
 
 def _search_exits(exits, alpha, costs, *, max_levels, draft_lens, verify_windows, coarse_exits,
@@ -150,7 +206,8 @@ def _search_exits(exits, alpha, costs, *, max_levels, draft_lens, verify_windows
 
 
 def best_of_kind(plans: list[Plan], kind: str) -> Plan | None:
-    return next((p for p in plans if p.method == kind), None)
+    """The first plan of `kind` (`Plan.kind`: "layerskip" is LayerSkip without lookup)."""
+    return next((p for p in plans if p.kind == kind), None)
 
 
 def with_prediction(plan: Plan, alpha: AlphaFn, costs: Costs) -> Plan:

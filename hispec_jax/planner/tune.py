@@ -26,12 +26,13 @@ from hispec_jax.planner import latency, plan as plan_lib, search as search_lib
 def tune(model: Model, batch_size: int = 1, *, quick: bool = False,
          settings: calibrate_lib.Settings | None = None, prompts=None, max_levels: int = 3,
          top: int = 8, out: str | Path | None = None, save: bool = True,
-         progress=None) -> dict[str, Any]:
+         progress=None, costs_from: calibrate_lib.Calibration | None = None) -> dict[str, Any]:
     """Calibrates on this device, searches, saves the plan file; returns
-    {"plans": [Plan, ...] best first, "calibration": Calibration, "path": saved file}."""
+    {"plans": [Plan, ...] best first, "calibration": Calibration, "path": saved file}.
+    `costs_from`: reuse an earlier calibration's costs (`calibrate.calibrate`)."""
     settings = settings or (calibrate_lib.Settings.quick() if quick else calibrate_lib.Settings())
     cal = calibrate_lib.calibrate(model, batch_size, prompts=prompts, settings=settings,
-                                  progress=progress)
+                                  progress=progress, costs_from=costs_from)
     t0 = time.perf_counter()
     plans = search_lib.search(cal.exits, cal.alpha_of, cal.costs, max_levels=max_levels, top=top,
                               work=latency.work_costs(model), lookup=cal.lookup)

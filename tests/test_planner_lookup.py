@@ -1,0 +1,219 @@
+"""The prompt-lookup drafter under exits as a planner candidate (issue 28): the replayed
+engine loop (`latency.simulate_lookup`) against the engine's own counts, the search's choice
+on copy-heavy and open-chat calibrations, plan files and method="auto"."""
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from hispec_jax.planner import calibrate, latency, plan as plan_lib, search as search_lib
+from test_engine import tiny_model
+from test_planner import STEP_COSTS
+
+
+def _trace_of(model, prompts, new_tokens):
+    from hispec_jax.decoding import generate as generate_lib
+
+    ar = generate_lib.generate(model, prompts, method="ar", max_new_tokens=new_tokens,
+                               ignore_eos=True, batch_size=1)
+    sequences = [p + t for p, t in zip(ar.prompt_token_ids, ar.token_ids)]
+    return ar, calibrate.measure_lookup_trace(model, sequences, [len(p) for p in prompts])
+
+
+PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 10, 11, 9, 10, 11, 12], [20, 21, 22, 23]]
+
+
+@pytest.mark.parametrize("exits,windows,options", [
+    ((6,), (), dict(method="lookup")),
+    ((2, 6), (3,), dict(method="layerskip", draft_exit=2, draft_len=3)),
+    ((1, 3, 6), (2, 4), dict(method="hispec", draft_exit=1, verify_exits=(3,), draft_len=2,
+                             verify_window=4))])
+def test_simulated_lookup_is_what_the_engine_counts_on_the_always_agree_model(exits, windows,
+                                                                             options):
+    """Every exit gives the final layer's token: the replayed loop is the engine's, round for
+    round (rounds, tokens, the top level's verified lengths, work per token)."""
+    from hispec_jax.decoding import generate as generate_lib
+
+    model = tiny_model(6, 0, layer_scale=0.0)
+    ar, trace = _trace_of(model, PROMPTS, 20)
+    run = latency.simulate_lookup(trace, 4, exits, windows)
+    got = generate_lib.generate(model, PROMPTS, max_new_tokens=20, ignore_eos=True,
+                                batch_size=1, lookup=4, **options)
+    assert got.token_ids == ar.token_ids
+    assert got.stats["lookup"]["matches"] > 0
+    assert (run.rounds, run.emitted) == (got.stats["rounds"], got.stats["emitted_in_loop"])
+    assert list(run.verified) == got.stats["verified_length_histogram"]
+    work = latency.predict_lookup_run(run, exits, latency.work_costs(model))
+    assert work.seconds_per_token == pytest.approx(got.stats["work_per_token"])
+
+
+def test_simulated_lookup_alone_is_the_measured_profile_on_a_random_model():
+    """With the final layer as the only verifier the replay is exact on any model: it
+    reproduces `measure_lookup`'s run."""
+    model = tiny_model(4, 1)
+    _, trace = _trace_of(model, PROMPTS, 16)
+    measured = calibrate.measure_lookup(model, PROMPTS, 8, 16)
+    run = latency.simulate_lookup(trace, 8, (4,), ())
+    assert (run.rounds, run.emitted, run.verified) == (measured.rounds, measured.tokens,
+                                                       measured.verified)
+    profile = dataclasses.replace(measured, trace=trace)
+    assert latency.LookupProfile.from_json(json.loads(json.dumps(profile.to_json()))) == profile
+
+
+# Synthetic calibrations (L = 24, exits 4 and 8): a continuation that copies its prompt in
+# runs of 12 tokens (one new token between runs) or one that copies nothing; exits whose
+# choices are the continuation's (agree) or random (disagree).
+def _synthetic_trace(copy: bool, agree: bool, prompts: int = 4, new_tokens: int = 48):
+    rng = np.random.default_rng(0)
+    sequences, starts = [], []
+    for _ in range(prompts):
+        prompt = rng.integers(100, 1000, 60).tolist()
+        cont: list[int] = []
+        while len(cont) < new_tokens:
+            if copy:
+                at = int(rng.integers(0, 48))
+                cont += prompt[at:at + 12] + [int(rng.integers(1000, 2000))]
+            else:
+                cont.append(int(rng.integers(1000, 5000)))
+        sequences.append(tuple(prompt + cont[:new_tokens]))
+        starts.append(len(prompt))
+
+    def choices(seq, p):
+        if agree:
+            return tuple(seq[p + 1:]) + (0,)
+        return tuple(int(t) for t in rng.integers(5000, 6000, len(seq) - p))
+
+    return latency.LookupTrace(
+        max_ngram=3, sequences=tuple(sequences), starts=tuple(starts),
+        predictions=tuple((e, tuple(choices(s, p) for s, p in zip(sequences, starts)))
+                          for e in (4, 8)))
+
+
+@pytest.mark.parametrize("copy,agree,chosen", [
+    (True, True, "layerskip+lookup"),  # copies, checked cheaply by an exit that agrees
+    (True, False, "lookup"),           # copies, but the exits would reject them
+    (False, False, "ar")])             # nothing to copy, exits that disagree
+def test_search_picks_lookup_under_an_exit_only_when_the_calibration_says_it_pays(copy, agree,
+                                                                                 chosen):
+    trace = _synthetic_trace(copy, agree)
+    run = latency.simulate_lookup(trace, 8, (24,), ())
+    profile = latency.LookupProfile(k=8, rounds=run.rounds, tokens=int(run.emitted),
+                                    verified=run.verified, trace=trace)
+    alpha = (lambda a, b: 1.0) if agree else (lambda a, b: 0.1)
+    plans = search_lib.search((4, 8, 24), alpha, STEP_COSTS, top=3, lookup=profile)
+    assert plans[0].kind == chosen
+    kinds = [p.kind for p in plans]
+    for kind in ("ar", "layerskip", "hispec", "lookup", "layerskip+lookup", "hispec+lookup"):
+        assert kind in kinds  # every kind is listed, ranked
+    under = search_lib.best_of_kind(plans, "layerskip+lookup")
+    assert under.method == "layerskip" and under.lookup == 8
+    alone = search_lib.best_of_kind(plans, "lookup")
+    layerskip = search_lib.best_of_kind(plans, "layerskip")
+    beats_parts = (under.predicted_tokens_per_second > alone.predicted_tokens_per_second
+                   and under.predicted_tokens_per_second > layerskip.predicted_tokens_per_second)
+    assert beats_parts == (chosen == "layerskip+lookup")
+
+
+def test_lookup_under_exit_plans_carry_the_simulated_work():
+    """A plan's predicted work per token is its replayed loop's, in layer equivalents."""
+    model = tiny_model(6, 0, layer_scale=0.0)
+    _, trace = _trace_of(model, PROMPTS, 20)
+    profile = latency.LookupProfile(k=4, rounds=1, tokens=1, verified=(0, 1), trace=trace)
+    work = latency.work_costs(model)
+    plans = search_lib.lookup_plans(tuple(range(1, 7)), STEP_COSTS, profile, work=work,
+                                    draft_lens=(2, 3))
+    plan = next(p for p in plans if p.kind == "hispec+lookup")
+    run = latency.simulate_lookup(trace, 4, plan.exits, plan.windows)
+    assert plan.predicted_work_per_token == pytest.approx(
+        latency.predict_lookup_run(run, plan.exits, work).seconds_per_token)
+    assert plan.predicted_work_speedup == pytest.approx(
+        work.stage(0, 6, 1) / plan.predicted_work_per_token)
+
+
+@pytest.mark.parametrize("plan,name,options", [
+    (plan_lib.Plan(exits=(1, 4), windows=(2,), lookup=3), "layerskip d=1 nd=2 + lookup k=3",
+     {"draft_exit": 1, "draft_len": 2, "lookup": 3}),
+    (plan_lib.Plan(exits=(1, 2, 4), windows=(1, 3), lookup=3),
+     "hispec d=1 i=2 nd=1 ni=3 + lookup k=3",
+     {"draft_exit": 1, "draft_len": 1, "verify_exits": (2,), "verify_window": 3, "lookup": 3})])
+def test_lookup_under_exit_plan_round_trips_and_auto_runs_it_equal_to_ar(tmp_path, monkeypatch,
+                                                                        plan, name, options):
+    from hispec_jax import generate
+    from test_planner import _tiny
+
+    assert (plan.name(), plan.method_options()) == (name, options)
+    assert plan_lib.Plan.from_json(json.loads(json.dumps(plan.to_json()))) == plan
+    monkeypatch.setenv("HISPEC_CACHE_DIR", str(tmp_path))
+    model = _tiny()
+    plan_lib.save_plan_file(plan_lib.plan_path(model, 1), plan_lib.plan_payload(model, 1, [plan]))
+    assert plan_lib.load_plan(model, 1) == plan  # the cached tune
+    prompts = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6]]
+    auto = generate(model, prompts, method="auto", max_new_tokens=12, ignore_eos=True)
+    ar = generate(model, prompts, method="ar", max_new_tokens=12, ignore_eos=True)
+    assert auto.stats["plan"] == name
+    assert auto.stats["exits"] == [0, *plan.exits] and auto.stats["lookup"]["verified_by_exit"] == 1
+    assert auto.token_ids == ar.token_ids
+
+
+def test_task_bench_auto_row_is_tuned_on_other_prompts_and_timed_in_the_run(monkeypatch,
+                                                                           capsys):
+    """`bench --tasks ... --auto`: per task a tune on the prompts after the measured ones,
+    its plan timed beside the fixed choices, its ratio to the best of them from the rows."""
+    import types
+
+    from hispec_jax.bench import tasks
+    from test_planner import _tiny
+
+    monkeypatch.setattr(calibrate.Settings, "quick", classmethod(lambda cls: cls(
+        num_prompts=2, max_prompt_tokens=8, new_tokens=6, block_sizes=(1, 4), repeats=1,
+        capacity=64)))
+    pool = [[5, 6, 7, 8, 5, 6, 7], [9, 10, 11, 9, 10], [12, 13, 12, 13, 12, 13],
+            [14, 15, 16, 14, 15, 16, 14, 15]]
+    monkeypatch.setattr(tasks, "task_prompts", lambda model, task, n, m, chat: pool[:n])
+    specs = tasks.specs  # the fixed choices: AR and lookup (fewer loops to compile)
+    monkeypatch.setattr(tasks, "specs", lambda *a: specs(*a)[:2])
+    tuned_on = []
+    tune = tasks.tune_for_task
+    monkeypatch.setattr(tasks, "tune_for_task", lambda model, calibration, args, progress=None,
+                        costs_from=None: (tuned_on.append(calibration),
+                                          tune(model, calibration, args, costs_from=costs_from))[1])
+    args = types.SimpleNamespace(prompts=2, auto_prompts=2, auto=True, recommended=False,
+                                 max_prompt_tokens=64, max_new_tokens=6, rounds=1, lookup=4,
+                                 chat=False)
+    result = tasks.run_task(_tiny(), None, "summarize", args)
+    assert tuned_on == [pool[2:4]] and result["prompt_lengths"] == [7, 5]  # disjoint
+    auto = result["auto"]
+    rows = {r["name"]: r for r in result["rows"]}
+    assert auto["row"] in rows and auto["plan"]["name"] in auto["row"] + (auto["same_as"] or "")
+    fixed = [r for n, r in rows.items() if not n.startswith("auto: ")]
+    best = max(fixed, key=lambda r: r["tokens_per_second"])
+    assert auto["best_fixed"] == best["name"]
+    assert auto["auto_vs_best_fixed"] == pytest.approx(
+        rows[auto["row"]]["tokens_per_second"] / best["tokens_per_second"])
+    assert all(r["identical_to_ar"] for r in rows.values())
+    text = tasks.markdown(result)
+    assert "auto (tuned on 2 other prompts of the task): " + auto["plan"]["name"] in text
+    assert "/ best fixed choice (" + best["name"] in text
+    # a second task reuses the first's costs: only acceptance and the lookup are measured
+    first = result["calibration"]
+    args.auto_verify = True  # the plan chosen by timing the tune's plans on those prompts
+    monkeypatch.setattr(tasks, "tune_for_task", lambda *a, **k: (lambda r: {
+        **r, "plans": r["plans"][:2]})(tune(*a, **k)))  # two plans: fewer loops to compile
+    again = tasks.run_task(_tiny(), None, "extract", args, costs_from=first)
+    assert again["auto"]["costs_reused"] and again["calibration"].costs == first.costs
+    timed = {r["plan"]: r["measured_tokens_per_second"] for r in again["auto"]["verify"]}
+    assert again["auto"]["plan"]["name"] == max(timed, key=timed.get)
+    assert again["auto"]["chosen_by"] == "measurement (2 calibration prompts)"
+    assert again["calibration"].lookup.trace is not None
+
+
+def test_greedy_alpha_from_the_exits_choices_is_measure_alpha():
+    """calibrate computes greedy acceptance from `exit_choices` (one exit's logits at a time:
+    a large vocabulary over many exits does not fit at once): the same numbers."""
+    model = tiny_model(4, 1)
+    seqs, starts = [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15], [20, 21, 22, 23, 24, 25, 26]], [4, 3]
+    exits, alpha, total = calibrate.measure_alpha(model, seqs, starts)
+    got = calibrate.alpha_from_choices(calibrate.exit_choices(model, seqs), starts)
+    assert got[0] == exits and got[2] == total and np.allclose(got[1], alpha)
