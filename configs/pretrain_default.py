@@ -51,12 +51,14 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
     # "sharegpt": train on the ShareGPT training split; "on_policy": on the init_from model's
     # own continuations of ShareGPT training prompts (generated once by the engine before
     # training, cached under token_cache_dir/on_policy; hispec_jax/train_heads/on_policy.py).
+    # "mixed": both, the continuations repeated on_policy_repeat times per epoch.
     d.source = "sharegpt"
     d.on_policy_prompts = 1000    # first user turns of the ShareGPT training split
     d.on_policy_new_tokens = 256  # new tokens per prompt (up to EOS)
     d.on_policy_sampling = "greedy"   # "greedy" | "sampled"
     d.on_policy_temperature = 1.0     # "sampled" only
     d.on_policy_batch = 64        # prompts per generation batch
+    d.on_policy_repeat = 1        # "mixed": copies of the continuations per epoch
 
     # Early-exit recipe (hispec_jax/train_heads/exit_recipe.py):
     # CE(final) + sum_{e<L} w_e [(1 - distill_weight) CE(exit e) + distill_weight KL_e].

@@ -302,6 +302,7 @@ def test_recipe_keys_are_in_every_pretrain_config():
         config = pt.load_pretrain_config(PRESETS_DIR / name)
         assert keys <= set(config.keys()), name
         assert {"token_cache_dir", "source", "on_policy_prompts", "on_policy_new_tokens",
-                "on_policy_sampling", "on_policy_temperature", "on_policy_batch"} <= set(config.data)
+                "on_policy_sampling", "on_policy_temperature", "on_policy_batch",
+                "on_policy_repeat"} <= set(config.data)
         er.validate_recipe(config, config.model.num_layers)
         pt.validate_data(config)

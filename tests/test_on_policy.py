@@ -1,7 +1,7 @@
 """On-policy training data (`train_heads/on_policy.py`): the rows are the model's own
 continuations (greedy: exactly its argmax, token by token), deterministic given the seed,
-cached on disk; `train-heads` and `hispec pretrain` (`data.source="on_policy"`) train on
-them; bad settings are one-line errors."""
+cached on disk; `train-heads` and `hispec pretrain` (`data.source="on_policy"`, or "mixed"
+with ShareGPT text) train on them; bad settings are one-line errors."""
 
 from __future__ import annotations
 
@@ -125,9 +125,39 @@ def test_pretrain_on_policy_trains_on_the_init_models_continuations(tmp_path, ca
     assert evals.docs[0][0] == model.tokenizer.bos_token_id  # held-out text: ShareGPT's
 
 
+def test_pretrain_mixed_trains_on_sharegpt_and_repeated_continuations(tmp_path, capsys):
+    """`data.source="mixed"`: the ShareGPT training documents, then the `init_from` model's
+    continuations `on_policy_repeat` times (the packing shuffles them together)."""
+    _pretrain(tmp_path / "a", "--config.num_steps=0", "--config.eval_batches=1")
+    src = tmp_path / "a" / "model"
+    model = load_model(src, dtype="float32", layer_layout="scan")
+    config = pt.load_pretrain_config(PRESETS_DIR / "pretrain_default.py", small=True)
+    config.init_from, config.data.token_cache_dir = str(src), str(tmp_path / "cache")
+    for key in ON_POLICY:
+        key, value = key.removeprefix("--config.data.").split("=")
+        config.data[key] = type(config.data[key])(value)
+    _, policy, _, _ = pt.prepare_data(config, tmp_path / "b", model.tokenizer, model)
+    config.data.source = "sharegpt"
+    _, human, _, _ = pt.prepare_data(config, tmp_path / "b", model.tokenizer, model)
+    config.data.source, config.data.on_policy_repeat = "mixed", 3
+    _, mixed, _, _ = pt.prepare_data(config, tmp_path / "b", model.tokenizer, model)
+    assert "generated" in capsys.readouterr().out  # once: the later runs read the cache
+    assert len(mixed.docs) == len(human.docs) + 3 * len(policy.docs)
+    expected = list(human.docs) + 3 * list(policy.docs)
+    assert all(np.array_equal(a, b) for a, b in zip(mixed.docs, expected))
+    summary = _pretrain(tmp_path / "c", f"--config.init_from={src}", "--config.num_steps=1",
+                        "--config.eval_batches=1", *ON_POLICY, "--config.data.source=mixed",
+                        f"--config.data.token_cache_dir={tmp_path / 'cache'}")
+    assert summary["train_source"] == "mixed" and summary["train_docs"] == len(mixed.docs) - 2 * 4
+
+
 @pytest.mark.parametrize("args, message", [
-    (["--config.data.source=pile"], "data.source='pile' must be one of ('sharegpt', 'on_policy')"),
+    (["--config.data.source=pile"],
+     "data.source='pile' must be one of ('sharegpt', 'on_policy', 'mixed')"),
     (["--config.data.source=on_policy"], "data.source='on_policy' trains on the init_from"),
+    (["--config.data.source=mixed"], "data.source='mixed' trains on the init_from"),
+    (["--config.init_from=/m", *ON_POLICY, "--config.data.source=mixed",
+      "--config.data.on_policy_repeat=0"], "data.on_policy_repeat=0 must be an integer >= 1"),
     (["--config.init_from=/m", *ON_POLICY, "--config.data.on_policy_sampling=beam"],
      "data.on_policy_sampling='beam' must be 'greedy' or 'sampled'"),
     (["--config.init_from=/m", *ON_POLICY, "--config.data.on_policy_prompts=0"],

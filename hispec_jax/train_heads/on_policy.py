@@ -70,15 +70,18 @@ class Generation:
 
 
 def model_fingerprint(model: Model) -> str:
-    """What identifies the model's weights: its config and weight files' sizes and mtimes
-    (a model with a directory), else a hash of every parameter's bytes."""
+    """What identifies the model's weights: its config and weight files' contents (a model
+    with a directory: a fresh checkout or a copy keeps the key), else a hash of every
+    parameter's bytes."""
     h = hashlib.sha1(json.dumps(model.cfg.to_hf_dict(), sort_keys=True).encode())
     files = sorted(Path(model.path).glob("*.safetensors")) if model.path else []
     files = [f for f in files if f.name != "exit_heads.safetensors"]
     if files:
         for f in files:
-            st = f.stat()
-            h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+            h.update(f.name.encode() + b":")
+            with open(f, "rb") as fh:
+                for chunk in iter(lambda: fh.read(1 << 24), b""):
+                    h.update(chunk)
     else:
         for leaf in jax.tree.leaves(model.params):
             h.update(np.asarray(leaf).tobytes())

@@ -14,8 +14,8 @@ layer's distribution, and optional LayerSkip layer dropout. `exit_recipe` docume
 Pipeline (`pretrain`): ShareGPT training split -> byte-level BPE tokenizer (or the
 `init_from` model's) -> cached token ids (or, with `data.source="on_policy"`, the `init_from`
 model's own greedy or sampled continuations of ShareGPT training prompts, generated once by
-the engine before training: `on_policy.py`) -> `PackedBatches` -> jitted AdamW steps
-(clip_by_global_norm; linear warmup, then a cosine over training progress: steps /
+the engine before training: `on_policy.py`; `"mixed"`: both) -> `PackedBatches` -> jitted
+AdamW steps (clip_by_global_norm; linear warmup, then a cosine over training progress: steps /
 num_steps, or elapsed / time_budget_s when a wall-clock budget is set and that is further
 along) -> held-out evaluation (perplexity, per-exit top-1 agreement with the final layer,
 over all held-out tokens and over the assistant replies only) -> a HF directory
@@ -222,7 +222,10 @@ def evaluate(params: Params, cfg: ModelConfig, batches, reply_masks=None) -> dic
 
 # ----- data ----------------------------------------------------------------------------
 
-DATA_SOURCES = ("sharegpt", "on_policy")
+# "mixed": the ShareGPT training split plus the init_from model's continuations, each repeated
+# `data.on_policy_repeat` times per epoch: the final layer keeps learning human text while
+# the exits also see the text they will draft in decoding.
+DATA_SOURCES = ("sharegpt", "on_policy", "mixed")
 
 
 def validate_data(config: ml_collections.ConfigDict) -> None:
@@ -230,24 +233,29 @@ def validate_data(config: ml_collections.ConfigDict) -> None:
     d = config.data
     if d.source not in DATA_SOURCES:
         raise ValueError(f"data.source={d.source!r} must be one of {DATA_SOURCES}")
-    if d.source == "on_policy":
+    if d.source in ("on_policy", "mixed"):
         if not config.init_from:
-            raise ValueError("data.source='on_policy' trains on the init_from model's own "
+            raise ValueError(f"data.source={d.source!r} trains on the init_from model's own "
                              "continuations: set init_from (a model directory)")
         try:
             on_policy.generation_from_config(d, config.seed)
         except ValueError as e:
-            raise ValueError(f"data.{e} with data.source='on_policy'") from None
+            raise ValueError(f"data.{e} with data.source={d.source!r}") from None
+    if d.source == "mixed" and (not isinstance(d.on_policy_repeat, int)
+                                or d.on_policy_repeat < 1):
+        raise ValueError(f"data.on_policy_repeat={d.on_policy_repeat!r} must be an integer "
+                         ">= 1 with data.source='mixed'")
 
 
 def prepare_data(config: ml_collections.ConfigDict, work_dir: Path, tokenizer=None,
                  init_model: Model | None = None):
     """(tokenizer, train PackedBatches, eval PackedBatches, eval reply-mask PackedBatches).
 
-    Training documents: the ShareGPT training split (`data.source="sharegpt"`), or the
+    Training documents: the ShareGPT training split (`data.source="sharegpt"`), the
     `init_from` model's own continuations of ShareGPT training prompts
-    (`data.source="on_policy"`, `on_policy.config_docs`, cached beside the token ids);
-    evaluation is the ShareGPT evaluation split either way. `tokenizer` (e.g. the `init_from`
+    (`data.source="on_policy"`, `on_policy.config_docs`, cached beside the token ids), or
+    both (`"mixed"`: the split, then the continuations `data.on_policy_repeat` times; the
+    packing shuffles them together); evaluation is the ShareGPT evaluation split always. `tokenizer` (e.g. the `init_from`
     model's) is used as is; None: the one in work_dir (resume) or a newly trained one."""
     d = config.data
     sharegpt = datasets.load_sharegpt()
@@ -279,6 +287,9 @@ def prepare_data(config: ml_collections.ConfigDict, work_dir: Path, tokenizer=No
         _, train_docs = on_policy.config_docs(init_model, d, config.seed, cache)
     else:
         train_docs = data.tokenize_docs(tokenizer, train_texts, cache)
+    if d.source == "mixed":
+        _, policy_docs = on_policy.config_docs(init_model, d, config.seed, cache)
+        train_docs = list(train_docs) + list(policy_docs) * d.on_policy_repeat
     eval_docs = data.tokenize_docs(tokenizer, eval_texts, cache)
     reply_masks = data.reply_token_masks(tokenizer, eval_records)
     if [len(m) for m in reply_masks] != [len(x) for x in eval_docs]:
