@@ -2,6 +2,7 @@
 the repository root), its fresh-machine command (a) minus the install, and its test command
 (b) is exactly the one .ci/run runs."""
 
+import json
 import os
 import re
 import shlex
@@ -44,7 +45,9 @@ def test_command_a_generates_with_the_default_model():
     assert proc.stdout.startswith(argv[-1])  # the prompt, then its continuation
     assert len(proc.stdout) > len(argv[-1]) + 20
     # --method hispec without exits: the shipped model's recommended plan, as README says
-    assert re.search(r"^\[hispec\] default_model \(24 layers, exits 8,12,24; the model's "
+    plan = json.loads((REPO / "hispec_jax" / "default_model" / "recommended_plan.json").read_text())
+    exits = ",".join(map(str, plan["methods"]["hispec"]["exits"]))
+    assert re.search(rf"^\[hispec\] default_model \(24 layers, exits {exits}; the model's "
                      r"recommended plan\): 48 tokens, ",
                      proc.stderr, re.M), proc.stderr
     assert "PyTorch was not found" not in proc.stderr
