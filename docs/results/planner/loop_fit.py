@@ -1,6 +1,7 @@
 """The planner's loop fit (docs/planner.md §1), measured on the shipped model.
 
     python docs/results/planner/loop_fit.py > docs/results/planner/loop_fit.txt
+    python docs/results/planner/loop_fit.py --plan benchmarks/results_planner/loop_fit/plan.json
 
 One `hispec tune` (`tune.tune`: calibration, search), its printed plans without the
 prompt-lookup ones timed as `--verify` times them (`tune.measure_plans`: `generate` on 4
@@ -17,6 +18,8 @@ calibration:
 Printed: the raw stage costs, how much slower one token's layers run inside AR's loop than
 alone, each variant's fit, and measured / predicted end-to-end tokens/s per plan.
 Load average at the start and the end is printed; the JSON goes next to this file.
+With `--plan FILE` (a kept `hispec tune --verify` plan file) it measures nothing: the kept
+and uniform fits of that file's calibration against its own `verify` rows.
 """
 
 import dataclasses
@@ -39,7 +42,7 @@ from hispec_jax.decoding import methods
 from hispec_jax.models.heads import exit_logits
 from hispec_jax.models.kv_cache import KVCache
 from hispec_jax.models.transformer import run_layers_cached
-from hispec_jax.planner import calibrate, latency, search, tune
+from hispec_jax.planner import calibrate, latency, plan as plan_lib, search, tune
 
 NEW_TOKENS, VERIFY_PROMPTS, VERIFY_REPEATS = 64, 4, 5
 OUT_JSON = Path(__file__).with_name("loop_fit.json")
@@ -106,6 +109,54 @@ def predicted_e2e(plan, cal, costs):
     return latency.end_to_end_tokens_per_second(pred, costs, NEW_TOKENS)
 
 
+
+def table(cal, plans_by_name, verify_rows, variants):
+    """Prints measured / predicted end-to-end tokens/s of every measured plan under each
+    variant's costs; returns the rows."""
+    print("| plan | measured e2e tok/s | " + " | ".join(
+        f"{v}: predicted | measured / predicted" for v in variants) + " |")
+    print("|---|---|" + "---|---|" * len(variants))
+    rows = []
+    for v in verify_rows:
+        plan = plans_by_name.get(v["plan"])
+        if plan is None or plan.lookup:  # replayed, not priced by the renewal formulas
+            continue
+        row = {"plan": v["plan"], "measured": v["measured_tokens_per_second"]}
+        for name, costs in variants.items():
+            row[name] = predicted_e2e(plan, cal, costs)
+        rows.append(row)
+        print(f"| {row['plan']} | {row['measured']:.1f} | " + " | ".join(
+            f"{row[n]:.1f} | {row['measured'] / row[n]:.2f}" for n in variants) + " |")
+    print()
+    for name in variants:
+        for kind in ("layerskip", "hispec"):
+            ratios = [r["measured"] / r[name] for r in rows if r["plan"].startswith(kind)]
+            if ratios:
+                print(f"{name}: {kind} plans measured / predicted {min(ratios):.2f}-{max(ratios):.2f}")
+    return rows
+
+
+def offline(path):
+    """The kept and uniform fits of a kept `hispec tune --verify` plan file (its calibration
+    and `verify` rows): no measurement, the same numbers on any machine."""
+    payload = json.loads(Path(path).read_text())
+    cal = calibrate.Calibration.from_json(payload["calibration"])
+    loop, kept = cal.loop, cal.costs
+    raw = raw_costs(kept, loop)
+    per_round_ar = loop["ar_seconds_per_round"]
+    w_ar = cal.costs.num_layers * raw.layer(1) + raw.head(1)
+    uniform = dataclasses.replace(raw, layer_s=tuple(v * per_round_ar / w_ar for v in raw.layer_s),
+                                  head_s=tuple(v * per_round_ar / w_ar for v in raw.head_s))
+    us = lambda x: f"{x * 1e6:.0f} us"
+    print(f"# {path} ({payload.get('device')}; calibration {cal.seconds:.1f} s)")
+    print(f"stage costs alone: layer T=1 {us(raw.layer(1))}, head T=1 {us(raw.head(1))}; AR loop "
+          f"{per_round_ar * 1e3:.2f} ms per token = {per_round_ar / w_ar:.2f}x the stages alone")
+    print(f"kept fit: {loop['loop_fit']}, single_token_scale {loop['single_token_scale']:.2f}; "
+          f"uniform fit: every stage cost x {per_round_ar / w_ar:.2f}\n")
+    plans = {p.name(): p for p in map(plan_lib.Plan.from_json, payload["plans"])}
+    table(cal, plans, payload["verify"], {"kept": kept, "uniform": uniform})
+
+
 def main():
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
@@ -165,25 +216,7 @@ def main():
           f"{verifies} verifications, {r.stats['rounds']} rounds")
     print()
     variants = {"kept": kept, "uniform": uniform, "stack": stack}
-    print("| plan (predicted order) | measured e2e tok/s | " + " | ".join(
-        f"{v}: predicted | measured / predicted" for v in variants) + " |")
-    print("|---|---|" + "---|---|" * len(variants))
-    rows = []
-    by_name = {p.name(): p for p in report["plans"]}
-    for v in report["verify"]:
-        plan = by_name[v["plan"]]
-        row = {"plan": v["plan"], "measured": v["measured_tokens_per_second"]}
-        for name, costs in variants.items():
-            row[name] = predicted_e2e(plan, cal, costs)
-        rows.append(row)
-        print(f"| {row['plan']} | {row['measured']:.1f} | " + " | ".join(
-            f"{row[n]:.1f} | {row['measured'] / row[n]:.2f}" for n in variants) + " |")
-    print()
-    for name in variants:
-        for kind in ("layerskip", "hispec"):
-            ratios = [r["measured"] / r[name] for r in rows if r["plan"].startswith(kind)]
-            if ratios:
-                print(f"{name}: {kind} plans measured / predicted {min(ratios):.2f}-{max(ratios):.2f}")
+    rows = table(cal, {p.name(): p for p in report["plans"]}, report["verify"], variants)
     OUT_JSON.write_text(json.dumps({
         "commit": commit, "load_start": start, "load_end": end, "loop": loop,
         "raw_costs": raw.to_json(), "kept_costs": kept.to_json(), "uniform_costs": uniform.to_json(),
@@ -194,4 +227,7 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) == 3 and sys.argv[1] == "--plan":
+        offline(sys.argv[2])
+    else:
+        main()
