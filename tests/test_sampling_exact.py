@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 
@@ -208,26 +209,30 @@ def model():
     return small_model()
 
 
+@functools.partial(jax.jit, static_argnames="cfg")
+def _next_token_logp(params, tokens_BxT, arrays, *, cfg):
+    """log P(next token | tokens) [B, V] after the sampling filters, from the final layer.
+    Module-level, with the sampling settings as arrays: every exact distribution of a model
+    config shares its compiled programs (one per prefix length)."""
+    B, T = tokens_BxT.shape
+    L = cfg.num_layers
+    cache = KVCache.zeros(cfg, B, T)
+    h, _ = run_layers_cached(params, cfg, embed(params, tokens_BxT),
+                             jnp.broadcast_to(jnp.arange(T), (B, T)), cache, 0, L)
+    logits = exit_logits(params, {}, cfg, h[:, -1:], L)[:, 0]
+    return filtered_logprobs(logits, arrays)
+
+
 def exact_ar_distribution(model, sampling: SamplingParams):
     """P(first NEW tokens) under autoregressive sampling, by enumerating every prefix (one
     jitted batched forward per prefix length)."""
     arrays = sampling.arrays()
-    L = model.cfg.num_layers
-
-    @jax.jit
-    def next_token_logp(params, tokens_BxT):
-        B, T = tokens_BxT.shape
-        cache = KVCache.zeros(model.cfg, B, T)
-        h, _ = run_layers_cached(params, model.cfg, embed(params, tokens_BxT),
-                                 jnp.broadcast_to(jnp.arange(T), (B, T)), cache, 0, L)
-        logits = exit_logits(params, {}, model.cfg, h[:, -1:], L)[:, 0]
-        return filtered_logprobs(logits, arrays)
-
     cond = {}  # prefix -> next-token distribution
     for t in range(NEW):
         prefixes = list(itertools.product(range(VOCAB), repeat=t))
         tokens = jnp.asarray([PROMPT + list(p) for p in prefixes], jnp.int32)
-        probs = np.exp(np.asarray(next_token_logp(model.params, tokens), np.float64))
+        probs = np.exp(np.asarray(_next_token_logp(model.params, tokens, arrays, cfg=model.cfg),
+                                  np.float64))
         cond.update(zip(prefixes, probs))
     return {seq: math.prod(cond[seq[:t]][seq[t]] for t in range(NEW))
             for seq in itertools.product(range(VOCAB), repeat=NEW)}
