@@ -22,6 +22,8 @@ GGUF dequantized to float32; V = 49,152, D = 576, tied embeddings), batch 1:
    the block's keys/values written after, then the head and the argmax; with the head
    before (`x @ E^T`) and with the library's current `exit_logits`, and without a head (the
    layers alone). The AR step (`run_layers_cached` over one position + head) for reference.
+3. The layers' weight matmuls over T rows as stored (`x @ W`, W [D, F]) against a
+   transposed copy (`W^T @ x^T`): whether the layers' block cost has the head's cause.
 
 Each variant is compiled in this process, then timed in interleaved rounds (median per call).
 Batch 1, a cache of capacity 1024 holding a 300-token context. Load average is printed at
@@ -142,7 +144,10 @@ def block_table(model):
         def fn(params, tokens_BxT, positions_BxT, cache):
             h, kv = run_layers(params, cfg, embed(params, tokens_BxT), positions_BxT, cache, 0, L,
                                split_context=True)
-            cache = cache.write_block(0, positions_BxT, kv)
+            # as the engine writes after its switch: without the barrier XLA copies every
+            # cache buffer before the writes (+45 ms at T = 1 here; the engine has none)
+            positions, kv = jax.lax.optimization_barrier((positions_BxT, kv))
+            cache = cache.write_block(0, positions, kv)
             if head is None:
                 return h[..., 0], cache
             return jnp.argmax(head(params, h), -1).astype(jnp.int32), cache
@@ -186,6 +191,42 @@ def block_table(model):
         print(f"| {name}, x AR step | " + " | ".join(f"{ms[name, T] / ar:.2f}" for T in BLOCK_TS) + " |")
 
 
+def layer_matmul_table(params, cfg):
+    """Part 3: the layers' weight matmuls over T rows, `x @ W` (W [D, F] as stored) against
+    `W^T @ x^T` with W^T stored transposed ([F, D], the layout the head's `E @ x^T` gets
+    for free), chained through all 30 layers' MLP gate weights (30 x 3.5 MB)."""
+    Ws = [lp["w_gate"] for lp in params["layers"]]
+    WTs = [jnp.asarray(np.asarray(w).T) for w in Ws]
+    D = cfg.hidden_size
+
+    def x_W_chain(x, ws):
+        for w in ws:
+            x = x + jnp.einsum("BTD,DF->BTF", x, w, precision=HI)[..., :D]
+        return x
+
+    def Wt_xt_chain(x, wts):
+        for wt in wts:
+            y_FxBxT = jnp.einsum("FD,BTD->FBT", wt, x, precision=HI)
+            x = x + jax.lax.optimization_barrier(y_FxBxT).transpose(1, 2, 0)[..., :D]
+        return x
+
+    Ts = (1, 2, 4, 8)
+    rng = np.random.default_rng(0)
+    variants = {}
+    for T in Ts:
+        x = jnp.asarray(rng.standard_normal((1, T, D), np.float32))
+        variants["x @ W (as stored)", T] = (jax.jit(x_W_chain).lower(x, Ws).compile(), (x, Ws))
+        variants["W^T @ x^T (W^T stored)", T] = (jax.jit(Wt_xt_chain).lower(x, WTs).compile(),
+                                                 (x, WTs))
+    ms = timed(variants, HEAD_ROUNDS)
+    print(f"\n## 3. Layer weight matmuls: {len(Ws)} chained [1, T, {D}] x [{D}, "
+          f"{Ws[0].shape[1]}] products (all layers' w_gate), ms per call (median)\n")
+    print("| formulation | " + " | ".join(f"T={T}" for T in Ts) + " |")
+    print("|---|" + "---|" * len(Ts))
+    for name in ("x @ W (as stored)", "W^T @ x^T (W^T stored)"):
+        print(f"| {name} | " + " | ".join(f"{ms[name, T]:.1f}" for T in Ts) + " |")
+
+
 def main():
     path = subprocess.run(["hispec", "pull", "smollm2-135m-instruct"], capture_output=True,
                           text=True, check=True).stdout.strip()
@@ -201,6 +242,7 @@ def main():
           f"of {CALLS} calls")
     head_table(model.params["embed"])
     block_table(model)
+    layer_matmul_table(model.params, cfg)
     print(f"\n# load at end {load_line()}")
 
 
