@@ -199,3 +199,23 @@ def test_linear_rope_scaling_logits_every_exit(linear_rope_model, layout):
     unscaled = dataclasses.replace(model, cfg=model.cfg.replace(rope_scaling=None))
     plain, _ = our_exit_logits_by_layer(unscaled, x, positions, KVCache.zeros(model.cfg, 2, 32))
     assert np.max(np.abs(plain[-1] - ref[-1])) > 100 * ATOL
+
+
+@pytest.mark.parametrize("B,T", [(1, 1), (1, 2), (2, 3), (1, 9), (4, 8), (1, 33)])
+def test_tied_head_blocks_match_transformers(hf_models, B, T):
+    """The tied LM head on blocks of 2..32 rows (`E @ x^T` on CPU), on one row and on more
+    rows (`x @ E^T`) gives transformers' logits, every row in its own place."""
+    from hispec_jax.models import heads
+
+    hf_model, path = hf_models["qwen3"]
+    model = load_model(path)
+    assert model.cfg.tie_word_embeddings
+    h = np.random.RandomState(B * 100 + T).randn(B, T, model.cfg.hidden_size).astype(np.float32)
+    with torch.no_grad():
+        ref = hf_model.lm_head(hf_model.model.norm(torch.tensor(h))).numpy()
+    ours = np.asarray(jax.jit(lambda h: exit_logits(model.params, {}, model.cfg, h,
+                                                    model.cfg.num_layers))(h))
+    assert ours.shape == ref.shape and ours.dtype == np.float32
+    np.testing.assert_allclose(ours, ref, atol=ATOL, rtol=0)
+    block_form = (B, T) in {(1, 2), (2, 3), (1, 9), (4, 8)}  # the cases meant for `E @ x^T`
+    assert (1 < B * T <= heads.EMBED_LHS_MAX_ROWS) == block_form

@@ -127,6 +127,34 @@ def lm_head_matrix(params: Params, cfg: ModelConfig) -> jax.Array:
     return params["embed"].T if cfg.tie_word_embeddings else params["lm_head"]
 
 
+# Blocks of up to this many rows (B * T) take the tied head as `E @ x^T` on CPU (`_tied_head`).
+EMBED_LHS_MAX_ROWS = 32
+
+
+def _tied_head(x_BxTxD: jax.Array, embed_VxD: jax.Array, precision) -> jax.Array:
+    """Float32 logits [B, T, V] of the tied LM head: `x @ E^T` with the embedding E [V, D].
+
+    On XLA:CPU a block of 2..`EMBED_LHS_MAX_ROWS` rows is computed as `E @ x^T` -> [V, B, T],
+    then transposed: the same products, with the large [V, D] matrix as the left operand.
+    As `x @ E^T`, the YNNPACK GEMM that serves every dot of more than one row repacks the
+    whole embedding (113 MB on SmolLM2-135M) on each call. SmolLM2-135M, this 2-core CPU,
+    ms per call for 2 / 4 / 8 / 16 / 32 rows: `x @ E^T` 16.0 / 16.4 / 17.7 / 20.5 / 25.6,
+    `E @ x^T` 9.7 / 9.6 / 10.3 / 12.5 / 19.6 (one row, `x @ E^T`: 6.9); prompt lookup's
+    verify pass over 2 / 4 / 8 positions 83 / 114 / 125 -> 76 / 104 / 111 ms (the AR step
+    64 ms); benchmarks/results_lookup/head_block_cost.py and .txt. One row stays `x @ E^T`
+    (XLA's own matrix-vector product: the AR step), and so do larger blocks (prefill
+    chunks, training) and other backends, where this was not measured. The optimization
+    barrier keeps XLA from folding the transpose back into `x @ E^T`. Only the summation
+    order changes (float32 differences ~1e-5, as between any two dot kernels)."""
+    B, T, _ = x_BxTxD.shape
+    if jax.default_backend() != "cpu" or not 1 < B * T <= EMBED_LHS_MAX_ROWS:
+        return jnp.einsum("BTD,VD->BTV", x_BxTxD, embed_VxD, precision=precision,
+                          preferred_element_type=jnp.float32)
+    logits_VxBxT = jnp.einsum("VD,BTD->VBT", embed_VxD, x_BxTxD, precision=precision,
+                              preferred_element_type=jnp.float32)
+    return jax.lax.optimization_barrier(logits_VxBxT).transpose(1, 2, 0)
+
+
 def apply_adapter(head, cfg: ModelConfig, h_BxTxD: jax.Array) -> jax.Array:
     """`h + MLP(adapter_norm(h))`: the adapter block of `head` (module docstring), in h's dtype."""
     dot = functools.partial(jnp.einsum, precision=cfg.precision)
@@ -152,7 +180,7 @@ def exit_logits(params: Params, heads: ExitHeads, cfg: ModelConfig, h_BxTxD: jax
     if kind == "shared":
         x = rms_norm(h_BxTxD, params["final_norm"], cfg.rms_norm_eps)
         if cfg.tie_word_embeddings:  # contract with the embedding directly: no transposed copy
-            return dot("BTD,VD->BTV", x, params["embed"], preferred_element_type=jnp.float32)
+            return _tied_head(x, params["embed"], cfg.precision)
         return dot("BTD,DV->BTV", x, params["lm_head"], preferred_element_type=jnp.float32)
     head = heads[str(exit_layer)]
     x = rms_norm(h_BxTxD, head["norm"], cfg.rms_norm_eps)
