@@ -255,8 +255,9 @@ def prepare_data(config: ml_collections.ConfigDict, work_dir: Path, tokenizer=No
     `init_from` model's own continuations of ShareGPT training prompts
     (`data.source="on_policy"`, `on_policy.config_docs`, cached beside the token ids), or
     both (`"mixed"`: the split, then the continuations `data.on_policy_repeat` times; the
-    packing shuffles them together); evaluation is the ShareGPT evaluation split always. `tokenizer` (e.g. the `init_from`
-    model's) is used as is; None: the one in work_dir (resume) or a newly trained one."""
+    packing shuffles them together); evaluation is the ShareGPT evaluation split always.
+    `tokenizer` (e.g. the `init_from` model's) is used as is; None: the one in work_dir
+    (resume) or a newly trained one."""
     d = config.data
     sharegpt = datasets.load_sharegpt()
     train_records, eval_records = datasets.split_sharegpt(sharegpt.records)
