@@ -22,7 +22,8 @@ from hispec_jax import Model, ModelConfig, generate
 from hispec_jax.decoding import engine as engine_lib
 from hispec_jax.decoding import methods
 from hispec_jax.models.heads import head_cost_layers, lm_head_matrix
-from hispec_jax.models.params import init_params, layer_layout, with_layer_layout
+from hispec_jax.models.params import (init_params, is_out_major, layer_layout,
+                                      with_layer_layout)
 
 VOCAB = 64
 
@@ -390,17 +391,24 @@ def test_exit_without_head_is_rejected():
     assert methods.make_method(model, "layerskip").hierarchy.exits == (1, 4)
 
 
+@pytest.mark.parametrize("out_major", [False, True])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_unrolled_layer_layout_gives_the_same_tokens(temperature):
-    """The "unrolled" layout (per-layer weights, the CPU default of load_model) runs the same
-    math as the scanned stacked weights: same tokens for every method, greedy and sampled."""
+def test_unrolled_layer_layout_gives_the_same_tokens(temperature, out_major):
+    """The "unrolled" layout (per-layer weights, the CPU default of load_model), with its
+    projections canonical or out-major (`name_T`, the CPU default: blocks of several rows
+    multiply as `w_T @ x^T`), runs the same math as the scanned stacked weights: same tokens
+    for every method, greedy and sampled (blocks of 1, 2 and more rows: drafts, lookup,
+    verification, prefill)."""
     model = tiny_model(4, 0, 0.1)
-    unrolled = dataclasses.replace(model, params=with_layer_layout(model.params, "unrolled"))
+    unrolled = dataclasses.replace(
+        model, params=with_layer_layout(model.params, "unrolled", out_major=out_major))
     assert layer_layout(unrolled.params) == "unrolled" and layer_layout(model.params) == "scan"
+    assert is_out_major(unrolled.params) == out_major and not is_out_major(model.params)
     prompts = random_prompts(np.random.RandomState(5), 3, 9)
     for method, options in [("ar", {}), ("exit", {"exit_layer": 2}),
                             ("layerskip", {"draft_exit": 1}),
-                            ("hispec", {"draft_exit": 1, "verify_exits": (2,)})]:
+                            ("hispec", {"draft_exit": 1, "verify_exits": (2,)}),
+                            ("lookup", {"lookup": 4})]:
         runs = [generate(m, prompts, method=method, max_new_tokens=12, temperature=temperature,
                          seed=3, **options) for m in (model, unrolled)]
         assert runs[0].token_ids == runs[1].token_ids, method
@@ -409,9 +417,18 @@ def test_unrolled_layer_layout_gives_the_same_tokens(temperature):
 
 def test_layer_layout_round_trip_and_errors():
     params = tiny_model(3, 1).params
-    unrolled = with_layer_layout(params, "unrolled")
+    unrolled = with_layer_layout(params, "unrolled", out_major=False)
     assert len(unrolled["layers"]) == 3 and unrolled["layers"][1]["wq"].shape == params["layers"]["wq"].shape[1:]
     back = with_layer_layout(unrolled, "scan")
     jax.tree.map(np.testing.assert_array_equal, back, params)
+    # out-major: every projection transposed to [out..., in...], and back exactly
+    out_major = with_layer_layout(params, "unrolled", out_major=True)
+    L, D, N, H = params["layers"]["wq"].shape
+    assert out_major["layers"][1]["wq_T"].shape == (N, H, D)
+    assert out_major["layers"][1]["wo_T"].shape == (D, N, H)
+    assert "wq" not in out_major["layers"][1] and "attn_norm" in out_major["layers"][1]
+    jax.tree.map(np.testing.assert_array_equal, with_layer_layout(out_major, "scan"), params)
+    canonical = with_layer_layout(out_major, "unrolled", out_major=False)
+    jax.tree.map(np.testing.assert_array_equal, canonical, unrolled)
     with pytest.raises(ValueError, match="layer_layout='stacked'"):
         with_layer_layout(params, "stacked")

@@ -27,7 +27,7 @@ from hispec_jax.decoding import engine as engine_lib
 from hispec_jax.models import gguf_io, hf_io
 from hispec_jax.models.heads import exit_logits
 from hispec_jax.models.kv_cache import KVCache
-from hispec_jax.models.params import param_specs
+from hispec_jax.models.params import PROJECTIONS, layer_dict_out_major, param_specs, to_out_major
 from hispec_jax.models.transformer import embed, run_layers_cached
 
 Q = gf.Q
@@ -190,11 +190,21 @@ def test_layouts_and_bfloat16(gguf_paths):
     scan = hispec_jax.load_model(path, layer_layout="scan")
     unrolled = hispec_jax.load_model(path, layer_layout="unrolled")
     bf16 = hispec_jax.load_model(path, dtype="bfloat16", layer_layout="scan")
+    canonical = hispec_jax.load_model(path, layer_layout="unrolled", out_major=False)
     assert isinstance(unrolled.params["layers"], tuple) and bf16.cfg.dtype == "bfloat16"
+    # on CPU the unrolled layout holds the projections out-major: [out..., in...]
+    assert set(unrolled.params["layers"][0]) == {
+        k + "_T" if k in PROJECTIONS else k for k in scan.params["layers"]}
+    assert not any(k.endswith("_T") for k in canonical.params["layers"][0])
     for key, stacked in scan.params["layers"].items():
         assert stacked.dtype == jnp.float32
         for i, layer in enumerate(unrolled.params["layers"]):
-            np.testing.assert_array_equal(layer[key], stacked[i], err_msg=key)
+            np.testing.assert_array_equal(layer_dict_out_major(layer, False)[key], stacked[i],
+                                          err_msg=key)
+            np.testing.assert_array_equal(canonical.params["layers"][i][key], stacked[i],
+                                          err_msg=key)
+            if key in PROJECTIONS:
+                np.testing.assert_array_equal(layer[key + "_T"], to_out_major(key, stacked[i]))
         assert bf16.params["layers"][key].dtype == jnp.bfloat16
         np.testing.assert_array_equal(bf16.params["layers"][key],
                                       np.asarray(stacked).astype(ml_dtypes.bfloat16), err_msg=key)

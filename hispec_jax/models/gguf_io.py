@@ -53,7 +53,8 @@ import ml_dtypes
 import numpy as np
 
 from hispec_jax.models.config import ModelConfig
-from hispec_jax.models.params import LAYER_LAYOUTS, Params, param_specs
+from hispec_jax.models.params import (LAYER_LAYOUTS, OUT_MAJOR_SUFFIX, PROJECTIONS, Params,
+                                      default_out_major, param_specs, to_out_major)
 
 # GGUF `general.architecture` -> our `model_type`.
 SUPPORTED_ARCHITECTURES = {"llama": "llama", "qwen3": "qwen3"}
@@ -299,10 +300,15 @@ def _tensor_index(reader, cfg: ModelConfig) -> dict[tuple[str, ...], list]:
     return slots
 
 
-def load_weights(reader, cfg: ModelConfig, layer_layout: str = "scan") -> Params:
-    """The parameters of a GGUF file in `layer_layout`, dequantized into `cfg.dtype`."""
+def load_weights(reader, cfg: ModelConfig, layer_layout: str = "scan",
+                 out_major: bool | None = None) -> Params:
+    """The parameters of a GGUF file in `layer_layout`, dequantized into `cfg.dtype`; the
+    unrolled layout's projections out-major when `out_major` (None: the backend's default,
+    `params.with_layer_layout`)."""
     if layer_layout not in LAYER_LAYOUTS:
         raise ValueError(f"layer_layout={layer_layout!r} is not one of {LAYER_LAYOUTS}")
+    if out_major is None:
+        out_major = default_out_major()
     slots = _tensor_index(reader, cfg)
     specs = param_specs(cfg)
     dtype = _NP_DTYPES[cfg.dtype]
@@ -339,7 +345,10 @@ def load_weights(reader, cfg: ModelConfig, layer_layout: str = "scan") -> Params
             for i, t in enumerate(tensors):
                 value = _aligned_empty(shape, dtype)
                 convert(t, key, n_in, value)
-                unrolled[i][key] = jax.device_put(value)
+                if out_major and key in PROJECTIONS:
+                    unrolled[i][key + OUT_MAJOR_SUFFIX] = jax.device_put(to_out_major(key, value))
+                else:
+                    unrolled[i][key] = jax.device_put(value)
         else:
             value = _aligned_empty((L, *shape), dtype)
             for i, t in enumerate(tensors):
@@ -415,7 +424,8 @@ def generation_config(reader) -> dict[str, Any]:
     return out
 
 
-def load_checkpoint(path, dtype: str | None = None, layer_layout: str = "scan"):
+def load_checkpoint(path, dtype: str | None = None, layer_layout: str = "scan",
+                    out_major: bool | None = None):
     """Loads a `.gguf` file -> (cfg, params, tokenizer, generation_config_dict).
 
     `dtype` ("float32", the default, or "bfloat16") is the compute dtype every tensor is
@@ -430,5 +440,5 @@ def load_checkpoint(path, dtype: str | None = None, layer_layout: str = "scan"):
     # The parsed metadata (for a 49k vocabulary ~90 MB of small numpy arrays) is done with;
     # drop it before the weights are converted. Tensors keep their own views of the file.
     reader.fields.clear()
-    params = load_weights(reader, cfg, layer_layout)
+    params = load_weights(reader, cfg, layer_layout, out_major)
     return cfg, params, tokenizer, gen

@@ -62,7 +62,8 @@ class Model:
 
 
 def load_model(path, dtype: str | None = None, layer_layout: str | None = None,
-               matmul_precision: str = "highest", mesh=None) -> Model:
+               matmul_precision: str = "highest", mesh=None,
+               out_major: bool | None = None) -> Model:
     """Loads a local Hugging Face directory or a llama.cpp `.gguf` file.
 
     Args:
@@ -75,6 +76,9 @@ def load_model(path, dtype: str | None = None, layer_layout: str | None = None,
         weights, unrolled loop); None: "unrolled" on CPU and GPU, "scan" on TPU (see
         `params.default_layer_layout`). Training code that scans the stacked weights asks
         for "scan".
+      out_major: whether the "unrolled" layout stores the layer projections transposed,
+        [out..., in...] (`transformer.project`); None: on CPU only
+        (`params.default_out_major`). The math is the same; only the matmul kernel differs.
       matmul_precision: "highest" (exact float32 matmuls on every backend: speculative
         greedy output equals AR), "high" or "default" (TF32/bfloat16 passes on GPUs/TPUs:
         faster, not exact); see `ModelConfig`.
@@ -93,13 +97,13 @@ def load_model(path, dtype: str | None = None, layer_layout: str | None = None,
         mesh = jax.sharding.get_mesh()
     if path.suffix.lower() == ".gguf":
         cfg, params, tokenizer, generation_config = gguf_io.load_checkpoint(
-            path, dtype=dtype, layer_layout=layout)
+            path, dtype=dtype, layer_layout=layout, out_major=out_major)
         return place_on_mesh(Model(cfg=cfg.replace(matmul_precision=matmul_precision),
                                    params=params, tokenizer=tokenizer,
                                    generation_config=generation_config, path=str(path)), mesh)
     cfg, params, heads, generation_config = hf_io.load_checkpoint(path, dtype=dtype)
     cfg = cfg.replace(matmul_precision=matmul_precision)
-    params = with_layer_layout(params, layout)
+    params = with_layer_layout(params, layout, out_major)
     tokenizer = None
     if any((path / f).exists() for f in _TOKENIZER_FILES):
         from transformers import AutoTokenizer  # transformers' tokenizers need no torch

@@ -56,6 +56,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from hispec_jax.models.config import ModelConfig
 
@@ -230,6 +231,41 @@ def _flatten(tree, prefix: str = ""):
 
 LAYER_LAYOUTS = ("scan", "unrolled")
 
+# The layer projections and how many leading input axes each has (canonical [in..., out...]).
+PROJECTIONS = {"wq": 1, "wk": 1, "wv": 1, "wo": 2, "w_gate": 1, "w_up": 1, "w_down": 1}
+# Out-major storage of projection `name`: key `name + OUT_MAJOR_SUFFIX`, axes [out..., in...].
+OUT_MAJOR_SUFFIX = "_T"
+
+
+def to_out_major(name: str, w):
+    """Projection `name` [(L,) in..., out...] -> [(L,) out..., in...] (a transposed copy)."""
+    return _move_in_axes(name, w, last=True)
+
+
+def from_out_major(name: str, w_T):
+    """Inverse of `to_out_major`."""
+    return _move_in_axes(name, w_T, last=False)
+
+
+def _move_in_axes(name, w, last: bool):
+    """`w` an array, or a tuple of its logical axes (`sharding.param_axes`)."""
+    # the leading [L] axis of the stacked layout stays first
+    lead = (len(w) if isinstance(w, tuple) else w.ndim) - _canonical_ndim(name)
+    n_in, n_out = PROJECTIONS[name], _canonical_ndim(name) - PROJECTIONS[name]
+    if last:   # [lead, in..., out...] -> [lead, out..., in...]
+        order = (*range(lead), *range(lead + n_in, lead + n_in + n_out), *range(lead, lead + n_in))
+    else:      # [lead, out..., in...] -> [lead, in..., out...]
+        order = (*range(lead), *range(lead + n_out, lead + n_out + n_in), *range(lead, lead + n_out))
+    if isinstance(w, tuple):
+        return tuple(w[i] for i in order)
+    if isinstance(w, np.ndarray):
+        return np.ascontiguousarray(w.transpose(order))
+    return jnp.transpose(w, order)
+
+
+def _canonical_ndim(name: str) -> int:
+    return 3 if name in ("wq", "wk", "wv", "wo") else 2
+
 
 def layer_layout(params: Params) -> str:
     """"unrolled" if params["layers"] is a tuple of per-layer dicts, else "scan"."""
@@ -248,19 +284,62 @@ def default_layer_layout() -> str:
     return "scan" if jax.default_backend() == "tpu" else "unrolled"
 
 
-def with_layer_layout(params: Params, layout: str) -> Params:
+def default_out_major() -> bool:
+    """Whether the unrolled layout stores the layer projections out-major on this backend:
+    on XLA:CPU, where a block of several rows then multiplies with the weight as the left
+    operand instead of YNNPACK repacking it on every call (`transformer.project`; a verify
+    block of 8 positions on SmolLM2-135M 17 % cheaper, a prefill chunk 12 %, a decoding step
+    unchanged: BENCHMARKS.md, "Out-major projections"). Accelerators are not measured and keep
+    the canonical order."""
+    return jax.default_backend() == "cpu"
+
+
+def is_out_major(params: Params) -> bool:
+    """True if the (unrolled) layers hold their projections out-major (`name_T` keys)."""
+    layers = params["layers"]
+    first = layers[0] if isinstance(layers, (tuple, list)) and layers else layers
+    return isinstance(first, dict) and any(k.endswith(OUT_MAJOR_SUFFIX) for k in first)
+
+
+def layer_dict_out_major(layer: dict, out_major: bool) -> dict:
+    """One layer's (or the stacked layers') weight dict with its projections out-major
+    (`name_T`, [out..., in...]) or canonical (`name`, [in..., out...])."""
+    converted = {}
+    for key, w in layer.items():
+        name = key[:-len(OUT_MAJOR_SUFFIX)] if key.endswith(OUT_MAJOR_SUFFIX) else key
+        if name not in PROJECTIONS or (key != name) == out_major:
+            converted[key] = w
+        elif out_major:
+            converted[name + OUT_MAJOR_SUFFIX] = to_out_major(name, w)
+        else:
+            converted[name] = from_out_major(name, w)
+    return converted
+
+
+def with_layer_layout(params: Params, layout: str, out_major: bool | None = None) -> Params:
     """`params` in `layout` ("scan": stacked arrays; "unrolled": a tuple of per-layer dicts).
+
+    The unrolled layout holds the layer projections out-major when `out_major` (None:
+    `default_out_major()`, i.e. on XLA:CPU); the scan layout always holds them canonical,
+    so every consumer that needs the canonical weights (training, export, calibration) gets
+    them from `with_layer_layout(params, "scan")`.
 
     Converting allocates the new layout before the old one can be freed (momentarily twice
     the layer weights)."""
     if layout not in LAYER_LAYOUTS:
         raise ValueError(f"layer_layout={layout!r} is not one of {LAYER_LAYOUTS}")
-    if layer_layout(params) == layout:
+    want_out_major = layout == "unrolled" and (default_out_major() if out_major is None
+                                              else out_major)
+    if layer_layout(params) == layout and is_out_major(params) == want_out_major:
         return params
     layers = params["layers"]
+    if layer_layout(params) == "unrolled":  # back to canonical, stacked
+        layers = jax.tree.map(lambda *ws: jnp.stack(ws),
+                              *(layer_dict_out_major(layer, False) for layer in layers))
     if layout == "unrolled":
         num_layers = len(next(iter(layers.values())))
-        converted = tuple(jax.tree.map(lambda w: w[i], layers) for i in range(num_layers))
+        converted = tuple(layer_dict_out_major(jax.tree.map(lambda w: w[i], layers), want_out_major)
+                          for i in range(num_layers))
     else:
-        converted = jax.tree.map(lambda *ws: jnp.stack(ws), *layers)
+        converted = layers
     return {**params, "layers": converted}

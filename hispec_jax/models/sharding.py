@@ -32,7 +32,8 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 from hispec_jax.models import mesh_spec
 from hispec_jax.models.config import ModelConfig
 from hispec_jax.models.kv_cache import KVCache
-from hispec_jax.models.params import ParamSpec, head_shape_args, head_specs, param_specs
+from hispec_jax.models.params import (ParamSpec, head_shape_args, head_specs, is_out_major,
+                                      layer_dict_out_major, param_specs)
 
 RULES: dict[str, str] = {
     "batch": "data",
@@ -130,7 +131,9 @@ def param_axes(cfg: ModelConfig, params) -> Any:
     layout: the per-layer dicts of the "unrolled" layout drop the leading "layers" axis)."""
     axes = jax.tree.map(lambda s: s.axes, param_specs(cfg), is_leaf=_is_spec)
     if isinstance(params["layers"], (tuple, list)):
-        per_layer = {k: a[1:] for k, a in axes["layers"].items()}
+        # out-major projections (`name_T`) carry their axes in the same transposed order
+        per_layer = layer_dict_out_major({k: a[1:] for k, a in axes["layers"].items()},
+                                         is_out_major(params))
         axes = {**axes, "layers": type(params["layers"])(per_layer for _ in params["layers"])}
     return axes
 

@@ -14,7 +14,6 @@ K kv heads, G = N / K, H head dim, F MLP width, V vocab.
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Callable
 
 import jax
@@ -23,7 +22,7 @@ import jax.numpy as jnp
 from hispec_jax.models import sharding
 from hispec_jax.models.config import ModelConfig
 from hispec_jax.models.kv_cache import KVBlock, KVCache
-from hispec_jax.models.params import Params
+from hispec_jax.models.params import OUT_MAJOR_SUFFIX, Params
 
 
 def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
@@ -47,16 +46,46 @@ def embed(params: Params, tokens_BxT: jax.Array) -> jax.Array:
     return jnp.take(params["embed"], tokens_BxT, axis=0)
 
 
+def project(layer_params, name: str, x_BxTxI: jax.Array, precision) -> jax.Array:
+    """The layer projection `name` (`params.PROJECTIONS`) of x [B, T, I] -> [B, T, O], its
+    input axes flattened to I and its output axes to O (the caller reshapes).
+
+    Stored canonically (`w` [in..., out...]) it is `x @ w`. Stored out-major (`name_T`
+    [out..., in...], the unrolled layout on XLA:CPU: `params.with_layer_layout`), a block of
+    more than one row is computed as `w_T @ x^T` -> [O, B, T], then transposed:
+
+        x [B*T, I] @ w [I, O]        YNNPACK's GEMM repacks the [I, O] weight on every call
+        w_T [O, I] @ x^T [I, B*T]    the weight is the left operand, read as stored
+
+    the same products with the large matrix on the left, as the tied LM head does
+    (`heads._tied_head`); the optimization barrier keeps XLA from folding the transpose
+    back. One row (a decoding step) stays a matrix-vector product `x @ w_T^T`. SmolLM2-135M
+    on this 2-core CPU, 30 layers' MLP matmuls, ms per call for 1 / 2 / 8 / 32 / 128 rows:
+    in-major 12.1 / 19.6 / 23.1 / 39.8 / 125.1, out-major 12.8 / 16.0 / 17.5 / 34.8 / 106.2
+    (benchmarks/results_lookup/out_major.py and .txt). Only the summation order differs
+    (float32 differences ~1e-6, as between any two dot kernels)."""
+    B, T, I = x_BxTxI.shape
+    w_T = layer_params.get(name + OUT_MAJOR_SUFFIX)
+    if w_T is None:
+        w_IxO = layer_params[name].reshape(I, -1)
+        return jnp.einsum("BTI,IO->BTO", x_BxTxI, w_IxO, precision=precision)
+    w_OxI = w_T.reshape(-1, I)
+    if B * T == 1:
+        return jnp.einsum("BTI,OI->BTO", x_BxTxI, w_OxI, precision=precision)
+    y_OxBxT = jnp.einsum("OI,BTI->OBT", w_OxI, x_BxTxI, precision=precision)
+    return jax.lax.optimization_barrier(y_OxBxT).transpose(1, 2, 0)
+
+
 def _project_qkv(layer_params, cfg: ModelConfig, x_BxTxD, positions_BxT, kv_dtype):
     """Queries [B, T, K, G, H] (scaled by H^-1/2), keys and values [B, T, K, H] (kv_dtype),
     with q/k norm (Qwen3) and RoPE applied."""
     B, T, _ = x_BxTxD.shape
     K, G, H = cfg.num_kv_heads, cfg.q_per_kv, cfg.head_dim
     inv_freq = jnp.asarray(cfg.inv_freq)
-    dot = functools.partial(jnp.einsum, precision=cfg.precision)
-    q_BxTxNxH = dot("BTD,DNH->BTNH", x_BxTxD, layer_params["wq"])
-    k_BxTxKxH = dot("BTD,DKH->BTKH", x_BxTxD, layer_params["wk"])
-    v_BxTxKxH = dot("BTD,DKH->BTKH", x_BxTxD, layer_params["wv"])
+    N = cfg.num_heads
+    q_BxTxNxH = project(layer_params, "wq", x_BxTxD, cfg.precision).reshape(B, T, N, H)
+    k_BxTxKxH = project(layer_params, "wk", x_BxTxD, cfg.precision).reshape(B, T, K, H)
+    v_BxTxKxH = project(layer_params, "wv", x_BxTxD, cfg.precision).reshape(B, T, K, H)
     if cfg.qk_norm:
         q_BxTxNxH = rms_norm(q_BxTxNxH, layer_params["q_norm"], cfg.rms_norm_eps)
         k_BxTxKxH = rms_norm(k_BxTxKxH, layer_params["k_norm"], cfg.rms_norm_eps)
@@ -105,8 +134,7 @@ def _attention_output(layer_params, cfg: ModelConfig, out_BxTxKxGxH):
     # order, so XLA needs no relayout copy of wo (a 4-D einsum got one per layer and step).
     B, T = out_BxTxKxGxH.shape[:2]
     NH = cfg.num_heads * cfg.head_dim
-    return jnp.matmul(out_BxTxKxGxH.reshape(B, T, NH), layer_params["wo"].reshape(NH, -1),
-                      precision=cfg.precision)
+    return project(layer_params, "wo", out_BxTxKxGxH.reshape(B, T, NH), cfg.precision)
 
 
 def _block_attention(layer_params, cfg: ModelConfig, x_BxTxD, positions_BxT, context_k_BxKxSxH,
@@ -189,10 +217,9 @@ def _cached_attention(layer_params, cfg: ModelConfig, x_BxTxD, positions_BxT, wr
 
 
 def _mlp(layer_params, cfg: ModelConfig, x_BxTxD):
-    dot = functools.partial(jnp.einsum, precision=cfg.precision)
-    gate_BxTxF = dot("BTD,DF->BTF", x_BxTxD, layer_params["w_gate"])
-    up_BxTxF = dot("BTD,DF->BTF", x_BxTxD, layer_params["w_up"])
-    return dot("BTF,FD->BTD", jax.nn.silu(gate_BxTxF) * up_BxTxF, layer_params["w_down"])
+    gate_BxTxF = project(layer_params, "w_gate", x_BxTxD, cfg.precision)
+    up_BxTxF = project(layer_params, "w_up", x_BxTxD, cfg.precision)
+    return project(layer_params, "w_down", jax.nn.silu(gate_BxTxF) * up_BxTxF, cfg.precision)
 
 
 def run_layers(params: Params, cfg: ModelConfig, x_BxTxD: jax.Array, positions_BxT: jax.Array,
