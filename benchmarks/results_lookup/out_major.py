@@ -89,7 +89,7 @@ def main():
             times[key].append((time.perf_counter() - t0) / n)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
-    print(f"# {device_description()}; jax {jax.__version__}; commit {commit}; "
+    print(f"# {device_description()}; commit {commit}; "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load {start_load}")
     print(f"# {os.path.basename(path)}: {L} layers, D {cfg.hidden_size}, F "
           f"{cfg.intermediate_size}; batch 1; capacity {CAPACITY}, context {CONTEXT}; median of "

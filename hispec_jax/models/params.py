@@ -26,7 +26,9 @@ weights as a tuple of L per-layer dicts (each entry without the leading [L] axis
 the stacked arrays at every scan step (a dynamic slice materializes before each matmul);
 separate per-layer buffers avoid that copy, about 3x less time per layer at batch 1 on CPU
 (BENCHMARKS.md). `load_model` picks "unrolled" on CPU and "scan" on accelerators; the
-layout never changes the math.
+layout never changes the math. On CPU the unrolled layout also stores the seven layer
+projections out-major (`wq_T` [N, H, D] ... `w_down_T` [D, F]: `with_layer_layout`,
+`transformer.project`, docs/layer_layouts.md).
 
 Exit heads (`ExitHeads`) are a separate dict keyed by the exit layer as a string:
 
@@ -287,10 +289,10 @@ def default_layer_layout() -> str:
 def default_out_major() -> bool:
     """Whether the unrolled layout stores the layer projections out-major on this backend:
     on XLA:CPU, where a block of several rows then multiplies with the weight as the left
-    operand instead of YNNPACK repacking it on every call (`transformer.project`; a verify
-    block of 8 positions on SmolLM2-135M 17 % cheaper, a prefill chunk 12 %, a decoding step
-    unchanged: BENCHMARKS.md, "Out-major projections"). Accelerators are not measured and keep
-    the canonical order."""
+    operand instead of YNNPACK repacking it on every call (`transformer.project`; on
+    SmolLM2-135M a verify pass over 4-8 positions 10 % cheaper, a prefill chunk 5 %, a
+    decoding step unchanged: BENCHMARKS.md, "Out-major projections"). Accelerators are not
+    measured and keep the canonical order."""
     return jax.default_backend() == "cpu"
 
 

@@ -59,9 +59,10 @@ def project(layer_params, name: str, x_BxTxI: jax.Array, precision) -> jax.Array
 
     the same products with the large matrix on the left, as the tied LM head does
     (`heads._tied_head`); the optimization barrier keeps XLA from folding the transpose
-    back. One row (a decoding step) stays a matrix-vector product `x @ w_T^T`. SmolLM2-135M
-    on this 2-core CPU, 30 layers' MLP matmuls, ms per call for 1 / 2 / 8 / 32 / 128 rows:
-    in-major 12.1 / 19.6 / 23.1 / 39.8 / 125.1, out-major 12.8 / 16.0 / 17.5 / 34.8 / 106.2
+    back. One row (a decoding step) stays a matrix-vector product `x @ w_T^T` (XLA's own
+    emitter either way). SmolLM2-135M on the 2-core CPU, whole passes, canonical -> out-major:
+    verify over 2 / 4 / 8 positions 43.3 / 45.0 / 54.5 -> 41.5 / 40.6 / 49.0 ms, a 128-position
+    prefill chunk 304 -> 288 ms, the AR step 32-33 ms either way
     (benchmarks/results_lookup/out_major.py and .txt). Only the summation order differs
     (float32 differences ~1e-6, as between any two dot kernels)."""
     B, T, I = x_BxTxI.shape
