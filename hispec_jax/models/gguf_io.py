@@ -315,14 +315,18 @@ def load_weights(reader, cfg: ModelConfig, layer_layout: str = "scan",
     unpermute = cfg.model_type in _UNPERMUTE_QK
     heads = {"wq": cfg.num_heads, "wk": cfg.num_kv_heads} if unpermute else {}
 
-    def convert(tensor, key: str, n_in: int, out: np.ndarray) -> None:
-        """Writes `tensor` in our layout into `out` (its per-layer shape)."""
+    def convert(tensor, key: str, n_in: int, out: np.ndarray, out_major: bool = False) -> None:
+        """Writes `tensor` in our layout into `out` (its per-layer shape; `out_major`: the
+        projection's out-major shape [out..., in...], GGUF's own [out, in] order)."""
         if n_in == 0:
             _dequantize(tensor, dtype, out=out)
             return
         w = _dequantize(tensor, dtype)
         if key in heads:
             w = _unpermute_heads(w, heads[key])
+        if out_major:  # out viewed as [out, in] (a view: contiguous), filled as stored
+            out.reshape(-1, math.prod(out.shape[out.ndim - n_in:]))[...] = w
+            return
         # out viewed as [in, out] (a view: contiguous), filled with the transposed matrix.
         out.reshape(math.prod(out.shape[:n_in]), -1)[...] = w.T
 
@@ -342,13 +346,14 @@ def load_weights(reader, cfg: ModelConfig, layer_layout: str = "scan",
         key = our[1]
         shape = specs["layers"][key].shape[1:]
         if layer_layout == "unrolled":
+            transposed = out_major and key in PROJECTIONS
+            name = key + OUT_MAJOR_SUFFIX if transposed else key
+            if transposed:  # [out..., in...]: the shape `to_out_major` gives
+                shape = to_out_major(key, np.empty(shape, np.int8)).shape
             for i, t in enumerate(tensors):
                 value = _aligned_empty(shape, dtype)
-                convert(t, key, n_in, value)
-                if out_major and key in PROJECTIONS:
-                    unrolled[i][key + OUT_MAJOR_SUFFIX] = jax.device_put(to_out_major(key, value))
-                else:
-                    unrolled[i][key] = jax.device_put(value)
+                convert(t, key, n_in, value, transposed)
+                unrolled[i][name] = jax.device_put(value)
         else:
             value = _aligned_empty((L, *shape), dtype)
             for i, t in enumerate(tensors):

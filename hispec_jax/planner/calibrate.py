@@ -209,17 +209,21 @@ def head_cost_scales(model: Model) -> tuple[tuple[int, float], ...]:
 
 
 def measure_stage_costs(model: Model, batch: int, capacity: int, block_sizes, repeats: int,
-                        context: int | None = None) -> tuple[list[float], list[float]]:
+                        context: int | None = None,
+                        layer_counts: tuple[int, int] | None = None) -> tuple[list[float], list[float]]:
     """(seconds of one layer, seconds of the shared exit head + argmax) per block length T,
     at `batch` sequences with `context` cached positions before the block (trained heads:
     `head_cost_scales`).
 
     Per T three jitted programs run layers [0, n1), [0, n2) and [0, n1) + the shared head;
     differences cancel the per-call dispatch cost (that cost is the engine's pass/round
-    overhead, fitted from loop runs)."""
+    overhead, fitted from loop runs). `layer_counts` (n1, n2), default (2, 6) (or (1, L) for
+    L < 3); docs/results/planner/loop_fit.py measures the rejected (L - 4, L) with it."""
     cfg = model.cfg
     L = cfg.num_layers
-    n1, n2 = (2, min(6, L)) if L >= 3 else (1, L)
+    n1, n2 = layer_counts or ((2, min(6, L)) if L >= 3 else (1, L))
+    if not 0 < n1 <= n2 <= L:
+        raise ValueError(f"layer_counts {(n1, n2)} must satisfy 0 < n1 <= n2 <= {L}")
     context = capacity // 2 if context is None else context
     per_layer = isinstance(model.params["layers"], (tuple, list))
     layer_s, head_s = [], []

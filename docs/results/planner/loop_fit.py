@@ -31,17 +31,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-
 from hispec_jax import DEFAULT_MODEL_DIR, load_model
 from hispec_jax.bench.suite import device_description
 from hispec_jax.decoding import generate as generate_lib
 from hispec_jax.decoding import methods
-from hispec_jax.models.heads import exit_logits
-from hispec_jax.models.kv_cache import KVCache
-from hispec_jax.models.transformer import run_layers_cached
 from hispec_jax.planner import calibrate, latency, plan as plan_lib, search, tune
 
 NEW_TOKENS, VERIFY_PROMPTS, VERIFY_REPEATS = 64, 4, 5
@@ -64,42 +57,9 @@ def raw_costs(costs, loop):
 def stack_stage_costs(model, batch, capacity, block_sizes, repeats, context):
     """`calibrate.measure_stage_costs` with programs over [0, L-4) and [0, L) (the variant
     tried and rejected on 2026-11-24)."""
-    cfg, L = model.cfg, model.cfg.num_layers
-    n1, n2 = L - 4, L
-    per_layer = isinstance(model.params["layers"], (tuple, list))
-    layer_s, head_s = [], []
-    for T in block_sizes:
-        positions = jnp.broadcast_to(context + jnp.arange(T, dtype=jnp.int32), (batch, T))
-        x = jnp.asarray(np.random.default_rng(0).normal(size=(batch, T, cfg.hidden_size)) * 0.1,
-                        jnp.dtype(cfg.dtype))
-
-        def program(stop, head):
-            def f(params, x, cache):
-                h, cache = run_layers_cached(params, cfg, x, positions, cache, 0, stop)
-                return (jnp.argmax(exit_logits(params, {}, cfg, h, stop), -1) if head else h), cache
-            return jax.jit(f, donate_argnums=(2,))
-
-        progs = {"lo": program(n1, False), "hi": program(n2, False), "head": program(n1, True)}
-        caches = {k: KVCache.zeros(cfg, batch, capacity, n2, per_layer=per_layer) for k in progs}
-
-        def call(key):
-            out, caches[key] = progs[key](model.params, x, caches[key])
-            return out
-
-        for key in progs:
-            jax.block_until_ready(call(key))
-        samples = {key: [] for key in progs}
-        for _ in range(repeats):
-            for key in progs:
-                t0 = time.perf_counter()
-                for _ in range(3):
-                    out = call(key)
-                jax.block_until_ready(out)
-                samples[key].append((time.perf_counter() - t0) / 3)
-        t = {key: min(v) for key, v in samples.items()}
-        layer_s.append(max((t["hi"] - t["lo"]) / (n2 - n1), 1e-9))
-        head_s.append(max(t["head"] - t["lo"], 0.5 * layer_s[-1]))
-    return calibrate.monotone(layer_s), calibrate.monotone(head_s)
+    L = model.cfg.num_layers
+    return calibrate.measure_stage_costs(model, batch, capacity, block_sizes, repeats, context,
+                                         layer_counts=(L - 4, L))
 
 
 def predicted_e2e(plan, cal, costs):
