@@ -54,7 +54,7 @@ import numpy as np
 
 from hispec_jax.models.config import ModelConfig
 from hispec_jax.models.params import (LAYER_LAYOUTS, OUT_MAJOR_SUFFIX, PROJECTIONS, Params,
-                                      default_out_major, param_specs, to_out_major)
+                                      default_out_major, out_major_shape, param_specs)
 
 # GGUF `general.architecture` -> our `model_type`.
 SUPPORTED_ARCHITECTURES = {"llama": "llama", "qwen3": "qwen3"}
@@ -348,8 +348,8 @@ def load_weights(reader, cfg: ModelConfig, layer_layout: str = "scan",
         if layer_layout == "unrolled":
             transposed = out_major and key in PROJECTIONS
             name = key + OUT_MAJOR_SUFFIX if transposed else key
-            if transposed:  # [out..., in...]: the shape `to_out_major` gives
-                shape = to_out_major(key, np.empty(shape, np.int8)).shape
+            if transposed:
+                shape = out_major_shape(key, shape)
             for i, t in enumerate(tensors):
                 value = _aligned_empty(shape, dtype)
                 convert(t, key, n_in, value, transposed)

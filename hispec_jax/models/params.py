@@ -233,40 +233,48 @@ def _flatten(tree, prefix: str = ""):
 
 LAYER_LAYOUTS = ("scan", "unrolled")
 
-# The layer projections and how many leading input axes each has (canonical [in..., out...]).
-PROJECTIONS = {"wq": 1, "wk": 1, "wv": 1, "wo": 2, "w_gate": 1, "w_up": 1, "w_down": 1}
+# The layer projections: (input axes, output axes) of each, canonical order [in..., out...].
+PROJECTIONS = {"wq": (1, 2), "wk": (1, 2), "wv": (1, 2), "wo": (2, 1),
+               "w_gate": (1, 1), "w_up": (1, 1), "w_down": (1, 1)}
 # Out-major storage of projection `name`: key `name + OUT_MAJOR_SUFFIX`, axes [out..., in...].
 OUT_MAJOR_SUFFIX = "_T"
 
 
 def to_out_major(name: str, w):
-    """Projection `name` [(L,) in..., out...] -> [(L,) out..., in...] (a transposed copy)."""
-    return _move_in_axes(name, w, last=True)
+    """Projection `name` [(L,) in..., out...] -> [(L,) out..., in...] (a transposed copy);
+    `w` an array, or a tuple of its logical axes (`sharding.param_axes`)."""
+    return _permute(w, _out_major_order(name, _ndim(w), out_major=True))
 
 
 def from_out_major(name: str, w_T):
     """Inverse of `to_out_major`."""
-    return _move_in_axes(name, w_T, last=False)
+    return _permute(w_T, _out_major_order(name, _ndim(w_T), out_major=False))
 
 
-def _move_in_axes(name, w, last: bool):
-    """`w` an array, or a tuple of its logical axes (`sharding.param_axes`)."""
-    # the leading [L] axis of the stacked layout stays first
-    lead = (len(w) if isinstance(w, tuple) else w.ndim) - _canonical_ndim(name)
-    n_in, n_out = PROJECTIONS[name], _canonical_ndim(name) - PROJECTIONS[name]
-    if last:   # [lead, in..., out...] -> [lead, out..., in...]
-        order = (*range(lead), *range(lead + n_in, lead + n_in + n_out), *range(lead, lead + n_in))
-    else:      # [lead, out..., in...] -> [lead, in..., out...]
-        order = (*range(lead), *range(lead + n_out, lead + n_out + n_in), *range(lead, lead + n_out))
+def out_major_shape(name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape `to_out_major(name, w)` has for `w` of `shape`."""
+    return to_out_major(name, tuple(shape))
+
+
+def _ndim(w) -> int:
+    return len(w) if isinstance(w, tuple) else w.ndim
+
+
+def _out_major_order(name: str, ndim: int, out_major: bool) -> tuple[int, ...]:
+    """The axis permutation [lead, in..., out...] -> [lead, out..., in...] (or back); the
+    leading [L] axis of the stacked layout stays first."""
+    n_in, n_out = PROJECTIONS[name]
+    lead = ndim - n_in - n_out
+    first, second = (n_in, n_out) if out_major else (n_out, n_in)
+    return (*range(lead), *range(lead + first, lead + first + second), *range(lead, lead + first))
+
+
+def _permute(w, order):
     if isinstance(w, tuple):
         return tuple(w[i] for i in order)
     if isinstance(w, np.ndarray):
         return np.ascontiguousarray(w.transpose(order))
     return jnp.transpose(w, order)
-
-
-def _canonical_ndim(name: str) -> int:
-    return 3 if name in ("wq", "wk", "wv", "wo") else 2
 
 
 def layer_layout(params: Params) -> str:
