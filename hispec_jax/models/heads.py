@@ -40,7 +40,7 @@ import jax.numpy as jnp
 
 from hispec_jax.models.config import ModelConfig
 from hispec_jax.models.params import ExitHeads, Params
-from hispec_jax.models.transformer import rms_norm
+from hispec_jax.models.transformer import rms_norm, weight_left_matmul
 
 
 HEAD_KINDS = ("shared", "full", "low_rank", "adapter", "adapter_full", "adapter_low_rank")
@@ -150,9 +150,7 @@ def _tied_head(x_BxTxD: jax.Array, embed_VxD: jax.Array, precision) -> jax.Array
     if jax.default_backend() != "cpu" or not 1 < B * T <= EMBED_LHS_MAX_ROWS:
         return jnp.einsum("BTD,VD->BTV", x_BxTxD, embed_VxD, precision=precision,
                           preferred_element_type=jnp.float32)
-    logits_VxBxT = jnp.einsum("VD,BTD->VBT", embed_VxD, x_BxTxD, precision=precision,
-                              preferred_element_type=jnp.float32)
-    return jax.lax.optimization_barrier(logits_VxBxT).transpose(1, 2, 0)
+    return weight_left_matmul(embed_VxD, x_BxTxD, precision, preferred_element_type=jnp.float32)
 
 
 def apply_adapter(head, cfg: ModelConfig, h_BxTxD: jax.Array) -> jax.Array:

@@ -73,7 +73,18 @@ def project(layer_params, name: str, x_BxTxI: jax.Array, precision) -> jax.Array
     w_OxI = w_T.reshape(-1, I)
     if B * T == 1:
         return jnp.einsum("BTI,OI->BTO", x_BxTxI, w_OxI, precision=precision)
-    y_OxBxT = jnp.einsum("OI,BTI->OBT", w_OxI, x_BxTxI, precision=precision)
+    return weight_left_matmul(w_OxI, x_BxTxI, precision)
+
+
+def weight_left_matmul(w_OxI: jax.Array, x_BxTxI: jax.Array, precision,
+                       preferred_element_type=None) -> jax.Array:
+    """`x @ w^T` -> [B, T, O] for an out-major weight w [O, I], computed as `w @ x^T` ->
+    [O, B, T] and transposed: the weight is the left operand, read as stored (XLA:CPU's
+    YNNPACK GEMM packs its right operand on every call). The optimization barrier keeps XLA
+    from folding the transpose back into `x @ w^T`. Used by `project` and the tied LM head
+    (`heads._tied_head`, the embedding [V, D] is out-major already)."""
+    y_OxBxT = jnp.einsum("OI,BTI->OBT", w_OxI, x_BxTxI, precision=precision,
+                         preferred_element_type=preferred_element_type)
     return jax.lax.optimization_barrier(y_OxBxT).transpose(1, 2, 0)
 
 
