@@ -21,19 +21,14 @@ import json
 import os
 import re
 import statistics
-import subprocess
 import tempfile
 import time
 
 import jax
-import jax.numpy as jnp
+from passes import ar_step, compiled_call, header, load, verify_pass
 
 from hispec_jax import load_model
-from hispec_jax.bench.suite import device_description
-from hispec_jax.models.heads import exit_logits
-from hispec_jax.models.kv_cache import KVCache
 from hispec_jax.models.pull import pull
-from hispec_jax.models.transformer import embed, run_layers, run_layers_cached
 
 CAPACITY, CONTEXT, CALLS, TOP = 640, 330, 5, 12
 _RUNTIME = ("$", "Thunk", "Pjit", "Common", "Slinky", "end:", "Handle", "ParseArguments")
@@ -55,36 +50,13 @@ def op_sources(hlo_text: str) -> dict[str, str]:
 
 def main():
     model = load_model(str(pull("smollm2-135m-instruct")))
-    cfg, params, L = model.cfg, model.params, model.cfg.num_layers
-
-    def verify(params, tokens, positions, cache):
-        h, kv = run_layers(params, cfg, embed(params, tokens), positions, cache, 0, L,
-                           split_context=True)
-        positions, kv = jax.lax.optimization_barrier((positions, kv))  # as the engine
-        cache = cache.write_block(0, positions, kv)
-        return jnp.argmax(exit_logits(params, {}, cfg, h, L), -1).astype(jnp.int32), cache
-
-    def ar(params, tokens, positions, cache):
-        h, cache = run_layers_cached(params, cfg, embed(params, tokens), positions, cache, 0, L)
-        return jnp.argmax(exit_logits(params, {}, cfg, h, L), -1).astype(jnp.int32), cache
-
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
-    print(f"# {device_description()}; commit {commit}; "
-          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load "
-          f"{tuple(round(x, 2) for x in os.getloadavg())}; XLA_FLAGS={os.environ.get('XLA_FLAGS')}")
+    cfg, params = model.cfg, model.params
+    print(f"{header()}; XLA_FLAGS={os.environ.get('XLA_FLAGS')}")
     print(f"# SmolLM2-135M-Instruct, batch 1, capacity {CAPACITY}, context {CONTEXT}\n")
-    for name, f, T in (("AR step", ar, 1), ("verify pass", verify, 2), ("verify pass", verify, 8)):
-        tokens = jnp.ones((1, T), jnp.int32)
-        positions = CONTEXT + jnp.arange(T, dtype=jnp.int32)[None]
-        cache = [KVCache.zeros(cfg, 1, CAPACITY, per_layer=True)]
-        compiled = jax.jit(f, donate_argnums=3).lower(params, tokens, positions, cache[0]).compile()
+    for name, f, T in (("AR step", ar_step(cfg), 1), ("verify pass", verify_pass(cfg), 2),
+                       ("verify pass", verify_pass(cfg), 8)):
+        call, compiled = compiled_call(f, cfg, params, T, CONTEXT, CAPACITY)
         sources = op_sources(compiled.as_text())
-
-        def call():
-            out, cache[0] = compiled(params, tokens, positions, cache[0])
-            out.block_until_ready()
-
         call()
         walls = []
         for _ in range(15):
@@ -112,7 +84,7 @@ def main():
             print(f"| {key} | {ms:.2f} | {count[key] // CALLS} |")
         rest = sum(per_kind.values()) - sum(ms for _, ms in per_kind.most_common(TOP))
         print(f"| (everything else) | {rest:.2f} | |\n")
-    print(f"# load at end {tuple(round(x, 2) for x in os.getloadavg())}")
+    print(f"# load at end {load()}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,71 @@
+"""The compiled decoding passes the results_lookup scripts time, on the pulled SmolLM2-135M.
+
+Shared by `out_major.py`, `capacity_cost.py` and `block_profile.py` (each imports this file
+from its own directory: `python benchmarks/results_lookup/SCRIPT.py`).
+
+- `ar_step`: one position (or a prefill chunk) through all layers with the in-place cache
+  write (`run_layers_cached`), the head and the argmax: the engine's AR loop body.
+- `verify_pass`: all layers over a block from a read-only cache (`run_layers(...,
+  split_context=True)`), the block's keys/values written after a barrier (as the engine
+  does after its switch), the head and the argmax: a lookup / LayerSkip round's top pass.
+"""
+
+import os
+import subprocess
+import time
+
+import jax
+import jax.numpy as jnp
+
+from hispec_jax.bench.suite import device_description
+from hispec_jax.models.heads import exit_logits
+from hispec_jax.models.kv_cache import KVCache
+from hispec_jax.models.transformer import embed, run_layers, run_layers_cached
+
+
+def ar_step(cfg):
+    L = cfg.num_layers
+
+    def f(params, tokens, positions, cache):
+        h, cache = run_layers_cached(params, cfg, embed(params, tokens), positions, cache, 0, L)
+        return jnp.argmax(exit_logits(params, {}, cfg, h, L), -1).astype(jnp.int32), cache
+    return f
+
+
+def verify_pass(cfg):
+    L = cfg.num_layers
+
+    def f(params, tokens, positions, cache):
+        h, kv = run_layers(params, cfg, embed(params, tokens), positions, cache, 0, L,
+                           split_context=True)
+        positions, kv = jax.lax.optimization_barrier((positions, kv))
+        cache = cache.write_block(0, positions, kv)
+        return jnp.argmax(exit_logits(params, {}, cfg, h, L), -1).astype(jnp.int32), cache
+    return f
+
+
+def compiled_call(f, cfg, params, T: int, start: int, capacity: int):
+    """(a call of pass `f` over T positions from `start`, batch 1, in a cache of `capacity`
+    slots that is donated and carried: the same slots are rewritten every call; the compiled
+    executable)."""
+    tokens = jnp.ones((1, T), jnp.int32)
+    positions = start + jnp.arange(T, dtype=jnp.int32)[None]
+    cache = [KVCache.zeros(cfg, 1, capacity, per_layer=True)]
+    compiled = jax.jit(f, donate_argnums=3).lower(params, tokens, positions, cache[0]).compile()
+
+    def call():
+        out, cache[0] = compiled(params, tokens, positions, cache[0])
+        out.block_until_ready()
+    return call, compiled
+
+
+def header() -> str:
+    """The machine / commit / time / load line every output starts with."""
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    return (f"# {device_description()}; commit {commit}; "
+            f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load {load()}")
+
+
+def load():
+    return tuple(round(x, 2) for x in os.getloadavg())
