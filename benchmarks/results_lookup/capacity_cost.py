@@ -10,10 +10,7 @@ and 2048, interleaved in one process (median per call): the cost of attending ov
 nobody can see, i.e. what attention over the used part of the cache only would save.
 """
 
-import statistics
-import time
-
-from passes import ar_step, compiled_call, header, load, verify_pass
+from passes import ar_step, compiled_call, header, interleaved_ms, load, verify_pass
 
 from hispec_jax import load_model
 from hispec_jax.models.pull import pull
@@ -29,23 +26,14 @@ def main():
     passes = (("AR step", ar_step(cfg), 1), ("verify pass, T = 8", verify_pass(cfg), 8))
     calls = {(name, S): compiled_call(f, cfg, params, T, CONTEXT, S)[0]
              for name, f, T in passes for S in CAPACITIES}
-    for call in calls.values():
-        call()
-    start_load = load()
-    times = {key: [] for key in calls}
-    for _ in range(ROUNDS):
-        for key, call in calls.items():
-            t0 = time.perf_counter()
-            for _ in range(CALLS):
-                call()
-            times[key].append((time.perf_counter() - t0) / CALLS)
+    ms_of, start_load = interleaved_ms(calls, ROUNDS, lambda key: CALLS)
     print(f"{header()} (rounds started at {start_load})")
     print(f"# {path.rsplit('/', 1)[-1]}, batch 1, {CONTEXT} cached positions; CPU default layout "
           f"(unrolled, out-major); median of {ROUNDS} interleaved rounds of {CALLS} calls\n")
     print("| pass | " + " | ".join(f"S = {S}" for S in CAPACITIES) + " |")
     print("|---|" + "---|" * len(CAPACITIES))
     for name, *_ in passes:
-        ms = [statistics.median(times[name, S]) * 1e3 for S in CAPACITIES]
+        ms = [ms_of[name, S] for S in CAPACITIES]
         print(f"| {name}, ms | " + " | ".join(f"{m:.1f}" for m in ms) + " |")
         print(f"| {name}, x S = {CAPACITIES[0]} | "
               + " | ".join(f"{m / ms[0]:.2f}" for m in ms) + " |")

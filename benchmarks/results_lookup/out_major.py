@@ -21,10 +21,7 @@ Each variant is compiled first, then timed in interleaved rounds (median per cal
 average at start and end: under load every ratio moves.
 """
 
-import statistics
-import time
-
-from passes import ar_step, compiled_call, header, load, verify_pass
+from passes import ar_step, compiled_call, header, interleaved_ms, load, verify_pass
 
 from hispec_jax import load_model
 from hispec_jax.models.params import with_layer_layout
@@ -48,27 +45,18 @@ def main():
     passes += [(f"prefill chunk, T = {CHUNK}", cached, CHUNK, CHUNK)]
     calls = {(name, order): compiled_call(f, cfg, params, T, start, CAPACITY)[0]
              for name, f, T, start in passes for order, params in orders.items()}
-    for call in calls.values():
-        call()
-    start_load = load()
-    times = {key: [] for key in calls}
-    for _ in range(ROUNDS):
-        for key, call in calls.items():
-            n = 1 if "prefill" in key[0] else CALLS
-            t0 = time.perf_counter()
-            for _ in range(n):
-                call()
-            times[key].append((time.perf_counter() - t0) / n)
+    ms, start_load = interleaved_ms(calls, ROUNDS,
+                                   lambda key: 1 if "prefill" in key[0] else CALLS)
     print(f"{header()} (rounds started at {start_load})")
     print(f"# {path.rsplit('/', 1)[-1]}: {L} layers, D {cfg.hidden_size}, F "
           f"{cfg.intermediate_size}; batch 1; capacity {CAPACITY}, context {CONTEXT}; median of "
           f"{ROUNDS} interleaved rounds ({CALLS} calls per round, prefill 1)\n")
-    ar = {o: statistics.median(times[passes[0][0], o]) * 1e3 for o in orders}
+    ar = {o: ms[passes[0][0], o] for o in orders}
     print("| pass | canonical ms | out-major ms | out-major / canonical | canonical x AR step "
           "| out-major x AR step |")
     print("|---|---|---|---|---|---|")
     for name, *_ in passes:
-        a, b = (statistics.median(times[name, o]) * 1e3 for o in orders)
+        a, b = (ms[name, o] for o in orders)
         print(f"| {name} | {a:.1f} | {b:.1f} | {b / a:.2f} | {a / ar['canonical']:.2f} "
               f"| {b / ar['out-major']:.2f} |")
     print(f"\n# load at end {load()}")

@@ -11,6 +11,7 @@ from its own directory: `python benchmarks/results_lookup/SCRIPT.py`).
 """
 
 import os
+import statistics
 import subprocess
 import time
 
@@ -57,6 +58,23 @@ def compiled_call(f, cfg, params, T: int, start: int, capacity: int):
         out, cache[0] = compiled(params, tokens, positions, cache[0])
         out.block_until_ready()
     return call, compiled
+
+
+def interleaved_ms(calls: dict, rounds: int, repeats) -> tuple[dict, tuple]:
+    """Median ms per call of every `calls[key]()` over `rounds` interleaved rounds, each call
+    repeated `repeats(key)` times per round (warmed up first); and the load when timing began."""
+    for call in calls.values():
+        call()
+    start_load = load()
+    times = {key: [] for key in calls}
+    for _ in range(rounds):
+        for key, call in calls.items():
+            n = repeats(key)
+            t0 = time.perf_counter()
+            for _ in range(n):
+                call()
+            times[key].append((time.perf_counter() - t0) / n)
+    return {key: statistics.median(v) * 1e3 for key, v in times.items()}, start_load
 
 
 def header() -> str:
