@@ -753,7 +753,8 @@ class Shapes:
       batch: B, sequences per loop (padding rows included).
       capacity: S, cache positions per sequence.
       prompt_block: T, the prefill chunk (a power of two; `prefill.py`): prompts of any
-        length run ceil(length / T) chunks of T positions.
+        length run full chunks of T positions, the rest in at most two small chunks of
+        T / 4 (`prefill.chunk_counts`).
       num_eos: E, EOS ids (padded with -1; at least 1).
     """
 

@@ -29,9 +29,10 @@ from hispec_jax.models import sharding
 from hispec_jax.models.model import Model, place_on_mesh
 
 MIN_PROMPT_BLOCK = 16
-# The prefill runs chunks of at most this many positions (`prefill.py`): a long prompt
-# pays for the chunks it fills (a 300-token prompt: 384 positions, not the 512 of its
-# power-of-two bucket), and prompts of any length above it share one compiled loop.
+# The prefill runs chunks of at most this many positions, ending in at most two small
+# chunks of a quarter of it (`prefill.chunk_counts`): a long prompt pays for about the
+# positions it fills (a 272-token prompt: 288 positions, not the 512 of its power-of-two
+# bucket), and prompts of any length above it share one compiled loop.
 PREFILL_CHUNK = 128
 CAPACITY_MULTIPLE = 64
 

@@ -5,17 +5,24 @@ Prompts sit right-padded in the request's token buffer. Token j of sequence b si
 absolute position j; entries past a prompt get the sentinel position S, so their cache
 writes are dropped. The prefill runs chunks of T positions (T: `Shapes.prompt_block`, a
 power of two) until the longest prompt is cached, each chunk attending over the cache the
-earlier chunks wrote plus itself, as a verification block does:
+earlier chunks wrote plus itself, as a verification block does. What a last full chunk
+would leave mostly empty runs instead in small chunks of t = T / 4 positions (at least 16;
+`small_chunk`): full chunks while more than 2t positions are left, then at most two small
+ones.
 
-    tokens       a b c d | e _ _ _        lengths_B = [5, 7], T = 4: two chunks
-                 f g h i | j k l _
-    positions    0 1 2 3 | 4 S S S
-                 0 1 2 3 | 4 5 6 S
-                 chunk 0   chunk 1
+    tokens       a b c d e f g h | i j k _          lengths_B = [11, 10], T = 8, t = 2:
+                 m n o p q r s t | u v _ _          one full chunk, then two small ones
+    positions    0 1 2 3 4 5 6 7 | 8 9 | 10 S
+                 0 1 2 3 4 5 6 7 | 8 9 | S  S
+                 full chunk 0      small 0, 1
 
-The trip count is ceil(longest / T), a traced value: for one cache capacity, prompts of
-any length share one compilation, and a prompt costs the chunks it fills, not the next
-power of two of its length (a 300-token prompt runs 384 positions at T = 128, not 512).
+Both trip counts are traced values: for one cache capacity, prompts of any length share one
+compilation (two compiled chunk passes: T and t positions), and a prompt costs the
+positions it fills rounded up to t, not the next power of two of its length (at T = 128, a
+272-token prompt runs 288 positions, not the 384 of whole chunks or the 512 of one block).
+A small chunk reads every weight as a full one does, so on a CPU it costs more per
+position (SmolLM2: ~70 ms for 32 positions against ~225 ms for 128): two of them cost less
+than a full chunk, three about as much (hence `MAX_SMALL`).
 """
 
 from __future__ import annotations
@@ -28,6 +35,28 @@ from hispec_jax.models.kv_cache import KVCache
 from hispec_jax.models.params import Params
 from hispec_jax.models.transformer import embed, run_layers_cached
 
+SMALL_PARTS = 4  # a small chunk is T / SMALL_PARTS positions ...
+MIN_SMALL = 16  # ... and at least this many (or T)
+MAX_SMALL = 2  # small chunks end a prompt only when they are this few
+
+
+def small_chunk(chunk: int) -> int:
+    """t, the positions of a small chunk for full chunks of T = `chunk`: T / 4, at least 16
+    (t == T for T <= 16: then every chunk is full)."""
+    return min(chunk, max(chunk // SMALL_PARTS, MIN_SMALL))
+
+
+def chunk_counts(longest, chunk: int):
+    """(full chunks, small chunks) for a longest prompt of `longest` positions (traced or
+    not): full chunks while more than `MAX_SMALL` t positions are left, then
+    ceil(rest / t) <= `MAX_SMALL` small ones, fewer positions than a full chunk (none
+    when t == T)."""
+    small = small_chunk(chunk)
+    tail = min(MAX_SMALL, (chunk - 1) // small) * small  # (< T: small chunks run fewer)
+    num_full = (jnp.maximum(longest - tail, 0) + chunk - 1) // chunk
+    rest = jnp.maximum(longest - num_full * chunk, 0)
+    return num_full, (rest + small - 1) // small
+
 
 def block_positions(start_B: jax.Array, num_valid_B: jax.Array, block_len: int,
                     capacity: int) -> jax.Array:
@@ -39,13 +68,14 @@ def block_positions(start_B: jax.Array, num_valid_B: jax.Array, block_len: int,
 
 def prefill(params: Params, cfg: ModelConfig, tokens_BxS: jax.Array, lengths_B: jax.Array,
             cache: KVCache, stop: int, chunk: int) -> tuple[jax.Array, KVCache]:
-    """Caches layers [0, stop) for every prompt position, `chunk` positions at a time.
+    """Caches layers [0, stop) for every prompt position, in full chunks of `chunk`
+    positions, then small ones (`chunk_counts`).
 
     Args:
       tokens_BxS: [B, S'] int32, the prompts right-padded (S' >= the longest prompt; the
         request's token buffer).
       lengths_B: [B] int32 prompt lengths (>= 1).
-      chunk: T, positions per pass.
+      chunk: T, positions per full chunk.
 
     Returns:
       (layer-`stop` hidden states [B, D] at each prompt's last position, updated cache).
@@ -56,24 +86,23 @@ def prefill(params: Params, cfg: ModelConfig, tokens_BxS: jax.Array, lengths_B: 
     # tokens so the slice is never clamped back onto real positions
     tokens_BxS = jnp.pad(tokens_BxS, ((0, 0), (0, T)))
     last_B = jnp.maximum(lengths_B - 1, 0)
-    num_chunks = (jnp.max(lengths_B) + T - 1) // T
 
-    def run_chunk(start, cache):
-        """Chunk [start, start + T): (each prompt's last state if it ends here, which
-        prompts end here [B], the cache)."""
-        tokens_BxT = jax.lax.dynamic_slice_in_dim(tokens_BxS, start, T, axis=1)
-        n_B = jnp.clip(lengths_B - start, 0, T)
-        positions_BxT = block_positions(jnp.full((B,), start, jnp.int32), n_B, T, S)
+    def run_chunk(size, start, h_BxD, cache):
+        """Chunk [start, start + size): the hidden states, those of the prompts whose last
+        position is in it replaced, and the cache."""
+        tokens_BxT = jax.lax.dynamic_slice_in_dim(tokens_BxS, start, size, axis=1)
+        n_B = jnp.clip(lengths_B - start, 0, size)
+        positions_BxT = block_positions(jnp.full((B,), start, jnp.int32), n_B, size, S)
         h_BxTxD, cache = run_layers_cached(params, cfg, embed(params, tokens_BxT), positions_BxT,
                                            cache, 0, stop)
-        offset_B = jnp.clip(last_B - start, 0, T - 1)
-        h_BxD = jnp.take_along_axis(h_BxTxD, offset_B[:, None, None], axis=1)[:, 0]
-        return h_BxD, (last_B >= start) & (last_B < start + T), cache
-
-    def later_chunk(i, carry):
-        h_BxD, cache = carry
-        chunk_h_BxD, here_B, cache = run_chunk(i * T, cache)
+        offset_B = jnp.clip(last_B - start, 0, size - 1)
+        chunk_h_BxD = jnp.take_along_axis(h_BxTxD, offset_B[:, None, None], axis=1)[:, 0]
+        here_B = (last_B >= start) & (last_B < start + size)
         return jnp.where(here_B[:, None], chunk_h_BxD, h_BxD), cache
 
-    h_BxD, _, cache = run_chunk(0, cache)  # most prompts fit one chunk: no loop trip
-    return jax.lax.fori_loop(1, num_chunks, later_chunk, (h_BxD, cache))
+    t = small_chunk(T)
+    num_full, num_small = chunk_counts(jnp.max(lengths_B), T)
+    carry = (jnp.zeros((B, cfg.hidden_size), params["embed"].dtype), cache)
+    carry = jax.lax.fori_loop(0, num_full, lambda i, c: run_chunk(T, i * T, *c), carry)
+    return jax.lax.fori_loop(0, num_small, lambda i, c: run_chunk(t, num_full * T + i * t, *c),
+                             carry)
