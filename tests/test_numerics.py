@@ -1,6 +1,7 @@
 """Logits at every exit match transformers (PyTorch) in float32: prefill and token-by-token."""
 
 import dataclasses
+import functools
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from hispec_jax.models.transformer import embed, run_layers_cached
 
 KINDS = ("llama3", "llama2", "qwen3")
 ATOL = 1e-4
+ATOL_LONG, RTOL_LONG = 5e-4, 1e-3  # 100+ positions: float32 rounding grows with length
 
 
 def hf_exit_logits(hf_model, tokens):
@@ -246,3 +248,56 @@ def test_tied_head_blocks_match_transformers(hf_models, B, T):
     np.testing.assert_allclose(ours, ref, atol=ATOL, rtol=0)
     block_form = (B, T) in {(1, 2), (2, 3), (1, 9), (4, 8)}  # the cases meant for `E @ x^T`
     assert (1 < B * T <= heads.EMBED_LHS_MAX_ROWS) == block_form
+
+
+def test_attention_reads_the_shortest_span_holding_every_seen_slot():
+    """`attention_spans` and the span `_over_used_slots` picks: the first one >= the most
+    slots any query sees (padding, seen 0, never widens it)."""
+    from hispec_jax.models import transformer
+
+    assert transformer.attention_spans(640) == (128, 256, 384, 512, 640)
+    assert transformer.attention_spans(2048) == tuple(range(256, 2049, 256))
+    assert transformer.attention_spans(1000) == (128, 256, 384, 512, 640, 768, 896, 1000)
+    assert transformer.attention_spans(100) == (100,)
+    span_read = jax.jit(lambda seen, keys: transformer._over_used_slots(
+        lambda k, v, vis: jnp.asarray(k.shape[2]), seen, keys.shape[2], keys, keys,
+        jnp.ones((1, 1, keys.shape[2]), bool)))
+    keys = jnp.zeros((2, 1, 640, 4))
+    for seen, span in (((1, 0), 128), ((128, 0), 128), ((129, 0), 256), ((0, 0), 128),
+                       ((5, 300), 384), ((640, 3), 640), ((512, 513), 640)):
+        assert int(span_read(jnp.asarray(seen)[:, None], keys)) == span, seen
+
+
+@pytest.mark.parametrize("layout,batch", [("unrolled", 1), ("unrolled", 2), ("scan", 2)])
+def test_attention_over_used_spans_matches_transformers(hf_models, layout, batch):
+    """With a cache of 256 slots (spans 128 and 256), a 120-position block, AR steps across
+    slot 128, and verify blocks whose context is exactly 128 slots and then 132 give
+    transformers' logits: whichever span a pass reads, it sees every slot it should (a
+    missed slot moves logits by O(1); over 120+ positions of this random model float32
+    rounding alone reaches 2.4e-4, the same with every pass reading the whole cache)."""
+    from hispec_jax.models.transformer import run_layers
+
+    hf_model, path = hf_models["llama3"]
+    model = load_model(path, layer_layout=layout)
+    cfg, L = model.cfg, model.cfg.num_layers
+    tokens = np.random.RandomState(9).randint(0, cfg.vocab_size, (batch, 140))
+    with torch.no_grad():
+        ref = hf_model(torch.tensor(tokens)).logits.numpy()
+    cache = KVCache.zeros(cfg, batch, 256, per_layer=layout == "unrolled")
+    logits = lambda x: np.asarray(exit_logits(model.params, {}, cfg, x, L))
+    at = lambda start, n: jnp.broadcast_to(jnp.arange(start, start + n), (batch, n))
+    x, cache = _run_layers_cached(model.params, cfg, embed(model.params, jnp.asarray(tokens[:, :120])),
+                                  at(0, 120), cache, start=0, stop=L)
+    np.testing.assert_allclose(logits(x), ref[:, :120], atol=ATOL_LONG, rtol=RTOL_LONG)
+    for t in range(120, 132):  # one query at a time: seen 121 .. 132 slots
+        x, cache = _run_layers_cached(model.params, cfg,
+                                      embed(model.params, jnp.asarray(tokens[:, t:t + 1])),
+                                      at(t, 1), cache, start=0, stop=L)
+        np.testing.assert_allclose(logits(x)[:, 0], ref[:, t], atol=ATOL_LONG, rtol=RTOL_LONG,
+                                   err_msg=f"position {t}")
+    verify = jax.jit(functools.partial(run_layers, cfg=cfg, start=0, stop=L, split_context=True))
+    for start in (128, 132):  # context of exactly one span, then past it
+        x, _ = verify(model.params, x_BxTxD=embed(model.params, jnp.asarray(tokens[:, start:start + 8])),
+                      positions_BxT=at(start, 8), cache=cache)
+        np.testing.assert_allclose(logits(x), ref[:, start:start + 8], atol=ATOL_LONG, rtol=RTOL_LONG,
+                                   err_msg=f"block at {start}")

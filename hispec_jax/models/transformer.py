@@ -119,6 +119,44 @@ def _attend(q_BxTxKxGxH, keys_BxKxSxH, values_BxKxSxH, visible_BxTxS, precision=
     return jnp.einsum("BKGTS,BKSH->BTKGH", probs, values_BxKxSxH, precision=precision)
 
 
+SPAN_PARTS = 8  # attention spans are multiples of max(S / SPAN_PARTS, MIN_SPAN) slots
+MIN_SPAN = 128
+
+
+def attention_spans(capacity: int) -> tuple[int, ...]:
+    """The cache prefixes (slot counts, ascending, the last = S) one attention may read:
+    multiples of max(S / 8, 128), so at most 8 (one, S itself, when S <= 128)."""
+    step = max(-(-capacity // SPAN_PARTS), MIN_SPAN)
+    return tuple(range(step, capacity, step)) + (capacity,)
+
+
+def _over_used_slots(attend, seen_BxT, capacity: int, keys_BxKxSxH, values_BxKxSxH,
+                     visible_BxTxS):
+    # (visible_BxTxS: any [..., S] mask `attend` takes; it is sliced on its last axis)
+    """`attend(keys, values, visible)` over the shortest cache prefix (`attention_spans`)
+    that holds every slot a query may see: `seen_BxT` [B, T'] int32 is how many leading
+    slots each query sees (0 for padding: what it attends to is discarded).
+
+        slots     0 ......... n1 ......... n2 ......... S     spans n1 < n2 < ... < S
+        seen      |###### max(seen) ######|
+        read      |<-------- n2 --------->|                   the first span >= max(seen)
+
+    One `lax.switch` branch per span, each slicing statically, so a cache planned for long
+    requests costs what it holds. SmolLM2 with 330 slots valid, whole cache -> used spans:
+    the AR step 35.7 -> 32.1 ms at S = 640 and 43.2 -> 35.1 ms at S = 2048, a verify pass
+    over 8 positions 52.2 -> 47.1 / 80.0 -> 51.1 ms, a 128-position prefill chunk at S =
+    2048 614 -> 312 ms (benchmarks/results_lookup/span_cost.py and .txt).
+    The masked slots past the span contributed exp(-1e30 - m) = 0, so the result is the
+    same up to the summation order of the softmax's sums."""
+    spans = attention_spans(capacity)
+    if len(spans) == 1:
+        return attend(keys_BxKxSxH, values_BxKxSxH, visible_BxTxS)
+    index = jnp.clip((jnp.max(seen_BxT) - 1) // spans[0], 0, len(spans) - 1)
+    branches = [lambda k, v, vis, n=n: attend(k[:, :, :n], v[:, :, :n], vis[..., :n])
+                for n in spans]
+    return jax.lax.switch(index, branches, keys_BxKxSxH, values_BxKxSxH, visible_BxTxS)
+
+
 def _single_query_on_cpu(q_BxTxKxGxH) -> bool:
     """One query position per sequence (decoding and drafting steps), on XLA:CPU.
 
@@ -180,13 +218,25 @@ def _context_block_attention(layer_params, cfg: ModelConfig, x_BxTxD, positions_
     The context is only read (no [S + T] copy of a cache layer per layer), so a pass run
     inside a `lax.switch` branch leaves the cache untouched and XLA copies nothing; the
     block's keys/values are returned and written after the branch (decoding/engine.py).
+    Only the context slots in use are read (`_over_used_slots`).
     Returns (output [B, T, D], the block's k and v [B, T, K, H])."""
-    T = x_BxTxD.shape[1]
     q, k_BxTxKxH, v_BxTxKxH = _project_qkv(layer_params, cfg, x_BxTxD, positions_BxT,
                                            context_k_BxKxSxH.dtype)
     S = context_k_BxKxSxH.shape[2]
-    f32, prec = jnp.float32, cfg.precision
     ctx_visible_BxS = jnp.arange(S)[None, :] < positions_BxT[:, :1]
+    attend = lambda keys, values, visible: _attend_context_and_block(
+        q, k_BxTxKxH, v_BxTxKxH, keys, values, visible, cfg.precision)
+    seen_Bx1 = jnp.where(positions_BxT[:, :1] < S, positions_BxT[:, :1], 0)
+    out = _over_used_slots(attend, seen_Bx1, S, context_k_BxKxSxH,
+                           context_v_BxKxSxH, ctx_visible_BxS)
+    return _attention_output(layer_params, cfg, out), k_BxTxKxH, v_BxTxKxH
+
+
+def _attend_context_and_block(q, k_BxTxKxH, v_BxTxKxH, context_k_BxKxSxH, context_v_BxKxSxH,
+                              ctx_visible_BxS, prec):
+    """The attention of `_context_block_attention` -> [B, T, K, G, H]."""
+    T = q.shape[1]
+    f32 = jnp.float32
     if _single_query_on_cpu(q):  # products and reductions (see `_attend_single_query`)
         s_ctx = jnp.sum(q[:, 0, :, :, None, :].astype(f32)
                         * context_k_BxKxSxH[:, :, None, :, :], axis=-1)[:, :, :, None, :]
@@ -208,8 +258,7 @@ def _context_block_attention(layer_params, cfg: ModelConfig, x_BxTxD, positions_
                         .astype(f32), axis=-2).astype(dtype)[:, None]
     else:
         o_ctx = jnp.einsum("BKGTS,BKSH->BTKGH", p_ctx, context_v_BxKxSxH, precision=prec)
-    out = o_ctx + jnp.einsum("BKGTU,BUKH->BTKGH", p_blk, v_BxTxKxH, precision=prec)
-    return _attention_output(layer_params, cfg, out), k_BxTxKxH, v_BxTxKxH
+    return o_ctx + jnp.einsum("BKGTU,BUKH->BTKGH", p_blk, v_BxTxKxH, precision=prec)
 
 
 def _cached_attention(layer_params, cfg: ModelConfig, x_BxTxD, positions_BxT, write_positions_BxT,
@@ -218,13 +267,17 @@ def _cached_attention(layer_params, cfg: ModelConfig, x_BxTxD, positions_BxT, wr
     `write_positions_BxT`; sentinel S is dropped), then reads the updated layer: a query at
     position p sees slots <= p (the valid context below the block's first position, and
     the block's own entries up to itself). Writing before reading makes the read depend on
-    the write, so XLA updates the carried cache in place instead of copying it."""
+    the write, so XLA updates the carried cache in place instead of copying it. Only the
+    slots in use are read (`_over_used_slots`)."""
     q, k_BxTxKxH, v_BxTxKxH = _project_qkv(layer_params, cfg, x_BxTxD, positions_BxT,
                                            cache.dtype)
     cache = cache.write_layer(layer, write_positions_BxT, k_BxTxKxH, v_BxTxKxH)
-    visible_BxTxS = jnp.arange(cache.capacity)[None, None, :] <= positions_BxT[:, :, None]
-    out = _attend(q, cache.layer_keys(layer), cache.layer_values(layer), visible_BxTxS,
-                  cfg.precision)
+    S = cache.capacity
+    visible_BxTxS = jnp.arange(S)[None, None, :] <= positions_BxT[:, :, None]
+    attend = lambda keys, values, visible: _attend(q, keys, values, visible, cfg.precision)
+    seen_BxT = jnp.where(positions_BxT < S, positions_BxT + 1, 0)
+    out = _over_used_slots(attend, seen_BxT, S, cache.layer_keys(layer),
+                           cache.layer_values(layer), visible_BxTxS)
     return _attention_output(layer_params, cfg, out), cache
 
 
