@@ -143,9 +143,10 @@ def _over_used_slots(attend, seen_BxT, capacity: int, keys_BxKxSxH, values_BxKxS
 
     One `lax.switch` branch per span, each slicing statically, so a cache planned for long
     requests costs what it holds. SmolLM2 with 330 slots valid, whole cache -> used spans:
-    the AR step 35.7 -> 32.1 ms at S = 640 and 43.2 -> 35.1 ms at S = 2048, a verify pass
-    over 8 positions 52.2 -> 47.1 / 80.0 -> 51.1 ms, a 128-position prefill chunk at S =
-    2048 614 -> 312 ms (benchmarks/results_lookup/span_cost.py and .txt).
+    the AR step 33.6 -> 32.5 ms at S = 640 and 40.0 -> 34.3 ms at S = 2048, a verify pass
+    over 8 positions 50.6 -> 46.0 / 87.0 -> 48.6 ms, a 128-position prefill chunk at S =
+    2048 606 -> 302 ms; each pass compiles in 2-3.5x the time, every span being a branch
+    (benchmarks/results_lookup/span_cost.py and .txt; docs/layer_layouts.md).
     The masked slots past the span contributed exp(-1e30 - m) = 0, so the result is the
     same up to the summation order of the softmax's sums."""
     spans = attention_spans(capacity)
