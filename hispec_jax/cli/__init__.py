@@ -29,7 +29,7 @@ import argparse
 import sys
 
 from hispec_jax.bench import args as args_lib
-from hispec_jax.cli import bench, generate, memory, models, planner, serving, training
+from hispec_jax.cli import bench, common, generate, memory, models, planner, serving, training
 
 GROUPS = (generate, serving, models, training, memory, bench, planner)
 
@@ -73,6 +73,7 @@ def main(argv=None) -> int:
     if extra and not (args.takes_overrides or args.passthrough):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.extra = extra
+    common.use_compilation_cache()
     try:
         return args.run(args)
     except ValueError as e:

@@ -108,6 +108,30 @@ def mesh_arg(args) -> dict[str, int] | None:
         raise ValueError(f"--mesh {args.mesh}: {e.reason}") from None
 
 
+COMPILATION_CACHE_MAX_BYTES = 4 * 2**30
+
+
+def use_compilation_cache() -> str | None:
+    """Keeps the compiled decoding loops between runs of `hispec`: JAX's persistent
+    compilation cache in `$HISPEC_CACHE/jax` (`pull.default_cache_dir()`, next to the pulled
+    models; least recently used entries dropped beyond 4 GiB). A loop compiles once per
+    machine, not once per process: SmolLM2's lookup loop takes ~45 s to compile on the
+    2-core CPU (every attention span is a branch: docs/layer_layouts.md), then loads in
+    seconds. Leaves JAX_COMPILATION_CACHE_DIR alone when it is set (yours wins);
+    HISPEC_COMPILATION_CACHE=0 turns it off. Must run before JAX is imported (the CLI
+    imports it lazily). Returns the directory used, or None."""
+    import os
+
+    if os.environ.get("HISPEC_COMPILATION_CACHE") == "0":
+        return None
+    if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+        from hispec_jax.models.pull import default_cache_dir  # imports no JAX
+
+        os.environ["JAX_COMPILATION_CACHE_DIR"] = str(default_cache_dir() / "jax")
+        os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(COMPILATION_CACHE_MAX_BYTES))
+    return os.environ["JAX_COMPILATION_CACHE_DIR"]
+
+
 def use_mesh(shape: dict[str, int] | None) -> None:
     """Makes a parsed `--mesh` this process's mesh (`jax.set_mesh`): `load_model` shards the
     weights onto it and `generate` decodes over the model's mesh. Nothing for None; a

@@ -21,8 +21,10 @@ compilation (two compiled chunk passes: T and t positions), and a prompt costs t
 positions it fills rounded up to t, not the next power of two of its length (at T = 128, a
 272-token prompt runs 288 positions, not the 384 of whole chunks or the 512 of one block).
 A small chunk reads every weight as a full one does, so on a CPU it costs more per
-position (SmolLM2: ~70 ms for 32 positions against ~225 ms for 128): two of them cost less
-than a full chunk, three about as much (hence `MAX_SMALL`).
+position: two of them cost less than a full chunk, three about as much (hence
+`MAX_SMALL`). SmolLM2 on the 2-core CPU, whole chunks only -> small last chunks: a
+140-token prompt 408 -> 272 ms (256 -> 160 positions), a 272-token one 625 -> 480 ms
+(benchmarks/results_lookup/prefill_tail.py and .txt).
 """
 
 from __future__ import annotations
