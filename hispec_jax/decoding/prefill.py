@@ -18,8 +18,9 @@ ones.
 
 Both trip counts are traced values: for one cache capacity, prompts of any length share one
 compilation (two compiled chunk passes: T and t positions), and a prompt costs the
-positions it fills rounded up to t, not the next power of two of its length (at T = 128, a
-272-token prompt runs 288 positions, not the 384 of whole chunks or the 512 of one block).
+positions it fills rounded up to t (or to T where the rest needs more than two small
+chunks), not the next power of two of its length (at T = 128, a 272-token prompt runs 288
+positions, not the 384 of whole chunks or the 512 of one block).
 A small chunk reads every weight as a full one does, so on a CPU it costs more per
 position: two of them cost less than a full chunk, three about as much (hence
 `MAX_SMALL`). SmolLM2 on the 2-core CPU, whole chunks only -> small last chunks: a

@@ -132,10 +132,10 @@ def attention_spans(capacity: int) -> tuple[int, ...]:
 
 def _over_used_slots(attend, seen_BxT, capacity: int, keys_BxKxSxH, values_BxKxSxH,
                      visible_BxTxS):
-    # (visible_BxTxS: any [..., S] mask `attend` takes; it is sliced on its last axis)
     """`attend(keys, values, visible)` over the shortest cache prefix (`attention_spans`)
     that holds every slot a query may see: `seen_BxT` [B, T'] int32 is how many leading
-    slots each query sees (0 for padding: what it attends to is discarded).
+    slots each query sees (0 for padding: what it attends to is discarded); `visible_BxTxS`
+    is any [..., S] mask `attend` takes (sliced on its last axis).
 
         slots     0 ......... n1 ......... n2 ......... S     spans n1 < n2 < ... < S
         seen      |###### max(seen) ######|
@@ -148,8 +148,12 @@ def _over_used_slots(attend, seen_BxT, capacity: int, keys_BxKxSxH, values_BxKxS
     2048 606 -> 302 ms; each pass compiles in 2-3.5x the time, every span being a branch
     (benchmarks/results_lookup/span_cost.py and .txt; docs/layer_layouts.md).
     The masked slots past the span contributed exp(-1e30 - m) = 0, so the result is the
-    same up to the summation order of the softmax's sums."""
-    spans = attention_spans(capacity)
+    same up to the summation order of the softmax's sums.
+
+    On XLA:CPU only (measured there). Elsewhere every attention reads the whole cache as
+    before: XLA:GPU runs a conditional by reading its branch index back on the host, a
+    round trip per layer and step, and neither GPU nor TPU was measured here."""
+    spans = attention_spans(capacity) if jax.default_backend() == "cpu" else (capacity,)
     if len(spans) == 1:
         return attend(keys_BxKxSxH, values_BxKxSxH, visible_BxTxS)
     index = jnp.clip((jnp.max(seen_BxT) - 1) // spans[0], 0, len(spans) - 1)
