@@ -432,3 +432,32 @@ def test_layer_layout_round_trip_and_errors():
     jax.tree.map(np.testing.assert_array_equal, canonical, unrolled)
     with pytest.raises(ValueError, match="layer_layout='stacked'"):
         with_layer_layout(params, "stacked")
+
+
+def test_attention_spans_keep_every_method_equal_to_whole_cache_ar(monkeypatch, fresh_compiles):
+    """With a cache of several attention spans (`transformer.attention_spans`: S = 320 here,
+    spans 128 / 256 / 320) and sequences crossing slot 128, AR, lookup, HiSpec with lookup
+    below it, LayerSkip and SpecBound (dynamic-exit drafts) give the tokens of AR whose every
+    attention reads the whole cache (the spans patched away, loops compiled afresh). A span
+    one step too short fails it."""
+    from hispec_jax.models import transformer
+
+    model = tiny_model(5, 2, layer_scale=0.1, max_len=512)
+    rng = np.random.RandomState(4)
+    passage = rng.randint(0, VOCAB, 40).tolist()
+    prompts = [rng.randint(0, VOCAB, 100).tolist(),
+               rng.randint(0, VOCAB, 30).tolist() + passage + rng.randint(0, VOCAB, 40).tolist()
+               + passage[:20]]
+    common = dict(max_new_tokens=48, ignore_eos=True)
+    spans = transformer.attention_spans
+    monkeypatch.setattr(transformer, "attention_spans", lambda capacity: (capacity,))
+    whole = generate(model, prompts, **common)
+    monkeypatch.setattr(transformer, "attention_spans", spans)
+    engine_lib.clear_compiled()
+    jax.clear_caches()
+    assert len(spans(whole.stats["cache_capacity"])) == 3, whole.stats["cache_capacity"]
+    for method, options in (("ar", {}), ("lookup", dict(lookup=6)),
+                            ("hispec", dict(draft_exit=1, verify_exits=(3,), lookup=4)),
+                            ("layerskip", dict(draft_exit=2)), ("specbound", {})):
+        got = generate(model, prompts, method=method, **common, **options)
+        assert got.token_ids == whole.token_ids, (method, got.stats)
