@@ -38,11 +38,11 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from passes import compiled_call
 
 from hispec_jax import load_model
 from hispec_jax.bench.suite import device_description
 from hispec_jax.models.heads import exit_logits
-from hispec_jax.models.kv_cache import KVCache
 from hispec_jax.models.transformer import embed, rms_norm, run_layers, run_layers_cached
 
 HEAD_TS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 16, 32)
@@ -164,17 +164,9 @@ def block_table(model):
               "layers + head exit_logits (this checkout)": verify_pass(library),
               "layers only (no head)": verify_pass(None)}
     def stepper(f, T):
-        """A call of pass `f` over T positions; the cache is donated and carried (the same
-        slots are rewritten every call)."""
-        tokens = jnp.ones((1, T), jnp.int32)
-        positions = CONTEXT + jnp.arange(T, dtype=jnp.int32)[None]
-        cache = [KVCache.zeros(cfg, 1, CAPACITY, per_layer=per_layer)]
-        fn = jax.jit(f, donate_argnums=3).lower(params, tokens, positions, cache[0]).compile()
-
-        def call():
-            out, cache[0] = fn(params, tokens, positions, cache[0])
-            return out
-        return call, ()
+        """A call of pass `f` over T positions (`passes.compiled_call`: the cache is donated
+        and carried, each call waits for its result), and its (no) arguments."""
+        return compiled_call(f, cfg, params, T, CONTEXT, CAPACITY, per_layer=per_layer)[0], ()
 
     variants = {(name, T): stepper(f, T) for T in BLOCK_TS for name, f in passes.items()}
     variants["AR step", 1] = stepper(ar_step, 1)

@@ -1,7 +1,8 @@
 """The compiled decoding passes the results_lookup scripts time, on the pulled SmolLM2-135M.
 
-Shared by `out_major.py`, `capacity_cost.py` and `block_profile.py` (each imports this file
-from its own directory: `python benchmarks/results_lookup/SCRIPT.py`).
+Shared by `out_major.py`, `capacity_cost.py`, `block_profile.py`, `span_cost.py`,
+`prefill_tail.py`, `compile_cost.py` and `head_block_cost.py` (each imports this file from
+its own directory: `python benchmarks/results_lookup/SCRIPT.py`).
 
 - `ar_step`: one position (or a prefill chunk) through all layers with the in-place cache
   write (`run_layers_cached`), the head and the argmax: the engine's AR loop body.
@@ -45,13 +46,13 @@ def verify_pass(cfg):
     return f
 
 
-def compiled_call(f, cfg, params, T: int, start: int, capacity: int):
+def compiled_call(f, cfg, params, T: int, start: int, capacity: int, per_layer: bool = True):
     """(a call of pass `f` over T positions from `start`, batch 1, in a cache of `capacity`
     slots that is donated and carried: the same slots are rewritten every call; the compiled
-    executable)."""
+    executable). `per_layer`: the cache layout of the unrolled layer layout (False: scan)."""
     tokens = jnp.ones((1, T), jnp.int32)
     positions = start + jnp.arange(T, dtype=jnp.int32)[None]
-    cache = [KVCache.zeros(cfg, 1, capacity, per_layer=True)]
+    cache = [KVCache.zeros(cfg, 1, capacity, per_layer=per_layer)]
     compiled = jax.jit(f, donate_argnums=3).lower(params, tokens, positions, cache[0]).compile()
 
     def call():
