@@ -189,3 +189,15 @@ def test_before_after_summary():
     results["after"][0]["hlo"] = "def"
     assert before_after.summary_lines(results)[2] == (
         "lowered single-device loop: differs ['abc', 'def']")
+
+
+def test_seq_rep_counts_repeated_four_grams():
+    """decode-agreement's repetition measure: 0 with no repeated 4-gram, 1 - distinct/total
+    otherwise, averaged over continuations; too-short continuations are left out."""
+    from hispec_jax.bench.studies.decode_agreement import seq_rep
+
+    assert seq_rep([[1, 2, 3, 4, 5, 6]]) == 0.0
+    loop = [7] * 10                       # 7 four-grams, 1 distinct
+    assert seq_rep([loop]) == round(1 - 1 / 7, 4)
+    assert seq_rep([[1, 2, 3, 4, 5, 6], loop, [1, 2]]) == round((1 - 1 / 7) / 2, 4)
+    assert seq_rep([[1, 2]]) is None

@@ -18,6 +18,11 @@ own text). The two differ because drafts do not sample positions evenly: where e
 final layer agree for a stretch, a draft length of 1 proposes every other token (each
 accepted draft brings the verifier's bonus token), where they disagree every token, so the
 acceptance rate weighs the hard stretches more than the per-token agreement does.
+
+And `ar_seq_rep_4`, how repetitive AR's continuations are: seq-rep-4 (Welleck et al. 2019,
+"Neural text generation with unlikelihood training"), per continuation 1 - distinct 4-grams
+/ 4-grams, averaged. A model that loops ("interview interview interview ...") drafts
+easily; compare acceptance between models only beside this.
 """
 
 from __future__ import annotations
@@ -69,7 +74,8 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     ar = hispec_jax.generate(model, prompts, method="ar", **common)
     result = {"model": args.model, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
-              "draft_len": args.draft_len, "ar_new_tokens": ar.stats["new_tokens"], "exits": {}}
+              "draft_len": args.draft_len, "ar_new_tokens": ar.stats["new_tokens"],
+              "ar_seq_rep_4": seq_rep(ar.token_ids, 4), "exits": {}}
     own_text = own_text_agreement(model, exits, ar.prompt_token_ids, ar.token_ids)
     for e in exits:
         out = hispec_jax.generate(model, prompts, method="layerskip", draft_exit=e,
@@ -89,6 +95,17 @@ def main(argv=None) -> int:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
     return 0
+
+
+def seq_rep(continuations, n: int = 4) -> float | None:
+    """Mean over continuations (those with at least n tokens) of 1 - distinct n-grams /
+    n-grams: 0 for text that never repeats an n-gram, near 1 for a loop."""
+    reps = []
+    for ids in continuations:
+        grams = [tuple(ids[i:i + n]) for i in range(len(ids) - n + 1)]
+        if grams:
+            reps.append(1 - len(set(grams)) / len(grams))
+    return round(sum(reps) / len(reps), 4) if reps else None
 
 
 def own_text_agreement(model, exits, prompts, continuations) -> dict[int, float]:
