@@ -37,3 +37,17 @@ wall)  # 3. wall time and work per token, one model after the other (as v3's wal
     --tuned 9,16,2,4 --out-dir $R/wall_v3 > $R/wall_v3.log 2>&1
   uptime >> $R/wall_v3.uptime ;;
 esac
+# 4. (run after 3 and work_sweep.py) the plans picked by work per token, timed beside the wall
+#    sweep's fastest: NEW's recommended_plan.json holds HiSpec 4 -> 12 (3, 6) and LayerSkip 5
+#    (6 drafts): "hispec defaults" and "layerskip d=5 n=6" below; "hispec tuned" is the wall
+#    sweep's 6 -> 12 (3, 6). PART=plan NEW=DIR bash benchmarks/results_on_policy_v3/cpu_eval.sh
+#    ROUNDS=5 OUT_NAME=plan_new5: the same, 5 rounds (the 3-round run's AR was slow)
+if [ "${PART:-}" = plan ]; then
+  O=${OUT_NAME:-plan_new}
+  COMMON=(--datasets sharegpt --prompts 8 --max-new-tokens 64 --rounds ${ROUNDS:-3}
+    --batch-sizes none --no-transformers --no-seed-methods --no-agreement)
+  uptime > $R/$O.uptime
+  hispec bench --model "$NEW" "${COMMON[@]}" --draft-exits 5,6 --draft-lens 6 --grid-exits none \
+    --tuned 6,12,3,6 --out-dir $R/$O > $R/$O.log 2>&1
+  uptime >> $R/$O.uptime
+fi
