@@ -30,8 +30,8 @@ def main(path: str) -> None:
     prompts = datasets.first_prompts(ids, 8, 256, source="sharegpt has")
     rows, ar_tokens = [], None
     for name, method, options in PLANS:
-        r = generate(model, prompts, method=method, max_new_tokens=64, ignore_eos=True, batch_size=1,
-                     **options)
+        r = generate(model, prompts, method=method, max_new_tokens=64, ignore_eos=True,
+                     batch_size=1, **options)  # batch 1, as `hispec bench-tool work`
         s = r.stats
         ar_tokens = ar_tokens or r.token_ids
         rows.append({"name": name, "exits": s["exits"], "identical_to_ar": r.token_ids == ar_tokens,
