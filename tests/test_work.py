@@ -100,3 +100,14 @@ def test_work_tool_measures_every_method_and_checks_it_equals_ar(model):
     assert rows[0]["work_speedup"] == pytest.approx(1.0)
     assert all(r["work_per_token"] > 0 for r in rows)
     assert "| ar | 6 |" in work.table(rows)
+
+
+def test_work_measure_takes_given_plans(model):
+    """`measure(plans=...)` counts the given plans (benchmarks' plan sweeps), not the
+    defaults."""
+    from hispec_jax.bench import work
+
+    plans = [("ar", "ar", {}), ("ls 1x2", "layerskip", {"draft_exit": 1, "draft_len": 2})]
+    rows = work.measure(model, [[5, 9, 11]], 8, plans=plans)
+    assert [r["name"] for r in rows] == ["ar", "ls 1x2"]
+    assert rows[1]["exits"][0] == 1 and all(r["identical_to_ar"] for r in rows)

@@ -12,7 +12,7 @@ which is what picking a plan by work alone needs.
 
 import sys
 
-from hispec_jax import datasets, generate, load_model
+from hispec_jax import datasets, load_model
 from hispec_jax.bench import work
 
 PLANS = [("ar", "ar", {})]
@@ -28,17 +28,7 @@ def main(path: str) -> None:
     model = load_model(path)
     ids = (model.tokenizer(t)["input_ids"] for t in datasets.dataset_texts("sharegpt"))
     prompts = datasets.first_prompts(ids, 8, 256, source="sharegpt has")
-    rows, ar_tokens = [], None
-    for name, method, options in PLANS:
-        r = generate(model, prompts, method=method, max_new_tokens=64, ignore_eos=True,
-                     batch_size=1, **options)  # batch 1, as `hispec bench-tool work`
-        s = r.stats
-        ar_tokens = ar_tokens or r.token_ids
-        rows.append({"name": name, "exits": s["exits"], "identical_to_ar": r.token_ids == ar_tokens,
-                     **{k: s.get(k) for k in (
-                         "work_per_token", "work_speedup", "layer_passes_per_token",
-                         "head_work_per_token", "tokens_per_round", "final_acceptance_rate")}})
-        print(name, round(s["work_speedup"], 3), file=sys.stderr, flush=True)
+    rows = work.measure(model, prompts, 64, batch_size=1, plans=PLANS)  # as `bench-tool work`
     rows.sort(key=lambda r: -r["work_speedup"])
     print(f"# {path}, sharegpt, {len(prompts)} prompts x 64 tokens, greedy, batch 1")
     print(work.table(rows))

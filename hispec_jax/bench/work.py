@@ -66,12 +66,15 @@ def method_options(model) -> list[tuple[str, str, dict]]:
 
 
 def measure(model, prompts: list[list[int]], max_new_tokens: int,
-            batch_size: int = 1) -> list[dict]:
-    """One row per method: its work stats, whether its tokens equal AR's."""
+            batch_size: int = 1, plans: list[tuple[str, str, dict]] | None = None
+            ) -> list[dict]:
+    """One row per method: its work stats, whether its tokens equal AR's. `plans`: (row
+    name, method, options), the first one AR (default: `method_options`, every method at
+    its defaults)."""
     from hispec_jax import generate
 
     rows, ar_tokens = [], None
-    for name, method, options in method_options(model):
+    for name, method, options in plans or method_options(model):
         r = generate(model, prompts, method=method, max_new_tokens=max_new_tokens,
                      ignore_eos=True, batch_size=batch_size, **options)
         s = r.stats
