@@ -18,7 +18,7 @@ from hispec_jax import DEFAULT_MODEL_DIR, generate, load_model
 from hispec_jax.decoding import engine as engine_lib
 from hispec_jax.decoding import methods
 from hispec_jax.decoding.acceptance import BlockwiseVerification, TokenwiseRejection
-from hispec_jax.decoding.lookup import PromptLookup, one_hot_logq
+from hispec_jax.decoding.lookup import SCHEDULES, PromptLookup, one_hot_logq
 from hispec_jax.decoding.options import OptionError, check_method_options
 from hispec_jax.decoding.sampling import SamplingParams
 
@@ -130,6 +130,49 @@ def test_lookup_drafts_are_accepted_on_a_cycle(method, options):
     assert look["accepted"] >= 0.8 * look["proposed"], look
     if method == "lookup":  # k tokens per round once the cycle is found
         assert got.stats["rounds"] <= ref.stats["rounds"] / 1.5
+
+
+def with_schedule(decoder, schedule):
+    """`decoder` with its lookup drafter's k moving by `schedule` (SCHEDULES)."""
+    import dataclasses
+
+    drafter = dataclasses.replace(decoder.hierarchy.lookup, schedule=schedule)
+    return dataclasses.replace(
+        decoder, hierarchy=dataclasses.replace(decoder.hierarchy, lookup=drafter),
+        windows=(drafter.initial_window(),) + decoder.windows[1:])
+
+
+def test_default_schedule_is_fixed_k():
+    """`methods` builds the lookup drafter at k every round (BENCHMARKS.md, "A fixed k")."""
+    decoder = methods.make_method(tiny_model(4, 1), "lookup", lookup=5)
+    assert decoder.hierarchy.lookup.schedule == "fixed" and decoder.windows[0] == 5
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_adapt_one_is_adapt(schedule):
+    """The planner's scalar rule (`adapt_one`) is the engine's vectorised one (`adapt`), for
+    every window, proposal and kept count."""
+    drafter = PromptLookup(8, 3, schedule=schedule)
+    cases = [(w, p, a) for w in range(1, 9) for p in range(0, 9) for a in range(0, p + 1)]
+    w_B, p_B, a_B = (jnp.asarray(col, jnp.int32) for col in zip(*cases))
+    got = drafter.adapt(w_B, p_B, a_B).tolist()
+    assert got == [drafter.adapt_one(*case) for case in cases]
+    if schedule == "fixed":
+        assert got == [w for w, _, _ in cases]
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("method,options", [LOOKUP_METHODS[0], LOOKUP_METHODS[2]])
+def test_every_schedule_keeps_greedy_equal_to_ar(schedule, method, options):
+    """Whatever moves k, the output is AR's and the drafter drafts (a cycling model, batch 3
+    with per-sequence matches)."""
+    model = cycling_model()
+    prompts = [[5, 9, 11], [7], [1, 2, 3, 4, 5, 6, 7, 8]]
+    ref = generate(model, prompts, max_new_tokens=30, ignore_eos=True)
+    decoder = with_schedule(methods.make_method(model, method, **options), schedule)
+    got = generate(model, prompts, method=decoder, max_new_tokens=30, ignore_eos=True)
+    assert got.token_ids == ref.token_ids
+    assert got.stats["lookup"]["accepted"] > 0, got.stats["lookup"]
 
 
 def test_round_without_match_submits_one_position():

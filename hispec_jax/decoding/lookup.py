@@ -35,7 +35,7 @@ from hispec_jax.decoding.options import (DEFAULT_LOOKUP, DEFAULT_MAX_NGRAM, MAX_
                                          MAX_NGRAM)
 
 
-SCHEDULES = ("probe", "halving")
+SCHEDULES = ("fixed", "probe", "halving")
 PROBE_KEEP = 2  # "probe": a long proposal keeping fewer tokens than this drops k to 1
 
 
@@ -65,33 +65,35 @@ class PromptLookup:
     Attributes:
       max_tokens: k_max, the static bound of tokens one lookup proposes (its block).
       max_ngram: N, the longest suffix matched (n = N down to 1).
-      adaptive: adapt each sequence's k (its level-1 window, `adapt`) with `schedule`.
-        False: always k.
-      schedule: how k adapts (a proposal of m tokens costs a pass over m positions, and
-        on a CPU the cost of a pass jumps from 1 position to 2, then grows slowly:
-        BENCHMARKS.md, "Prompt lookup"):
-        "probe" (default): k is 1 or `max_tokens`. At k = 1 the pass is an AR step, and it
-          checks the match's first token for free; once a match is fully accepted (the
-          probe held), k = `max_tokens`; a long proposal that kept fewer than
-          `PROBE_KEEP` tokens drops k back to 1 (a spurious match costs one long pass).
+      schedule: how each sequence's k (its level-1 window, `adapt`) moves. A proposal of m
+        tokens costs a pass over m positions; on this CPU (SmolLM2, out-major projections)
+        2 / 4 / 8 positions cost 1.24 / 1.22 / 1.47x the one-position pass, the AR step
+        (BENCHMARKS.md, "Prompt lookup"):
+        "fixed" (default): k = `max_tokens` every round. A spurious match costs one pass
+          over its block; a round without a match is the one-position pass either way.
+        "probe": k is 1 or `max_tokens`. At k = 1 the pass is an AR step that checks the
+          match's first token; once a match is fully accepted (the probe held), k =
+          `max_tokens`; a long proposal that kept fewer than `PROBE_KEEP` tokens drops k
+          back to 1. It was the default while a pass over 8 positions cost 1.7-2x the AR
+          step; at 1.47x the probe's one-token rounds cost more than the spurious long
+          passes they avoid (SmolLM2, side by side: "fixed" 1.04-1.11x "probe" on the
+          summarize / extract / code tasks, BENCHMARKS.md "A fixed k").
         "halving": k starts at 2, doubles after a fully accepted match and halves after a
           rejected one, within [1, max_tokens].
     """
 
     max_tokens: int = DEFAULT_LOOKUP
     max_ngram: int = DEFAULT_MAX_NGRAM
-    adaptive: bool = True
-    schedule: str = "probe"
+    schedule: str = "fixed"
 
     def initial_window(self) -> int:
-        if not self.adaptive:
-            return self.max_tokens
-        return 1 if self.schedule == "probe" else min(2, self.max_tokens)
+        return {"fixed": self.max_tokens, "probe": 1,
+                "halving": min(2, self.max_tokens)}[self.schedule]
 
     def adapt(self, window_B, proposed_B, accepted_B) -> jax.Array:
         """Each sequence's next k after level 1 kept `accepted_B` of `proposed_B` lookup
-        tokens (proposed 0: no match, k unchanged)."""
-        if not self.adaptive:
+        tokens (proposed 0: no match, k unchanged); [B] int32 each."""
+        if self.schedule == "fixed":
             return window_B
         if self.schedule == "probe":
             keep_B = accepted_B >= jnp.minimum(proposed_B, PROBE_KEEP)
@@ -101,6 +103,17 @@ class PromptLookup:
             shrunk_B = jnp.maximum(window_B // 2, 1)
             new_B = jnp.where(accepted_B >= proposed_B, grown_B, shrunk_B)
         return jnp.where(proposed_B > 0, new_B, window_B).astype(window_B.dtype)
+
+    def adapt_one(self, window: int, proposed: int, accepted: int) -> int:
+        """`adapt` for one sequence in Python integers (the planner's replay,
+        `latency.simulate_lookup`); the same rule."""
+        if self.schedule == "fixed" or proposed == 0:
+            return window
+        if self.schedule == "probe":
+            return self.max_tokens if accepted >= min(proposed, PROBE_KEEP) else 1
+        if accepted >= proposed:
+            return min(2 * window, self.max_tokens)
+        return max(window // 2, 1)
 
     def __post_init__(self):
         if not 1 <= self.max_tokens <= MAX_LOOKUP:

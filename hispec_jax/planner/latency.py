@@ -382,7 +382,8 @@ def simulate_lookup(trace: LookupTrace, k: int, exits: tuple[int, ...],
         exits (d, L)      lookup under layerskip: windows (Nd,), L verifies Nd + 1 tokens
         exits (d, i, L)   lookup under hispec: windows (Nd, Ni)
 
-    The lookup's k adapts as the engine's ("probe": 1, then k after a held match). Exact at
+    The lookup's k moves as the engine's (`PromptLookup.adapt_one`, the drafter `methods`
+    builds: by default "fixed", k every round). Exact at
     batch 1 where the exits' choices are context-free (the always-agree model) and for
     exits (L,); otherwise an exit's choice after a token the final layer will reject is
     read off the continuation's context (those tokens are discarded either way)."""
@@ -390,8 +391,7 @@ def simulate_lookup(trace: LookupTrace, k: int, exits: tuple[int, ...],
 
     K = len(exits) + 1  # level 0: the lookup drafter
     L = exits[-1]
-    drafter = lookup_lib.PromptLookup(max_tokens=k, max_ngram=trace.max_ngram)
-    assert drafter.adaptive and drafter.schedule == "probe"  # what `methods` builds
+    drafter = lookup_lib.PromptLookup(max_tokens=k, max_ngram=trace.max_ngram)  # as `methods`
     preds = dict(trace.predictions)
     thresholds = (k,) + tuple(w + 1 for w in windows)
     static = windows_lib.block_lengths(thresholds)
@@ -462,9 +462,8 @@ def simulate_lookup(trace: LookupTrace, k: int, exits: tuple[int, ...],
                         c[b][:level + 1] = [pos] * (level + 1)
                     else:
                         c[b][level] = c[b][level - 1]
-                    if level == 1 and looked[b]:  # `PromptLookup.adapt`, "probe"
-                        held = min(m, looked[b]) >= min(looked[b], lookup_lib.PROBE_KEEP)
-                        window[b] = k if held else 1
+                    if level == 1:  # `PromptLookup.adapt`
+                        window[b] = drafter.adapt_one(window[b], looked[b], min(m, looked[b]))
                     if level == K - 1:
                         verified[n] += 1
                         count = min(c[b][level] - start, max_new[b] - num_new[b])

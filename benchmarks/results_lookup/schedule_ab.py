@@ -1,0 +1,97 @@
+"""How the lookup drafter's k moves, side by side: "fixed" (k every round, the default)
+against "probe" (k = 1 until a match holds; the default before) and "halving", on the task
+prompts of `hispec bench --tasks` (greedy, EOS ignored, batch 1, loop time, interleaved
+rounds; every output checked against AR's).
+
+    python benchmarks/results_lookup/schedule_ab.py --model "$(hispec pull smollm2-135m-instruct)" \
+        --chat --tasks summarize,extract,code,chat > benchmarks/results_lookup/schedule_ab.txt
+    python benchmarks/results_lookup/schedule_ab.py --model hispec_jax/default_model \
+        --tasks summarize,chat --under layerskip,hispec
+
+`--under`: also the lookup drafter under the model's recommended LayerSkip / HiSpec (the
+paper's exits without a recommended plan), with each schedule.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import platform
+import statistics
+import subprocess
+import time
+
+from hispec_jax.cli.common import use_compilation_cache
+
+use_compilation_cache()
+
+from hispec_jax.bench import suite, tasks  # noqa: E402
+from hispec_jax.decoding import methods  # noqa: E402
+from hispec_jax.models.model import load_model  # noqa: E402
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduleSpec:
+    """`suite.MethodSpec` with the lookup drafter's schedule replaced."""
+
+    name: str
+    method: str
+    schedule: str | None = None
+    options: tuple = ()
+
+    def decoder(self, model):
+        decoder = methods.make_method(model, self.method, **dict(self.options))
+        if self.schedule is None:
+            return decoder
+        drafter = dataclasses.replace(decoder.hierarchy.lookup, schedule=self.schedule)
+        return dataclasses.replace(
+            decoder, hierarchy=dataclasses.replace(decoder.hierarchy, lookup=drafter),
+            windows=(drafter.initial_window(),) + decoder.windows[1:])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--chat", action="store_true", help="render prompts with the chat template")
+    p.add_argument("--tasks", default="summarize,extract,code,chat")
+    p.add_argument("--schedules", default="probe,fixed")
+    p.add_argument("--under", default="", help="comma list of layerskip,hispec")
+    p.add_argument("--lookup", type=int, default=8)
+    p.add_argument("--prompts", type=int, default=2)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=3)
+    a = p.parse_args()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    print(f"# {platform.machine()}, commit {commit}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+          f"load {open('/proc/loadavg').read().split()[:3]}; {a}", flush=True)
+    model = load_model(a.model)
+    schedules = a.schedules.split(",")
+    specs = [ScheduleSpec("ar", "ar")]
+    for method in ["lookup"] + [m for m in a.under.split(",") if m]:
+        specs += [ScheduleSpec(f"{method} k={a.lookup} {s}" if method == "lookup"
+                               else f"lookup k={a.lookup} under {method} (recommended) {s}",
+                               method, s, (("lookup", a.lookup),)) for s in schedules]
+    for task in a.tasks.split(","):
+        prompts = tasks.task_prompts(model, task, a.prompts, 512, a.chat)
+        capacity = suite.common_cache_len(model, prompts, specs, a.max_new_tokens)
+        runners = [suite.hispec_runner(model, prompts, s, max_new_tokens=a.max_new_tokens,
+                                       batch_size=1, max_cache_len=capacity, loop_time_only=True)
+                   for s in specs]
+        results = suite.compare(runners, a.rounds)
+        ar = results[0]
+        print(f"\n## {task}: prompts of {[len(q) for q in prompts]} tokens, capacity {capacity}, "
+              f"AR {ar.tokens_per_second:.1f} tok/s")
+        print("| method | tok/s | x AR (medians) | x AR (paired, median) | lookup proposed / accepted | rounds | same as AR |")
+        print("|---|---|---|---|---|---|---|")
+        for r in results[1:]:
+            paired = statistics.median(x / y for x, y in zip(ar.seconds, r.seconds))
+            look = (r.stats or {}).get("lookup") or {}
+            print(f"| {r.name} | {r.tokens_per_second:.1f} | {r.tokens_per_second / ar.tokens_per_second:.3f} "
+                  f"| {paired:.3f} | {look.get('proposed')} / {look.get('accepted')} "
+                  f"| {(r.stats or {}).get('rounds')} | {r.identical_to_ar} |", flush=True)
+    print(f"\n# load at the end {open('/proc/loadavg').read().split()[:3]}")
+
+
+if __name__ == "__main__":
+    main()
