@@ -11,7 +11,9 @@ CPU default layout (unrolled, out-major projections). For each pass: its median 
 then the trace's thunk time per op kind, named by the op's source (the einsum or the jnp
 call that made it, from the compiled HLO's metadata) and result shape. Thunk times of the
 two threads add up, so the column sums exceed the wall time; read them as shares.
-Without `--xla_cpu_enable_xprof_traceme=true` the trace holds no per-op events.
+Without `--xla_cpu_enable_xprof_traceme=true` the trace holds no per-op events. `TOP=45`
+lists 45 op kinds per pass instead of 12 (block_profile_2026-11-26c.txt: the per-layer
+attention-span conditionals, whose thunk time holds their branch's ops).
 """
 
 import collections
@@ -30,7 +32,8 @@ from passes import ar_step, compiled_call, header, load, verify_pass
 from hispec_jax import load_model
 from hispec_jax.models.pull import pull
 
-CAPACITY, CONTEXT, CALLS, TOP = 640, 330, 5, 12
+CAPACITY, CONTEXT, CALLS = 640, 330, 5
+TOP = int(os.environ.get("TOP", 12))  # op kinds listed per pass
 _RUNTIME = ("$", "Thunk", "Pjit", "Common", "Slinky", "end:", "Handle", "ParseArguments")
 
 
