@@ -76,8 +76,8 @@ class PromptLookup:
           `max_tokens`; a long proposal that kept fewer than `PROBE_KEEP` tokens drops k
           back to 1. It was the default while a pass over 8 positions cost 1.7-2x the AR
           step; at 1.47x the probe's one-token rounds cost more than the spurious long
-          passes they avoid (SmolLM2, side by side: "fixed" 1.04-1.11x "probe" on the
-          summarize / extract / code tasks, BENCHMARKS.md "A fixed k").
+          passes they avoid (SmolLM2, side by side: "fixed" 1.01-1.18x "probe" on the
+          summarize / extract / code tasks, the same on chat; BENCHMARKS.md "A fixed k").
         "halving": k starts at 2, doubles after a fully accepted match and halves after a
           rejected one, within [1, max_tokens].
     """
