@@ -42,3 +42,23 @@ nice -n 5 hispec train-heads --config train_heads_default \
   --config.resume=False --config.checkpoint_every=100000 --config.eval_every=40 \
   --config.progress_bar=False --config.head_rank=0 --config.head_adapter_width=1536 \
   --config.head_projection=shared
+
+# The same adapter trained on SmolLM2's own greedy continuations (on-policy), same budget
+# (120 steps x 4 x 256 tokens), 2026-11-26 (log: smollm2_train_ad1536s_onpol.log)
+nice -n 5 hispec train-heads --config train_heads_default \
+  --config.model_path=/tmp/h31/smol/hf --config.model_dtype=float32 \
+  --config.output_dir=/tmp/h31/smol/heads_ad1536s_onpol --config.head_layers=15 \
+  --config.loss=ce --config.seq_len=256 --config.batch_size=4 --config.total_steps=120 \
+  --config.num_epochs=0 --config.eval_rows=16 \
+  --config.data_source=on_policy --config.on_policy_prompts=512 --config.on_policy_new_tokens=192 \
+  --config.on_policy_batch=32 \
+  --config.learning_rate=1e-3 --config.warmup_steps=5 --config.end_lr_fraction=0.1 \
+  --config.feature_cache=True --config.cache_dtype=float32 --config.cache_max_gb=4 \
+  --config.cache_dir=/tmp/h31/smol/feature_cache_onpol --config.workdir=/tmp/h31/smol/work_ad1536s_onpol \
+  --config.resume=False --config.checkpoint_every=100000 --config.eval_every=40 \
+  --config.progress_bar=False --config.head_rank=0 --config.head_adapter_width=1536 \
+  --config.head_projection=shared
+for n in ad1536s ad1536s_onpol; do
+  python -m hispec_jax.bench decode-agreement --model /tmp/h31/smol/heads_$n --exits 15 --prompts 8 \
+    --max-new-tokens 48 --batch-size 8 --out benchmarks/results_exit_heads/smollm2_decode_$n.json
+done
