@@ -132,16 +132,6 @@ def test_lookup_drafts_are_accepted_on_a_cycle(method, options):
         assert got.stats["rounds"] <= ref.stats["rounds"] / 1.5
 
 
-def with_schedule(decoder, schedule):
-    """`decoder` with its lookup drafter's k moving by `schedule` (SCHEDULES)."""
-    import dataclasses
-
-    drafter = dataclasses.replace(decoder.hierarchy.lookup, schedule=schedule)
-    return dataclasses.replace(
-        decoder, hierarchy=dataclasses.replace(decoder.hierarchy, lookup=drafter),
-        windows=(drafter.initial_window(),) + decoder.windows[1:])
-
-
 def test_default_schedule_is_fixed_k():
     """`methods` builds the lookup drafter at k every round (BENCHMARKS.md, "A fixed k")."""
     decoder = methods.make_method(tiny_model(4, 1), "lookup", lookup=5)
@@ -169,7 +159,8 @@ def test_every_schedule_keeps_greedy_equal_to_ar(schedule, method, options):
     model = cycling_model()
     prompts = [[5, 9, 11], [7], [1, 2, 3, 4, 5, 6, 7, 8]]
     ref = generate(model, prompts, max_new_tokens=30, ignore_eos=True)
-    decoder = with_schedule(methods.make_method(model, method, **options), schedule)
+    decoder = methods.with_lookup_schedule(methods.make_method(model, method, **options),
+                                           schedule)
     got = generate(model, prompts, method=decoder, max_new_tokens=30, ignore_eos=True)
     assert got.token_ids == ref.token_ids
     assert got.stats["lookup"]["accepted"] > 0, got.stats["lookup"]

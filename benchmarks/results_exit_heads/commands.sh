@@ -31,33 +31,25 @@ python -m hispec_jax.bench decode-agreement --model hispec_jax/default_model --e
 
 # SmolLM2-135M-Instruct: a SwiGLU adapter (Fa = 1536) before the frozen shared LM head at exit 15
 hispec convert "$(hispec pull smollm2-135m-instruct)" /tmp/h31/smol/hf
-nice -n 5 hispec train-heads --config train_heads_default \
-  --config.model_path=/tmp/h31/smol/hf --config.model_dtype=float32 \
-  --config.output_dir=/tmp/h31/smol/heads_ad1536s --config.head_layers=15 \
-  --config.loss=ce --config.seq_len=256 --config.batch_size=4 --config.total_steps=120 \
-  --config.num_epochs=0 --config.max_train_docs=400 --config.eval_rows=16 \
-  --config.learning_rate=1e-3 --config.warmup_steps=5 --config.end_lr_fraction=0.1 \
-  --config.feature_cache=True --config.cache_dtype=float32 --config.cache_max_gb=4 \
-  --config.cache_dir=/tmp/h31/smol/feature_cache --config.workdir=/tmp/h31/smol/work_ad1536s \
-  --config.resume=False --config.checkpoint_every=100000 --config.eval_every=40 \
-  --config.progress_bar=False --config.head_rank=0 --config.head_adapter_width=1536 \
-  --config.head_projection=shared
-
-# The same adapter trained on SmolLM2's own greedy continuations (on-policy), same budget
-# (120 steps x 4 x 256 tokens), 2026-11-26 (log: smollm2_train_ad1536s_onpol.log)
-nice -n 5 hispec train-heads --config train_heads_default \
-  --config.model_path=/tmp/h31/smol/hf --config.model_dtype=float32 \
-  --config.output_dir=/tmp/h31/smol/heads_ad1536s_onpol --config.head_layers=15 \
-  --config.loss=ce --config.seq_len=256 --config.batch_size=4 --config.total_steps=120 \
-  --config.num_epochs=0 --config.eval_rows=16 \
-  --config.data_source=on_policy --config.on_policy_prompts=512 --config.on_policy_new_tokens=192 \
-  --config.on_policy_batch=32 \
-  --config.learning_rate=1e-3 --config.warmup_steps=5 --config.end_lr_fraction=0.1 \
-  --config.feature_cache=True --config.cache_dtype=float32 --config.cache_max_gb=4 \
-  --config.cache_dir=/tmp/h31/smol/feature_cache_onpol --config.workdir=/tmp/h31/smol/work_ad1536s_onpol \
-  --config.resume=False --config.checkpoint_every=100000 --config.eval_every=40 \
-  --config.progress_bar=False --config.head_rank=0 --config.head_adapter_width=1536 \
-  --config.head_projection=shared
+smol() {  # NAME FEATURE_CACHE [overrides]: the adapter at exit 15, 120 steps x 4 x 256 tokens
+  NAME=$1; CACHE=$2; shift 2
+  nice -n 5 hispec train-heads --config train_heads_default \
+    --config.model_path=/tmp/h31/smol/hf --config.model_dtype=float32 \
+    --config.output_dir=/tmp/h31/smol/heads_$NAME --config.head_layers=15 \
+    --config.loss=ce --config.seq_len=256 --config.batch_size=4 --config.total_steps=120 \
+    --config.num_epochs=0 --config.eval_rows=16 \
+    --config.learning_rate=1e-3 --config.warmup_steps=5 --config.end_lr_fraction=0.1 \
+    --config.feature_cache=True --config.cache_dtype=float32 --config.cache_max_gb=4 \
+    --config.cache_dir=/tmp/h31/smol/$CACHE --config.workdir=/tmp/h31/smol/work_$NAME \
+    --config.resume=False --config.checkpoint_every=100000 --config.eval_every=40 \
+    --config.progress_bar=False --config.head_rank=0 --config.head_adapter_width=1536 \
+    --config.head_projection=shared "$@"
+}
+smol ad1536s feature_cache --config.max_train_docs=400
+# The same adapter trained on SmolLM2's own greedy continuations (on-policy), same budget,
+# 2026-11-26 (log: smollm2_train_ad1536s_onpol.log)
+smol ad1536s_onpol feature_cache_onpol --config.data_source=on_policy \
+  --config.on_policy_prompts=512 --config.on_policy_new_tokens=192 --config.on_policy_batch=32
 for n in ad1536s ad1536s_onpol; do
   python -m hispec_jax.bench decode-agreement --model /tmp/h31/smol/heads_$n --exits 15 --prompts 8 \
     --max-new-tokens 48 --batch-size 8 --out benchmarks/results_exit_heads/smollm2_decode_$n.json

@@ -41,12 +41,7 @@ class ScheduleSpec:
 
     def decoder(self, model):
         decoder = methods.make_method(model, self.method, **dict(self.options))
-        if self.schedule is None:
-            return decoder
-        drafter = dataclasses.replace(decoder.hierarchy.lookup, schedule=self.schedule)
-        return dataclasses.replace(
-            decoder, hierarchy=dataclasses.replace(decoder.hierarchy, lookup=drafter),
-            windows=(drafter.initial_window(),) + decoder.windows[1:])
+        return decoder if self.schedule is None else methods.with_lookup_schedule(decoder, self.schedule)
 
 
 def main() -> None:

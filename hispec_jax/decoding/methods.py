@@ -290,6 +290,15 @@ def _with_lookup(decoder: Decoder, lookup: int | None, max_ngram: int | None) ->
                    source=decoder.source)
 
 
+def with_lookup_schedule(decoder: Decoder, schedule: str) -> Decoder:
+    """`decoder` (with a lookup drafter) whose lookup k moves by `schedule`
+    (`lookup.SCHEDULES`; `make_method` builds "fixed"), starting at that schedule's window."""
+    drafter = dataclasses.replace(decoder.hierarchy.lookup, schedule=schedule)
+    return dataclasses.replace(
+        decoder, hierarchy=dataclasses.replace(decoder.hierarchy, lookup=drafter),
+        windows=(drafter.initial_window(),) + decoder.windows[1:])
+
+
 def _sampling_rule(acceptance: str | None, greedy: bool):
     if greedy:  # every rule reduces to the greedy one for one-hot distributions
         return GreedyAcceptance(), "sync"
