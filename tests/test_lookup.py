@@ -28,8 +28,9 @@ from test_sampling_exact import (N_SAMPLES, NEW, PROMPT, chi_square_test, exact_
 
 
 # ------------------------------------------------------------------ 1. the n-gram search
-def reference_proposal(tokens, c, k, max_ngram, limit):
-    """Plain Python: longest n first, most recent earlier occurrence ending before c."""
+def reference_proposal(tokens, c, k, max_ngram, limit, cap=lambda n: 10**9):
+    """Plain Python: longest n first, most recent earlier occurrence ending before c; a
+    match of n tokens proposes at most `cap(n)`."""
     seq = tokens[:c + 1]
     for n in range(max_ngram, 0, -1):
         if n > c + 1:
@@ -37,7 +38,7 @@ def reference_proposal(tokens, c, k, max_ngram, limit):
         suffix = seq[c - n + 1:]
         for j in range(c - 1, n - 2, -1):
             if seq[j - n + 1:j + 1] == suffix:
-                m = min(k, c - j, limit)
+                m = min(k, c - j, limit, cap(n))
                 return seq[j + 1:j + 1 + m], n
     return [seq[c]], 0  # the placeholder: the newest token again
 
@@ -46,29 +47,65 @@ def reference_proposal(tokens, c, k, max_ngram, limit):
 @given(data=st.data())
 def test_proposal_equals_reference(data):
     B, S = data.draw(st.integers(1, 4)), 24
-    k, max_ngram = data.draw(st.integers(1, 6)), data.draw(st.integers(1, 4))
+    k, max_ngram = data.draw(st.integers(1, 16)), data.draw(st.integers(1, 6))
+    schedule = data.draw(st.sampled_from(SCHEDULES))
     vocab = data.draw(st.integers(2, 5))
     rows = [data.draw(st.lists(st.integers(0, vocab - 1), min_size=S, max_size=S)) for _ in range(B)]
     newest = [data.draw(st.integers(0, S - 1)) for _ in range(B)]
     limit = [data.draw(st.integers(1, k)) for _ in range(B)]
-    prop = PromptLookup(k, max_ngram).propose(jnp.asarray(rows, jnp.int32),
-                                              jnp.asarray(newest, jnp.int32),
-                                              jnp.asarray(limit, jnp.int32))
+    drafter = PromptLookup(k, max_ngram, schedule=schedule)
+    prop = drafter.propose(jnp.asarray(rows, jnp.int32), jnp.asarray(newest, jnp.int32),
+                           jnp.asarray(limit, jnp.int32))
+    cap = ngram_cap(k, max_ngram) if schedule == "ngram" else (lambda n: k)
     for b in range(B):
-        want, n = reference_proposal(rows[b], newest[b], k, max_ngram, limit[b])
+        want, n = reference_proposal(rows[b], newest[b], k, max_ngram, limit[b], cap)
         m = int(prop.length_B[b])
         assert np.asarray(prop.tokens_BxK[b, :m]).tolist() == want
         assert int(prop.ngram_B[b]) == n and bool(prop.matched_B[b]) == (n > 0)
 
 
+def ngram_cap(k, max_ngram):
+    """The "ngram" schedule's cap, spelled out: k from 5-grams (or max_ngram-grams if
+    shorter), else k / 4 for a 1-gram and k / 2 for longer ones (each at least 1)."""
+    return lambda n: (k if n >= min(5, max_ngram) else max(k // 4, 1) if n == 1
+                      else max(k // 2, 1))
+
+
+def test_ngram_schedule_caps_short_matches():
+    drafter = PromptLookup(16, 8, schedule="ngram")
+    assert [drafter.ngram_tokens(n) for n in range(1, 9)] == [4, 8, 8, 8, 16, 16, 16, 16]
+    assert [PromptLookup(16, 3).ngram_tokens(n) for n in (1, 2, 3)] == [4, 8, 16]
+    assert [PromptLookup(8, 1).ngram_tokens(1)] == [8]  # every match is as long as it gets
+    for k in range(1, 17):
+        for max_ngram in range(1, 9):
+            drafter = PromptLookup(k, max_ngram, schedule="ngram")
+            ints = [drafter.ngram_tokens(n) for n in range(1, max_ngram + 1)]
+            assert ints == [ngram_cap(k, max_ngram)(n) for n in range(1, max_ngram + 1)]
+            got = drafter.ngram_tokens(jnp.arange(1, max_ngram + 1)).tolist()  # the engine's
+            assert got == ints and all(1 <= t <= k for t in ints)
+    assert PromptLookup(16, 8, schedule="fixed").ngram_tokens(1) == 16
+    #      0  1  2  3  4  5  6  7  8  9 10 11 12 13 14 15 16 17 18 19
+    row = [1, 2, 3, 4, 5, 6, 7, 8, 9, 3, 9, 9, 9, 9, 1, 2, 3, 4, 5, 0, 0, 0, 0, 0]
+    tokens = jnp.asarray([row, row])
+    prop = PromptLookup(8, 8, schedule="ngram").propose(tokens, jnp.asarray([18, 9]),
+                                                        jnp.asarray([8, 8]))
+    # sequence 0: the 5-gram 1 2 3 4 5 matched -> all 8 (6 7 8 9 3 9 9 9); sequence 1: only
+    # "3" matched (at 2) -> k / 4 = 2 tokens (4 5)
+    assert prop.length_B.tolist() == [8, 2] and prop.ngram_B.tolist() == [5, 1]
+    assert np.asarray(prop.tokens_BxK[0]).tolist() == [6, 7, 8, 9, 3, 9, 9, 9]
+    assert np.asarray(prop.tokens_BxK[1, :2]).tolist() == [4, 5]
+
+
 def test_proposal_prefers_longest_then_most_recent():
     #        0  1  2  3  4  5  6  7  8  9
     row = [7, 1, 2, 5, 9, 2, 6, 1, 2, 0, 0, 0]
-    prop = PromptLookup(3, 3).propose(jnp.asarray([row]), jnp.asarray([8]), jnp.asarray([3]))
+    prop = PromptLookup(3, 3, schedule="fixed").propose(jnp.asarray([row]), jnp.asarray([8]),
+                                                        jnp.asarray([3]))
     # suffix (1, 2) occurs ending at 2 (then 5 9 2); "2" alone most recently at 5 (then 6)
     assert np.asarray(prop.tokens_BxK[0]).tolist() == [5, 9, 2]
     assert int(prop.ngram_B[0]) == 2
-    prop = PromptLookup(3, 1).propose(jnp.asarray([row]), jnp.asarray([8]), jnp.asarray([3]))
+    prop = PromptLookup(3, 1, schedule="fixed").propose(jnp.asarray([row]), jnp.asarray([8]),
+                                                        jnp.asarray([3]))
     assert np.asarray(prop.tokens_BxK[0, :2]).tolist() == [6, 1] and int(prop.length_B[0]) == 3
 
 
@@ -132,10 +169,14 @@ def test_lookup_drafts_are_accepted_on_a_cycle(method, options):
         assert got.stats["rounds"] <= ref.stats["rounds"] / 1.5
 
 
-def test_default_schedule_is_fixed_k():
-    """`methods` builds the lookup drafter at k every round (BENCHMARKS.md, "A fixed k")."""
-    decoder = methods.make_method(tiny_model(4, 1), "lookup", lookup=5)
-    assert decoder.hierarchy.lookup.schedule == "fixed" and decoder.windows[0] == 5
+def test_default_drafter_scales_k_by_the_match():
+    """`methods` builds the lookup drafter with the "ngram" schedule, k = 16 and 8-grams
+    unless told (BENCHMARKS.md, "Longer proposals for longer matches"), its window k."""
+    model = tiny_model(4, 1)
+    drafter = methods.make_method(model, "lookup").hierarchy.lookup
+    assert (drafter.schedule, drafter.max_tokens, drafter.max_ngram) == ("ngram", 16, 8)
+    decoder = methods.make_method(model, "lookup", lookup=5)
+    assert decoder.hierarchy.lookup.schedule == "ngram" and decoder.windows[0] == 5
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
@@ -147,7 +188,7 @@ def test_adapt_one_is_adapt(schedule):
     w_B, p_B, a_B = (jnp.asarray(col, jnp.int32) for col in zip(*cases))
     got = drafter.adapt(w_B, p_B, a_B).tolist()
     assert got == [drafter.adapt_one(*case) for case in cases]
-    if schedule == "fixed":
+    if schedule in ("fixed", "ngram"):
         assert got == [w for w, _, _ in cases]
 
 
@@ -170,7 +211,7 @@ def test_round_without_match_submits_one_position():
     """Without a match a sequence submits one position (its newest token, an AR step), and
     the pass runs at the shortest compiled block that holds the longest submission."""
     model = tiny_model(4, 1)
-    assert methods.make_method(model, "lookup").hierarchy.level_blocks(1) == (1, 2, 4, 8)
+    assert methods.make_method(model, "lookup").hierarchy.level_blocks(1) == (1, 2, 4, 8, 16)
     got = generate(model, [list(range(10, 20))], method="lookup", max_new_tokens=12,
                    ignore_eos=True)
     s, hist = got.stats, got.stats["verified_length_histogram"]

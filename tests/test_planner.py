@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 
+from hispec_jax.decoding.options import DEFAULT_LOOKUP
 from hispec_jax.planner import latency, plan as plan_lib, search as search_lib
 from hispec_jax.planner.latency import Costs
 
@@ -206,11 +207,13 @@ def test_tune_cli_on_a_tiny_model(tmp_path, monkeypatch, capsys):
     assert alpha.shape == (4, 4) and np.allclose(np.diag(alpha), 1) and np.allclose(alpha, alpha.T)
     assert ((alpha >= 0) & (alpha <= 1)).all()
     lookup = latency.LookupProfile.from_json(payload["calibration"]["lookup"])  # measured
-    assert lookup.k == 8 and sum(lookup.verified) >= lookup.rounds > 0 and lookup.tokens > 0
+    assert lookup.k == DEFAULT_LOOKUP and sum(lookup.verified) >= lookup.rounds > 0 and lookup.tokens > 0
     assert any(p["method"] == "lookup" for p in payload["plans"])  # a candidate, ranked
     assert lookup.trace is not None and {e for e, _ in lookup.trace.predictions} == {1, 2, 3}
     kinds = {p["kind"] for p in payload["plans"]}  # and under exits, printed
-    assert {"layerskip+lookup", "hispec+lookup"} <= kinds and "+ lookup k=8" in out
+    assert {"layerskip+lookup", "hispec+lookup"} <= kinds and "+ lookup k=" in out
+    under = {p["lookup"] for p in payload["plans"] if p["kind"].endswith("+lookup")}
+    assert under <= {DEFAULT_LOOKUP, DEFAULT_LOOKUP // 2}  # under exits: k and half of it
     assert tune.auto_decoder(model, 1)[1] == saved
     result = generate(model, [[5, 6, 7]], method="auto", max_new_tokens=6, ignore_eos=True)
     assert result.stats["plan"] == saved.name()

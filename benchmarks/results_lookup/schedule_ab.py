@@ -10,6 +10,10 @@ rounds; every output checked against AR's).
 
 `--under`: also the lookup drafter under the model's recommended LayerSkip / HiSpec (the
 paper's exits without a recommended plan), with each schedule.
+
+A `--schedules` entry may carry its own k and max_ngram, `SCHEDULE@K/N` (else `--lookup`
+and the default max_ngram): "fixed@8/3,ngram@16/8" puts k = 8 with 3-grams beside the
+"ngram" schedule with k = 16 and 8-grams.
 """
 
 from __future__ import annotations
@@ -61,12 +65,16 @@ def main() -> None:
     print(f"# {platform.machine()}, commit {commit}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
           f"load {open('/proc/loadavg').read().split()[:3]}; {a}", flush=True)
     model = load_model(a.model)
-    schedules = a.schedules.split(",")
     specs = [ScheduleSpec("ar", "ar")]
     for method in ["lookup"] + [m for m in a.under.split(",") if m]:
-        specs += [ScheduleSpec(f"{method} k={a.lookup} {s}" if method == "lookup"
-                               else f"lookup k={a.lookup} under {method} (recommended) {s}",
-                               method, s, (("lookup", a.lookup),)) for s in schedules]
+        for entry in a.schedules.split(","):
+            schedule, _, size = entry.partition("@")
+            k, _, n = size.partition("/")
+            options = (("lookup", int(k or a.lookup)),) + ((("max_ngram", int(n)),) if n else ())
+            label = f"k={int(k or a.lookup)}" + (f" N={n}" if n else "") + f" {schedule}"
+            specs.append(ScheduleSpec(f"lookup {label}" if method == "lookup"
+                                      else f"lookup {label} under {method} (recommended)",
+                                      method, schedule, options))
     for task in a.tasks.split(","):
         prompts = tasks.task_prompts(model, task, a.prompts, 512, a.chat)
         capacity = suite.common_cache_len(model, prompts, specs, a.max_new_tokens)

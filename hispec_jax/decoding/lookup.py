@@ -35,8 +35,9 @@ from hispec_jax.decoding.options import (DEFAULT_LOOKUP, DEFAULT_MAX_NGRAM, MAX_
                                          MAX_NGRAM)
 
 
-SCHEDULES = ("fixed", "probe", "halving")
+SCHEDULES = ("fixed", "probe", "halving", "ngram")
 PROBE_KEEP = 2  # "probe": a long proposal keeping fewer tokens than this drops k to 1
+NGRAM_FULL = 5  # "ngram": a match of this many tokens or more proposes all k
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,35 +66,55 @@ class PromptLookup:
     Attributes:
       max_tokens: k_max, the static bound of tokens one lookup proposes (its block).
       max_ngram: N, the longest suffix matched (n = N down to 1).
-      schedule: how each sequence's k (its level-1 window, `adapt`) moves. A proposal of m
-        tokens costs a pass over m positions; on this CPU (SmolLM2, out-major projections)
-        2 / 4 / 8 positions cost 1.24 / 1.22 / 1.47x the one-position pass, the AR step
+      schedule: how many tokens each sequence proposes: its k (level-1 window, `adapt`)
+        and, for "ngram", the match's n (`ngram_tokens`). A proposal of m tokens costs a
+        pass over m positions; on this CPU (SmolLM2, out-major projections) 2 / 4 / 8 / 16
+        positions cost about 1.15 / 1.22 / 1.41 / 1.85x the one-position pass, the AR step
         (BENCHMARKS.md, "Prompt lookup"):
-        "fixed" (default): k = `max_tokens` every round. A spurious match costs one pass
-          over its block; a round without a match is the one-position pass either way.
+        "ngram" (default): k every round, but a short match proposes less: the longer the
+          suffix that matched, the likelier its continuation holds. A match of `NGRAM_FULL`
+          (or `max_ngram`, if fewer) tokens or more proposes all k, a shorter one k / 2, a
+          1-gram k / 4: at k = 16 and 8-grams, 16 / 8 / 4 tokens. With k = 16 and 8-grams (the
+          defaults) 1.10-1.11x "fixed" k = 8 with 3-grams on SmolLM2's extract and code
+          tasks, the same on chat, 0.98-1.05x on summarize (BENCHMARKS.md, "Longer
+          proposals for longer matches").
+        "fixed": k = `max_tokens` every round, whatever the match. A spurious match costs
+          one pass over its block; a round without a match is the one-position pass
+          either way. The default before "ngram" (1.01-1.18x "probe" on SmolLM2's
+          summarize / extract / code tasks, the same on chat; BENCHMARKS.md "A fixed k").
         "probe": k is 1 or `max_tokens`. At k = 1 the pass is an AR step that checks the
           match's first token; once a match is fully accepted (the probe held), k =
           `max_tokens`; a long proposal that kept fewer than `PROBE_KEEP` tokens drops k
-          back to 1. It was the default while a pass over 8 positions cost 1.7-2x the AR
-          step; at 1.47x the probe's one-token rounds cost more than the spurious long
-          passes they avoid (SmolLM2, side by side: "fixed" 1.01-1.18x "probe" on the
-          summarize / extract / code tasks, the same on chat; BENCHMARKS.md "A fixed k").
+          back to 1. The default while a pass over 8 positions cost 1.7-2x the AR step.
         "halving": k starts at 2, doubles after a fully accepted match and halves after a
           rejected one, within [1, max_tokens].
     """
 
     max_tokens: int = DEFAULT_LOOKUP
     max_ngram: int = DEFAULT_MAX_NGRAM
-    schedule: str = "fixed"
+    schedule: str = "ngram"
 
     def initial_window(self) -> int:
-        return {"fixed": self.max_tokens, "probe": 1,
-                "halving": min(2, self.max_tokens)}[self.schedule]
+        return {"fixed": self.max_tokens, "probe": 1, "halving": min(2, self.max_tokens),
+                "ngram": self.max_tokens}[self.schedule]
+
+    def ngram_tokens(self, ngram_B):
+        """The most tokens a match of `ngram_B` (>= 1) suffix tokens may propose: k under
+        every schedule but "ngram", where a full match (n >= min(`NGRAM_FULL`, max_ngram))
+        proposes k, a shorter 1-gram k / 4 and a shorter longer one k / 2 (each at least
+        1). `ngram_B` an int array, or a Python int (the planner's replay)."""
+        k = self.max_tokens
+        if self.schedule != "ngram":
+            return k
+        full = min(NGRAM_FULL, self.max_ngram)
+        quarter, half = max(k // 4, 1), max(k // 2, 1)
+        return ((ngram_B >= full) * k + ((ngram_B < full) & (ngram_B < 2)) * quarter
+                + ((ngram_B < full) & (ngram_B >= 2)) * half)
 
     def adapt(self, window_B, proposed_B, accepted_B) -> jax.Array:
         """Each sequence's next k after level 1 kept `accepted_B` of `proposed_B` lookup
         tokens (proposed 0: no match, k unchanged); [B] int32 each."""
-        if self.schedule == "fixed":
+        if self.schedule in ("fixed", "ngram"):
             return window_B
         if self.schedule == "probe":
             keep_B = accepted_B >= jnp.minimum(proposed_B, PROBE_KEEP)
@@ -107,7 +128,7 @@ class PromptLookup:
     def adapt_one(self, window: int, proposed: int, accepted: int) -> int:
         """`adapt` for one sequence in Python integers (the planner's replay,
         `latency.simulate_lookup`); the same rule."""
-        if self.schedule == "fixed" or proposed == 0:
+        if self.schedule in ("fixed", "ngram") or proposed == 0:
             return window
         if self.schedule == "probe":
             return self.max_tokens if accepted >= min(proposed, PROBE_KEEP) else 1
@@ -130,7 +151,8 @@ class PromptLookup:
           tokens_BxS: [B, S] int32 token buffer (slot == position); positions <= newest_B
             are the context, later slots are ignored.
           newest_B: [B] int32, c: the newest token's position.
-          limit_B: [B] int32 >= 1, the most tokens to propose per sequence (<= max_tokens).
+          limit_B: [B] int32 >= 1, the most tokens to propose per sequence (<= max_tokens);
+            a match proposes at most `ngram_tokens` of its n too.
         """
         B, S = tokens_BxS.shape
         N, k = self.max_ngram, self.max_tokens
@@ -154,6 +176,7 @@ class PromptLookup:
             best_end_B = jnp.where(found_B, end_B, best_end_B)
             ngram_B = jnp.where(found_B, i + 1, ngram_B)
         matched_B = best_end_B >= 0
+        limit_B = jnp.minimum(limit_B, self.ngram_tokens(ngram_B))
         length_B = jnp.where(matched_B, jnp.minimum(newest_B - best_end_B, limit_B), 1)
         length_B = jnp.clip(length_B, 1, k).astype(jnp.int32)
         start_B = jnp.where(matched_B, best_end_B + 1, newest_B)  # placeholder: x_c again

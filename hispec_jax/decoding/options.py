@@ -33,8 +33,11 @@ ACCEPTANCE_RULES = ("blockwise", "tokenwise")
 LOOKUP_METHODS = ("lookup", "layerskip", "hispec")
 MAX_LOOKUP = 64  # most tokens one lookup proposes (every pass's block grows with it)
 MAX_NGRAM = 16
-DEFAULT_LOOKUP = 8
-DEFAULT_MAX_NGRAM = 3
+# k = 16 and 8-grams with the "ngram" schedule (a 1-gram match proposes 4 tokens, a 2- to
+# 4-gram one 8, a longer one 16): 1.10-1.11x k = 8 with 3-grams on SmolLM2's extract and
+# code tasks, the same on chat (BENCHMARKS.md, "Longer proposals for longer matches").
+DEFAULT_LOOKUP = 16
+DEFAULT_MAX_NGRAM = 8
 
 
 class OptionError(ValueError):

@@ -356,16 +356,17 @@ class LookupRun:
     verified: tuple[int, ...]
 
 
-def _lookup_proposal(context: list[int], max_ngram: int, limit: int, k: int):
-    """`lookup.PromptLookup.propose` for one sequence in numpy: (tokens, matched)."""
+def _lookup_proposal(context: list[int], drafter, limit: int):
+    """`drafter.propose` (a `lookup.PromptLookup`) for one sequence in numpy: (tokens,
+    matched)."""
     c = len(context) - 1
     arr = np.asarray(context)
-    for n in range(min(max_ngram, c), 0, -1):  # the longest suffix with an earlier occurrence
+    for n in range(min(drafter.max_ngram, c), 0, -1):  # the longest suffix with an earlier occurrence
         rows = np.lib.stride_tricks.sliding_window_view(arr[:c], n)  # row r ends at r + n - 1
         hits = np.flatnonzero((rows == arr[c - n + 1:]).all(axis=1))
         if hits.size:
             j = int(hits[-1]) + n - 1  # the most recent end
-            m = max(1, min(c - j, limit, k))
+            m = max(1, min(c - j, limit, drafter.max_tokens, drafter.ngram_tokens(n)))
             return context[j + 1:j + 1 + m], True
     return [context[c]], False  # the placeholder: the newest token again
 
@@ -435,7 +436,7 @@ def simulate_lookup(trace: LookupTrace, k: int, exits: tuple[int, ...],
                     continue
                 c0, length = c[b][0], P[b] + num_new[b]
                 limit = max(1, min(window[b], max_new[b] - num_new[b] - (c0 + 1 - length), k))
-                tokens, matched = _lookup_proposal(buf[b][:c0 + 1], trace.max_ngram, limit, k)
+                tokens, matched = _lookup_proposal(buf[b][:c0 + 1], drafter, limit)
                 buf[b][c0 + 1:c0 + 1 + len(tokens)] = tokens
                 c[b][0] = c0 + len(tokens)
                 looked[b] = len(tokens) if matched else 0

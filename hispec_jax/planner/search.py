@@ -98,11 +98,16 @@ def lookup_plans(exits: Sequence[int], costs: Costs, lookup: latency.LookupProfi
                  work: Costs | None = None, draft_lens: Sequence[int] = range(1, 9),
                  max_levels: int = 3) -> list[Plan]:
     """The prompt-lookup drafter's plans, best first: alone (`latency.predict_lookup` on
-    its measured run) and, when the profile has a trace, under exits
-    (`latency.simulate_lookup`): LayerSkip + lookup over every draft exit at Nd = 2, the
-    best `LOOKUP_EXITS_KEPT` of them over every Nd; HiSpec + lookup (max_levels >= 3) from
-    the best two draft exits, intermediate exits above them (at most six, evenly spread)
-    and `LOOKUP_HISPEC_WINDOWS`."""
+    its measured run, at the profile's k) and, when the profile has a trace, under exits
+    (`latency.simulate_lookup`) at that k and at half of it: LayerSkip + lookup over every
+    draft exit at Nd = 2, the best `LOOKUP_EXITS_KEPT` (exit, k) of them over every Nd;
+    HiSpec + lookup (max_levels >= 3) from the best two draft exits, at both k, with
+    intermediate exits above them (at most six, evenly spread) and `LOOKUP_HISPEC_WINDOWS`.
+
+    Half k: every level above the lookup verifies what it kept, so its block grows with k
+    (an intermediate level's static block is k + Nd). On the default model v4, lookup
+    under the recommended HiSpec ran 0.86-0.90x slower at k = 16 than at k = 8, alone and
+    under LayerSkip the same (BENCHMARKS.md, "Longer proposals for longer matches")."""
     L = exits[-1]
     ar_tps = latency.predict((L,), (), [], costs).tokens_per_second
     pred = latency.predict_lookup(lookup, costs, L)
@@ -118,27 +123,30 @@ def lookup_plans(exits: Sequence[int], costs: Costs, lookup: latency.LookupProfi
     if not lower:
         return plans
 
-    def plan(hierarchy: tuple[int, ...], windows: tuple[int, ...]) -> Plan:
-        run = latency.simulate_lookup(trace, lookup.k, hierarchy, windows, batch=costs.batch)
+    def plan(hierarchy: tuple[int, ...], windows: tuple[int, ...], k: int) -> Plan:
+        run = latency.simulate_lookup(trace, k, hierarchy, windows, batch=costs.batch)
         p = dataclasses.replace(_plan(hierarchy, windows,
                                       latency.predict_lookup_run(run, hierarchy, costs), ar_tps),
-                                lookup=lookup.k)
+                                lookup=k)
         if work is None:
             return p
         per_token = latency.predict_lookup_run(run, hierarchy, work).seconds_per_token
         return dataclasses.replace(p, predicted_work_per_token=per_token,
                                    predicted_work_speedup=work.stage(0, L, 1) / per_token)
 
-    first = sorted((plan((d, L), (2,)) for d in lower), key=lambda p: -p.predicted_tokens_per_second)
-    best_d = [p.exits[0] for p in first[:LOOKUP_EXITS_KEPT]]
-    layerskip = first + [plan((d, L), (nd,)) for d in best_d for nd in draft_lens if nd != 2]
+    ks = sorted({lookup.k, max(lookup.k // 2, 1)}, reverse=True)
+    first = sorted((plan((d, L), (2,), k) for d in lower for k in ks),
+                   key=lambda p: -p.predicted_tokens_per_second)
+    kept = [(p.exits[0], p.lookup) for p in first[:LOOKUP_EXITS_KEPT]]
+    layerskip = first + [plan((d, L), (nd,), k) for d, k in kept for nd in draft_lens if nd != 2]
     plans += layerskip
     if max_levels >= 3:
-        for d in best_d[:2]:
+        for d in list(dict.fromkeys(p.exits[0] for p in first))[:2]:
             above = [e for e in lower if e > d]
             above = [above[i] for i in sorted({round(j * (len(above) - 1) / 5)
                                                for j in range(6)})] if len(above) > 6 else above
-            plans += [plan((d, i, L), w) for i in above for w in LOOKUP_HISPEC_WINDOWS]
+            plans += [plan((d, i, L), w, k) for i in above for w in LOOKUP_HISPEC_WINDOWS
+                      for k in ks]
     return sorted(plans, key=lambda p: -p.predicted_tokens_per_second)
 
 
