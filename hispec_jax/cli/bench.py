@@ -79,7 +79,7 @@ def add_parsers(subparsers) -> None:
     bench.add_argument("--chat", action="store_true",
                        help="--tasks: render prompts with the model's chat template")
     bench.add_argument("--lookup", type=int, default=None, metavar="K",
-                       help="--tasks: k of our lookup drafter (default 8)")
+                       help="--tasks: k of our lookup drafter (default 16 alone, 8 under exits)")
     bench.add_argument("--recommended", action="store_true",
                        help="--tasks: also the model's recommended layerskip and hispec, each "
                             "alone and with the lookup drafter below it")

@@ -1,0 +1,106 @@
+"""How many tokens should a lookup propose? A replay over SmolLM2's own continuations.
+
+    python benchmarks/results_lookup/ngram_replay.py > benchmarks/results_lookup/ngram_replay.txt
+
+Generates SmolLM2-135M-Instruct's greedy continuations (128 new tokens, EOS kept) of the
+first 16 chat-rendered prompts of each `hispec bench --tasks` task, then replays lookup
+decoding on them in plain Python under several proposal rules: each round the rule proposes
+m tokens from the sequence so far, the continuation keeps its agreeing prefix (greedy
+acceptance), and the pass over m positions is charged its cost in AR steps at the next
+power of two (the engine's compiled blocks): COST below, SmolLM2 on this CPU, quiet
+(`out_major.txt`, BENCHMARKS.md "Longer lookup drafts, k = 16"). A round without a match
+is the one-position pass, the AR step. Printed: AR steps saved per emitted token
+(tokens / charged cost: decode only, no prefill, no timing), and each rule's ratio to the
+"fixed" k = 8 with 3-grams of 2026-11-26. It chose the "ngram" schedule
+(`decoding/lookup.py`); wall time decides (`schedule_ab.py`, `ngram_ab_smollm2.txt`).
+"""
+
+from __future__ import annotations
+
+import math
+
+from hispec_jax import load_model
+from hispec_jax.api import generate
+from hispec_jax.bench import tasks
+from hispec_jax.models.pull import pull
+
+TASKS = ("summarize", "extract", "code", "chat")
+# a pass over T positions, in AR steps (32: extrapolated, not measured; only k = 32 uses it)
+COST = {1: 1.0, 2: 1.15, 4: 1.22, 8: 1.41, 16: 1.85, 32: 2.7}
+PROMPTS, NEW_TOKENS = 16, 128
+
+
+def ngram_cap(k: int, n_full: int):
+    """k for a match of >= n_full tokens, k / 2 for a shorter one, k / 4 for a 1-gram."""
+    return lambda n: k if n >= n_full else max(k // 4, 1) if n == 1 else max(k // 2, 1)
+
+
+RULES = {  # name: (k, max_ngram, the most tokens a match of n tokens proposes)
+    "fixed k=8 N=3 (before)": (8, 3, lambda n: 8),
+    "fixed k=8 N=8": (8, 8, lambda n: 8),
+    "fixed k=16 N=3": (16, 3, lambda n: 16),
+    "fixed k=4 N=3": (4, 3, lambda n: 4),
+    "ngram k=8 N=8": (8, 8, ngram_cap(8, 5)),
+    "ngram k=16 N=3": (16, 3, ngram_cap(16, 5)),
+    "ngram k=16 N=5": (16, 5, ngram_cap(16, 5)),
+    "ngram k=16 N=8 (default)": (16, 8, ngram_cap(16, 5)),
+    "ngram k=16 N=8, full from 4-grams": (16, 8, ngram_cap(16, 4)),
+    "ngram k=32 N=8": (32, 8, ngram_cap(32, 5)),
+}
+
+
+def proposal(context: list[int], k: int, max_ngram: int, cap) -> list[int]:
+    """The tokens after the most recent earlier occurrence of the longest matching suffix
+    (n = max_ngram down to 1), at most min(k, cap(n)); [] without a match."""
+    c = len(context) - 1
+    for n in range(min(max_ngram, c), 0, -1):
+        suffix = context[c - n + 1:]
+        for j in range(c - 1, n - 2, -1):
+            if context[j - n + 1:j + 1] == suffix:
+                return context[j + 1:j + 1 + min(k, cap(n), c - j)]
+    return []
+
+
+def replay(records, k: int, max_ngram: int, cap) -> float:
+    """Emitted tokens per AR step of cost over `records` (prompt, continuation)."""
+    cost = emitted = 0.0
+    for prompt, out in records:
+        context, i = list(prompt) + out[:1], 1  # the first token comes from the prefill
+        while i < len(out):
+            drafts = proposal(context, k, max_ngram, cap)[:len(out) - i]
+            m = max(len(drafts), 1)
+            kept = 0
+            while kept < len(drafts) and drafts[kept] == out[i + kept]:
+                kept += 1
+            n = min(kept + 1, m) if drafts else 1  # the verifier's own token after a rejection
+            cost += COST[1 << (m - 1).bit_length()]
+            context += out[i:i + n]
+            i += n
+            emitted += n
+    return emitted / cost
+
+
+def main() -> None:
+    model = load_model(str(pull("smollm2-135m-instruct")))
+    records = {}
+    for task in TASKS:
+        prompts = tasks.task_prompts(model, task, PROMPTS, 512, True)
+        result = generate(model, prompts, max_new_tokens=NEW_TOKENS, batch_size=8)
+        records[task] = list(zip(result.prompt_token_ids, result.token_ids))
+    print(f"# SmolLM2-135M-Instruct, greedy continuations of {PROMPTS} chat prompts per task "
+          f"({NEW_TOKENS} new tokens, EOS kept); pass costs {COST} AR steps\n")
+    print("| rule | " + " | ".join(TASKS) + " | geometric mean |")
+    print("|---|" + "---|" * (len(TASKS) + 1))
+    base = None
+    for name, (k, max_ngram, cap) in RULES.items():
+        speed = [replay(records[t], k, max_ngram, cap) for t in TASKS]
+        base = base or speed
+        ratios = [s / b for s, b in zip(speed, base)]
+        geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
+        print(f"| {name} | " + " | ".join(f"{s:.2f} ({r:.3f})" for s, r in zip(speed, ratios))
+              + f" | {geo:.3f} |", flush=True)
+    print("\n(tokens per AR step of cost, decode only; in brackets the ratio to the first row)")
+
+
+if __name__ == "__main__":
+    main()
