@@ -22,6 +22,7 @@ import math
 from hispec_jax import load_model
 from hispec_jax.api import generate
 from hispec_jax.bench import tasks
+from hispec_jax.decoding.lookup import PromptLookup
 from hispec_jax.models.pull import pull
 
 TASKS = ("summarize", "extract", "code", "chat")
@@ -30,9 +31,10 @@ COST = {1: 1.0, 2: 1.15, 4: 1.22, 8: 1.41, 16: 1.85, 32: 2.7}
 PROMPTS, NEW_TOKENS = 16, 128
 
 
-def ngram_cap(k: int, n_full: int):
-    """k for a match of >= n_full tokens, k / 2 for a shorter one, k / 4 for a 1-gram."""
-    return lambda n: k if n >= n_full else max(k // 4, 1) if n == 1 else max(k // 2, 1)
+def ngram_cap(k: int, max_ngram: int):
+    """The engine's "ngram" rule (`PromptLookup.ngram_tokens`): k for a match of
+    min(5, max_ngram) tokens or more, k / 2 for a shorter one, k / 4 for a 1-gram."""
+    return PromptLookup(k, max_ngram, schedule="ngram").ngram_tokens
 
 
 RULES = {  # name: (k, max_ngram, the most tokens a match of n tokens proposes)
@@ -40,12 +42,11 @@ RULES = {  # name: (k, max_ngram, the most tokens a match of n tokens proposes)
     "fixed k=8 N=8": (8, 8, lambda n: 8),
     "fixed k=16 N=3": (16, 3, lambda n: 16),
     "fixed k=4 N=3": (4, 3, lambda n: 4),
-    "ngram k=8 N=8": (8, 8, ngram_cap(8, 5)),
-    "ngram k=16 N=3": (16, 3, ngram_cap(16, 5)),
+    "ngram k=8 N=8": (8, 8, ngram_cap(8, 8)),
+    "ngram k=16 N=3": (16, 3, ngram_cap(16, 3)),
     "ngram k=16 N=5": (16, 5, ngram_cap(16, 5)),
-    "ngram k=16 N=8 (default)": (16, 8, ngram_cap(16, 5)),
-    "ngram k=16 N=8, full from 4-grams": (16, 8, ngram_cap(16, 4)),
-    "ngram k=32 N=8": (32, 8, ngram_cap(32, 5)),
+    "ngram k=16 N=8 (default)": (16, 8, ngram_cap(16, 8)),
+    "ngram k=32 N=8": (32, 8, ngram_cap(32, 8)),
 }
 
 

@@ -74,8 +74,8 @@ class PromptLookup:
         "ngram" (default): k every round, but a short match proposes less: the longer the
           suffix that matched, the likelier its continuation holds. A match of `NGRAM_FULL`
           (or `max_ngram`, if fewer) tokens or more proposes all k, a shorter one k / 2, a
-          1-gram k / 4: at k = 16 and 8-grams, 16 / 8 / 4 tokens. With k = 16 and 8-grams (the
-          defaults) 1.10-1.11x "fixed" k = 8 with 3-grams on SmolLM2's extract and code
+          1-gram k / 4 (`ngram_tokens`). At the defaults, k = 16 and 8-grams (16 / 8 / 4
+          tokens), 1.10-1.11x "fixed" k = 8 with 3-grams on SmolLM2's extract and code
           tasks, the same on chat, 0.98-1.05x on summarize (BENCHMARKS.md, "Longer
           proposals for longer matches").
         "fixed": k = `max_tokens` every round, whatever the match. A spurious match costs
@@ -100,9 +100,9 @@ class PromptLookup:
 
     def ngram_tokens(self, ngram_B):
         """The most tokens a match of `ngram_B` (>= 1) suffix tokens may propose: k under
-        every schedule but "ngram", where a full match (n >= min(`NGRAM_FULL`, max_ngram))
-        proposes k, a shorter 1-gram k / 4 and a shorter longer one k / 2 (each at least
-        1). `ngram_B` an int array, or a Python int (the planner's replay)."""
+        every schedule but "ngram". There a full match, n >= min(`NGRAM_FULL`, max_ngram),
+        proposes k; a shorter one k / 2, or k / 4 when n = 1 (each at least 1). `ngram_B`
+        an int array, or a Python int (the planner's replay)."""
         k = self.max_tokens
         if self.schedule != "ngram":
             return k

@@ -361,7 +361,8 @@ def _lookup_proposal(context: list[int], drafter, limit: int):
     matched)."""
     c = len(context) - 1
     arr = np.asarray(context)
-    for n in range(min(drafter.max_ngram, c), 0, -1):  # the longest suffix with an earlier occurrence
+    # the longest suffix with an earlier occurrence
+    for n in range(min(drafter.max_ngram, c), 0, -1):
         rows = np.lib.stride_tricks.sliding_window_view(arr[:c], n)  # row r ends at r + n - 1
         hits = np.flatnonzero((rows == arr[c - n + 1:]).all(axis=1))
         if hits.size:
