@@ -7,8 +7,8 @@ first 16 chat-rendered prompts of each `hispec bench --tasks` task, then replays
 decoding on them in plain Python under several proposal rules: each round the rule proposes
 m tokens from the sequence so far, the continuation keeps its agreeing prefix (greedy
 acceptance), and the pass over m positions is charged its cost in AR steps at the next
-power of two (the engine's compiled blocks): COST below, SmolLM2 on this CPU, quiet
-(`out_major.txt`, BENCHMARKS.md "Longer lookup drafts, k = 16"). A round without a match
+power of two (the engine's compiled blocks): COST below, SmolLM2 on this CPU
+(`pass_costs.py` and `.txt`). A round without a match
 is the one-position pass, the AR step. Printed: AR steps saved per emitted token
 (tokens / charged cost: decode only, no prefill, no timing), and each rule's ratio to the
 "fixed" k = 8 with 3-grams of 2026-11-26. It chose the "ngram" schedule
@@ -26,8 +26,9 @@ from hispec_jax.decoding.lookup import PromptLookup
 from hispec_jax.models.pull import pull
 
 TASKS = ("summarize", "extract", "code", "chat")
-# a pass over T positions, in AR steps (32: extrapolated, not measured; only k = 32 uses it)
-COST = {1: 1.0, 2: 1.15, 4: 1.22, 8: 1.41, 16: 1.85, 32: 2.7}
+# a pass over T positions, in AR steps (`pass_costs.txt`; 32: extrapolated, not measured,
+# only k = 32 uses it)
+COST = {1: 1.0, 2: 1.18, 4: 1.24, 8: 1.45, 16: 1.92, 32: 2.9}
 PROMPTS, NEW_TOKENS = 16, 128
 
 

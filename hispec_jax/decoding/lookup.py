@@ -68,9 +68,9 @@ class PromptLookup:
       max_ngram: N, the longest suffix matched (n = N down to 1).
       schedule: how many tokens each sequence proposes: its k (level-1 window, `adapt`)
         and, for "ngram", the match's n (`ngram_tokens`). A proposal of m tokens costs a
-        pass over m positions; on this CPU (SmolLM2, out-major projections) 2 / 4 / 8 / 16
-        positions cost about 1.15 / 1.22 / 1.41 / 1.85x the one-position pass, the AR step
-        (BENCHMARKS.md, "Prompt lookup"):
+        pass over m positions; on this CPU (SmolLM2) 2 / 4 / 8 / 16 positions cost 1.18 /
+        1.24 / 1.45 / 1.92x the one-position pass, the AR step
+        (benchmarks/results_lookup/pass_costs.txt):
         "ngram" (default): k every round, but a short match proposes less: the longer the
           suffix that matched, the likelier its continuation holds. A match of `NGRAM_FULL`
           (or `max_ngram`, if fewer) tokens or more proposes all k, a shorter one k / 2, a
