@@ -24,6 +24,7 @@ from hispec_jax.api import generate
 from hispec_jax.bench import tasks
 from hispec_jax.decoding.lookup import PromptLookup
 from hispec_jax.models.pull import pull
+from hispec_jax.planner import latency
 
 TASKS = ("summarize", "extract", "code", "chat")
 # a pass over T positions, in AR steps (`pass_costs.txt`; 32: extrapolated, not measured,
@@ -32,49 +33,32 @@ COST = {1: 1.0, 2: 1.18, 4: 1.24, 8: 1.45, 16: 1.92, 32: 2.9}
 PROMPTS, NEW_TOKENS = 16, 128
 
 
-def ngram_cap(k: int, max_ngram: int):
-    """The engine's "ngram" rule (`PromptLookup.ngram_tokens`): k for a match of
-    min(5, max_ngram) tokens or more, k / 2 for a shorter one, k / 4 for a 1-gram."""
-    return PromptLookup(k, max_ngram, schedule="ngram").ngram_tokens
-
-
-RULES = {  # name: (k, max_ngram, the most tokens a match of n tokens proposes)
-    "fixed k=8 N=3 (before)": (8, 3, lambda n: 8),
-    "fixed k=8 N=8": (8, 8, lambda n: 8),
-    "fixed k=16 N=3": (16, 3, lambda n: 16),
-    "fixed k=4 N=3": (4, 3, lambda n: 4),
-    "ngram k=8 N=8": (8, 8, ngram_cap(8, 8)),
-    "ngram k=16 N=3": (16, 3, ngram_cap(16, 3)),
-    "ngram k=16 N=5": (16, 5, ngram_cap(16, 5)),
-    "ngram k=16 N=8 (default)": (16, 8, ngram_cap(16, 8)),
-    "ngram k=32 N=8": (32, 8, ngram_cap(32, 8)),
+RULES = {  # name: the drafter (`PromptLookup(k, max_ngram, schedule)`)
+    "fixed k=8 N=3 (before)": PromptLookup(8, 3, schedule="fixed"),
+    "fixed k=8 N=8": PromptLookup(8, 8, schedule="fixed"),
+    "fixed k=16 N=3": PromptLookup(16, 3, schedule="fixed"),
+    "fixed k=4 N=3": PromptLookup(4, 3, schedule="fixed"),
+    "ngram k=8 N=8": PromptLookup(8, 8, schedule="ngram"),
+    "ngram k=16 N=3": PromptLookup(16, 3, schedule="ngram"),
+    "ngram k=16 N=5": PromptLookup(16, 5, schedule="ngram"),
+    "ngram k=16 N=8 (default)": PromptLookup(16, 8, schedule="ngram"),
+    "ngram k=32 N=8": PromptLookup(32, 8, schedule="ngram"),
 }
 
 
-def proposal(context: list[int], k: int, max_ngram: int, cap) -> list[int]:
-    """The tokens after the most recent earlier occurrence of the longest matching suffix
-    (n = max_ngram down to 1), at most min(k, cap(n)); [] without a match."""
-    c = len(context) - 1
-    for n in range(min(max_ngram, c), 0, -1):
-        suffix = context[c - n + 1:]
-        for j in range(c - 1, n - 2, -1):
-            if context[j - n + 1:j + 1] == suffix:
-                return context[j + 1:j + 1 + min(k, cap(n), c - j)]
-    return []
-
-
-def replay(records, k: int, max_ngram: int, cap) -> float:
-    """Emitted tokens per AR step of cost over `records` (prompt, continuation)."""
+def replay(records, drafter: PromptLookup) -> float:
+    """Emitted tokens per AR step of cost over `records` (prompt, continuation); each
+    proposal is the planner's replay of the engine's (`latency._lookup_proposal`)."""
     cost = emitted = 0.0
     for prompt, out in records:
         context, i = list(prompt) + out[:1], 1  # the first token comes from the prefill
         while i < len(out):
-            drafts = proposal(context, k, max_ngram, cap)[:len(out) - i]
-            m = max(len(drafts), 1)
+            drafts, matched = latency._lookup_proposal(context, drafter, len(out) - i)
+            m = len(drafts)  # 1 without a match: the placeholder, the AR step
             kept = 0
-            while kept < len(drafts) and drafts[kept] == out[i + kept]:
+            while matched and kept < m and drafts[kept] == out[i + kept]:
                 kept += 1
-            n = min(kept + 1, m) if drafts else 1  # the verifier's own token after a rejection
+            n = min(kept + 1, m)  # the verifier's own token after a rejection
             cost += COST[1 << (m - 1).bit_length()]
             context += out[i:i + n]
             i += n
@@ -94,8 +78,8 @@ def main() -> None:
     print("| rule | " + " | ".join(TASKS) + " | geometric mean |")
     print("|---|" + "---|" * (len(TASKS) + 1))
     base = None
-    for name, (k, max_ngram, cap) in RULES.items():
-        speed = [replay(records[t], k, max_ngram, cap) for t in TASKS]
+    for name, drafter in RULES.items():
+        speed = [replay(records[t], drafter) for t in TASKS]
         base = base or speed
         ratios = [s / b for s, b in zip(speed, base)]
         geo = math.exp(sum(map(math.log, ratios)) / len(ratios))

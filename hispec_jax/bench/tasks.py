@@ -252,21 +252,18 @@ def tune_for_task(model, calibration: list[list[int]], args, progress=None, cost
     settings = dataclasses.replace(
         calibrate.Settings.quick(), num_prompts=len(calibration), max_prompt_tokens=longest,
         new_tokens=args.max_new_tokens, capacity=longest + args.max_new_tokens + 64,
-        lookup=args.lookup or calibrate.Settings().lookup)
+        **({"lookup": args.lookup} if args.lookup else {}))
     return tune_lib.tune(model, 1, settings=settings, prompts=calibration, save=False,
                          progress=progress, costs_from=costs_from,
                          top=2 if getattr(args, "auto_verify", False) else 8)
 
 
 def _under_exits_k() -> int:
-    """k of the rows with the lookup drafter under exits, without --lookup: half the default
-    k. Every level above the lookup verifies what it kept, so its passes grow with k: on
-    the default model v4 lookup under the recommended HiSpec ran 0.86-0.90x at k = 16
-    against k = 8, under LayerSkip the same (`ngram_ab_default_model.txt`); the planner
-    tries both (`search.lookup_plans`)."""
+    """k of the rows with the lookup drafter under exits, without --lookup
+    (`options.lookup_under_exits` of the default k; the planner tries both)."""
     from hispec_jax.decoding import options as options_lib
 
-    return max(options_lib.DEFAULT_LOOKUP // 2, 1)
+    return options_lib.lookup_under_exits(options_lib.DEFAULT_LOOKUP)
 
 
 def run_task(model, hf_model, task: str, args, costs_from=None) -> dict:

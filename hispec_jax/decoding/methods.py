@@ -292,7 +292,7 @@ def _with_lookup(decoder: Decoder, lookup: int | None, max_ngram: int | None) ->
 
 def with_lookup_schedule(decoder: Decoder, schedule: str) -> Decoder:
     """`decoder` (with a lookup drafter) whose lookup k moves by `schedule`
-    (`lookup.SCHEDULES`; `make_method` builds "fixed"), starting at that schedule's window."""
+    (`lookup.SCHEDULES`; `make_method` builds "ngram"), starting at that schedule's window."""
     drafter = dataclasses.replace(decoder.hierarchy.lookup, schedule=schedule)
     return dataclasses.replace(
         decoder, hierarchy=dataclasses.replace(decoder.hierarchy, lookup=drafter),

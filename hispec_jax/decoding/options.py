@@ -40,6 +40,15 @@ DEFAULT_LOOKUP = 16
 DEFAULT_MAX_NGRAM = 8
 
 
+def lookup_under_exits(k: int) -> int:
+    """The other k worth trying for a lookup drafter under exits: half of `k`. Every level
+    above the lookup verifies what it kept, so its passes grow with k (an intermediate
+    level's static block is k + Nd): on the default model v4 lookup under the recommended
+    HiSpec ran 0.86-0.90x at k = 16 against k = 8, under LayerSkip the same
+    (BENCHMARKS.md, "Longer proposals for longer matches")."""
+    return max(k // 2, 1)
+
+
 class OptionError(ValueError):
     """A bad decoding setting: `name` (the keyword argument), `value`, `allowed` (text)."""
 

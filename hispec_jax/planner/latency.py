@@ -367,7 +367,7 @@ def _lookup_proposal(context: list[int], drafter, limit: int):
         hits = np.flatnonzero((rows == arr[c - n + 1:]).all(axis=1))
         if hits.size:
             j = int(hits[-1]) + n - 1  # the most recent end
-            m = max(1, min(c - j, limit, drafter.max_tokens, drafter.ngram_tokens(n)))
+            m = max(1, min(c - j, limit, drafter.ngram_tokens(n)))  # ngram_tokens <= k
             return context[j + 1:j + 1 + m], True
     return [context[c]], False  # the placeholder: the newest token again
 

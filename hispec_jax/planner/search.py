@@ -22,6 +22,7 @@ import dataclasses
 import itertools
 from typing import Callable, Sequence
 
+from hispec_jax.decoding import options as options_lib
 from hispec_jax.planner import latency
 from hispec_jax.planner.latency import Costs
 from hispec_jax.planner.plan import Plan
@@ -104,10 +105,7 @@ def lookup_plans(exits: Sequence[int], costs: Costs, lookup: latency.LookupProfi
     HiSpec + lookup (max_levels >= 3) from the best two draft exits, at both k, with
     intermediate exits above them (at most six, evenly spread) and `LOOKUP_HISPEC_WINDOWS`.
 
-    Half k: every level above the lookup verifies what it kept, so its block grows with k
-    (an intermediate level's static block is k + Nd). On the default model v4, lookup
-    under the recommended HiSpec ran 0.86-0.90x slower at k = 16 than at k = 8, alone and
-    under LayerSkip the same (BENCHMARKS.md, "Longer proposals for longer matches")."""
+    Half k: `options.lookup_under_exits` (passes above the lookup grow with its k)."""
     L = exits[-1]
     ar_tps = latency.predict((L,), (), [], costs).tokens_per_second
     pred = latency.predict_lookup(lookup, costs, L)
@@ -134,7 +132,7 @@ def lookup_plans(exits: Sequence[int], costs: Costs, lookup: latency.LookupProfi
         return dataclasses.replace(p, predicted_work_per_token=per_token,
                                    predicted_work_speedup=work.stage(0, L, 1) / per_token)
 
-    ks = sorted({lookup.k, max(lookup.k // 2, 1)}, reverse=True)
+    ks = sorted({lookup.k, options_lib.lookup_under_exits(lookup.k)}, reverse=True)
     first = sorted((plan((d, L), (2,), k) for d in lower for k in ks),
                    key=lambda p: -p.predicted_tokens_per_second)
     kept = [(p.exits[0], p.lookup) for p in first[:LOOKUP_EXITS_KEPT]]
