@@ -22,8 +22,8 @@ def oracle_rows(efficiencies, identical=True):
 
 
 def numerics(departures_highest, departures_tf32):
-    configs = [(accelerator.NUMERICS[0], departures_highest),
-               (accelerator.NUMERICS[1], departures_tf32)]
+    configs = [(accelerator.NUMERICS["f32-highest"], departures_highest),
+               (accelerator.NUMERICS["f32-default"], departures_tf32)]
     return {"configurations": [
         {"label": label, "dtype": dtype, "matmul_precision": precision,
          "must_be_exact": precision == "highest" and dtype == "float32",
@@ -83,3 +83,15 @@ def test_layouts_part_runs_and_writes_its_files(tmp_path, capsys):
     md = (tmp_path / "accelerator.md").read_text()
     assert "| AR, unrolled layout: share of the HBM roofline | - |" in md  # CPU: unknown
     assert md in capsys.readouterr().out
+
+
+def test_numerics_configurations_are_chosen_by_key_and_bad_keys_are_refused(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit) as e:
+        accelerator.main(["--parts", "numerics", "--numerics", "f32-highest,fp8"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--numerics" in err and "fp8" in err and "f32-highest" in err
+    assert list(accelerator.NUMERICS) == ["f32-highest", "f32-default", "bf16-highest"]
+    assert accelerator.NUMERICS["f32-highest"][1:] == ("float32", "highest")

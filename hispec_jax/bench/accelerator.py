@@ -48,10 +48,10 @@ from hispec_jax.models.model import Model, load_model
 
 PARTS = ("layouts", "oracle", "oracle-default", "numerics")
 TARGETS = {"roofline": 0.90, "oracle": 0.90, "oracle-default": 0.80}
-# (label, dtype, matmul precision) of the numerics part; only the first must be exact.
-NUMERICS = (("float32 highest", "float32", "highest"),
-            ("float32 default (TF32 on GPUs)", "float32", "default"),
-            ("bfloat16 highest", "bfloat16", "highest"))
+# key: (label, dtype, matmul precision) of the numerics part; only the first must be exact.
+NUMERICS = {"f32-highest": ("float32 highest", "float32", "highest"),
+            "f32-default": ("float32 default (TF32 on GPUs)", "float32", "default"),
+            "bf16-highest": ("bfloat16 highest", "bfloat16", "highest")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +67,7 @@ class Settings:
     rounds: int = 3
     numerics_prompts: int = 16
     numerics_new_tokens: int = 128
+    numerics: tuple[str, ...] = tuple(NUMERICS)   # keys of NUMERICS, in order
 
 
 def agree_preset(settings: Settings) -> Model:
@@ -124,12 +125,13 @@ def first_departures(model: Model, prompts: list[list[int]], specs: list[MethodS
 
 
 def numerics_part(settings: Settings, progress: Callable[[str], None]) -> dict[str, Any]:
-    """The default model's departures from AR at each (dtype, precision) of `NUMERICS`."""
+    """The default model's departures from AR at each (dtype, precision) of
+    `settings.numerics`."""
     from hispec_jax import datasets as prompts_lib
 
     path = default_model_path(settings)
     configurations = []
-    for label, dtype, precision in NUMERICS:
+    for label, dtype, precision in (NUMERICS[key] for key in settings.numerics):
         progress(f"numerics: {label}")
         model = load_model(path, dtype=dtype, matmul_precision=precision)
         prompts = prompts_lib.load_prompts("sharegpt", model.tokenizer,
@@ -260,12 +262,18 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true",
                     help="1 prompt of 8 tokens, 8 new tokens, 1 round; numerics: 2 prompts, "
                          "16 tokens (a smoke run, e.g. on a CPU)")
+    ap.add_argument("--numerics", default=",".join(NUMERICS),
+                    help="the numerics part's configurations, comma-separated, from: "
+                         f"{', '.join(NUMERICS)} (only f32-highest must be exact)")
     ap.add_argument("--out-dir", default=None, help="write accelerator.json and .md here")
     args = ap.parse_args(argv)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     unknown = [p for p in parts if p not in PARTS]
     if unknown or not parts:
         ap.error(f"--parts: {', '.join(unknown) or 'none given'}; choose from {', '.join(PARTS)}")
+    numerics = tuple(k.strip() for k in args.numerics.split(",") if k.strip())
+    if not numerics or any(k not in NUMERICS for k in numerics):
+        ap.error(f"--numerics: {args.numerics!r}; choose from {', '.join(NUMERICS)}")
     if args.rounds < 1:
         ap.error(f"--rounds must be >= 1, got {args.rounds}")
     from hispec_jax.models import presets
@@ -276,7 +284,7 @@ def main(argv=None) -> int:
     if args.default_model and not Path(args.default_model).exists():
         ap.error(f"--default-model {args.default_model} does not exist")
     settings = Settings(shapes=args.shapes, dtype=args.dtype, default_model=args.default_model,
-                        rounds=args.rounds)
+                        rounds=args.rounds, numerics=numerics)
     if args.quick:
         settings = dataclasses.replace(settings, prompts=1, prompt_len=8, max_new_tokens=8,
                                        rounds=1, numerics_prompts=2, numerics_new_tokens=16)
