@@ -34,8 +34,11 @@ from hispec_jax.models.params import init_params, with_layer_layout
 from hispec_jax.models.transformer import embed, run_layers_cached
 
 load = lambda: tuple(round(x, 2) for x in os.getloadavg())
-commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                        text=True).stdout.strip()
+try:  # (a lent GPU machine's copy of the tree may have no git)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip() or "unknown"
+except OSError:
+    commit = "unknown"
 print(f"# {device_description()}; commit {commit}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
       f"load at start {load()}")
 
