@@ -217,3 +217,49 @@ def test_greedy_alpha_from_the_exits_choices_is_measure_alpha():
     exits, alpha, total = calibrate.measure_alpha(model, seqs, starts)
     got = calibrate.alpha_from_choices(calibrate.exit_choices(model, seqs), starts)
     assert got[0] == exits and got[2] == total and np.allclose(got[1], alpha)
+
+
+def test_known_plans_are_always_scored_and_returned_with_the_lookup_under_them():
+    """`search(known=...)`: the model's recommended hierarchies come back even when they
+    are not among the `top` predicted, alone and with the lookup under them at k and k / 2,
+    each priced as `lookup_plans` prices such a plan; a hierarchy with an exit that has no
+    head here is skipped."""
+    trace = _synthetic_trace(copy=True, agree=True)
+    run = latency.simulate_lookup(trace, 8, (24,), ())
+    profile = latency.LookupProfile(k=8, rounds=run.rounds, tokens=int(run.emitted),
+                                    verified=run.verified, trace=trace)
+    alpha = lambda a, b: 0.5
+    known = [((8, 24), (7,), False), ((4, 8, 24), (1, 3), False), ((5, 24), (6,), False)]
+    plans = search_lib.search((4, 8, 24), alpha, STEP_COSTS, top=1, lookup=profile, known=known)
+    names = [p.name() for p in plans]
+    for expected in ("layerskip d=8 nd=7", "layerskip d=8 nd=7 + lookup k=8",
+                     "layerskip d=8 nd=7 + lookup k=4", "hispec d=4 i=8 nd=1 ni=3",
+                     "hispec d=4 i=8 nd=1 ni=3 + lookup k=8"):
+        assert names.count(expected) == 1
+    assert not any("d=5" in n for n in names)  # exit 5 has no head in this calibration
+    by_name = {p.name(): p for p in plans}
+    ls = by_name["layerskip d=8 nd=7"]
+    assert ls.predicted_tokens_per_second == pytest.approx(
+        search_lib.score((8, 24), (7,), alpha, STEP_COSTS).tokens_per_second)
+    under = by_name["layerskip d=8 nd=7 + lookup k=4"]
+    assert under.predicted_tokens_per_second == pytest.approx(latency.predict_lookup_run(
+        latency.simulate_lookup(trace, 4, (8, 24), (7,)), (8, 24), STEP_COSTS).tokens_per_second)
+    # without a lookup profile: the exit plans alone
+    plain = [p.name() for p in search_lib.search((4, 8, 24), alpha, STEP_COSTS, top=1,
+                                                 known=known)]
+    assert "layerskip d=8 nd=7" in plain and not any("lookup" in n for n in plain)
+
+
+def test_tune_scores_the_models_recommended_plans(tmp_path):
+    """`tune.recommended_hierarchies`: what a model directory's recommended_plan.json holds,
+    as `search`'s `known`; none without the file."""
+    from hispec_jax.decoding import recommended
+    from hispec_jax.planner import tune as tune_lib
+
+    model = dataclasses.replace(tiny_model(6, 0), path=str(tmp_path))
+    assert tune_lib.recommended_hierarchies(model) == []
+    recommended.save(str(tmp_path), {
+        "layerskip": {"exits": (2, 6), "windows": (3,)},
+        "hispec": {"exits": (1, 3, 6), "windows": (2, 4), "adaptive": True}}, "test")
+    assert tune_lib.recommended_hierarchies(model) == [((2, 6), (3,), False),
+                                                       ((1, 3, 6), (2, 4), True)]

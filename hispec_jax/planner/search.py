@@ -61,10 +61,12 @@ def search(exits: Sequence[int], alpha: AlphaFn, costs: Costs, *, max_levels: in
            draft_lens: Sequence[int] = range(1, 9), verify_windows: Sequence[int] = range(2, 17),
            coarse_exits: Sequence[int] | None = None, adaptive: bool = True,
            rescore: int = 24, top: int = 8, work: Costs | None = None,
-           lookup: latency.LookupProfile | None = None) -> list[Plan]:
+           lookup: latency.LookupProfile | None = None,
+           known: Sequence[tuple[tuple[int, ...], tuple[int, ...], bool]] = ()) -> list[Plan]:
     """Plans ranked by predicted tokens/s (best first), at most `top`, always followed by
     the best plan of each kind (`Plan.kind`: AR, LayerSkip, HiSpec, lookup, LayerSkip +
-    lookup, HiSpec + lookup) when it is not among them.
+    lookup, HiSpec + lookup) when it is not among them, then by the `known` plans when
+    they are not among them either.
 
     Args:
       exits: exits with a head, ascending; the last is the final layer L.
@@ -74,21 +76,53 @@ def search(exits: Sequence[int], alpha: AlphaFn, costs: Costs, *, max_levels: in
         token (hardware-free; the ranking stays by predicted tokens/s).
       lookup: what `method="lookup"` did on the calibration prompts, with the trace the
         lookup under exits is simulated on (`lookup_plans`; None: no lookup candidate).
+      known: (exits, windows, adaptive) hierarchies that are always scored and returned,
+        the model's recommended plans (`decoding/recommended.py`): a coarse search grid
+        or a small calibration sample must not hide the plan a recorded sweep chose, and
+        `tune --verify` times it beside the predicted best. Each is scored alone and, with
+        a lookup profile, with the lookup under it (`known_plans`).
     """
     plans = _search_exits(exits, alpha, costs, max_levels=max_levels, draft_lens=draft_lens,
                           verify_windows=verify_windows, coarse_exits=coarse_exits,
                           adaptive=adaptive, rescore=rescore, top=top, work=work)
-    if lookup is None:
-        return plans
-    looked = lookup_plans(exits, costs, lookup, work=work, draft_lens=draft_lens,
-                          max_levels=max_levels)
-    # (a stable sort: a tie keeps the exit plan, AR first, ahead of lookup)
-    ranked = sorted(plans + looked, key=lambda p: -p.predicted_tokens_per_second)
-    chosen = ranked[:top]
-    for plan in ranked[top:]:  # the best of each kind, for the side-by-side table
-        if all(p.kind != plan.kind for p in chosen):
-            chosen.append(plan)
-    return chosen
+    extra = known_plans(known, exits, alpha, costs, lookup, work=work)
+    if lookup is not None:
+        looked = lookup_plans(exits, costs, lookup, work=work, draft_lens=draft_lens,
+                              max_levels=max_levels)
+        # (a stable sort: a tie keeps the exit plan, AR first, ahead of lookup)
+        ranked = sorted(plans + looked, key=lambda p: -p.predicted_tokens_per_second)
+        plans = ranked[:top]
+        for plan in ranked[top:]:  # the best of each kind, for the side-by-side table
+            if all(p.kind != plan.kind for p in plans):
+                plans.append(plan)
+    names = {p.name() for p in plans}
+    return plans + [p for p in extra if p.name() not in names]
+
+
+def known_plans(known, exits: Sequence[int], alpha: AlphaFn, costs: Costs,
+                lookup: latency.LookupProfile | None, *, work: Costs | None = None
+                ) -> list[Plan]:
+    """`search`'s `known` hierarchies as plans, best first: each (exits, windows, adaptive)
+    whose exits all have a head here (and end at L) scored as it is and, when `lookup` has
+    a trace with every exit below L in it, with the lookup drafter under it at k and at
+    `options.lookup_under_exits(k)` (as `lookup_plans`). Others are skipped."""
+    L = exits[-1]
+    ar_tps = latency.predict((L,), (), [], costs).tokens_per_second
+    trace = lookup.trace if lookup is not None else None
+    traced = dict(trace.predictions) if trace is not None else {}
+    out = []
+    for hierarchy, windows, adaptive in known:
+        hierarchy, windows = tuple(hierarchy), tuple(windows)
+        if (hierarchy[-1] != L or len(windows) != len(hierarchy) - 1
+                or any(e not in exits for e in hierarchy)):
+            continue
+        pred = score(hierarchy, windows, alpha, costs, adaptive=adaptive,
+                     simulate=costs.batch > 1)
+        out.append(_plan(hierarchy, windows, pred, ar_tps, adaptive, alpha, work))
+        if trace is not None and all(e in traced for e in hierarchy[:-1]):
+            out += [_lookup_plan(trace, hierarchy, windows, k, costs, ar_tps, work)
+                    for k in _lookup_ks(lookup.k)]
+    return sorted(out, key=lambda p: -p.predicted_tokens_per_second)
 
 
 LOOKUP_HISPEC_WINDOWS = ((1, 4), (2, 4), (2, 8), (4, 8))  # (Nd, Ni) under HiSpec
@@ -122,17 +156,9 @@ def lookup_plans(exits: Sequence[int], costs: Costs, lookup: latency.LookupProfi
         return plans
 
     def plan(hierarchy: tuple[int, ...], windows: tuple[int, ...], k: int) -> Plan:
-        run = latency.simulate_lookup(trace, k, hierarchy, windows, batch=costs.batch)
-        p = dataclasses.replace(_plan(hierarchy, windows,
-                                      latency.predict_lookup_run(run, hierarchy, costs), ar_tps),
-                                lookup=k)
-        if work is None:
-            return p
-        per_token = latency.predict_lookup_run(run, hierarchy, work).seconds_per_token
-        return dataclasses.replace(p, predicted_work_per_token=per_token,
-                                   predicted_work_speedup=work.stage(0, L, 1) / per_token)
+        return _lookup_plan(trace, hierarchy, windows, k, costs, ar_tps, work)
 
-    ks = sorted({lookup.k, options_lib.lookup_under_exits(lookup.k)}, reverse=True)
+    ks = _lookup_ks(lookup.k)
     first = sorted((plan((d, L), (2,), k) for d in lower for k in ks),
                    key=lambda p: -p.predicted_tokens_per_second)
     kept = [(p.exits[0], p.lookup) for p in first[:LOOKUP_EXITS_KEPT]]
@@ -146,6 +172,28 @@ def lookup_plans(exits: Sequence[int], costs: Costs, lookup: latency.LookupProfi
             plans += [plan((d, i, L), w, k) for i in above for w in LOOKUP_HISPEC_WINDOWS
                       for k in ks]
     return sorted(plans, key=lambda p: -p.predicted_tokens_per_second)
+
+
+def _lookup_ks(k: int) -> list[int]:
+    """The lookup's k tried under exits: k and `options.lookup_under_exits(k)`, largest first."""
+    return sorted({k, options_lib.lookup_under_exits(k)}, reverse=True)
+
+
+def _lookup_plan(trace: latency.LookupTrace, hierarchy: tuple[int, ...],
+                 windows: tuple[int, ...], k: int, costs: Costs, ar_tps: float,
+                 work: Costs | None) -> Plan:
+    """The lookup drafter at `k` under `hierarchy`, replayed on `trace`
+    (`latency.simulate_lookup`) and priced at `costs` (and `work`)."""
+    L = hierarchy[-1]
+    run = latency.simulate_lookup(trace, k, hierarchy, windows, batch=costs.batch)
+    p = dataclasses.replace(_plan(hierarchy, windows,
+                                  latency.predict_lookup_run(run, hierarchy, costs), ar_tps),
+                            lookup=k)
+    if work is None:
+        return p
+    per_token = latency.predict_lookup_run(run, hierarchy, work).seconds_per_token
+    return dataclasses.replace(p, predicted_work_per_token=per_token,
+                               predicted_work_speedup=work.stage(0, L, 1) / per_token)
 
 
 def _search_exits(exits, alpha, costs, *, max_levels, draft_lens, verify_windows, coarse_exits,

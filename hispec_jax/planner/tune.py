@@ -35,7 +35,8 @@ def tune(model: Model, batch_size: int = 1, *, quick: bool = False,
                                   progress=progress, costs_from=costs_from)
     t0 = time.perf_counter()
     plans = search_lib.search(cal.exits, cal.alpha_of, cal.costs, max_levels=max_levels, top=top,
-                              work=latency.work_costs(model), lookup=cal.lookup)
+                              work=latency.work_costs(model), lookup=cal.lookup,
+                              known=recommended_hierarchies(model))
     search_seconds = time.perf_counter() - t0
     path = None
     if save:
@@ -46,6 +47,14 @@ def tune(model: Model, batch_size: int = 1, *, quick: bool = False,
         path = plan_lib.save_plan_file(Path(out) if out else plan_lib.plan_path(model, batch_size),
                                        payload)
     return {"plans": plans, "calibration": cal, "path": path, "search_seconds": search_seconds}
+
+
+def recommended_hierarchies(model: Model) -> list[tuple[tuple[int, ...], tuple[int, ...], bool]]:
+    """The model's recommended plans (`decoding/recommended.py`) as `search`'s `known`
+    (exits, windows, adaptive): always scored, so a tune compares against them."""
+    plans = (recommended_lib.load(model.path, method, model.cfg.num_layers)
+             for method in recommended_lib.METHODS)
+    return [(r.exits, r.windows, r.adaptive) for r in plans if r is not None]
 
 
 def auto_decoder(model: Model, batch_size: int, greedy: bool = True, plan_file=None):
