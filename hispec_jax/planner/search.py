@@ -105,7 +105,8 @@ def known_plans(known, exits: Sequence[int], alpha: AlphaFn, costs: Costs,
     """`search`'s `known` hierarchies as plans, best first: each (exits, windows, adaptive)
     whose exits all have a head here (and end at L) scored as it is and, when `lookup` has
     a trace with every exit below L in it, with the lookup drafter under it at k and at
-    `options.lookup_under_exits(k)` (as `lookup_plans`). Others are skipped."""
+    `options.lookup_under_exits(k)` (as `lookup_plans`; those run fixed windows, the
+    replay has no adaptive ones). Others are skipped."""
     L = exits[-1]
     ar_tps = latency.predict((L,), (), [], costs).tokens_per_second
     trace = lookup.trace if lookup is not None else None
