@@ -11,7 +11,10 @@
 #   numerics_f32_highest   default model, every method vs AR, 16 prompts x 128 tokens   ~105
 #   layouts_8b             AR at Llama-3-8B shapes, bf16, scanned and unrolled            ~40
 #   oracle_default         the always-agree oracle on the default model                  ~95
-#   bench_default          default model, batch 1 methods and batch 1/16           > 175 (cut)
+#   bench_default          hispec bench on the default model, batch 1 and 16       > 175 (cut:
+#                          ~17 compiles; it writes its report only at the end)
+#   methods_b1, methods_b16  the same methods (AR, LayerSkip, HiSpec, SV, SpecBound at their
+#                          defaults) at batch 1, then 16, as separate parts          not yet run
 #   oracle_8b              the always-agree oracle at 8B shapes                      not yet run
 #   tune_default           hispec tune --quick --verify, predicted vs measured       not yet run
 #   tasks_code             hispec bench --tasks code with lookup and recommended     not yet run
@@ -60,6 +63,8 @@ for part in "$@"; do
     bench_default) run $part 300 $HS bench --datasets sharegpt --prompts 8 --max-new-tokens 64 \
       --rounds 2 --no-agreement --no-transformers --draft-exits 9 --draft-lens 4 --grid-exits none \
       --batch-sizes 1,16 --out-dir $RES/$part ;;
+    methods_b1|methods_b16) run $part 200 python3 -m hispec_jax.bench seed-methods --prompts 16 \
+      --max-new-tokens 64 --rounds 2 --batch-sizes ${part#methods_b} --out $RES/$part.json ;;
     oracle_8b) run $part 240 $BIG $ACC --parts oracle --out-dir $RES/$part ;;
     tune_default) mkdir -p $RES/$part; run $part 200 $HS tune --quick --verify --top 4 \
       --verify-repeats 2 --out $RES/$part/plan.json --plot $RES/$part/predicted_vs_measured.png ;;
