@@ -38,6 +38,7 @@ def quick_report(byte_model_dir, tmp_path_factory):
 
 def test_quick_bench_is_lossless_and_complete(quick_report):
     out, report = quick_report
+    assert report["complete"] is True
     methods = report["methods"]["sharegpt"]
     names = [r["name"] for r in methods]
     assert names[0] == "ar"
@@ -191,3 +192,28 @@ def test_quick_sets_only_the_flags_left_out(monkeypatch, argv, expected):
     assert main(["bench", "--no-progress", *argv]) == 0
     for name, value in expected.items():
         assert getattr(seen["config"], name) == value, name
+
+
+def test_a_bench_stopped_after_a_phase_keeps_the_phases_it_finished(byte_model_dir, tmp_path,
+                                                                     monkeypatch):
+    """report.json is written after every phase: a run killed in the batch phase (a lent
+    GPU's time limit) leaves the methods it measured, marked incomplete."""
+    from hispec_jax.bench import run as run_lib
+
+    def methods(self, tuned):
+        self.report["methods"]["sharegpt"] = [{"name": "ar", "tokens_per_second": 1.0}]
+
+    def batch_sizes(self):
+        raise KeyboardInterrupt  # what `timeout --signal=INT` delivers
+
+    monkeypatch.setattr(run_lib.Bench, "methods", methods)
+    monkeypatch.setattr(run_lib.Bench, "batch_sizes", batch_sizes)
+    config = run_lib.BenchConfig(model_dir=str(byte_model_dir), datasets=("sharegpt",),
+                                 out_dir=str(tmp_path), agreement=False, grid_exits=(),
+                                 transformers=False, seed_methods=False, progress=False)
+    with pytest.raises(KeyboardInterrupt):
+        run_lib.Bench(config).run()
+    saved = json.loads((tmp_path / "report.json").read_text())
+    assert saved["complete"] is False
+    assert saved["methods"] == {"sharegpt": [{"name": "ar", "tokens_per_second": 1.0}]}
+    assert not (tmp_path / "report.md").exists()

@@ -17,6 +17,10 @@ Phases (each a side-by-side `suite.compare`, greedy, EOS ignored, outputs checke
 
 SV needs a profile: the model directory's `sv_profile.json` (the shipped model has one), else
 --sv-profile, else a quick `hispec profile-sv` run on calibration prompts written to out_dir.
+
+report.json is rewritten after every phase with "complete": false (report.md and the plots
+come at the end, with "complete": true), so a run stopped at a time limit keeps what it
+measured.
 """
 
 from __future__ import annotations
@@ -248,22 +252,35 @@ class Bench:
     def run(self) -> dict[str, Any]:
         cfg = self.config
         t0 = time.time()
+        self.report["complete"] = False
         if cfg.agreement:
             self.agreement()
+            self.checkpoint()
         tuned = sweeps.hispec_spec(*cfg.tuned, name="hispec tuned") if cfg.tuned else None
         if tuned is None and cfg.grid_exits != ():
             tuned = self.grid()
+            self.checkpoint()
         self.methods(tuned)
+        self.checkpoint()
         if cfg.transformers:
             self.peers()
+            self.checkpoint()
         if cfg.batch_sizes:
             self.batch_sizes()
         self.report["seconds"] = round(time.time() - t0, 1)
         # Accelerators track the process's peak device memory; CPU backends report None.
         memory_stats = jax.devices()[0].memory_stats() or {}
         self.report["device_peak_bytes"] = memory_stats.get("peak_bytes_in_use")
+        self.report["complete"] = True
         self.write()
         return self.report
+
+    def checkpoint(self) -> None:
+        """report.json as it stands after a phase ("complete": false; no markdown, no
+        plots): a run stopped at a time limit, as on a lent accelerator, keeps the phases it
+        finished."""
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        (self.out_dir / "report.json").write_text(json.dumps(self.report, indent=1) + "\n")
 
     def write(self) -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)
