@@ -414,3 +414,36 @@ def test_lookup_plan_round_trips_and_auto_runs_it_equal_to_ar(tmp_path, monkeypa
     assert auto.stats["plan"] == "lookup k=3" and auto.stats["lookup"]["k"] == 3
     assert auto.stats["lookup"]["matches"] > 0
     assert auto.token_ids == ar.token_ids
+
+
+def test_calibration_times_its_loops_over_every_prompt_at_their_mean_context(monkeypatch):
+    """The AR and LayerSkip loops are timed over all calibration prompts (not the first
+    alone), their times taken per batch, and the stage costs measured at the prompts' mean
+    context plus half the continuation: a step's cost grows with its context, and loops
+    and stages timed at different contexts cannot be reconciled (`fit_loop_costs`)."""
+    from hispec_jax.planner import calibrate
+
+    seen, contexts = [], []
+    real_generate_seconds = calibrate._generate_seconds
+    real_stage_costs = calibrate.measure_stage_costs
+
+    def generate_seconds(model, prompts, repeats, **kwargs):
+        seen.append((kwargs["method"], kwargs["max_new_tokens"], [list(p) for p in prompts]))
+        return real_generate_seconds(model, prompts, repeats, **kwargs)
+
+    def stage_costs(*args, context, **kwargs):
+        contexts.append(context)
+        return real_stage_costs(*args, context=context, **kwargs)
+
+    monkeypatch.setattr(calibrate, "_generate_seconds", generate_seconds)
+    monkeypatch.setattr(calibrate, "measure_stage_costs", stage_costs)
+    prompts = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14], [15, 16, 17, 18, 19]]
+    settings = calibrate.Settings(num_prompts=3, max_prompt_tokens=8, new_tokens=8,
+                                  block_sizes=(1, 4), repeats=1, capacity=64)
+    cal = calibrate.calibrate(_tiny(), 1, prompts=prompts, settings=settings)
+    assert [m for m, _, _ in seen] == ["ar", "ar", "layerskip"]
+    assert all(p == prompts for _, _, p in seen)
+    assert cal.loop["timed_batches"] == 3
+    assert contexts == [sum(map(len, prompts)) // 3 + 8 // 2] == [cal.loop["stage_context"]]
+    two = calibrate.calibrate(_tiny(), 2, prompts=prompts[:1], settings=settings)
+    assert two.loop["timed_batches"] == 1  # fewer prompts than the batch: one batch, repeated

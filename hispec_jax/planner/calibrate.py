@@ -284,7 +284,15 @@ def calibrate(model: Model, batch_size: int = 1, prompts: list[list[int]] | None
     s = settings
     if prompts is None:
         prompts = calibration_prompts(model, s.num_prompts, s.max_prompt_tokens)
-    batch_prompts = [prompts[i % len(prompts)] for i in range(batch_size)]
+    # The loops are timed over every calibration prompt (in batches of `batch_size`; one
+    # batch, prompts repeated, when there are fewer), and the stages at those prompts' mean
+    # context: a step's cost grows with its context (attention over the used cache span), so
+    # loops timed on the first prompt alone and stages timed at the longest context disagree,
+    # and the loop fit then falls back to scaling every stage (`fit_loop_costs`).
+    batch_prompts = (list(prompts) if len(prompts) >= batch_size
+                     else [prompts[i % len(prompts)] for i in range(batch_size)])
+    batches = -(-len(batch_prompts) // batch_size)
+    context = sum(map(len, batch_prompts)) // len(batch_prompts) + s.new_tokens // 2
     L = model.cfg.num_layers
     capacity = min(s.capacity, model.cfg.max_position_embeddings)
     common = dict(batch_size=batch_size, max_cache_len=capacity)
@@ -299,6 +307,7 @@ def calibrate(model: Model, batch_size: int = 1, prompts: list[list[int]] | None
                                     max_new_tokens=s.new_tokens, **common)
     t_prefill, _ = _generate_seconds(model, batch_prompts, s.repeats, method="ar",
                                      max_new_tokens=1, **common)
+    t_ar_run, t_prefill = t_ar_run / batches, t_prefill / batches  # per batch
     per_round_ar = (t_ar_run - t_prefill) / max(s.new_tokens - 1, 1)
     if per_round_ar <= 0:  # noise: no separate prefill estimate
         per_round_ar, t_prefill = t_ar_run / s.new_tokens, 0.0
@@ -308,13 +317,14 @@ def calibrate(model: Model, batch_size: int = 1, prompts: list[list[int]] | None
 
     tick("stage costs (layers, exit head) per block length")
     layer_s, head_s = measure_stage_costs(model, batch_size, capacity, s.block_sizes, s.repeats,
-                                          context=min(capacity // 2, s.max_prompt_tokens + s.new_tokens // 2))
+                                          context=min(capacity // 2, context))
     costs = Costs(batch=batch_size, num_layers=L, block_sizes=tuple(s.block_sizes),
                   layer_s=tuple(layer_s), head_s=tuple(head_s),
                   head_scale=head_cost_scales(model))
 
     loop: dict[str, Any] = {"ar_seconds": t_ar_run, "prefill_seconds": t_prefill,
-                            "ar_seconds_per_round": per_round_ar}
+                            "ar_seconds_per_round": per_round_ar, "timed_batches": batches,
+                            "stage_context": min(capacity // 2, context)}
     fixed_ar = per_round_ar - (L * costs.layer(1) + costs.head(1))  # = pass_s + round_s
     costs = dataclasses.replace(costs, round_s=float(max(fixed_ar, 0.0)))
     candidates = [e for e in exits if e < L]
@@ -326,8 +336,9 @@ def calibrate(model: Model, batch_size: int = 1, prompts: list[list[int]] | None
                                     draft_exit=draft, draft_len=nd,
                                     max_new_tokens=s.new_tokens, **common)
         drafts, verifies = r.stats["actions_per_level"]
-        costs, fit = fit_loop_costs(costs, per_round_ar, t_ls - t_prefill, draft, nd, drafts,
-                                    verifies, r.stats["rounds"])
+        # (the LayerSkip time and counters are summed over the batches)
+        costs, fit = fit_loop_costs(costs, per_round_ar, t_ls - batches * t_prefill, draft, nd,
+                                    drafts, verifies, r.stats["rounds"])
         loop.update(fit)
         loop.update(layerskip_seconds=t_ls, layerskip_rounds=r.stats["rounds"],
                     layerskip_passes=drafts + verifies, layerskip_draft_exit=draft,
