@@ -285,7 +285,7 @@ class Bench:
     def write(self) -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.report["plots"] = [str(p.name) for p in self._plots()]
-        (self.out_dir / "report.json").write_text(json.dumps(self.report, indent=1) + "\n")
+        self.checkpoint()
         (self.out_dir / "report.md").write_text(report.markdown(self.report))
 
     def _plots(self) -> list[Path]:

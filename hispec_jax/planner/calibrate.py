@@ -292,9 +292,10 @@ def calibrate(model: Model, batch_size: int = 1, prompts: list[list[int]] | None
     batch_prompts = (list(prompts) if len(prompts) >= batch_size
                      else [prompts[i % len(prompts)] for i in range(batch_size)])
     batches = -(-len(batch_prompts) // batch_size)
-    context = sum(map(len, batch_prompts)) // len(batch_prompts) + s.new_tokens // 2
     L = model.cfg.num_layers
     capacity = min(s.capacity, model.cfg.max_position_embeddings)
+    context = min(capacity // 2, sum(map(len, batch_prompts)) // len(batch_prompts)
+                  + s.new_tokens // 2)
     common = dict(batch_size=batch_size, max_cache_len=capacity)
 
     tick("AR continuations (acceptance positions) and AR timing")
@@ -317,14 +318,15 @@ def calibrate(model: Model, batch_size: int = 1, prompts: list[list[int]] | None
 
     tick("stage costs (layers, exit head) per block length")
     layer_s, head_s = measure_stage_costs(model, batch_size, capacity, s.block_sizes, s.repeats,
-                                          context=min(capacity // 2, context))
+                                          context=context)
     costs = Costs(batch=batch_size, num_layers=L, block_sizes=tuple(s.block_sizes),
                   layer_s=tuple(layer_s), head_s=tuple(head_s),
                   head_scale=head_cost_scales(model))
 
+    # (seconds per batch; the LayerSkip counters below are summed over the timed batches)
     loop: dict[str, Any] = {"ar_seconds": t_ar_run, "prefill_seconds": t_prefill,
                             "ar_seconds_per_round": per_round_ar, "timed_batches": batches,
-                            "stage_context": min(capacity // 2, context)}
+                            "stage_context": context}
     fixed_ar = per_round_ar - (L * costs.layer(1) + costs.head(1))  # = pass_s + round_s
     costs = dataclasses.replace(costs, round_s=float(max(fixed_ar, 0.0)))
     candidates = [e for e in exits if e < L]
@@ -340,7 +342,7 @@ def calibrate(model: Model, batch_size: int = 1, prompts: list[list[int]] | None
         costs, fit = fit_loop_costs(costs, per_round_ar, t_ls - batches * t_prefill, draft, nd,
                                     drafts, verifies, r.stats["rounds"])
         loop.update(fit)
-        loop.update(layerskip_seconds=t_ls, layerskip_rounds=r.stats["rounds"],
+        loop.update(layerskip_seconds=t_ls / batches, layerskip_rounds=r.stats["rounds"],
                     layerskip_passes=drafts + verifies, layerskip_draft_exit=draft,
                     layerskip_draft_len=nd)
     costs = dataclasses.replace(costs, prefill_s=float(t_prefill))

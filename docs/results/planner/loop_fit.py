@@ -150,8 +150,9 @@ def main():
                               max_new_tokens=s.new_tokens, ignore_eos=True, batch_size=1,
                               max_cache_len=s.capacity)
     drafts, verifies = r.stats["actions_per_level"]
-    ls_seconds = loop["layerskip_seconds"] - loop["prefill_seconds"]
-    context = min(s.capacity // 2, s.max_prompt_tokens + s.new_tokens // 2)
+    # (per batch since 2026-11-26, when calibration began timing every prompt: totals here)
+    ls_seconds = (loop["layerskip_seconds"] - loop["prefill_seconds"]) * loop.get("timed_batches", 1)
+    context = loop.get("stage_context", min(s.capacity // 2, s.max_prompt_tokens + s.new_tokens // 2))
     st_layer, st_head = stack_stage_costs(model, 1, s.capacity, s.block_sizes, s.repeats, context)
     stack_raw = dataclasses.replace(raw, layer_s=tuple(st_layer), head_s=tuple(st_head))
     stack, stack_fit = calibrate.fit_loop_costs(stack_raw, per_round_ar, ls_seconds, draft, nd,
