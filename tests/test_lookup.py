@@ -179,6 +179,23 @@ def test_default_drafter_scales_k_by_the_match():
     assert decoder.hierarchy.lookup.schedule == "ngram" and decoder.windows[0] == 5
 
 
+def test_every_level_above_the_lookup_runs_at_a_power_of_two_block():
+    """Under HiSpec the intermediate level's input varies with the lookup's proposals (up to
+    k + Nd): it switches block lengths like level 1 and the top, so a pass pays for what
+    arrived. Without a lookup drafter every level keeps its one static block."""
+    from hispec_jax.decoding.windows import power_of_two_blocks
+
+    model = tiny_model(6, 0)
+    options = dict(draft_exit=1, verify_exits=(3,), draft_len=2, verify_window=4)
+    h = methods.make_method(model, "hispec", lookup=16, **options).hierarchy
+    assert h.blocks[1] > 16  # k + Nd + 1 positions may arrive
+    for k in range(1, h.num_levels):
+        assert h.level_blocks(k) == power_of_two_blocks(h.blocks[k - 1])
+    assert h.level_blocks(2)[:3] == (1, 2, 4)
+    plain = methods.make_method(model, "hispec", **options).hierarchy
+    assert [plain.level_blocks(k) for k in (1, 2)] == [(), ()]
+
+
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_adapt_one_is_adapt(schedule):
     """The planner's scalar rule (`adapt_one`) is the engine's vectorised one (`adapt`), for

@@ -49,9 +49,9 @@ harmless; see `kv_cache.py`).
 A drafter that is not an exit: with `Hierarchy.lookup` set, level 0 is the prompt-lookup
 (n-gram) drafter (`lookup.py`; e_0 = 0, no layers). One lookup per round proposes up to k
 tokens at once (`_Round.lookup_draft`); level 1 embeds them and verifies them in one pass,
-at the shortest compiled block that holds them (`Hierarchy.level_blocks`), so a round
-without a match is a one-position pass: an AR step for `method="lookup"`, the draft exit's
-own draft step under layerskip / hispec.
+at the shortest compiled block that holds them (`Hierarchy.level_blocks`; every level
+above it runs so), so a round without a match is a one-position pass: an AR step for
+`method="lookup"`, the draft exit's own draft step under layerskip / hispec.
 
 Seams: `Hierarchy.window_policy` (when a level verifies: fixed windows, App. J adaptive
 windows; `windows.py`), `Hierarchy.draft_exit` (how deep a draft runs: `draft.py`) and
@@ -115,9 +115,10 @@ class Hierarchy:
         participant's pending tokens (`lax.switch`). Empty: one block, `blocks[-1]`.
       lookup: None, or the prompt-lookup drafter (`lookup.PromptLookup`) as level 0: then
         e_0 = 0 (it runs no layer), max_windows[0] is its k, each round it proposes up to k
-        tokens at once, and level 1 embeds them itself. Level 1's pass runs at the shortest
-        power-of-two block that holds the proposals (`level_blocks`), so a round without a
-        match costs one position's pass.
+        tokens at once, and level 1 embeds them itself. Every level's pass runs at the
+        shortest power-of-two block that holds its input (`level_blocks`), so a round
+        without a match costs one position's pass, and a level above level 1 (HiSpec's
+        intermediate and top) pays for what arrived, not for k + its window.
     """
 
     exits: tuple[int, ...]
@@ -175,7 +176,7 @@ class Hierarchy:
         empty: the one static block `blocks[k - 1]`)."""
         if k == self.num_levels - 1 and self.top_blocks:
             return self.top_blocks
-        if self.lookup is not None and (k == 1 or k == self.num_levels - 1):
+        if self.lookup is not None:  # every level above it: how much arrives varies
             return windows_lib.power_of_two_blocks(self.blocks[k - 1])
         return ()
 

@@ -397,8 +397,10 @@ def simulate_lookup(trace: LookupTrace, k: int, exits: tuple[int, ...],
     preds = dict(trace.predictions)
     thresholds = (k,) + tuple(w + 1 for w in windows)
     static = windows_lib.block_lengths(thresholds)
-    level_blocks = {1: windows_lib.power_of_two_blocks(static[0]),
-                    K - 1: windows_lib.power_of_two_blocks(static[K - 2])}
+    # every level above the lookup runs at the shortest power-of-two block holding its
+    # input (`Hierarchy.level_blocks`)
+    level_blocks = {level: windows_lib.power_of_two_blocks(static[level - 1])
+                    for level in range(1, K)}
     n_seq = len(trace.sequences)
     groups = [[(g + b) % n_seq for b in range(batch)] for g in range(0, n_seq, batch)]
     rounds, passes, emitted = 0, collections.Counter(), 0
@@ -446,9 +448,8 @@ def simulate_lookup(trace: LookupTrace, k: int, exits: tuple[int, ...],
                 if level >= 2 and not any(p and ready(b, level) for b, p in enumerate(part)):
                     continue
                 longest = max([pending(b, level) for b in range(batch) if part[b]], default=0)
-                sizes = level_blocks.get(level)
-                block = (next((t for t in sizes if t >= longest), sizes[-1]) if sizes
-                         else static[level - 1])
+                sizes = level_blocks[level]
+                block = next((t for t in sizes if t >= longest), sizes[-1])
                 passes[(level, block)] += 1
                 for b in range(batch):
                     if not part[b]:

@@ -1,0 +1,104 @@
+"""Lookup under HiSpec, side by side: every level above the lookup drafter at the shortest
+power-of-two block that holds its input (`Hierarchy.level_blocks`, since 2026-11-26) against
+the intermediate level at its one static block, k + Nd (before). Greedy, EOS ignored, batch
+1, loop time, interleaved rounds on the task prompts of `hispec bench --tasks`; every output
+checked against AR's.
+
+    python benchmarks/results_lookup/level_blocks_ab.py --tasks summarize,extract,code,chat \
+        > benchmarks/results_lookup/level_blocks_ab.txt
+
+The model's recommended HiSpec (and LayerSkip, which this does not change, as a control),
+each with the lookup at k = 16 and k = 8 below it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import platform
+import statistics
+import subprocess
+import time
+
+from hispec_jax.cli.common import use_compilation_cache
+
+use_compilation_cache()
+
+from hispec_jax import DEFAULT_MODEL_DIR  # noqa: E402
+from hispec_jax.bench import suite, tasks  # noqa: E402
+from hispec_jax.decoding import engine, methods  # noqa: E402
+from hispec_jax.models.model import load_model  # noqa: E402
+
+
+@dataclasses.dataclass(frozen=True)
+class StaticAboveLevel1(engine.Hierarchy):
+    """The hierarchy as it ran before: only level 1 and the top level switch block lengths;
+    an intermediate level always runs its static block."""
+
+    def level_blocks(self, k: int) -> tuple[int, ...]:
+        if 1 < k < self.num_levels - 1:
+            return ()
+        return super().level_blocks(k)
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    name: str
+    method: str
+    options: tuple = ()
+    static: bool = False
+
+    def decoder(self, model):
+        d = methods.make_method(model, self.method, **dict(self.options))
+        if self.static:
+            h = d.hierarchy
+            d = dataclasses.replace(d, hierarchy=StaticAboveLevel1(
+                **{f.name: getattr(h, f.name) for f in dataclasses.fields(h)}))
+        return d
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=DEFAULT_MODEL_DIR)
+    p.add_argument("--chat", action="store_true", help="render prompts with the chat template")
+    p.add_argument("--tasks", default="summarize,extract,code,chat")
+    p.add_argument("--prompts", type=int, default=4)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=3)
+    a = p.parse_args()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    print(f"# {platform.machine()}, {platform.processor() or 'cpu'}, commit {commit}, "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+          f"load {open('/proc/loadavg').read().split()[:3]}; {a}", flush=True)
+    model = load_model(a.model)
+    specs = [Spec("ar", "ar"), Spec("hispec (recommended)", "hispec")]
+    for k in (16, 8):
+        for static in (True, False):
+            how = "intermediate static (before)" if static else "every level switched (now)"
+            specs.append(Spec(f"hispec + lookup k={k}, {how}", "hispec", (("lookup", k),), static))
+    specs += [Spec("layerskip (recommended)", "layerskip"),
+              Spec("layerskip + lookup k=16 (unchanged)", "layerskip", (("lookup", 16),))]
+    print("# recommended HiSpec:", methods.make_method(model, "hispec").hierarchy.exits,
+          methods.make_method(model, "hispec").windows)
+    for task in a.tasks.split(","):
+        prompts = tasks.task_prompts(model, task, a.prompts, 512, a.chat)
+        capacity = suite.common_cache_len(model, prompts, specs, a.max_new_tokens)
+        runners = [suite.hispec_runner(model, prompts, s, max_new_tokens=a.max_new_tokens,
+                                       batch_size=1, max_cache_len=capacity, loop_time_only=True)
+                   for s in specs]
+        results = suite.compare(runners, a.rounds)
+        ar = results[0]
+        print(f"\n## {task}: prompts of {[len(q) for q in prompts]} tokens, capacity {capacity}, "
+              f"AR {ar.tokens_per_second:.1f} tok/s")
+        print("| method | tok/s | x AR (medians) | x AR (paired, median) | rounds | same as AR |")
+        print("|---|---|---|---|---|---|")
+        for r in results[1:]:
+            paired = statistics.median(x / y for x, y in zip(ar.seconds, r.seconds))
+            print(f"| {r.name} | {r.tokens_per_second:.1f} | {r.tokens_per_second / ar.tokens_per_second:.3f} "
+                  f"| {paired:.3f} | {(r.stats or {}).get('rounds')} | {r.identical_to_ar} |", flush=True)
+    print(f"\n# load at the end {open('/proc/loadavg').read().split()[:3]}")
+
+
+if __name__ == "__main__":
+    main()
