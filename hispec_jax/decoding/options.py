@@ -42,10 +42,12 @@ DEFAULT_MAX_NGRAM = 8
 
 def lookup_under_exits(k: int) -> int:
     """The other k worth trying for a lookup drafter under exits: half of `k`. Every level
-    above the lookup verifies what it kept, so its passes grow with k (an intermediate
-    level's static block is k + Nd): on the default model v4 lookup under the recommended
-    HiSpec ran 0.86-0.90x at k = 16 against k = 8, under LayerSkip the same
-    (BENCHMARKS.md, "Longer proposals for longer matches")."""
+    above the lookup verifies what it kept, so its passes grow with k: on the default model
+    v4 lookup under the recommended HiSpec ran 0.86-0.90x at k = 16 against k = 8 while
+    the intermediate level ran its static block (k + Nd) every pass; with every level at
+    the block it needs, k = 8 ran 0.96-1.06x k = 16 there (summarize, extract, code, chat)
+    (BENCHMARKS.md, "Longer proposals for longer matches", "Lookup under HiSpec: every
+    level at the block it needs")."""
     return max(k // 2, 1)
 
 
