@@ -263,3 +263,62 @@ def test_tune_scores_the_models_recommended_plans(tmp_path):
         "hispec": {"exits": (1, 3, 6), "windows": (2, 4), "adaptive": True}}, "test")
     assert tune_lib.recommended_hierarchies(model) == [((2, 6), (3,), False),
                                                        ((1, 3, 6), (2, 4), True)]
+
+
+def _halves_trace():
+    """4 prompts (first tokens 0..3): halves {0, 1} and {2, 3}; exit 2's choices agree with
+    the continuation at 3 of 4 positions in the first half, 1 of 4 in the second."""
+    seqs = ((0, 5, 6, 7), (1, 5, 6, 7), (2, 5, 6, 7), (3, 5, 6, 7))
+    preds = ((6, 7, 9), (6, 9, 9), (6, 9, 9), (9, 9, 9))  # after positions 1, 2, 3
+    return latency.LookupTrace(max_ngram=2, sequences=seqs, starts=(1, 1, 1, 1),
+                               predictions=((2, preds),))
+
+
+def test_trace_halves_and_their_alpha():
+    first, second = search_lib.trace_halves(_halves_trace())
+    assert [s[0] for s in first.sequences] == [0, 1] and [s[0] for s in second.sequences] == [2, 3]
+    assert dict(first.predictions)[2] == ((6, 7, 9), (6, 9, 9))
+    # exit 2 against the final layer (4, not in the trace): 2 positions compared per prompt
+    assert search_lib.trace_alpha(first)(2, 4) == pytest.approx(3 / 4)
+    assert search_lib.trace_alpha(second)(2, 4) == pytest.approx(1 / 4)
+    assert search_lib.trace_alpha(first)(2, 2) == 1.0
+
+
+@pytest.mark.parametrize("halves, chosen, why", [
+    ({"a": (3.0, 3.0), "b": (2.5, 2.5), "rec": (2.0, 2.0)}, "a", "held up"),
+    ({"a": (3.0, 1.0), "b": (2.5, 2.5), "rec": (2.0, 2.0)}, "b", "held up"),
+    ({"a": (3.0, 1.0), "b": (1.0, 2.5), "rec": (2.0, 2.0)}, "rec", "recommended")])
+def test_a_plan_predicted_above_the_recommended_must_beat_it_on_both_halves(
+        monkeypatch, halves, chosen, why):
+    """The winner's curse: the best of many noisy predictions is optimistic, so a plan
+    ranked above the model's recommended plan is chosen only if it also beats it on each
+    half of the calibration prompts; the first that does wins, else the recommended one."""
+    plans = [plan_lib.Plan(exits=(e, 8), windows=(n,), predicted_tokens_per_second=t)
+             for e, n, t in ((1, 1, 30.0), (2, 2, 25.0), (3, 3, 20.0), (4, 4, 10.0))]
+    names = dict(zip(("a", "b", "rec", "other"), plans))
+    by_name = {p.name(): key for key, p in names.items()}
+    monkeypatch.setattr(search_lib, "rescore", lambda plan, alpha, trace, costs:
+                        halves[by_name[plan.name()]][trace.sequences[0][0] // 2])
+    got, reason = search_lib.held_up_on_both_halves(plans, {names["rec"].name()},
+                                                    _halves_trace(), STEP_COSTS)
+    assert got[0] is names[chosen] and why in reason
+    assert sorted(p.name() for p in got) == sorted(p.name() for p in plans)
+    # nothing known, or too few prompts: the predicted ranking stands
+    assert search_lib.held_up_on_both_halves(plans, set(), _halves_trace(), STEP_COSTS)[0] == plans
+    short = dataclasses.replace(_halves_trace(), sequences=_halves_trace().sequences[:3])
+    assert search_lib.held_up_on_both_halves(plans, {names["rec"].name()}, short,
+                                             STEP_COSTS)[0] == plans
+
+
+def test_rescore_is_the_search_score_on_the_whole_trace():
+    """On the whole trace, `rescore` of an exit plan is `score` with the trace's alpha, and of
+    a lookup plan the replay the search priced."""
+    trace = _halves_trace()
+    alpha = search_lib.trace_alpha(trace)
+    exit_plan = plan_lib.Plan(exits=(2, 4), windows=(2,))
+    assert search_lib.rescore(exit_plan, alpha, trace, STEP_COSTS) == pytest.approx(
+        search_lib.score((2, 4), (2,), alpha, STEP_COSTS).tokens_per_second)
+    looked = plan_lib.Plan(exits=(2, 4), windows=(2,), lookup=4)
+    run = latency.simulate_lookup(trace, 4, (2, 4), (2,))
+    assert search_lib.rescore(looked, alpha, trace, STEP_COSTS) == pytest.approx(
+        latency.predict_lookup_run(run, (2, 4), STEP_COSTS).tokens_per_second)

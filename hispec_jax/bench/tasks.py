@@ -279,7 +279,7 @@ def run_task(model, hf_model, task: str, args, costs_from=None) -> dict:
         report = tune_for_task(model, calibration, args,
                                progress=lambda m: print(f"[tasks] {task}: tune: {m}", file=sys.stderr),
                                costs_from=costs_from)
-        plan, chosen_by, verify = report["plans"][0], "prediction", None
+        plan, chosen_by, verify = report["plans"][0], report.get("chosen_by", "prediction"), None
         if getattr(args, "auto_verify", False):
             from hispec_jax.planner import tune as tune_lib
 
@@ -295,6 +295,7 @@ def run_task(model, hf_model, task: str, args, costs_from=None) -> dict:
                 "chosen_by": chosen_by, "verify": verify,
                 "calibration_prompt_lengths": [len(p) for p in calibration],
                 "tune_plans": [p.name() for p in report["plans"]],
+                "tune_predicted_x_ar": {p.name(): p.predicted_speedup for p in report["plans"]},
                 "tune_seconds": report["calibration"].seconds,
                 "costs_reused": costs_from is not None,
                 "costs": report["calibration"].costs.to_json(),

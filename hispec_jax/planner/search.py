@@ -10,6 +10,10 @@
             level 0 under LayerSkip / HiSpec exits (`lookup_plans`: simulated on the
             calibration continuations, `latency.simulate_lookup`)
 
+The plan chosen is the best predicted unless the model has recommended plans
+(`held_up_on_both_halves`): then a plan predicted above them must also beat the best of them
+on each half of the calibration prompts.
+
 Batch 1 ranks with the exact renewal formulas (`latency.predict`). At larger batches the
 best `rescore` candidates (and K >= 4 ones) are re-scored with the engine-faithful
 simulator, which sees the "sync" schedule; adaptive (App. J) windows are scored by
@@ -21,6 +25,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from typing import Callable, Sequence
+
+import numpy as np
 
 from hispec_jax.decoding import options as options_lib
 from hispec_jax.planner import latency
@@ -273,3 +279,84 @@ def with_prediction(plan: Plan, alpha: AlphaFn, costs: Costs) -> Plan:
     return dataclasses.replace(plan, predicted_tokens_per_second=pred.tokens_per_second,
                                predicted_speedup=pred.tokens_per_second / ar,
                                tokens_per_round=pred.tokens_per_round)
+
+
+# ----------------------------------------------------------- choosing among close plans
+def trace_halves(trace: latency.LookupTrace) -> list[latency.LookupTrace]:
+    """The calibration trace split into its first and second half of prompts (each with
+    every exit's choices on them): two independent samples of the same workload."""
+    n = len(trace.sequences)
+    halves = []
+    for part in (range(0, n // 2), range(n // 2, n)):
+        halves.append(latency.LookupTrace(
+            max_ngram=trace.max_ngram, sequences=tuple(trace.sequences[i] for i in part),
+            starts=tuple(trace.starts[i] for i in part),
+            predictions=tuple((e, tuple(per[i] for i in part)) for e, per in trace.predictions)))
+    return halves
+
+
+def trace_alpha(trace: latency.LookupTrace) -> AlphaFn:
+    """Greedy alpha(a, b) on `trace`'s continuations: how often exit a's choice after a
+    position equals exit b's (the final layer's: the next token of the sequence)."""
+    preds = dict(trace.predictions)
+
+    def choices(e):  # the final layer is the exit the trace has no choices for
+        if e in preds:
+            return np.concatenate([np.asarray(c[:len(s) - p - 1], np.int64)
+                                   for c, s, p in zip(preds[e], trace.sequences, trace.starts)])
+        return np.concatenate([np.asarray(s[p + 1:], np.int64)
+                               for s, p in zip(trace.sequences, trace.starts)])
+
+    cache: dict = {}
+
+    def alpha(a: int, b: int) -> float:
+        for e in (a, b):
+            if e not in cache:
+                cache[e] = choices(e)
+        x, y = cache[a], cache[b]
+        return float(np.mean(x == y)) if len(x) else 0.0
+
+    return alpha
+
+
+def rescore(plan: Plan, alpha: AlphaFn, trace: latency.LookupTrace, costs: Costs) -> float:
+    """`plan`'s predicted tokens/s with acceptance and lookup replays from `alpha` and
+    `trace` (e.g. one half of the calibration prompts) at `costs`."""
+    if plan.lookup:
+        run = latency.simulate_lookup(trace, plan.lookup, plan.exits, plan.windows,
+                                      batch=costs.batch)
+        return latency.predict_lookup_run(run, plan.exits, costs).tokens_per_second
+    return score(plan.exits, plan.windows, alpha, costs, adaptive=plan.adaptive,
+                 simulate=costs.batch > 1).tokens_per_second
+
+
+def held_up_on_both_halves(plans: list[Plan], known: set[str], trace: latency.LookupTrace | None,
+                           costs: Costs) -> tuple[list[Plan], str]:
+    """`plans` (best predicted first) with the chosen plan first, and why.
+
+    The prediction ranks plans on a few calibration prompts, and the best of many noisy
+    estimates is optimistic (the winner's curse): on the default model's chat prompts the
+    planner's pick, LayerSkip at exit 7 + lookup, was predicted 1.2-1.4x faster than the
+    model's recommended plans and ran 3-12 % slower than them. So a plan predicted above
+    the best of the `known` plans (the model's recommended hierarchies, alone and with the
+    lookup, chosen by a larger recorded sweep) is chosen only if it is also predicted faster
+    than that plan on each half of the calibration prompts, scored alone; the first such
+    plan in the ranking wins, else the known plan does. Without known plans, a trace (the
+    replays and per-prompt choices live there) or at least 4 prompts, the ranking stands."""
+    ranked_known = [p for p in plans if p.name() in known]
+    if not ranked_known or trace is None or len(trace.sequences) < 4 or not plans:
+        return plans, "prediction"
+    anchor = ranked_known[0]
+    if plans[0] is anchor:
+        return plans, "prediction (the model's recommended plan)"
+    halves = [(trace_alpha(h), h) for h in trace_halves(trace)]
+    anchor_scores = [rescore(anchor, a, h, costs) for a, h in halves]
+    for plan in plans[:plans.index(anchor)]:
+        if all(rescore(plan, a, h, costs) > s for (a, h), s in zip(halves, anchor_scores)):
+            chosen, why = plan, "prediction, held up on both halves of the calibration prompts"
+            break
+    else:
+        chosen = anchor
+        why = (f"the model's recommended plan: no plan predicted faster held up on both "
+               f"halves of the calibration prompts (best predicted: {plans[0].name()})")
+    return [chosen] + [p for p in plans if p is not chosen], why

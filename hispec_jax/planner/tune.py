@@ -28,25 +28,34 @@ def tune(model: Model, batch_size: int = 1, *, quick: bool = False,
          top: int = 8, out: str | Path | None = None, save: bool = True,
          progress=None, costs_from: calibrate_lib.Calibration | None = None) -> dict[str, Any]:
     """Calibrates on this device, searches, saves the plan file; returns
-    {"plans": [Plan, ...] best first, "calibration": Calibration, "path": saved file}.
+    {"plans": [Plan, ...] best first, "calibration": Calibration, "path": saved file,
+    "chosen_by": why plans[0] is first (`search.held_up_on_both_halves`)}.
     `costs_from`: reuse an earlier calibration's costs (`calibrate.calibrate`)."""
     settings = settings or (calibrate_lib.Settings.quick() if quick else calibrate_lib.Settings())
     cal = calibrate_lib.calibrate(model, batch_size, prompts=prompts, settings=settings,
                                   progress=progress, costs_from=costs_from)
     t0 = time.perf_counter()
+    known = recommended_hierarchies(model)
     plans = search_lib.search(cal.exits, cal.alpha_of, cal.costs, max_levels=max_levels, top=top,
-                              work=latency.work_costs(model), lookup=cal.lookup,
-                              known=recommended_hierarchies(model))
+                              work=latency.work_costs(model), lookup=cal.lookup, known=known)
+    chosen_by = "prediction"
+    if settings.temperature == 0.0 and cal.lookup is not None:  # greedy: the trace's choices
+        known_names = {p.name() for p in search_lib.known_plans(known, cal.exits, cal.alpha_of,
+                                                                cal.costs, cal.lookup)}
+        plans, chosen_by = search_lib.held_up_on_both_halves(plans, known_names,
+                                                             cal.lookup.trace, cal.costs)
     search_seconds = time.perf_counter() - t0
     path = None
     if save:
         payload = plan_lib.plan_payload(model, batch_size, plans, cal,
                                         {"search_seconds": round(search_seconds, 2),
+                                         "chosen_by": chosen_by,
                                          "settings": vars(settings) if hasattr(settings, "__dict__")
                                          else None})
         path = plan_lib.save_plan_file(Path(out) if out else plan_lib.plan_path(model, batch_size),
                                        payload)
-    return {"plans": plans, "calibration": cal, "path": path, "search_seconds": search_seconds}
+    return {"plans": plans, "calibration": cal, "path": path, "search_seconds": search_seconds,
+            "chosen_by": chosen_by}
 
 
 def recommended_hierarchies(model: Model) -> list[tuple[tuple[int, ...], tuple[int, ...], bool]]:
@@ -147,7 +156,6 @@ def tune_and_verify(model: Model, batch_size: int = 1, *, quick: bool = False,
     report = tune(model, batch_size, quick=quick, settings=settings, prompts=prompts,
                   max_levels=max_levels, top=top, out=out, progress=progress)
     report["verify"] = None
-    report["chosen_by"] = "prediction"
     if verify:
         if progress:
             progress(f"verify: {len(report['plans'])} plans on {verify_prompts} held-out prompts")
@@ -226,7 +234,8 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     lines = [f"calibration: {cal.tokens} positions, {cal.seconds:.1f} s; batch {c.batch}; "
              f"layer {1e6 * c.layer(1):.0f} us (T=1), head {1e6 * c.head(1):.0f} us, "
              f"pass {1e6 * c.pass_s:.0f} us, round {1e6 * c.round_s:.0f} us, "
-             f"prefill {1e3 * c.prefill_s:.1f} ms"]
+             + (f"lookup round +{1e6 * c.lookup_round_s:.0f} us, " if c.lookup_round_s else "")
+             + f"prefill {1e3 * c.prefill_s:.1f} ms"]
     measured = {r["plan"]: r for r in (report.get("verify") or [])}
     header = (f"{'plan':40s} {'pred tok/s':>10s} {'pred x AR':>9s} {'tok/round':>9s} "
               f"{'work/tok':>8s} {'work x AR':>9s}")
