@@ -295,35 +295,6 @@ def test_loop_fit_recovers_how_the_loop_differs_from_the_stages(truth, fit):
     assert ls_pred.seconds_per_token * (counts["nd"] + 1) * counts["rounds"] == pytest.approx(ls)
 
 
-def test_lookup_round_fit_recovers_the_cost_a_lookup_round_adds():
-    """`fit_lookup_round` prices what the timed lookup loop spent beyond its passes, per
-    round; `predict_lookup` then reproduces that loop. A loop faster than its passes
-    (noise) prices nothing."""
-    from hispec_jax.planner.calibrate import fit_lookup_round
-
-    profile = latency.LookupProfile(k=8, rounds=50, tokens=80,
-                                    verified=(0, 40, 2, 0, 5, 0, 0, 0, 3))
-    L = COSTS.num_layers
-    without = latency.predict_lookup(profile, COSTS, L).seconds_per_token * profile.tokens
-    extra = 4e-4
-    costs, info = fit_lookup_round(COSTS, profile, without + profile.rounds * extra, batches=5)
-    assert costs.lookup_round_s == pytest.approx(extra) == info["lookup_round_s"]
-    assert info["lookup_seconds"] == pytest.approx((without + profile.rounds * extra) / 5)
-    with_it = latency.predict_lookup(profile, costs, L).seconds_per_token * profile.tokens
-    assert with_it == pytest.approx(without + profile.rounds * extra)
-    costs, _ = fit_lookup_round(COSTS, profile, 0.5 * without)
-    assert costs.lookup_round_s == 0.0
-    # every lookup plan pays it per round, under exits too; other plans do not
-    run = latency.LookupRun(batch=1, rounds=10, passes=(((1, 1), 10), ((2, 4), 3)),
-                            emitted=12.0, verified=(0, 0, 0, 3))
-    priced = dataclasses.replace(COSTS, lookup_round_s=extra)
-    assert (latency.predict_lookup_run(run, (4, L), priced).seconds_per_token
-            - latency.predict_lookup_run(run, (4, L), COSTS).seconds_per_token
-            == pytest.approx(10 * extra / 12))
-    assert (latency.predict((4, L), (3,), [0.5], priced).seconds_per_token
-            == latency.predict((4, L), (3,), [0.5], COSTS).seconds_per_token)
-
-
 def test_loop_fit_falls_back_to_a_scale_that_matches_ar():
     from hispec_jax.planner.calibrate import fit_loop_costs
 
@@ -470,12 +441,9 @@ def test_calibration_times_its_loops_over_every_prompt_at_their_mean_context(mon
     settings = calibrate.Settings(num_prompts=3, max_prompt_tokens=8, new_tokens=8,
                                   block_sizes=(1, 4), repeats=1, capacity=64)
     cal = calibrate.calibrate(_tiny(), 1, prompts=prompts, settings=settings)
-    assert [m for m, _, _ in seen] == ["ar", "ar", "layerskip", "lookup"]
+    assert [m for m, _, _ in seen] == ["ar", "ar", "layerskip"]
     assert all(p == prompts for _, _, p in seen)
     assert cal.loop["timed_batches"] == 3
-    # the timed lookup run is the profile's (not run twice) and prices a lookup round
-    assert cal.lookup.rounds == cal.loop["lookup_rounds"] > 0
-    assert cal.costs.lookup_round_s == cal.loop["lookup_round_s"] >= 0
     assert contexts == [sum(map(len, prompts)) // 3 + 8 // 2] == [cal.loop["stage_context"]]
     two = calibrate.calibrate(_tiny(), 2, prompts=prompts[:1], settings=settings)
     assert two.loop["timed_batches"] == 1  # fewer prompts than the batch: one batch, repeated

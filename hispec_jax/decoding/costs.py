@@ -31,10 +31,6 @@ class Costs:
       pass_s: fixed seconds of one pass (draft step or verification) beyond its layers and
         head: gathers, acceptance, rollback, counters, the `lax.cond` around it.
       round_s: fixed seconds of one loop trip (speculation round).
-      lookup_round_s: what a round with the prompt-lookup drafter adds beyond `round_s`
-        and its passes (the n-gram search, writing the proposal, the `lax.switch` over
-        block lengths): fitted from the timed `method="lookup"` loop
-        (`planner.calibrate.fit_lookup_round`); charged to every lookup plan's rounds.
       prefill_s: seconds of one `generate` call outside the loop (prefill, first token,
         request building, transfers), per batch.
       head_scale: ((exit, cost of its head / the shared head's), ...) for the exits whose
@@ -48,7 +44,6 @@ class Costs:
     head_s: tuple[float, ...]
     pass_s: float = 0.0
     round_s: float = 0.0
-    lookup_round_s: float = 0.0
     prefill_s: float = 0.0
     head_scale: tuple[tuple[int, float], ...] = ()
 

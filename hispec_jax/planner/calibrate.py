@@ -10,8 +10,7 @@
     loop costs   `generate` itself: AR at a budget of 1 token (prefill and host work) and of
                  n tokens (per-token AR time), and one LayerSkip run; its counters (rounds,
                  passes) give the fixed cost of a pass and of a loop trip by solving two
-                 linear equations (clamped at 0); with a lookup k, one `method="lookup"`
-                 run: what its rounds cost beyond their passes (`fit_lookup_round`)
+                 linear equations (clamped at 0)
 
 The calibration prompts are first user turns of the ShareGPT *training* split (benchmarks
 use the held-out split) unless the caller gives prompts.
@@ -38,7 +37,7 @@ from hispec_jax.models.model import Model
 from hispec_jax.models.params import with_layer_layout
 from hispec_jax.models.transformer import run_layers_cached, scan_exits
 from hispec_jax.decoding.options import DEFAULT_LOOKUP, DEFAULT_MAX_NGRAM
-from hispec_jax.planner.latency import Costs, LookupProfile, LookupTrace, blocks, predict_lookup
+from hispec_jax.planner.latency import Costs, LookupProfile, LookupTrace, blocks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -347,18 +346,7 @@ def calibrate(model: Model, batch_size: int = 1, prompts: list[list[int]] | None
                     layerskip_passes=drafts + verifies, layerskip_draft_exit=draft,
                     layerskip_draft_len=nd)
     costs = dataclasses.replace(costs, prefill_s=float(t_prefill))
-    profile = None
-    if s.lookup:
-        tick("prompt lookup loop (fixed cost of a lookup round)")
-        t_lookup, r = _generate_seconds(model, batch_prompts, s.repeats, method="lookup",
-                                        lookup=s.lookup, max_new_tokens=s.new_tokens, **common)
-        timed = lookup_profile(r, s.lookup)
-        costs, fit = fit_lookup_round(costs, timed, t_lookup - batches * t_prefill, batches)
-        loop.update(fit)
-        if batch_prompts == list(prompts):  # the same run `measure_lookup` would make
-            profile = timed
-    lookup = _lookup(model, prompts, s, batch_size, capacity, sequences, starts, choices, tick,
-                     profile)
+    lookup = _lookup(model, prompts, s, batch_size, capacity, sequences, starts, choices, tick)
     return Calibration(exits=exits, alpha=alpha, costs=costs, tokens=tokens,
                        seconds=time.perf_counter() - t_start, loop=loop, lookup=lookup)
 
@@ -374,14 +362,11 @@ def _acceptance(model: Model, ar, s: Settings):
 
 
 def _lookup(model, prompts, s: Settings, batch_size, capacity, sequences, starts, choices,
-            tick, profile: LookupProfile | None = None) -> LookupProfile | None:
-    """The lookup profile on `prompts` (`profile`: already measured there) with its trace."""
+            tick) -> LookupProfile | None:
     if not s.lookup:
         return None
-    if profile is None:
-        tick("prompt lookup on the calibration prompts (rounds and blocks)")
-        profile = measure_lookup(model, prompts, s.lookup, s.new_tokens, batch_size, capacity)
-    lookup = profile
+    tick("prompt lookup on the calibration prompts (rounds and blocks)")
+    lookup = measure_lookup(model, prompts, s.lookup, s.new_tokens, batch_size, capacity)
     tick("every exit's choices along the continuations (lookup under exits)")
     return dataclasses.replace(lookup, trace=measure_lookup_trace(model, sequences, starts,
                                                                   choices=choices))
@@ -410,34 +395,9 @@ def measure_lookup(model: Model, prompts: list[list[int]], k: int, new_tokens: i
     r = generate_lib.generate(model, prompts, method="lookup", lookup=k,
                               max_new_tokens=new_tokens, ignore_eos=True, batch_size=batch_size,
                               max_cache_len=max_cache_len)
-    return lookup_profile(r, k)
-
-
-def lookup_profile(result, k: int) -> LookupProfile:
-    """The `LookupProfile` of a `method="lookup"` `generate` result (its counters)."""
-    return LookupProfile(k=k, rounds=int(result.stats["rounds"]),
-                         tokens=int(result.stats["emitted_in_loop"]),
-                         verified=tuple(int(n) for n in result.stats["verified_length_histogram"]))
-
-
-def fit_lookup_round(costs: Costs, profile: LookupProfile, loop_seconds: float,
-                     batches: int = 1) -> tuple[Costs, dict[str, Any]]:
-    """`costs` with `lookup_round_s`: what the timed `method="lookup"` loop (`loop_seconds`
-    without prefill, over `batches` batches; `profile` its counters) spent beyond its
-    passes and `round_s`, per round, clamped at 0:
-
-        lookup_round_s = (loop_seconds - predicted without it) / rounds
-
-    The lookup's rounds are many and short (1-2 tokens each on chat), so a fixed cost per
-    round that the AR and LayerSkip loops do not show (the n-gram search, writing the
-    proposal, the switch over block lengths) decides how every lookup plan ranks."""
-    base = dataclasses.replace(costs, lookup_round_s=0.0)
-    tokens = profile.tokens / costs.batch  # per sequence, as `predict_lookup` counts them
-    predicted = predict_lookup(profile, base, costs.num_layers).seconds_per_token * tokens
-    extra = max((loop_seconds - predicted) / max(profile.rounds, 1), 0.0)
-    return (dataclasses.replace(costs, lookup_round_s=float(extra)),
-            {"lookup_seconds": loop_seconds / batches, "lookup_rounds": profile.rounds,
-             "lookup_round_s": float(extra)})
+    return LookupProfile(k=k, rounds=int(r.stats["rounds"]),
+                         tokens=int(r.stats["emitted_in_loop"]),
+                         verified=tuple(int(n) for n in r.stats["verified_length_histogram"]))
 
 
 @functools.partial(jax.jit, static_argnames=("model_cfg",))

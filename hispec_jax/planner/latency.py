@@ -275,16 +275,16 @@ class LookupProfile:
 def predict_lookup(profile: LookupProfile, costs: Costs, top: int) -> Prediction:
     """`method="lookup"` at the measured rounds and blocks: each verification over n
     positions is a pass of all `top` layers at the shortest compiled block holding n
-    (`windows.power_of_two_blocks(k)`), each round adds `round_s + lookup_round_s`.
+    (`windows.power_of_two_blocks(k)`), each round adds `round_s`.
 
-        seconds per token = (rounds * (round_s + lookup_round_s)
-                             + sum_n verified[n] * stage(0, top, block(n))) / tokens
+        seconds per token = (rounds * round_s + sum_n verified[n] * stage(0, top, block(n)))
+                            / tokens
 
     At batch B a round runs every sequence at the block of its longest proposal; the
     histogram counts each sequence's own n, so this is a lower bound there."""
     compiled = windows_lib.power_of_two_blocks(profile.k)
     block = lambda n: min(b for b in compiled if b >= n)
-    seconds = profile.rounds * (costs.round_s + costs.lookup_round_s) + sum(
+    seconds = profile.rounds * costs.round_s + sum(
         count * costs.stage(0, top, block(n)) for n, count in enumerate(profile.verified)
         if n and count) / costs.batch
     tokens = profile.tokens / costs.batch  # per sequence
@@ -477,14 +477,12 @@ def simulate_lookup(trace: LookupTrace, k: int, exits: tuple[int, ...],
 
 
 def predict_lookup_run(run: LookupRun, exits: tuple[int, ...], costs: Costs) -> Prediction:
-    """The seconds of a simulated lookup loop at `costs`: each round `round_s +
-    lookup_round_s`, each pass at level k `stage(e_{k-1}, e_k, its block)` (level 1 from
-    layer 0: the lookup runs none).
+    """The seconds of a simulated lookup loop at `costs`: each round `round_s`, each pass at
+    level k `stage(e_{k-1}, e_k, its block)` (level 1 from layer 0: the lookup runs none).
 
-        seconds per token = (rounds * (round_s + lookup_round_s) + sum passes * stage)
-                            / tokens per sequence"""
+        seconds per token = (rounds * round_s + sum passes * stage) / tokens per sequence"""
     lows = (0,) + tuple(exits[:-1])
-    seconds = run.rounds * (costs.round_s + costs.lookup_round_s) + sum(
+    seconds = run.rounds * costs.round_s + sum(
         count * costs.stage(lows[level - 1], exits[level - 1], block)
         for (level, block), count in run.passes)
     t = seconds / max(run.emitted, 1e-9)

@@ -234,8 +234,7 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     lines = [f"calibration: {cal.tokens} positions, {cal.seconds:.1f} s; batch {c.batch}; "
              f"layer {1e6 * c.layer(1):.0f} us (T=1), head {1e6 * c.head(1):.0f} us, "
              f"pass {1e6 * c.pass_s:.0f} us, round {1e6 * c.round_s:.0f} us, "
-             + (f"lookup round +{1e6 * c.lookup_round_s:.0f} us, " if c.lookup_round_s else "")
-             + f"prefill {1e3 * c.prefill_s:.1f} ms"]
+             f"prefill {1e3 * c.prefill_s:.1f} ms"]
     measured = {r["plan"]: r for r in (report.get("verify") or [])}
     header = (f"{'plan':40s} {'pred tok/s':>10s} {'pred x AR':>9s} {'tok/round':>9s} "
               f"{'work/tok':>8s} {'work x AR':>9s}")
