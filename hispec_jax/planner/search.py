@@ -343,14 +343,15 @@ def held_up_on_both_halves(plans: list[Plan], known: set[str], trace: latency.Lo
 
     The prediction ranks plans on a few calibration prompts, and the best of many noisy
     estimates is optimistic (the winner's curse): on the default model's chat prompts the
-    planner's pick, LayerSkip at exit 7 + lookup, was predicted 1.2-1.4x faster than the
-    model's recommended plans and ran 3-12 % slower than them. So a plan predicted above
-    the best of the `known` plans (the model's recommended hierarchies, alone and with the
-    lookup, chosen by a larger recorded sweep) is chosen only if it is also predicted at
-    least `HELD_UP_MARGIN` times as fast as that plan on each half of the calibration
-    prompts, scored alone; the first such plan in the ranking wins, else the known plan
-    does. Without known plans, a trace (the
-    replays and per-prompt choices live there) or at least 4 prompts, the ranking stands."""
+    planner's pick, LayerSkip at exit 7 + lookup, was predicted 11-24 % above the model's
+    recommended plans with the lookup and ran 3-12 % below the best of them (BENCHMARKS.md
+    "`method="auto"` by prediction"). So a plan predicted above the best of the `known`
+    plans (the model's recommended hierarchies, alone and with the lookup, chosen by a
+    larger recorded sweep) is chosen only if it is also predicted at least
+    `HELD_UP_MARGIN` times as fast as that plan on each half of the calibration prompts,
+    scored alone; the first such plan in the ranking wins, else the known plan does.
+    Without known plans, a trace (the replays and per-prompt choices live there) or at
+    least 4 prompts, the ranking stands."""
     ranked_known = [p for p in plans if p.name() in known]
     if not ranked_known or trace is None or len(trace.sequences) < 4 or not plans:
         return plans, "prediction"
