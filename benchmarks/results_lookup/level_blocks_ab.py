@@ -15,19 +15,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import platform
-import statistics
-import subprocess
-import time
 
-from hispec_jax.cli.common import use_compilation_cache
+from hispec_jax import DEFAULT_MODEL_DIR
+from hispec_jax.decoding import engine, methods
+from hispec_jax.models.model import load_model
 
-use_compilation_cache()
-
-from hispec_jax import DEFAULT_MODEL_DIR  # noqa: E402
-from hispec_jax.bench import suite, tasks  # noqa: E402
-from hispec_jax.decoding import engine, methods  # noqa: E402
-from hispec_jax.models.model import load_model  # noqa: E402
+from schedule_ab import compare_tasks, print_header  # this folder (the script's own)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,11 +59,7 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--rounds", type=int, default=3)
     a = p.parse_args()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
-    print(f"# {platform.machine()}, {platform.processor() or 'cpu'}, commit {commit}, "
-          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-          f"load {open('/proc/loadavg').read().split()[:3]}; {a}", flush=True)
+    print_header(a)
     model = load_model(a.model)
     specs = [Spec("ar", "ar"), Spec("hispec (recommended)", "hispec")]
     for k in (16, 8):
@@ -81,23 +70,7 @@ def main() -> None:
               Spec("layerskip + lookup k=16 (unchanged)", "layerskip", (("lookup", 16),))]
     print("# recommended HiSpec:", methods.make_method(model, "hispec").hierarchy.exits,
           methods.make_method(model, "hispec").windows)
-    for task in a.tasks.split(","):
-        prompts = tasks.task_prompts(model, task, a.prompts, 512, a.chat)
-        capacity = suite.common_cache_len(model, prompts, specs, a.max_new_tokens)
-        runners = [suite.hispec_runner(model, prompts, s, max_new_tokens=a.max_new_tokens,
-                                       batch_size=1, max_cache_len=capacity, loop_time_only=True)
-                   for s in specs]
-        results = suite.compare(runners, a.rounds)
-        ar = results[0]
-        print(f"\n## {task}: prompts of {[len(q) for q in prompts]} tokens, capacity {capacity}, "
-              f"AR {ar.tokens_per_second:.1f} tok/s")
-        print("| method | tok/s | x AR (medians) | x AR (paired, median) | rounds | same as AR |")
-        print("|---|---|---|---|---|---|")
-        for r in results[1:]:
-            paired = statistics.median(x / y for x, y in zip(ar.seconds, r.seconds))
-            print(f"| {r.name} | {r.tokens_per_second:.1f} | {r.tokens_per_second / ar.tokens_per_second:.3f} "
-                  f"| {paired:.3f} | {(r.stats or {}).get('rounds')} | {r.identical_to_ar} |", flush=True)
-    print(f"\n# load at the end {open('/proc/loadavg').read().split()[:3]}")
+    compare_tasks(model, specs, a)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import platform
-import statistics
 import subprocess
 import time
 
@@ -48,6 +47,35 @@ class ScheduleSpec:
         return decoder if self.schedule is None else methods.with_lookup_schedule(decoder, self.schedule)
 
 
+def print_header(a) -> None:
+    """The machine, commit, time and load the tables below were measured at."""
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    print(f"# {platform.machine()}, commit {commit}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+          f"load {open('/proc/loadavg').read().split()[:3]}; {a}", flush=True)
+
+
+def compare_tasks(model, specs, a) -> None:
+    """Per task of `a.tasks`: `specs` (the first AR) timed side by side, loop time, batch 1,
+    one table each (also `level_blocks_ab.py`)."""
+    for task in a.tasks.split(","):
+        prompts = tasks.task_prompts(model, task, a.prompts, 512, a.chat)
+        runners, capacity = suite.loop_time_runners(model, prompts, specs, a.max_new_tokens)
+        results = suite.compare(runners, a.rounds)
+        ar = results[0]
+        print(f"\n## {task}: prompts of {[len(q) for q in prompts]} tokens, capacity {capacity}, "
+              f"AR {ar.tokens_per_second:.1f} tok/s")
+        print("| method | tok/s | x AR (medians) | x AR (paired, median) | lookup proposed / accepted | rounds | same as AR |")
+        print("|---|---|---|---|---|---|---|")
+        for r in results[1:]:
+            paired = suite.paired_ratio(ar, r)
+            look = (r.stats or {}).get("lookup") or {}
+            print(f"| {r.name} | {r.tokens_per_second:.1f} | {r.tokens_per_second / ar.tokens_per_second:.3f} "
+                  f"| {paired:.3f} | {look.get('proposed')} / {look.get('accepted')} "
+                  f"| {(r.stats or {}).get('rounds')} | {r.identical_to_ar} |", flush=True)
+    print(f"\n# load at the end {open('/proc/loadavg').read().split()[:3]}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True)
@@ -60,10 +88,7 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--rounds", type=int, default=3)
     a = p.parse_args()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
-    print(f"# {platform.machine()}, commit {commit}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-          f"load {open('/proc/loadavg').read().split()[:3]}; {a}", flush=True)
+    print_header(a)
     model = load_model(a.model)
     specs = [ScheduleSpec("ar", "ar")]
     for method in ["lookup"] + [m for m in a.under.split(",") if m]:
@@ -75,25 +100,7 @@ def main() -> None:
             specs.append(ScheduleSpec(f"lookup {label}" if method == "lookup"
                                       else f"lookup {label} under {method} (recommended)",
                                       method, schedule, options))
-    for task in a.tasks.split(","):
-        prompts = tasks.task_prompts(model, task, a.prompts, 512, a.chat)
-        capacity = suite.common_cache_len(model, prompts, specs, a.max_new_tokens)
-        runners = [suite.hispec_runner(model, prompts, s, max_new_tokens=a.max_new_tokens,
-                                       batch_size=1, max_cache_len=capacity, loop_time_only=True)
-                   for s in specs]
-        results = suite.compare(runners, a.rounds)
-        ar = results[0]
-        print(f"\n## {task}: prompts of {[len(q) for q in prompts]} tokens, capacity {capacity}, "
-              f"AR {ar.tokens_per_second:.1f} tok/s")
-        print("| method | tok/s | x AR (medians) | x AR (paired, median) | lookup proposed / accepted | rounds | same as AR |")
-        print("|---|---|---|---|---|---|---|")
-        for r in results[1:]:
-            paired = statistics.median(x / y for x, y in zip(ar.seconds, r.seconds))
-            look = (r.stats or {}).get("lookup") or {}
-            print(f"| {r.name} | {r.tokens_per_second:.1f} | {r.tokens_per_second / ar.tokens_per_second:.3f} "
-                  f"| {paired:.3f} | {look.get('proposed')} / {look.get('accepted')} "
-                  f"| {(r.stats or {}).get('rounds')} | {r.identical_to_ar} |", flush=True)
-    print(f"\n# load at the end {open('/proc/loadavg').read().split()[:3]}")
+    compare_tasks(model, specs, a)
 
 
 if __name__ == "__main__":

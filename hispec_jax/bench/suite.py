@@ -160,6 +160,21 @@ def common_cache_len(model: Model, prompts, specs: list[MethodSpec], max_new_tok
     return min(-(-need // 64) * 64, model.cfg.max_position_embeddings)
 
 
+def loop_time_runners(model: Model, prompts, specs: list[MethodSpec], max_new_tokens: int
+                      ) -> tuple[list[Runner], int]:
+    """(a batch-1 loop-time runner per spec, the one cache capacity they share:
+    `common_cache_len`): what the task benches compare side by side."""
+    capacity = common_cache_len(model, prompts, specs, max_new_tokens)
+    return [hispec_runner(model, prompts, s, max_new_tokens=max_new_tokens, batch_size=1,
+                          max_cache_len=capacity, loop_time_only=True) for s in specs], capacity
+
+
+def paired_ratio(reference: Result, result: Result) -> float:
+    """Median over the timed rounds of reference seconds / result seconds: `result`'s
+    speed-up over `reference` paired per round (a load change hits both alike)."""
+    return statistics.median(a / b for a, b in zip(reference.seconds, result.seconds))
+
+
 def compare(runners: list[Runner], rounds: int, progress: Callable[[str], None] | None = None
             ) -> list[Result]:
     """Warms every runner up, then times `rounds` interleaved rounds. The first runner is

@@ -305,9 +305,7 @@ def run_task(model, hf_model, task: str, args, costs_from=None) -> dict:
               f"{plan.predicted_speedup:.2f}x AR{'; = ' + same if same else ''})", file=sys.stderr)
         if same is None:
             ours = ours + [spec]
-    capacity = suite.common_cache_len(model, prompts, ours, N)
-    runners = [suite.hispec_runner(model, prompts, s, max_new_tokens=N, batch_size=1,
-                                   max_cache_len=capacity, loop_time_only=True) for s in ours]
+    runners, _ = suite.loop_time_runners(model, prompts, ours, N)
     if hf_model is not None:
         runners.append(hf_runner(hf_model, prompts, N, "transformers greedy"))
         runners.append(hf_runner(hf_model, prompts, N, f"transformers prompt-lookup "
@@ -337,12 +335,12 @@ def auto_ratios(results, auto_name: str, auto_rows: list[str]) -> dict:
     """Auto's row against the best fixed choice of ours in the same rounds: the ratio of
     median tokens/s and, paired per round (round i of every method ran under the same
     load), the median of per-round speed ratios."""
-    import statistics
+    from hispec_jax.bench import suite
 
     auto = next(r for r in results if r.name == auto_name)
     fixed = [r for r in results if r.name not in auto_rows]
     best = max(fixed, key=lambda r: r.tokens_per_second)
-    paired = statistics.median(b / a for a, b in zip(auto.seconds, best.seconds))
+    paired = suite.paired_ratio(best, auto)
     return {"row": auto_name, "tokens_per_second": auto.tokens_per_second,
             "best_fixed": best.name, "best_fixed_tokens_per_second": best.tokens_per_second,
             "auto_vs_best_fixed": auto.tokens_per_second / best.tokens_per_second,
