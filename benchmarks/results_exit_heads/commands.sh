@@ -54,3 +54,9 @@ for n in ad1536s ad1536s_onpol; do
   python -m hispec_jax.bench decode-agreement --model /tmp/h31/smol/heads_$n --exits 15 --prompts 8 \
     --max-new-tokens 48 --batch-size 8 --out benchmarks/results_exit_heads/smollm2_decode_$n.json
 done
+# The same adapter, off-policy (ShareGPT text), three times the data and steps: 1,200
+# training conversations, 360 steps x 4 x 256 = 369k tokens (2026-11-26; log
+# smollm2_train_ad1536s_x3.log, metrics smollm2_train_ad1536s_x3.metrics.jsonl)
+smol ad1536s_x3 feature_cache_x3 --config.max_train_docs=1200 --config.total_steps=360
+python -m hispec_jax.bench decode-agreement --model /tmp/h31/smol/heads_ad1536s_x3 --exits 15 --prompts 8 \
+  --max-new-tokens 48 --batch-size 8 --out benchmarks/results_exit_heads/smollm2_decode_ad1536s_x3.json
