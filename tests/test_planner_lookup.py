@@ -325,3 +325,17 @@ def test_rescore_is_the_search_score_on_the_whole_trace():
     run = latency.simulate_lookup(trace, 4, (2, 4), (2,))
     assert search_lib.rescore(looked, alpha, trace, STEP_COSTS) == pytest.approx(
         latency.predict_lookup_run(run, (2, 4), STEP_COSTS).tokens_per_second)
+
+
+def test_known_plan_names_are_the_names_of_the_known_plans():
+    """`known_plan_names` (what `tune` gives `held_up_on_both_halves`) names exactly the
+    plans `known_plans` scores, without scoring them."""
+    model = tiny_model(6, 0)
+    _, trace = _trace_of(model, PROMPTS, 12)
+    profile = latency.LookupProfile(k=8, rounds=1, tokens=1, verified=(0, 1), trace=trace)
+    exits = (1, 2, 3, 4, 5, 6)
+    known = [((2, 6), (3,), False), ((1, 3, 6), (2, 4), False), ((2, 7), (3,), False)]
+    alpha = lambda a, b: 0.5
+    for lookup in (profile, None):
+        scored = search_lib.known_plans(known, exits, alpha, STEP_COSTS, lookup)
+        assert search_lib.known_plan_names(known, exits, lookup) == {p.name() for p in scored}

@@ -113,23 +113,42 @@ def known_plans(known, exits: Sequence[int], alpha: AlphaFn, costs: Costs,
     a trace with every exit below L in it, with the lookup drafter under it at k and at
     `options.lookup_under_exits(k)` (as `lookup_plans`; those run fixed windows, the
     replay has no adaptive ones). Others are skipped."""
+    ar_tps = latency.predict((exits[-1],), (), [], costs).tokens_per_second
+    out = []
+    for hierarchy, windows, adaptive, ks in _known_entries(known, exits, lookup):
+        pred = score(hierarchy, windows, alpha, costs, adaptive=adaptive,
+                     simulate=costs.batch > 1)
+        out.append(_plan(hierarchy, windows, pred, ar_tps, adaptive, alpha, work))
+        out += [_lookup_plan(lookup.trace, hierarchy, windows, k, costs, ar_tps, work)
+                for k in ks]
+    return sorted(out, key=lambda p: -p.predicted_tokens_per_second)
+
+
+def known_plan_names(known, exits: Sequence[int],
+                     lookup: latency.LookupProfile | None) -> set[str]:
+    """The names of the plans `known_plans` returns, without scoring them."""
+    names = set()
+    for hierarchy, windows, adaptive, ks in _known_entries(known, exits, lookup):
+        plan = Plan(exits=hierarchy, windows=windows, adaptive=adaptive)
+        names |= {plan.name()} | {dataclasses.replace(plan, lookup=k).name() for k in ks}
+    return names
+
+
+def _known_entries(known, exits: Sequence[int], lookup: latency.LookupProfile | None):
+    """(hierarchy, windows, adaptive, the lookup's k to put under it) of every `known`
+    hierarchy that ends at L with a head at each exit; no k without a trace holding every
+    exit below L."""
     L = exits[-1]
-    ar_tps = latency.predict((L,), (), [], costs).tokens_per_second
     trace = lookup.trace if lookup is not None else None
     traced = dict(trace.predictions) if trace is not None else {}
-    out = []
     for hierarchy, windows, adaptive in known:
         hierarchy, windows = tuple(hierarchy), tuple(windows)
         if (hierarchy[-1] != L or len(windows) != len(hierarchy) - 1
                 or any(e not in exits for e in hierarchy)):
             continue
-        pred = score(hierarchy, windows, alpha, costs, adaptive=adaptive,
-                     simulate=costs.batch > 1)
-        out.append(_plan(hierarchy, windows, pred, ar_tps, adaptive, alpha, work))
-        if trace is not None and all(e in traced for e in hierarchy[:-1]):
-            out += [_lookup_plan(trace, hierarchy, windows, k, costs, ar_tps, work)
-                    for k in _lookup_ks(lookup.k)]
-    return sorted(out, key=lambda p: -p.predicted_tokens_per_second)
+        ks = (_lookup_ks(lookup.k) if trace is not None
+              and all(e in traced for e in hierarchy[:-1]) else [])
+        yield hierarchy, windows, adaptive, ks
 
 
 LOOKUP_HISPEC_WINDOWS = ((1, 4), (2, 4), (2, 8), (4, 8))  # (Nd, Ni) under HiSpec

@@ -40,8 +40,7 @@ def tune(model: Model, batch_size: int = 1, *, quick: bool = False,
                               work=latency.work_costs(model), lookup=cal.lookup, known=known)
     chosen_by = "prediction"
     if settings.temperature == 0.0 and cal.lookup is not None:  # greedy: the trace's choices
-        known_names = {p.name() for p in search_lib.known_plans(known, cal.exits, cal.alpha_of,
-                                                                cal.costs, cal.lookup)}
+        known_names = search_lib.known_plan_names(known, cal.exits, cal.lookup)
         plans, chosen_by = search_lib.held_up_on_both_halves(plans, known_names,
                                                              cal.lookup.trace, cal.costs)
     search_seconds = time.perf_counter() - t0
