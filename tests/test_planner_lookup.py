@@ -193,7 +193,15 @@ def test_task_bench_auto_row_is_tuned_on_other_prompts_and_timed_in_the_run(monk
     assert auto["auto_vs_best_fixed"] == pytest.approx(
         rows[auto["row"]]["tokens_per_second"] / best["tokens_per_second"])
     assert all(r["identical_to_ar"] for r in rows.values())
+    # the prefill alone, timed in the same rounds: each row's speed-up in the loop alone
+    assert len(result["prefill_seconds"]) == args.rounds and "prefill" not in str(list(rows))
+    assert rows["ar"]["loop_x_ar"] == pytest.approx(1.0)
+    prefill = result["prefill_seconds"][0]
+    for row in rows.values():
+        assert row["loop_x_ar"] == pytest.approx(
+            (rows["ar"]["seconds"][0] - prefill) / (row["seconds"][0] - prefill))
     text = tasks.markdown(result)
+    assert "| x our AR | loop x our AR |" in text
     assert "auto (tuned on 2 other prompts of the task): " + auto["plan"]["name"] in text
     assert "/ best fixed choice (" + best["name"] in text
     # a second task reuses the first's costs: only acceptance and the lookup are measured
@@ -311,6 +319,33 @@ def test_a_plan_predicted_above_the_recommended_must_beat_it_on_both_halves(
     short = dataclasses.replace(_halves_trace(), sequences=_halves_trace().sequences[:3])
     assert search_lib.held_up_on_both_halves(plans, {names["rec"].name()}, short,
                                              STEP_COSTS)[0] == plans
+
+
+def test_the_anchor_is_the_best_predicted_known_plan_wherever_the_list_puts_it(monkeypatch):
+    """`search` returns its top plans, then the best of each kind, then the known plans: a
+    known plan listed early as the best of its kind may be predicted below another known
+    plan listed later. The anchor is the faster of them, and only plans predicted above it
+    must hold up (a bench run on the default model's summarize task anchored on the
+    recommended HiSpec alone, listed first, instead of LayerSkip + lookup, predicted above
+    it, and ran 0.80x the best fixed choice)."""
+    speeds = {"top": 40.0, "rec_alone": 20.0, "other": 15.0, "rec_lookup": 30.0}
+    plans = [plan_lib.Plan(exits=(e, 8), windows=(1,), predicted_tokens_per_second=t)
+             for e, t in zip((1, 2, 3, 4), speeds.values())]
+    names = dict(zip(speeds, plans))
+    known = {names["rec_alone"].name(), names["rec_lookup"].name()}
+    monkeypatch.setattr(search_lib, "rescore", lambda plan, alpha, trace, costs:
+                        plan.predicted_tokens_per_second)  # the halves agree with the whole
+    got, reason = search_lib.held_up_on_both_halves(plans, known, _halves_trace(), STEP_COSTS)
+    assert got[0] is names["top"] and "held up" in reason  # 40 >= 1.1 x 30 on both halves
+    names["top"] = dataclasses.replace(names["top"], predicted_tokens_per_second=31.0)
+    plans[0] = names["top"]
+    got, reason = search_lib.held_up_on_both_halves(plans, known, _halves_trace(), STEP_COSTS)
+    assert got[0] is names["rec_lookup"] and "recommended" in reason  # 31 < 1.1 x 30
+    # the best predicted known plan, listed after the others: chosen, the ranking's own
+    slow_top = [dataclasses.replace(names["top"], predicted_tokens_per_second=10.0)] + plans[1:]
+    got, reason = search_lib.held_up_on_both_halves(slow_top, known, _halves_trace(), STEP_COSTS)
+    assert got[0] is names["rec_lookup"] and reason == "prediction (the model's recommended plan)"
+    assert sorted(p.name() for p in got) == sorted(p.name() for p in slow_top)
 
 
 def test_rescore_is_the_search_score_on_the_whole_trace():

@@ -169,6 +169,29 @@ def loop_time_runners(model: Model, prompts, specs: list[MethodSpec], max_new_to
                           max_cache_len=capacity, loop_time_only=True) for s in specs], capacity
 
 
+PREFILL_ROW = "prefill (AR, 1 new token)"
+
+
+def prefill_runner(model: Model, prompts, capacity: int) -> Runner:
+    """The prompts' prefill alone, as a loop-time runner (`PREFILL_ROW`): AR with a budget of
+    one token (the first token comes from the prefill), at the comparison's cache capacity.
+    Timed in the same interleaved rounds as the methods, it splits their times into prefill
+    and decoding loop (`loop_ratio`)."""
+    return hispec_runner(model, prompts, MethodSpec.of(PREFILL_ROW, "ar"), max_new_tokens=1,
+                         batch_size=1, max_cache_len=capacity, loop_time_only=True)
+
+
+def loop_ratio(reference: Result, result: Result, prefill: Result) -> float:
+    """`result`'s speed-up over `reference` in the decoding loop alone: the median over the
+    rounds of each one's seconds minus the prefill's seconds of the same round. Every method
+    runs the same prefill, which dilutes end-to-end ratios (more so the longer the prompts);
+    the planner's predictions and the work speedups are loop figures."""
+    def loop(r: Result) -> float:
+        return statistics.median(t - p for t, p in zip(r.seconds, prefill.seconds))
+
+    return loop(reference) / loop(result)
+
+
 def paired_ratio(reference: Result, result: Result) -> float:
     """Median over the timed rounds of reference seconds / result seconds: `result`'s
     speed-up over `reference` paired per round (a load change hits both alike)."""

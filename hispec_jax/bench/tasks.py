@@ -20,6 +20,13 @@ prompt-lookup decoding (`prompt_lookup_num_tokens`, `max_matching_ngram_size`) o
 prompts and weights. Prints one table per task (tokens/s, ratio to our AR, lookup tokens
 proposed / accepted) and writes tasks.json.
 
+Times are end to end (prefill included, as transformers' `generate` times are). The
+prompts' prefill alone (AR with one new token) is timed in the same rounds, so each of our
+rows also gets `loop x our AR`: its speed-up in the decoding loop alone (its time minus
+the prefill's, `suite.loop_ratio`). That is the figure the planner predicts and the work
+speedup bounds; the same prefill in every row dilutes the end-to-end ratio, the more the
+longer the prompts.
+
     --recommended   also the model's recommended LayerSkip and HiSpec (`recommended.py`;
                     the paper's exits without one), each alone and with the lookup below
     --auto          also what method="auto" runs, tuned for the task: per task `tune`
@@ -305,19 +312,24 @@ def run_task(model, hf_model, task: str, args, costs_from=None) -> dict:
               f"{plan.predicted_speedup:.2f}x AR{'; = ' + same if same else ''})", file=sys.stderr)
         if same is None:
             ours = ours + [spec]
-    runners, _ = suite.loop_time_runners(model, prompts, ours, N)
+    runners, capacity = suite.loop_time_runners(model, prompts, ours, N)
+    runners.append(suite.prefill_runner(model, prompts, capacity))
     if hf_model is not None:
         runners.append(hf_runner(hf_model, prompts, N, "transformers greedy"))
         runners.append(hf_runner(hf_model, prompts, N, f"transformers prompt-lookup "
                                  f"k={args.hf_lookup}", lookup=args.hf_lookup))
     results = suite.compare(runners, args.rounds,
                             lambda name: print(f"[tasks] {task}: {name}", file=sys.stderr))
+    prefill = results.pop(len(ours))
     ar = results[0].tokens_per_second
     rows = []
-    for r in results:
+    for i, r in enumerate(results):
         look = (r.stats or {}).get("lookup") or {}
         rows.append({"name": r.name, "tokens_per_second": r.tokens_per_second,
                      "x_ar": r.tokens_per_second / ar, "identical_to_ar": r.identical_to_ar,
+                     # ours only: transformers' prefill is not ours
+                     "loop_x_ar": suite.loop_ratio(results[0], r, prefill) if i < len(ours)
+                     else None,
                      "seconds": r.seconds, "rounds": (r.stats or {}).get("rounds"),
                      "lookup_proposed": look.get("proposed"),
                      "lookup_accepted": look.get("accepted"),
@@ -328,7 +340,8 @@ def run_task(model, hf_model, task: str, args, costs_from=None) -> dict:
                                 [s.name for s in ours if s.name.startswith("auto: ")]))
     calibration_used = auto.pop("calibration") if auto is not None else None
     return {"task": task, "prompt_lengths": [len(p) for p in prompts], "new_tokens": N,
-            "rows": rows, "auto": auto, "calibration": calibration_used}
+            "prefill_seconds": prefill.seconds, "rows": rows, "auto": auto,
+            "calibration": calibration_used}
 
 
 def auto_ratios(results, auto_name: str, auto_rows: list[str]) -> dict:
@@ -350,14 +363,15 @@ def auto_ratios(results, auto_name: str, auto_rows: list[str]) -> dict:
 def markdown(result: dict) -> str:
     lines = [f"{result['task']} ({len(result['prompt_lengths'])} prompts, "
              f"{result['new_tokens']} new tokens each)", "",
-             "| method | tokens/s | x our AR | same tokens as AR | lookup accepted / proposed "
-             "| work / token | work speedup |",
-             "|---|---|---|---|---|---|---|"]
+             "| method | tokens/s | x our AR | loop x our AR | same tokens as AR "
+             "| lookup accepted / proposed | work / token | work speedup |",
+             "|---|---|---|---|---|---|---|---|"]
     f = lambda x: "" if x is None else f"{x:.2f}"
     for row in result["rows"]:
         look = ("" if row["lookup_proposed"] is None
                 else f"{row['lookup_accepted']} / {row['lookup_proposed']}")
         lines.append(f"| {row['name']} | {row['tokens_per_second']:.1f} | {row['x_ar']:.2f} | "
+                     f"{f(row.get('loop_x_ar'))} | "
                      f"{'yes' if row['identical_to_ar'] else 'NO'} | {look} "
                      f"| {f(row.get('work_per_token'))} | {f(row.get('work_speedup'))} |")
     auto = result.get("auto")
@@ -365,7 +379,8 @@ def markdown(result: dict) -> str:
         plan = auto["plan"]
         lines += ["", f"auto (tuned on {auto['calibration_prompts']} other prompts of the task"
                       + ("; costs from the first task's tune" if auto.get("costs_reused") else "")
-                      + f"): {plan['name']}, predicted {plan['predicted_speedup']:.2f}x AR, "
+                      + f"): {plan['name']}, predicted {plan['predicted_speedup']:.2f}x AR "
+                      "in the loop, "
                       f"chosen by {auto.get('chosen_by', 'prediction')}"
                       + (f"; the same program as the row '{auto['same_as']}' (timed once)"
                          if auto["same_as"] else ""),

@@ -368,18 +368,23 @@ def held_up_on_both_halves(plans: list[Plan], known: set[str], trace: latency.Lo
     plans (the model's recommended hierarchies, alone and with the lookup, chosen by a
     larger recorded sweep) is chosen only if it is also predicted at least
     `HELD_UP_MARGIN` times as fast as that plan on each half of the calibration prompts,
-    scored alone; the first such plan in the ranking wins, else the known plan does.
+    scored alone; the first such plan by prediction wins, else the known plan does.
     Without known plans, a trace (the replays and per-prompt choices live there) or at
     least 4 prompts, the ranking stands."""
-    ranked_known = [p for p in plans if p.name() in known]
-    if not ranked_known or trace is None or len(trace.sequences) < 4 or not plans:
+    known_here = [p for p in plans if p.name() in known]
+    if not known_here or trace is None or len(trace.sequences) < 4 or not plans:
         return plans, "prediction"
-    anchor = ranked_known[0]
-    if plans[0] is anchor:
-        return plans, "prediction (the model's recommended plan)"
+    # (`search` lists the top plans, then the best of each kind, then the known plans:
+    # not one ranking, so the anchor and its rivals are picked by their predictions)
+    speed = lambda p: p.predicted_tokens_per_second
+    anchor = max(known_here, key=speed)
+    above = sorted((p for p in plans if speed(p) > speed(anchor)), key=lambda p: -speed(p))
+    if not above:
+        return ([anchor] + [p for p in plans if p is not anchor],
+                "prediction (the model's recommended plan)")
     halves = [(trace_alpha(h), h) for h in trace_halves(trace)]
     anchor_scores = [rescore(anchor, a, h, costs) for a, h in halves]
-    for plan in plans[:plans.index(anchor)]:
+    for plan in above:
         if all(rescore(plan, a, h, costs) >= HELD_UP_MARGIN * s
                for (a, h), s in zip(halves, anchor_scores)):
             chosen, why = plan, "prediction, held up on both halves of the calibration prompts"
