@@ -177,6 +177,7 @@ def measure_alpha(model: Model, sequences: list[list[int]], starts: list[int],
 
 
 # ------------------------------------------------------------------------- stage costs
+STAGE_CALLS = 10  # back-to-back calls per timed sample of a stage program (its mean)
 def _timed(fn, calls: int) -> float:
     """Seconds per call of `calls` back-to-back calls."""
     t0 = time.perf_counter()
@@ -226,34 +227,40 @@ def measure_stage_costs(model: Model, batch: int, capacity: int, block_sizes, re
         raise ValueError(f"layer_counts {(n1, n2)} must satisfy 0 < n1 <= n2 <= {L}")
     context = capacity // 2 if context is None else context
     per_layer = isinstance(model.params["layers"], (tuple, list))
+
+    def program(T, stop, head):
+        positions = jnp.broadcast_to(context + jnp.arange(T, dtype=jnp.int32), (batch, T))
+
+        def f(params, heads, x, cache):
+            h, cache = run_layers_cached(params, cfg, x, positions, cache, 0, stop)
+            out = jnp.argmax(exit_logits(params, heads, cfg, h, stop), -1) if head else h
+            return out, cache
+        return jax.jit(f, donate_argnums=(3,))
+
+    # Per T three programs: layers [0, n1), [0, n2), [0, n1) + head.
+    keys = [(T, part) for T in block_sizes for part in ("lo", "hi", "head")]
+    progs = {(T, part): program(T, n1 if part != "hi" else n2, part == "head") for T, part in keys}
+    inputs = {T: jnp.asarray(np.random.default_rng(0).normal(size=(batch, T, cfg.hidden_size))
+                             * 0.1, jnp.dtype(cfg.dtype)) for T in block_sizes}
+    caches = {key: KVCache.zeros(cfg, batch, capacity, n2, per_layer=per_layer) for key in keys}
+
+    def call(key):
+        out, caches[key] = progs[key](model.params, {}, inputs[key[0]], caches[key])  # shared head
+        return out
+
+    for key in keys:  # compile + warm
+        jax.block_until_ready(call(key))
+    samples = {key: [] for key in keys}
+    # Interleaved over every block length and program: a burst of machine noise hits them
+    # alike, so it cannot bend the cost curve (timed one T at a time, one calibration here
+    # charged T = 16 2.8x T = 1 per layer, the next 1.5x).
+    for _ in range(repeats):
+        for key in keys:
+            samples[key].append(_timed(lambda: call(key), STAGE_CALLS))
     layer_s, head_s = [], []
     for T in block_sizes:
-        positions = jnp.broadcast_to(context + jnp.arange(T, dtype=jnp.int32), (batch, T))
-        x = jnp.asarray(np.random.default_rng(0).normal(size=(batch, T, cfg.hidden_size)) * 0.1,
-                        jnp.dtype(cfg.dtype))
-
-        def program(stop, head):
-            def f(params, heads, x, cache):
-                h, cache = run_layers_cached(params, cfg, x, positions, cache, 0, stop)
-                out = jnp.argmax(exit_logits(params, heads, cfg, h, stop), -1) if head else h
-                return out, cache
-            return jax.jit(f, donate_argnums=(3,))
-
-        progs = {"lo": program(n1, False), "hi": program(n2, False), "head": program(n1, True)}
-        caches = {k: KVCache.zeros(cfg, batch, capacity, n2, per_layer=per_layer) for k in progs}
-
-        def call(key):
-            out, caches[key] = progs[key](model.params, {}, x, caches[key])  # shared head
-            return out
-
-        for key in progs:  # compile + warm
-            jax.block_until_ready(call(key))
-        samples = {key: [] for key in progs}
-        for _ in range(repeats):  # interleaved: machine noise hits all three alike
-            for key in progs:
-                samples[key].append(_timed(lambda: call(key), 3))
         # the minimum: contention from other processes only ever adds time
-        t = {key: min(v) for key, v in samples.items()}
+        t = {part: min(samples[(T, part)]) for part in ("lo", "hi", "head")}
         layer = (t["hi"] - t["lo"]) / (n2 - n1) if n2 > n1 else 0.0
         if layer <= 0:  # noise swamped the difference: charge the dispatch to the layers
             layer = t["hi"] / n2
