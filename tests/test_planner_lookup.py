@@ -325,9 +325,7 @@ def test_the_anchor_is_the_best_predicted_known_plan_wherever_the_list_puts_it(m
     """`search` returns its top plans, then the best of each kind, then the known plans: a
     known plan listed early as the best of its kind may be predicted below another known
     plan listed later. The anchor is the faster of them, and only plans predicted above it
-    must hold up (a bench run on the default model's summarize task anchored on the
-    recommended HiSpec alone, listed first, instead of LayerSkip + lookup, predicted above
-    it, and ran 0.80x the best fixed choice)."""
+    must hold up."""
     speeds = {"top": 40.0, "rec_alone": 20.0, "other": 15.0, "rec_lookup": 30.0}
     plans = [plan_lib.Plan(exits=(e, 8), windows=(1,), predicted_tokens_per_second=t)
              for e, t in zip((1, 2, 3, 4), speeds.values())]
