@@ -295,6 +295,23 @@ def test_loop_fit_recovers_how_the_loop_differs_from_the_stages(truth, fit):
     assert ls_pred.seconds_per_token * (counts["nd"] + 1) * counts["rounds"] == pytest.approx(ls)
 
 
+@pytest.mark.parametrize("truth", [dict(s1=0.8, s=0.8), dict(s1=0.8, s=1.0),
+                                   dict(s1=0.7, s=0.9, p=1e-5)])
+def test_a_loop_faster_than_its_stages_scales_every_stage(truth):
+    """s1 < 1 (the loop's single-token passes faster than timed alone) is never the
+    "single" fit, which would leave the blocks' timings unscaled and so price them too high
+    against single-token passes: one scale for every stage, matching AR's loop."""
+    from hispec_jax.planner.calibrate import fit_loop_costs
+
+    stages = dataclasses.replace(COSTS, pass_s=0.0, round_s=0.0)
+    ar, ls, counts = _loops(stages, **truth)
+    costs, info = fit_loop_costs(stages, ar, ls, **counts)
+    assert info["loop_fit"] == "uniform"
+    assert info["single_token_scale"] == info["stage_scale"] < 1
+    assert costs.layer(4) / costs.layer(1) == pytest.approx(stages.layer(4) / stages.layer(1))
+    assert latency.predict((24,), (), [], costs).seconds_per_token == pytest.approx(ar)
+
+
 def test_loop_fit_falls_back_to_a_scale_that_matches_ar():
     from hispec_jax.planner.calibrate import fit_loop_costs
 

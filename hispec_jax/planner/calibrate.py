@@ -480,11 +480,19 @@ def fit_loop_costs(costs: Costs, per_round_ar: float, ls_seconds: float, draft: 
 
       fixed       + a fixed cost per pass and per round (both >= 0):
                     t_ar = w_ar + p + r,   t_ls = w_ls + passes * p + rounds * r
-      single      single-token passes (AR steps, draft steps) cost s1 times their stage
-                    timing inside the loop, blocks what they cost alone, + p >= 0 per pass
-                    (what XLA:CPU shows at small widths: on the shipped model a one-token
-                    layer ran 1.3-1.7x slower in the loop than alone, a block did not)
+      single      single-token passes (AR steps, draft steps) cost s1 >= 1 times their
+                    stage timing inside the loop, blocks what they cost alone, + p >= 0 per
+                    pass (what XLA:CPU shows at small widths: on the shipped model a
+                    one-token layer ran 1.3-1.7x slower in the loop than alone, a block did
+                    not)
       uniform     every stage cost times one scale (the last resort)
+
+    A loop faster than its stages timed alone (s1 < 1) means the stage timings are high
+    across the board (per-call costs the differences did not cancel, a noisy moment), not
+    that blocks are dear: scaling only the single-token costs down would price blocks too
+    high against them (a tune on the default model v4's summarize task charged a
+    2-position pass 1.44x a 1-position one per layer, timed alone 1.1x, and predicted the
+    lookup plans 20-45 % below their loop speed). So "single" needs s1 >= 1; else uniform.
 
     Returns (costs, {"loop_fit": which, "stage_scale": s, "single_token_scale": s1})."""
     L = costs.num_layers
@@ -505,12 +513,13 @@ def fit_loop_costs(costs: Costs, per_round_ar: float, ls_seconds: float, draft: 
     if single_ok and det != 0:
         s1 = (ls_seconds - work_blk - passes * per_round_ar) / det
         p = per_round_ar - s1 * w_ar
-        if s1 > 0 and p >= 0:
+        if s1 >= 1 and p >= 0:
             return _scaled(costs, 1.0, s1, p, "single")
     # No exact fit: match AR with a scale and no fixed cost, on the single-token costs only
-    # or on all of them, whichever misses LayerSkip's time by less.
+    # (if that scale is >= 1, as above) or on all of them, whichever misses LayerSkip's
+    # time by less.
     s = per_round_ar / w_ar
-    miss_single = abs(s * work_1 + work_blk - ls_seconds) if single_ok else np.inf
+    miss_single = abs(s * work_1 + work_blk - ls_seconds) if single_ok and s >= 1 else np.inf
     miss_uniform = abs(s * (work_1 + work_blk) - ls_seconds)
     if miss_single < miss_uniform:
         return _scaled(costs, 1.0, s, 0.0, "single")
