@@ -200,8 +200,12 @@ def test_task_bench_auto_row_is_tuned_on_other_prompts_and_timed_in_the_run(monk
     for row in rows.values():
         assert row["loop_x_ar"] == pytest.approx(
             (rows["ar"]["seconds"][0] - prefill) / (row["seconds"][0] - prefill))
+    # each row the tune scored carries its prediction (AR's: 1), keyed by the tune's name
+    assert rows["ar"]["predicted_loop_x_ar"] == pytest.approx(1.0)
+    assert tasks.plan_name(tasks.specs(_tiny(), 4)[1].decoder(_tiny())) == "lookup k=4"
+    assert rows["lookup"]["predicted_loop_x_ar"] == auto["tune_predicted_x_ar"].get("lookup k=4")
     text = tasks.markdown(result)
-    assert "| x our AR | loop x our AR |" in text
+    assert "| x our AR | loop x our AR | auto's tune predicted (loop) |" in text
     assert "auto (tuned on 2 other prompts of the task): " + auto["plan"]["name"] in text
     assert "/ best fixed choice (" + best["name"] in text
     # a second task reuses the first's costs: only acceptance and the lookup are measured

@@ -229,6 +229,17 @@ def specs(model, lookup: int | None, recommended: bool = False):
     return out
 
 
+def plan_name(decoder) -> str:
+    """The tune's name (`Plan.name`) of the hierarchy `decoder` runs: the key of its
+    prediction in a tune report."""
+    from hispec_jax.planner.plan import Plan
+
+    h = decoder.hierarchy
+    k = h.lookup.max_tokens if h.lookup is not None else 0
+    return Plan(exits=tuple(e for e in h.exits if e), windows=tuple(decoder.windows[1 if k else 0:]),
+                adaptive=h.adaptive, lookup=k).name()
+
+
 def _describe(decoder) -> str:
     exits, windows = decoder.hierarchy.exits, decoder.windows
     return "exits " + ",".join(map(str, exits)) + " windows " + ",".join(map(str, windows))
@@ -335,7 +346,10 @@ def run_task(model, hf_model, task: str, args, costs_from=None) -> dict:
                      "lookup_accepted": look.get("accepted"),
                      "work_per_token": (r.stats or {}).get("work_per_token"),
                      "work_speedup": (r.stats or {}).get("work_speedup")})
-    if auto is not None:
+    if auto is not None:  # the tune's prediction of each row it scored (a loop figure)
+        predicted = auto["tune_predicted_x_ar"]
+        for row, spec in zip(rows, ours):
+            row["predicted_loop_x_ar"] = predicted.get(plan_name(spec.decoder(model)))
         auto.update(auto_ratios(results[:len(ours)], auto["same_as"] or ours[-1].name,
                                 [s.name for s in ours if s.name.startswith("auto: ")]))
     calibration_used = auto.pop("calibration") if auto is not None else None
@@ -363,16 +377,18 @@ def auto_ratios(results, auto_name: str, auto_rows: list[str]) -> dict:
 def markdown(result: dict) -> str:
     lines = [f"{result['task']} ({len(result['prompt_lengths'])} prompts, "
              f"{result['new_tokens']} new tokens each)", "",
-             "| method | tokens/s | x our AR | loop x our AR | same tokens as AR "
-             "| lookup accepted / proposed | work / token | work speedup |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| method | tokens/s | x our AR | loop x our AR | "
+             + ("auto's tune predicted (loop) | " if result.get("auto") else "")
+             + "same tokens as AR | lookup accepted / proposed | work / token | work speedup |",
+             "|---|---|---|---|---|---|---|---|" + ("---|" if result.get("auto") else "")]
     f = lambda x: "" if x is None else f"{x:.2f}"
     for row in result["rows"]:
         look = ("" if row["lookup_proposed"] is None
                 else f"{row['lookup_accepted']} / {row['lookup_proposed']}")
         lines.append(f"| {row['name']} | {row['tokens_per_second']:.1f} | {row['x_ar']:.2f} | "
                      f"{f(row.get('loop_x_ar'))} | "
-                     f"{'yes' if row['identical_to_ar'] else 'NO'} | {look} "
+                     + (f"{f(row.get('predicted_loop_x_ar'))} | " if result.get("auto") else "")
+                     + f"{'yes' if row['identical_to_ar'] else 'NO'} | {look} "
                      f"| {f(row.get('work_per_token'))} | {f(row.get('work_speedup'))} |")
     auto = result.get("auto")
     if auto:
