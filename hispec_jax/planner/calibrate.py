@@ -491,8 +491,8 @@ def fit_loop_costs(costs: Costs, per_round_ar: float, ls_seconds: float, draft: 
     across the board (per-call costs the differences did not cancel, a noisy moment), not
     that blocks are dear: scaling only the single-token costs down would price blocks too
     high against them (a tune on the default model v4's summarize task charged a
-    2-position pass 1.44x a 1-position one per layer, timed alone 1.1x, and predicted the
-    lookup plans 20-45 % below their loop speed). So "single" needs s1 >= 1; else uniform.
+    2-position pass 1.44x a 1-position one per layer and predicted the lookup plans
+    15-35 % below their loop speed). So "single" needs s1 >= 1; else uniform.
 
     Returns (costs, {"loop_fit": which, "stage_scale": s, "single_token_scale": s1})."""
     L = costs.num_layers
