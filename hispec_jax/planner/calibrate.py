@@ -178,6 +178,8 @@ def measure_alpha(model: Model, sequences: list[list[int]], starts: list[int],
 
 # ------------------------------------------------------------------------- stage costs
 STAGE_CALLS = 10  # back-to-back calls per timed sample of a stage program (its mean)
+
+
 def _timed(fn, calls: int) -> float:
     """Seconds per call of `calls` back-to-back calls."""
     t0 = time.perf_counter()
