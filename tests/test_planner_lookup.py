@@ -202,7 +202,10 @@ def test_task_bench_auto_row_is_tuned_on_other_prompts_and_timed_in_the_run(monk
             (rows["ar"]["seconds"][0] - prefill) / (row["seconds"][0] - prefill))
     # each row the tune scored carries its prediction (AR's: 1), keyed by the tune's name
     assert rows["ar"]["predicted_loop_x_ar"] == pytest.approx(1.0)
-    assert tasks.plan_name(tasks.specs(_tiny(), 4)[1].decoder(_tiny())) == "lookup k=4"
+    assert plan_lib.Plan.of_decoder(tasks.specs(_tiny(), 4)[1].decoder(_tiny())).name() == "lookup k=4"
+    for plan in (plan_lib.Plan((4,)), plan_lib.Plan((2, 4), (3,)), plan_lib.Plan((1, 2, 4), (2, 3)),
+                 plan_lib.Plan((2, 4), (3,), lookup=4), plan_lib.Plan((1, 2, 4), (2, 3), True)):
+        assert plan_lib.Plan.of_decoder(plan.decoder(_tiny())) == plan  # the inverse
     assert rows["lookup"]["predicted_loop_x_ar"] == auto["tune_predicted_x_ar"].get("lookup k=4")
     text = tasks.markdown(result)
     assert "| x our AR | loop x our AR | auto's tune predicted (loop) |" in text

@@ -229,17 +229,6 @@ def specs(model, lookup: int | None, recommended: bool = False):
     return out
 
 
-def plan_name(decoder) -> str:
-    """The tune's name (`Plan.name`) of the hierarchy `decoder` runs: the key of its
-    prediction in a tune report."""
-    from hispec_jax.planner.plan import Plan
-
-    h = decoder.hierarchy
-    k = h.lookup.max_tokens if h.lookup is not None else 0
-    return Plan(exits=tuple(e for e in h.exits if e), windows=tuple(decoder.windows[1 if k else 0:]),
-                adaptive=h.adaptive, lookup=k).name()
-
-
 def _describe(decoder) -> str:
     exits, windows = decoder.hierarchy.exits, decoder.windows
     return "exits " + ",".join(map(str, exits)) + " windows " + ",".join(map(str, windows))
@@ -347,9 +336,11 @@ def run_task(model, hf_model, task: str, args, costs_from=None) -> dict:
                      "work_per_token": (r.stats or {}).get("work_per_token"),
                      "work_speedup": (r.stats or {}).get("work_speedup")})
     if auto is not None:  # the tune's prediction of each row it scored (a loop figure)
+        from hispec_jax.planner.plan import Plan
+
         predicted = auto["tune_predicted_x_ar"]
         for row, spec in zip(rows, ours):
-            row["predicted_loop_x_ar"] = predicted.get(plan_name(spec.decoder(model)))
+            row["predicted_loop_x_ar"] = predicted.get(Plan.of_decoder(spec.decoder(model)).name())
         auto.update(auto_ratios(results[:len(ours)], auto["same_as"] or ours[-1].name,
                                 [s.name for s in ours if s.name.startswith("auto: ")]))
     calibration_used = auto.pop("calibration") if auto is not None else None

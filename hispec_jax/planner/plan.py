@@ -88,6 +88,16 @@ class Plan:
             opts["lookup"] = self.lookup
         return opts
 
+    @classmethod
+    def of_decoder(cls, decoder: methods.Decoder) -> "Plan":
+        """The plan (unscored) of the hierarchy `decoder` runs: the inverse of `decoder`
+        for AR, LayerSkip, HiSpec and the lookup alone or under them (a lookup level's own
+        window is its k)."""
+        h = decoder.hierarchy
+        k = h.lookup.max_tokens if h.lookup is not None else 0
+        return cls(exits=tuple(e for e in h.exits if e), windows=tuple(decoder.windows[1 if k else 0:]),
+                   adaptive=h.adaptive, lookup=k)
+
     def decoder(self, model: Model, greedy: bool = True) -> methods.Decoder:
         """The plan as a `Decoder` (middle levels of K >= 4 get their own windows)."""
         decoder = methods.make_method(model, self.method, greedy=greedy, **self.method_options())
