@@ -223,3 +223,29 @@ def test_engine_is_the_compile_key(model):
     a.compiled()
     _, seconds = b.compiled()
     assert engine_lib.compilations == before + 1 and seconds == 0.0
+
+
+def test_compiled_loops_give_way_when_the_process_nears_its_mapping_limit(model, monkeypatch):
+    """XLA:CPU's JIT holds 1,000-3,000 memory mappings per loop; near `vm.max_map_count` LLVM
+    aborts the process. Before a compilation the least recently used loops are dropped
+    while the process holds more than `MAP_BUDGET` of its limit, and only then."""
+    shapes = Shapes(batch=1, capacity=CAPACITY, prompt_block=BLOCK)
+    engines = [Engine.for_model(model, methods.make_method(model, "layerskip", draft_exit=d)
+                                .hierarchy, shapes) for d in (1, 2, 3)]
+    engine_lib.clear_compiled()
+    held = {"maps": 10}
+    monkeypatch.setattr(engine_lib, "map_counts", lambda: (held["maps"], 100))
+    engines[0].compiled()
+    engines[1].compiled()
+    engines[0].compiled()  # used again: engines[1] is now the least recently used
+    assert engine_lib.make_room() == 0, "under the budget nothing is dropped"
+    drops = iter([80, 60, 40])  # above MAP_BUDGET = 0.5 of 100 until two loops are gone
+    monkeypatch.setattr(engine_lib, "map_counts", lambda: (next(drops, 40), 100))
+    before = engine_lib.compilations
+    engines[2].compiled()
+    assert engine_lib.compilations == before + 1
+    assert engines[2].compile_seconds() is not None
+    assert engines[1].compile_seconds() is None and engines[0].compile_seconds() is None
+    monkeypatch.setattr(engine_lib, "map_counts", lambda: None)  # not Linux: nothing to do
+    assert engine_lib.make_room() == 0
+    engine_lib.clear_compiled()

@@ -198,6 +198,16 @@ def paired_ratio(reference: Result, result: Result) -> float:
     return statistics.median(a / b for a, b in zip(reference.seconds, result.seconds))
 
 
+def release_compiled() -> None:
+    """Drops every compiled decoding loop and JAX's caches (a tune's stage programs, loops
+    timed earlier): what a long bench process must do between comparisons, because each
+    loop holds 1,000-3,000 of the process's memory mappings (`engine.MAP_BUDGET`)."""
+    from hispec_jax.decoding import engine as engine_lib
+
+    engine_lib.clear_compiled()
+    jax.clear_caches()
+
+
 def compare(runners: list[Runner], rounds: int, progress: Callable[[str], None] | None = None
             ) -> list[Result]:
     """Warms every runner up, then times `rounds` interleaved rounds. The first runner is

@@ -312,6 +312,7 @@ def run_task(model, hf_model, task: str, args, costs_from=None) -> dict:
               f"{plan.predicted_speedup:.2f}x AR{'; = ' + same if same else ''})", file=sys.stderr)
         if same is None:
             ours = ours + [spec]
+    suite.release_compiled()  # the tune's programs, the last task's loops: not timed here
     runners, capacity = suite.loop_time_runners(model, prompts, ours, N)
     runners.append(suite.prefill_runner(model, prompts, capacity))
     if hf_model is not None:

@@ -929,12 +929,13 @@ class Engine:
 
     def compiled(self):
         """(the compiled `run`, seconds spent compiling: 0 when this process already
-        compiled an equal engine). Least recently used executables beyond `MAX_COMPILED`
-        are dropped."""
+        compiled an equal engine). Least recently used executables beyond `MAX_COMPILED`,
+        or while the process nears its memory-mapping limit (`make_room`), are dropped."""
         global compilations
         if self in _COMPILED:
             _COMPILED.move_to_end(self)
             return _COMPILED[self][0], 0.0
+        make_room()
         t0 = time.perf_counter()
         executable = self.lower().compile()
         seconds = time.perf_counter() - t0
@@ -965,6 +966,39 @@ class Engine:
 _COMPILED: collections.OrderedDict[Engine, tuple[Any, float]] = collections.OrderedDict()
 MAX_COMPILED = 32
 compilations = 0  # loops compiled by this process (tests check that bad input compiles none)
+# XLA:CPU's JIT maps every compiled kernel's code and data sections separately: one decoding
+# loop holds 1,000-3,000 memory mappings (a lookup loop, with a `lax.switch` branch per
+# block, the most), and Linux refuses a process more than `vm.max_map_count` (65,530 by
+# default): a process that had compiled some 25 loops died in LLVM with "Unable to allocate
+# section memory" (a `bench --tasks --auto --auto-verify` run). Before compiling, the least
+# recently used loops are dropped while the process holds more than this share of its limit.
+MAP_BUDGET = 0.5
+
+
+def map_counts() -> tuple[int, int] | None:
+    """(memory mappings this process holds, the most it may hold), or None where the
+    system does not say (not Linux)."""
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            held = sum(1 for _ in f)
+        with open("/proc/sys/vm/max_map_count") as f:
+            return held, int(f.read())
+    except (OSError, ValueError):
+        return None
+
+
+def make_room() -> int:
+    """Drops least recently used compiled loops while this process holds more than
+    `MAP_BUDGET` of its memory-mapping limit (`map_counts`); returns how many it dropped.
+    A dropped loop compiles again when it is next used."""
+    dropped = 0
+    while _COMPILED:
+        counts = map_counts()
+        if counts is None or counts[0] <= MAP_BUDGET * counts[1]:
+            break
+        _COMPILED.popitem(last=False)
+        dropped += 1
+    return dropped
 
 
 def clear_compiled() -> None:
