@@ -222,6 +222,26 @@ def test_task_bench_auto_row_is_tuned_on_other_prompts_and_timed_in_the_run(monk
     assert again["auto"]["plan"]["name"] == max(timed, key=timed.get)
     assert again["auto"]["chosen_by"] == "measurement (2 calibration prompts)"
     assert again["calibration"].lookup.trace is not None
+    # --auto-choose with several rules: one tune, each rule's pick on its ranking timed
+    args.auto_verify, args.auto_choose = False, ("held-up", "worse-half", "prediction")
+    monkeypatch.setattr(tasks, "tune_for_task", lambda *a, **k: tune(*a, **k))
+    picked = {}
+    choose = search_lib.choose
+    monkeypatch.setattr(search_lib, "choose", lambda plans, rule, *a: (lambda r: (
+        picked.setdefault(rule, r[0][0]), r)[1])(choose(plans, rule, *a)))
+    third = tasks.run_task(_tiny(), None, "code", args, costs_from=first)
+    rules = third["auto"]["rules"]
+    assert list(rules) == ["worse-half", "prediction"]
+    names = [r["name"] for r in third["rows"]]
+    for rule, info in rules.items():
+        assert info["plan"] == picked[rule].name()
+        row = info["same_as"] or f"auto ({rule}): {info['plan']}"
+        assert row in names and info["row"] == row
+        assert info["auto_vs_best_fixed"] == pytest.approx(
+            info["tokens_per_second"] / info["best_fixed_tokens_per_second"])
+        assert not info["best_fixed"].startswith("auto")
+    assert len(names) == len(set(names))  # a pick equal to another row is timed once
+    assert "auto by worse-half: " + rules["worse-half"]["plan"] in tasks.markdown(third)
 
 
 def test_greedy_alpha_from_the_exits_choices_is_measure_alpha():
@@ -326,6 +346,42 @@ def test_a_plan_predicted_above_the_recommended_must_beat_it_on_both_halves(
     short = dataclasses.replace(_halves_trace(), sequences=_halves_trace().sequences[:3])
     assert search_lib.held_up_on_both_halves(plans, {names["rec"].name()}, short,
                                              STEP_COSTS)[0] == plans
+
+
+@pytest.mark.parametrize("halves, chosen", [
+    ({"a": (3.0, 3.0), "b": (2.5, 2.5), "rec": (2.0, 2.0)}, "a"),
+    ({"a": (3.0, 1.0), "b": (2.5, 2.4), "rec": (2.0, 2.0)}, "b"),  # a: one lucky half
+    ({"a": (3.0, 1.0), "b": (1.0, 2.5), "rec": (2.0, 2.0)}, "rec"),
+    ({"a": (1.0, 1.0), "b": (1.0, 1.0), "rec": (1.0, 1.0)}, "a")])  # ties: the ranking's first
+def test_worse_half_picks_the_plan_whose_slower_half_is_fastest(monkeypatch, halves, chosen):
+    """`best_on_the_worse_half`: every plan re-scored on each half of the calibration
+    prompts, the one whose slower half is predicted fastest first; no anchor or margin.
+    `choose` dispatches the rules and refuses an unknown one."""
+    plans = [plan_lib.Plan(exits=(e, 8), windows=(n,), predicted_tokens_per_second=t)
+             for e, n, t in ((1, 1, 30.0), (2, 2, 25.0), (3, 3, 20.0))]
+    names = dict(zip(("a", "b", "rec"), plans))
+    by_name = {p.name(): key for key, p in names.items()}
+    monkeypatch.setattr(search_lib, "rescore", lambda plan, alpha, trace, costs:
+                        halves[by_name[plan.name()]][trace.sequences[0][0] // 2])
+    got, reason = search_lib.choose(plans, "worse-half", set(), _halves_trace(), STEP_COSTS)
+    assert got[0] is names[chosen] and "slower half" in reason
+    assert sorted(p.name() for p in got) == sorted(p.name() for p in plans)
+    assert search_lib.choose(plans, "prediction", {names["rec"].name()}, _halves_trace(),
+                             STEP_COSTS) == (plans, "prediction")
+    short = dataclasses.replace(_halves_trace(), sequences=_halves_trace().sequences[:3])
+    assert search_lib.best_on_the_worse_half(plans, short, STEP_COSTS)[0] == plans
+    with pytest.raises(ValueError, match="not one of held-up, worse-half, prediction"):
+        search_lib.choose(plans, "fastest", set(), _halves_trace(), STEP_COSTS)
+
+
+def test_the_rule_names_outside_the_planner_are_the_planners():
+    """The CLI and the task bench name the rules without importing JAX: the same tuple."""
+    from hispec_jax.bench import tasks
+    from hispec_jax.cli import planner as cli_planner
+
+    assert tasks.CHOICE_RULES == search_lib.CHOICE_RULES
+    assert f"choices=({', '.join(repr(r).replace(chr(39), chr(34)) for r in search_lib.CHOICE_RULES)})" \
+        in open(cli_planner.__file__).read()
 
 
 def test_the_anchor_is_the_best_predicted_known_plan_wherever_the_list_puts_it(monkeypatch):

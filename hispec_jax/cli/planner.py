@@ -48,6 +48,12 @@ def add_parsers(subparsers) -> None:
                            "decides whether prompt lookup pays (prompts up to 512 tokens)")
     tune.add_argument("--chat", action="store_true",
                       help="with --task: render the prompts with the model's chat template")
+    tune.add_argument("--choose", default="held-up", choices=("held-up", "worse-half", "prediction"),
+                      help="how the plan is picked among the predictions (greedy, with the "
+                           "lookup's trace): held-up (default; a plan above the model's "
+                           "recommended ones must be predicted 10%% faster on both halves of "
+                           "the calibration prompts), worse-half (the best prediction on the "
+                           "slower half), prediction (the best predicted)")
 
     prof = common.add_command(
         subparsers, "profile-sv", run_profile_sv,
@@ -103,7 +109,7 @@ def run_tune(args) -> int:
         max_levels=args.max_levels, top=args.top,
         out=args.out, verify=args.verify, verify_prompts=args.verify_prompts,
         verify_tokens=args.verify_tokens, verify_repeats=args.verify_repeats,
-        choose_measured=not args.keep_predicted, plot=args.plot,
+        choose_measured=not args.keep_predicted, plot=args.plot, choice=args.choose,
         progress=lambda msg: print(f"[tune] {msg}", file=sys.stderr))
     print("\n".join(tune_lib.summary_lines(report)))
     if args.recommend:

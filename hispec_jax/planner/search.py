@@ -395,3 +395,41 @@ def held_up_on_both_halves(plans: list[Plan], known: set[str], trace: latency.Lo
                f"{HELD_UP_MARGIN:.2f}x as fast on both halves of the calibration prompts "
                f"(best predicted: {plans[0].name()})")
     return [chosen] + [p for p in plans if p is not chosen], why
+
+
+def best_on_the_worse_half(plans: list[Plan], trace: latency.LookupTrace | None,
+                           costs: Costs) -> tuple[list[Plan], str]:
+    """`plans` with the plan whose *slower* half of the calibration prompts is predicted
+    fastest first (each plan re-scored alone on each half, `rescore`), and why.
+
+    A plan that wins the whole calibration on one lucky half (the lookup on prompts that
+    happen to quote their passage, an exit on prompts it happens to agree on) loses here to
+    one that is good on both; no anchor, no margin. Without a trace or with fewer than 4
+    prompts, the ranking stands."""
+    if trace is None or len(trace.sequences) < 4 or not plans:
+        return plans, "prediction"
+    halves = [(trace_alpha(h), h) for h in trace_halves(trace)]
+    worse = {p.name(): min(rescore(p, a, h, costs) for a, h in halves) for p in plans}
+    chosen = max(plans, key=lambda p: worse[p.name()])  # (the first of equals: the ranking's)
+    why = (f"prediction on the slower half of the calibration prompts "
+           f"({worse[chosen.name()]:.1f} tokens/s; best predicted on all: {plans[0].name()})")
+    return [chosen] + [p for p in plans if p is not chosen], why
+
+
+# How `tune` picks among its plans (greedy tunes with a lookup trace): "held-up" (the
+# default) `held_up_on_both_halves`, "worse-half" `best_on_the_worse_half`, "prediction"
+# the predicted ranking as it is.
+CHOICE_RULES = ("held-up", "worse-half", "prediction")
+
+
+def choose(plans: list[Plan], rule: str, known: set[str], trace: latency.LookupTrace | None,
+           costs: Costs) -> tuple[list[Plan], str]:
+    """`plans` (best predicted first) with `rule`'s choice first, and why (`CHOICE_RULES`)."""
+    if rule == "held-up":
+        return held_up_on_both_halves(plans, known, trace, costs)
+    if rule == "worse-half":
+        return best_on_the_worse_half(plans, trace, costs)
+    if rule == "prediction":
+        return plans, "prediction"
+    raise ValueError(f"choice rule {rule!r} is not one of {', '.join(CHOICE_RULES)}")
+
