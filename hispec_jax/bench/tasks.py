@@ -358,6 +358,7 @@ def run_task(model, hf_model, task: str, args, costs_from=None) -> dict:
                 "costs_reused": costs_from is not None,
                 "costs": report["calibration"].costs.to_json(),
                 "loop_fit": report["calibration"].loop.get("loop_fit"),
+                "loop": report["calibration"].loop,  # the timings the fit reconciled
                 "calibration": report["calibration"]}
         print(f"[tasks] {task}: auto runs {plan.name()} (predicted "
               f"{plan.predicted_speedup:.2f}x AR{'; = ' + same if same else ''})", file=sys.stderr)

@@ -487,6 +487,11 @@ def fit_loop_costs(costs: Costs, per_round_ar: float, ls_seconds: float, draft: 
                     pass (what XLA:CPU shows at small widths: on the shipped model a
                     one-token layer ran 1.3-1.7x slower in the loop than alone, a block did
                     not)
+      per-pass    every stage cost times one scale s > 0, + p >= 0 per pass:
+                    t_ar = s * w_ar + p,   t_ls = s * w_ls + passes * p
+                    (a loop faster than its stages timed alone, s < 1, whose passes still
+                    cost more than their layers: dispatch, the exit's argmax, the cache
+                    writes; a draft step of a few layers pays it as a full step does)
       uniform     every stage cost times one scale (the last resort)
 
     A loop faster than its stages timed alone (s1 < 1) means the stage timings are high
@@ -494,7 +499,10 @@ def fit_loop_costs(costs: Costs, per_round_ar: float, ls_seconds: float, draft: 
     that blocks are dear: scaling only the single-token costs down would price blocks too
     high against them (a tune on the default model v4's summarize task charged a
     2-position pass 1.44x a 1-position one per layer and predicted the lookup plans
-    15-35 % below their loop speed). So "single" needs s1 >= 1; else uniform.
+    15-35 % below their loop speed). So "single" needs s1 >= 1; else per-pass. Without a
+    per-pass cost (uniform, which matches AR only) the v4 model's exit plans were predicted
+    22-40 % above their loop speed on the summarize task and lookup alone 18 % below it
+    (BENCHMARKS.md, "auto's choice rules").
 
     Returns (costs, {"loop_fit": which, "stage_scale": s, "single_token_scale": s1})."""
     L = costs.num_layers
@@ -517,6 +525,12 @@ def fit_loop_costs(costs: Costs, per_round_ar: float, ls_seconds: float, draft: 
         p = per_round_ar - s1 * w_ar
         if s1 >= 1 and p >= 0:
             return _scaled(costs, 1.0, s1, p, "single")
+    denom = work_1 + work_blk - passes * w_ar  # < 0: a draft pass runs fewer layers than L
+    if passes > 0 and denom != 0:
+        s = (ls_seconds - passes * per_round_ar) / denom
+        p = per_round_ar - s * w_ar
+        if s > 0 and p >= 0:
+            return _scaled(costs, s, s, p, "per-pass")
     # No exact fit: match AR with a scale and no fixed cost, on the single-token costs only
     # (if that scale is >= 1, as above) or on all of them, whichever misses LayerSkip's
     # time by less.
