@@ -416,9 +416,9 @@ def best_on_the_worse_half(plans: list[Plan], trace: latency.LookupTrace | None,
     return [chosen] + [p for p in plans if p is not chosen], why
 
 
-# How `tune` picks among its plans (greedy tunes with a lookup trace): "held-up" (the
-# default) `held_up_on_both_halves`, "worse-half" `best_on_the_worse_half`, "prediction"
-# the predicted ranking as it is.
+# How `tune` picks among its plans (greedy tunes with a lookup trace), the first the
+# default: "held-up" `held_up_on_both_halves`, "worse-half" `best_on_the_worse_half`,
+# "prediction" the predicted ranking as it is.
 CHOICE_RULES = ("held-up", "worse-half", "prediction")
 
 
@@ -432,4 +432,3 @@ def choose(plans: list[Plan], rule: str, known: set[str], trace: latency.LookupT
     if rule == "prediction":
         return plans, "prediction"
     raise ValueError(f"choice rule {rule!r} is not one of {', '.join(CHOICE_RULES)}")
-

@@ -27,7 +27,7 @@ def tune(model: Model, batch_size: int = 1, *, quick: bool = False,
          settings: calibrate_lib.Settings | None = None, prompts=None, max_levels: int = 3,
          top: int = 8, out: str | Path | None = None, save: bool = True,
          progress=None, costs_from: calibrate_lib.Calibration | None = None,
-         choice: str = "held-up") -> dict[str, Any]:
+         choice: str = search_lib.CHOICE_RULES[0]) -> dict[str, Any]:
     """Calibrates on this device, searches, saves the plan file; returns
     {"plans": [Plan, ...] best first, "calibration": Calibration, "path": saved file,
     "chosen_by": why plans[0] is first (`search.choose` by the rule `choice`, one of
@@ -153,7 +153,8 @@ def tune_and_verify(model: Model, batch_size: int = 1, *, quick: bool = False,
                     verify_prompts: int = 4, verify_tokens: int = 64, verify_repeats: int = 3,
                     choose_measured: bool = True,
                     plot=None, settings: calibrate_lib.Settings | None = None,
-                    prompts=None, progress=None, choice: str = "held-up") -> dict[str, Any]:
+                    prompts=None, progress=None,
+                    choice: str = search_lib.CHOICE_RULES[0]) -> dict[str, Any]:
     """`hispec tune`: `tune`, then (with `verify`) measured tokens/s of the printed plans on
     held-out prompts and a predicted-vs-measured plot; with `choose_measured` the plan file
     is saved again with the fastest measured plan first (what method="auto" runs)."""
