@@ -40,7 +40,7 @@ longer the prompts.
                     and the best of each kind) on the calibration prompts instead of by
                     prediction (`tune.measure_plans`, as `hispec tune --verify`)
     --auto-choose   how auto picks among the tune's predictions (`search.CHOICE_RULES`:
-                    held-up, worse-half, prediction; default held-up, `tune --choose`); a
+                    prediction, held-up, worse-half; default prediction, `tune --choose`); a
                     comma-separated list times each rule's pick beside the others (one tune,
                     the first rule's pick is the `auto` row, the others' rows are named
                     "auto (RULE): PLAN"; a pick equal to another row is timed once)
@@ -64,7 +64,7 @@ INSTRUCTIONS = {
     "code": "Add type hints and a docstring to this function:\n\n```python\n{}```",
 }
 PROG = "hispec bench-tool tasks"
-CHOICE_RULES = ("held-up", "worse-half", "prediction")  # = search.CHOICE_RULES (no JAX here)
+CHOICE_RULES = ("prediction", "held-up", "worse-half")  # = search.CHOICE_RULES (no JAX here)
 
 
 def _passages(need_digits: bool) -> list[str]:
@@ -162,7 +162,7 @@ def parse_args(argv=None):
     p.add_argument("--auto-choose", default=CHOICE_RULES[0], metavar="RULES",
                    help="--auto: how the plan is picked among the tune's predictions, "
                         f"comma-separated to time each rule's pick ({', '.join(CHOICE_RULES)};"
-                        " default held-up)")
+                        " default prediction)")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     return p.parse_args(argv)
 

@@ -94,7 +94,7 @@ def add_parsers(subparsers) -> None:
                             "the calibration prompts (as hispec tune --verify)")
     bench.add_argument("--auto-choose", default=None, metavar="RULES",
                        help="--tasks --auto: how auto picks among the tune's predictions "
-                            "(held-up, worse-half, prediction; as hispec tune --choose); a "
+                            "(prediction, held-up, worse-half; as hispec tune --choose); a "
                             "comma-separated list times each rule's pick")
     common.add_mesh_flag(bench)
 

@@ -48,12 +48,13 @@ def add_parsers(subparsers) -> None:
                            "decides whether prompt lookup pays (prompts up to 512 tokens)")
     tune.add_argument("--chat", action="store_true",
                       help="with --task: render the prompts with the model's chat template")
-    tune.add_argument("--choose", default="held-up", choices=("held-up", "worse-half", "prediction"),
+    tune.add_argument("--choose", default="prediction",
+                      choices=("prediction", "held-up", "worse-half"),
                       help="how the plan is picked among the predictions (greedy, with the "
-                           "lookup's trace): held-up (default; a plan above the model's "
-                           "recommended ones must be predicted 10%% faster on both halves of "
-                           "the calibration prompts), worse-half (the best prediction on the "
-                           "slower half), prediction (the best predicted)")
+                           "lookup's trace): prediction (default: the best predicted), held-up "
+                           "(a plan above the model's recommended ones must be predicted 10%% "
+                           "faster on both halves of the calibration prompts), worse-half (the "
+                           "best prediction on the slower half)")
 
     prof = common.add_command(
         subparsers, "profile-sv", run_profile_sv,

@@ -10,9 +10,11 @@
             level 0 under LayerSkip / HiSpec exits (`lookup_plans`: simulated on the
             calibration continuations, `latency.simulate_lookup`)
 
-The plan chosen is the best predicted unless the model has recommended plans
-(`held_up_on_both_halves`): then a plan predicted above them must also be predicted 10 %
-faster than the best of them on each half of the calibration prompts.
+The plan chosen is the best predicted (`choose`, rule "prediction"); rule "held-up"
+(`held_up_on_both_halves`, the default until 2026-11-27) keeps the model's recommended plan
+unless a plan predicted above it is also predicted 10 % faster on each half of the
+calibration prompts, rule "worse-half" (`best_on_the_worse_half`) takes the best prediction
+on the slower half.
 
 Batch 1 ranks with the exact renewal formulas (`latency.predict`). At larger batches the
 best `rescore` candidates (and K >= 4 ones) are re-scored with the engine-faithful
@@ -417,9 +419,11 @@ def best_on_the_worse_half(plans: list[Plan], trace: latency.LookupTrace | None,
 
 
 # How `tune` picks among its plans (greedy tunes with a lookup trace), the first the
-# default: "held-up" `held_up_on_both_halves`, "worse-half" `best_on_the_worse_half`,
-# "prediction" the predicted ranking as it is.
-CHOICE_RULES = ("held-up", "worse-half", "prediction")
+# default: "prediction" the predicted ranking as it is, "held-up" `held_up_on_both_halves`
+# (the default until 2026-11-27: its anchor cost 4-19 % on the long-prompt tasks with 16
+# calibration prompts, BENCHMARKS.md "auto's choice rules and a cost per pass"),
+# "worse-half" `best_on_the_worse_half`.
+CHOICE_RULES = ("prediction", "held-up", "worse-half")
 
 
 def choose(plans: list[Plan], rule: str, known: set[str], trace: latency.LookupTrace | None,
