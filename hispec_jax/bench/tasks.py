@@ -347,9 +347,11 @@ def run_task(model, hf_model, task: str, args, costs_from=None) -> dict:
             rows_so_far = ours + ([] if same else [spec]) + [r for r, _ in rule_specs.values()
                                                              if r is not None]
             rsame = next((s.name for s in rows_so_far if program(s) == program(rspec)), None)
-            rule_specs[rule] = (None if rsame else rspec, {"plan": picked.name(),
-                                                            "chosen_by": why, "same_as": rsame})
-        auto = {"plan": plan.to_json(), "same_as": same, "calibration_prompts": len(calibration),
+            rule_specs[rule] = (None if rsame else rspec,
+                                {"plan": picked.name(), "chosen_by": why, "same_as": rsame,
+                                 "row": rsame or rspec.name})
+        auto = {"plan": plan.to_json(), "same_as": same, "row": same or spec.name,
+                "calibration_prompts": len(calibration),
                 "chosen_by": chosen_by, "verify": verify,
                 "calibration_prompt_lengths": [len(p) for p in calibration],
                 "tune_plans": [p.name() for p in report["plans"]],
@@ -397,12 +399,8 @@ def run_task(model, hf_model, task: str, args, costs_from=None) -> dict:
         for row, spec in zip(rows, ours):
             row["predicted_loop_x_ar"] = predicted.get(Plan.of_decoder(spec.decoder(model)).name())
         auto_rows = [s.name for s in ours if s.name.startswith("auto")]
-        main_row = auto["same_as"] or next(n for n in auto_rows if n.startswith("auto: "))
-        auto.update(auto_ratios(results[:len(ours)], main_row, auto_rows))
-        for info in auto["rules"].values():
-            info.update(auto_ratios(results[:len(ours)], info["same_as"] or next(
-                n for n in auto_rows if n.endswith(": " + info["plan"])
-                and n.startswith("auto (")), auto_rows))
+        for info in [auto, *auto["rules"].values()]:
+            info.update(auto_ratios(results[:len(ours)], info["row"], auto_rows))
     calibration_used = auto.pop("calibration") if auto is not None else None
     return {"task": task, "prompt_lengths": [len(p) for p in prompts], "new_tokens": N,
             "prefill_seconds": prefill.seconds, "rows": rows, "auto": auto,
