@@ -249,3 +249,48 @@ def test_compiled_loops_give_way_when_the_process_nears_its_mapping_limit(model,
     monkeypatch.setattr(engine_lib, "map_counts", lambda: None)  # not Linux: nothing to do
     assert engine_lib.make_room() == 0
     engine_lib.clear_compiled()
+
+
+def test_decoding_loops_compile_with_the_platforms_compiler_options(model, monkeypatch):
+    """`engine.COMPILER_OPTIONS[platform]` reaches XLA with every loop's compilation (an
+    option XLA rejects fails that compilation, naming the option); other platforms' options
+    are not applied here."""
+    shapes = Shapes(batch=1, capacity=CAPACITY, prompt_block=BLOCK)
+    engine = Engine.for_model(model, methods.make_method(model, "layerskip", draft_exit=2)
+                              .hierarchy, shapes)
+    engine_lib.clear_compiled()
+    bogus = {"xla_gpu_enable_command_buffer": "NOT_A_COMMAND"}
+    monkeypatch.setattr(engine_lib, "COMPILER_OPTIONS", {"no-such-platform": bogus})
+    assert engine_lib.compiler_options() == {}
+    engine.compiled()  # compiles: the options belong to another platform
+    engine_lib.clear_compiled()
+    monkeypatch.setattr(engine_lib, "COMPILER_OPTIONS", {jax.default_backend(): bogus})
+    with pytest.raises(Exception, match="xla_gpu_enable_command_buffer"):
+        engine.compiled()
+    engine_lib.clear_compiled()
+
+
+def test_flat_attention_output_barrier_changes_no_token(model, monkeypatch):
+    """`transformer.FLAT_ATTENTION_OUTPUT` (a GPU candidate: the o projection's input behind
+    an optimization barrier) puts one barrier per layer into the loop and leaves greedy
+    output as it was."""
+    from hispec_jax.models import transformer
+
+    prompts = [[3, 5, 7], [11, 2]]
+
+    def run():
+        engine_lib.clear_compiled()
+        return generate(model, prompts, method="layerskip", draft_exit=2, max_new_tokens=12,
+                        ignore_eos=True).token_ids
+
+    shipped = run()
+    monkeypatch.setattr(transformer, "FLAT_ATTENTION_OUTPUT", frozenset({jax.default_backend()}))
+    barriers = lambda text: len(re.findall(r"optimization_barrier", text))
+    shapes = Shapes(batch=1, capacity=CAPACITY, prompt_block=BLOCK)
+    engine = Engine.for_model(model, methods.make_method(model, "ar").hierarchy, shapes)
+    with_barrier = barriers(engine.lower().as_text())
+    monkeypatch.setattr(transformer, "FLAT_ATTENTION_OUTPUT", frozenset())
+    assert with_barrier > barriers(engine.lower().as_text())
+    monkeypatch.setattr(transformer, "FLAT_ATTENTION_OUTPUT", frozenset({jax.default_backend()}))
+    assert run() == shipped
+    engine_lib.clear_compiled()

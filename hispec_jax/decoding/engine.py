@@ -937,7 +937,7 @@ class Engine:
             return _COMPILED[self][0], 0.0
         make_room()
         t0 = time.perf_counter()
-        executable = self.lower().compile()
+        executable = self.lower().compile(compiler_options=compiler_options() or None)
         seconds = time.perf_counter() - t0
         compilations += 1
         _COMPILED[self] = (executable, seconds)
@@ -973,6 +973,19 @@ compilations = 0  # loops compiled by this process (tests check that bad input c
 # section memory" (a `bench --tasks --auto --auto-verify` run). Before compiling, the least
 # recently used loops are dropped while the process holds more than this share of its limit.
 MAP_BUDGET = 0.5
+
+
+# XLA options every decoding loop is compiled with, by platform (`jax.default_backend()`),
+# as `jax.stages.Lowered.compile(compiler_options=...)` takes them (XLA's `DebugOptions`
+# field names; values as the `XLA_FLAGS` parser reads them). Per-compile options rather
+# than `XLA_FLAGS`, so a library import changes nothing else in the process, and a probe
+# can compile the same loop under several (benchmarks/results_accelerator/command_buffers.py).
+COMPILER_OPTIONS: dict[str, dict[str, Any]] = {}
+
+
+def compiler_options() -> dict[str, Any]:
+    """`COMPILER_OPTIONS` for the platform this process computes on."""
+    return dict(COMPILER_OPTIONS.get(jax.default_backend(), {}))
 
 
 def map_counts() -> tuple[int, int] | None:

@@ -184,12 +184,24 @@ def _attend_single_query(q_BxKxGxH, keys_BxKxSxH, values_BxKxSxH, visible_BxS):
     return jnp.sum(weighted, axis=-2).astype(values_BxKxSxH.dtype)
 
 
+# Platforms (`jax.default_backend()`) on which the attention output, flattened to
+# [B, T, N*H], passes an optimization barrier before the o projection. On one H200 (jax
+# 0.11.2, BENCHMARKS.md "On an accelerator: one H200, second lease") XLA bitcast wo to
+# [N, H, D] to match the attention's [K, G, H] output, wrote x_i * wo_io out in full and
+# reduced it in a second kernel: 45 us per 8B layer where 8 would do. Empty until a GPU
+# run shows the barrier keeps the product whole (`run_on_device.sh oproj_barrier`).
+FLAT_ATTENTION_OUTPUT: frozenset[str] = frozenset()
+
+
 def _attention_output(layer_params, cfg: ModelConfig, out_BxTxKxGxH):
     # As one [B, T, N*H] x [N*H, D] matmul: (N, H) flattened in the weights' own row-major
     # order, so XLA needs no relayout copy of wo (a 4-D einsum got one per layer and step).
     B, T = out_BxTxKxGxH.shape[:2]
     NH = cfg.num_heads * cfg.head_dim
-    return project(layer_params, "wo", out_BxTxKxGxH.reshape(B, T, NH), cfg.precision)
+    flat_BxTxNH = out_BxTxKxGxH.reshape(B, T, NH)
+    if jax.default_backend() in FLAT_ATTENTION_OUTPUT:
+        flat_BxTxNH = jax.lax.optimization_barrier(flat_BxTxNH)
+    return project(layer_params, "wo", flat_BxTxNH, cfg.precision)
 
 
 def _block_attention(layer_params, cfg: ModelConfig, x_BxTxD, positions_BxT, context_k_BxKxSxH,
