@@ -979,7 +979,8 @@ MAP_BUDGET = 0.5
 # as `jax.stages.Lowered.compile(compiler_options=...)` takes them (XLA's `DebugOptions`
 # field names; values as the `XLA_FLAGS` parser reads them). Per-compile options rather
 # than `XLA_FLAGS`, so a library import changes nothing else in the process, and a probe
-# can compile the same loop under several (benchmarks/results_accelerator/command_buffers.py).
+# can compile the same loop under several (benchmarks/results_accelerator/engine_variants.py;
+# compiled loops are not keyed by the options: `clear_compiled()` after a change).
 COMPILER_OPTIONS: dict[str, dict[str, Any]] = {}
 
 

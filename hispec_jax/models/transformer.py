@@ -189,7 +189,8 @@ def _attend_single_query(q_BxKxGxH, keys_BxKxSxH, values_BxKxSxH, visible_BxS):
 # 0.11.2, BENCHMARKS.md "On an accelerator: one H200, second lease") XLA bitcast wo to
 # [N, H, D] to match the attention's [K, G, H] output, wrote x_i * wo_io out in full and
 # reduced it in a second kernel: 45 us per 8B layer where 8 would do. Empty until a GPU
-# run shows the barrier keeps the product whole (`run_on_device.sh oproj_barrier`).
+# run shows the barrier keeps the product whole (`run_on_device.sh oproj_barrier`). Read
+# when a loop is traced: `engine.clear_compiled()` after a change.
 FLAT_ATTENTION_OUTPUT: frozenset[str] = frozenset()
 
 
