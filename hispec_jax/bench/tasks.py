@@ -471,16 +471,20 @@ def run(args) -> list[dict]:
     hf_model = None if args.no_transformers else _hf_model(model_path)
     print(f"load average at start: {os.getloadavg()[0]:.2f}")
     results, costs_from = [], None
+
+    def save():  # after every task, so a run cut short keeps the tasks it finished
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump({"args": {k: v for k, v in vars(args).items()}, "model": model_path,
+                           "loadavg_end": os.getloadavg(), "results": results}, f, indent=2)
+
     for task in args.tasks:
         results.append(run_task(model, hf_model, task, args, costs_from))
         costs_from = costs_from or results[-1].pop("calibration")
         results[-1].pop("calibration", None)  # (not JSON: the tune's costs are in the plan)
         print(markdown(results[-1]) + "\n", flush=True)
+        save()
     print(f"load average at end: {os.getloadavg()[0]:.2f}")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"args": {k: v for k, v in vars(args).items()}, "model": model_path,
-                       "loadavg_end": os.getloadavg(), "results": results}, f, indent=2)
     return results
 
 
