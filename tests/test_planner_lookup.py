@@ -244,6 +244,30 @@ def test_task_bench_auto_row_is_tuned_on_other_prompts_and_timed_in_the_run(monk
     assert "auto by worse-half: " + rules["worse-half"]["plan"] in tasks.markdown(third)
 
 
+def test_held_out_ratio_picks_the_best_fixed_row_on_the_other_rounds():
+    """The best fixed row is chosen on the rounds other than the one it is judged in: a row
+    that was fastest only by one lucky round does not set the bar in that round."""
+    import statistics
+    import types
+
+    from hispec_jax.bench import tasks
+
+    def row(name, *seconds):
+        return types.SimpleNamespace(name=name, seconds=list(seconds),
+                                     tokens_per_second=statistics.median(1 / s for s in seconds))
+
+    steady = row("steady", 1.0, 1.0, 1.0)
+    lucky = row("lucky", 0.8, 1.2, 1.2)  # fast in round 0 only
+    auto = row("auto", 1.0, 1.0, 1.0)
+    # round 0 left out: on rounds 1, 2 steady is best (speed 1 against 0.83); 1.0 / 1.0
+    # round 1 left out: on rounds 0, 2 lucky's median speed is (1.25 + 0.83) / 2 = 1.04 > 1,
+    #   so lucky is judged in round 1: 1.2 / 1.0; round 2 likewise
+    assert tasks.held_out_ratio(auto, [steady, lucky]) == pytest.approx((1.0 + 1.2 + 1.2) / 3)
+    assert tasks.held_out_ratio(row("auto", 1.0), [row("a", 1.0)]) is None
+    ratios = tasks.auto_ratios([steady, lucky, auto], "auto", ["auto"])
+    assert ratios["auto_vs_best_fixed_held_out"] == pytest.approx(3.4 / 3)
+
+
 def test_greedy_alpha_from_the_exits_choices_is_measure_alpha():
     """calibrate computes greedy acceptance from `exit_choices` (one exit's logits at a time:
     a large vocabulary over many exits does not fit at once): the same numbers."""
