@@ -23,10 +23,10 @@ def _shared_compilation_cache() -> str | None:
 
     The cache is kept between runs, like the pulled SmolLM2 model, in the hispec cache
     (`$HISPEC_CACHE/jax-tests`, default ~/.cache/hispec/jax-tests; `hispec_jax.models.pull`),
-    bounded by `_prune_compilation_cache` at the start of a run, not by JAX's eviction
-    (JAX_COMPILATION_CACHE_MAX_SIZE): that one lists and reads the whole directory under a
-    file lock on every write, and the suite writes ~4,700 programs; a cold run took 29
-    minutes with it on 2 cores, most of the difference being those scans. JAX keys an entry by the
+    bounded once at the start of a run (`pull.prune_cache_dir`: above 2 GiB, the least
+    recently written entries are dropped down to 1 GiB), not by JAX's own bound
+    (JAX_COMPILATION_CACHE_MAX_SIZE), which lists the whole directory under a file lock on
+    every write. JAX keys an entry by the
     program's HLO, the compile options and flags, and the jax/XLA version, so a changed
     program or toolchain compiles afresh. `HISPEC_TESTS_FRESH_COMPILATION_CACHE=1` uses a
     per-run cache, removed at the end (a cold run, as on a new machine). Returns the
@@ -38,44 +38,13 @@ def _shared_compilation_cache() -> str | None:
         path = os.path.join(tempfile.gettempdir(), f"hispec-jax-tests-jax-cache-{run}")
         os.environ["JAX_COMPILATION_CACHE_DIR"] = path
         return path
-    from hispec_jax.models.pull import default_cache_dir  # imports no JAX
+    from hispec_jax.models.pull import default_cache_dir, prune_cache_dir  # import no JAX
 
     path = default_cache_dir() / "jax-tests"
     os.environ["JAX_COMPILATION_CACHE_DIR"] = str(path)
     if "PYTEST_XDIST_WORKER" not in os.environ:  # the controller (or a plain run), once
-        _prune_compilation_cache(path)
+        prune_cache_dir(path, max_bytes=2 * 2**30, keep_bytes=2**30)
     return None
-
-
-CACHE_MAX_BYTES = 2 * 2**30  # a run that finds the tests' cache above this ...
-CACHE_KEEP_BYTES = 2**30  # ... drops its least recently written entries down to this
-
-
-def _prune_compilation_cache(path, max_bytes: int = CACHE_MAX_BYTES,
-                             keep_bytes: int = CACHE_KEEP_BYTES) -> int:
-    """Bounds the tests' compilation cache between runs: when its files exceed
-    `max_bytes`, removes the least recently written (or read, where the file system keeps
-    access times) until at most `keep_bytes` remain. One directory listing per run, where
-    JAX's own eviction lists it on every write. Returns the bytes removed."""
-    try:
-        entries = [e for e in os.scandir(path) if e.is_file()]
-    except FileNotFoundError:
-        return 0
-    stats = [(max(st.st_atime, st.st_mtime), st.st_size, e.path)
-             for e, st in ((e, e.stat()) for e in entries)]
-    total = sum(size for _, size, _ in stats)
-    if total <= max_bytes:
-        return 0
-    removed = 0
-    for _, size, file_path in sorted(stats):
-        if total - removed <= keep_bytes:
-            break
-        try:
-            os.remove(file_path)
-            removed += size
-        except FileNotFoundError:
-            pass
-    return removed
 
 
 _COMPILATION_CACHE = _shared_compilation_cache()

@@ -241,7 +241,8 @@ def test_pull_errors(gguf_path, tmp_path, monkeypatch):
 
 def test_compilation_cache_between_runs(monkeypatch, tmp_path):
     """`hispec` keeps compiled loops in $HISPEC_CACHE/jax unless JAX_COMPILATION_CACHE_DIR is
-    set (kept as it is) or HISPEC_COMPILATION_CACHE=0 (off)."""
+    set (kept as it is) or HISPEC_COMPILATION_CACHE=0 (off); a run that finds the cache
+    above its bound drops the least recently used entries."""
     import os
 
     from hispec_jax.cli import common
@@ -255,6 +256,15 @@ def test_compilation_cache_between_runs(monkeypatch, tmp_path):
     monkeypatch.delenv("HISPEC_COMPILATION_CACHE")
     assert common.use_compilation_cache() == str(tmp_path / "jax")
     assert os.environ["JAX_COMPILATION_CACHE_DIR"] == str(tmp_path / "jax")
-    assert os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] == str(4 * 2**30)
+    assert "JAX_COMPILATION_CACHE_MAX_SIZE" not in os.environ  # bounded by pruning, per run
+    (tmp_path / "jax").mkdir()
+    (tmp_path / "jax" / "old-cache").write_bytes(b"x" * 300)
+    (tmp_path / "jax" / "new-cache").write_bytes(b"x" * 300)
+    os.utime(tmp_path / "jax" / "old-cache", (1000, 1000))
+    monkeypatch.setattr(common, "COMPILATION_CACHE_MAX_BYTES", 500)
+    monkeypatch.setattr(common, "COMPILATION_CACHE_KEEP_BYTES", 400)
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR")  # a new run
+    assert common.use_compilation_cache() == str(tmp_path / "jax")
+    assert [p.name for p in (tmp_path / "jax").iterdir()] == ["new-cache"]
     monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", "/somewhere/else")
     assert common.use_compilation_cache() == "/somewhere/else"

@@ -108,13 +108,16 @@ def mesh_arg(args) -> dict[str, int] | None:
         raise ValueError(f"--mesh {args.mesh}: {e.reason}") from None
 
 
-COMPILATION_CACHE_MAX_BYTES = 4 * 2**30
+COMPILATION_CACHE_MAX_BYTES = 4 * 2**30  # a run that finds `hispec`'s cache above this ...
+COMPILATION_CACHE_KEEP_BYTES = 3 * 2**30  # ... drops its least recently used entries to this
 
 
 def use_compilation_cache() -> str | None:
     """Keeps the compiled decoding loops between runs of `hispec`: JAX's persistent
     compilation cache in `$HISPEC_CACHE/jax` (`pull.default_cache_dir()`, next to the pulled
-    models; least recently used entries dropped beyond 4 GiB). XLA compiles a loop once per
+    models; when a run finds it above 4 GiB, the least recently used entries are dropped down
+    to 3 GiB: `pull.prune_cache_dir`, one directory listing per run instead of JAX's own
+    bound's listing on every write). XLA compiles a loop once per
     machine, not once per process (tracing and lowering still run in each): SmolLM2 with a
     short prompt, AR 8.3 -> 2.5 s and lookup 20.9 -> 12.5 s from the first run to the second
     (benchmarks/results_lookup/compile_cache.sh and .txt; with a long prompt every attention
@@ -127,10 +130,11 @@ def use_compilation_cache() -> str | None:
     if os.environ.get("HISPEC_COMPILATION_CACHE") == "0":
         return None
     if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-        from hispec_jax.models.pull import default_cache_dir  # imports no JAX
+        from hispec_jax.models.pull import default_cache_dir, prune_cache_dir  # import no JAX
 
         os.environ["JAX_COMPILATION_CACHE_DIR"] = str(default_cache_dir() / "jax")
-        os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(COMPILATION_CACHE_MAX_BYTES))
+        prune_cache_dir(os.environ["JAX_COMPILATION_CACHE_DIR"], COMPILATION_CACHE_MAX_BYTES,
+                        COMPILATION_CACHE_KEEP_BYTES)
     return os.environ["JAX_COMPILATION_CACHE_DIR"]
 
 

@@ -63,6 +63,36 @@ def default_cache_dir() -> Path:
     return Path(base) / "hispec"
 
 
+def prune_cache_dir(path, max_bytes: int, keep_bytes: int) -> int:
+    """Bounds a compilation cache directory (JAX's persistent cache: flat files) between
+    runs: when its files exceed `max_bytes`, removes the least recently written (or read,
+    where the file system keeps access times) until at most `keep_bytes` remain. One
+    listing per call, where JAX's own bound (JAX_COMPILATION_CACHE_MAX_SIZE) lists the
+    directory and reads an access-time file per entry, under a file lock, on every write:
+    the test suite writes ~4,700 programs, and on 2 cores a cold run of it took 29:00 with
+    that bound, 25:40 without (system time 390 -> 138 s; one run each, 2026-11-27). Returns
+    the bytes removed."""
+    try:
+        entries = [e for e in os.scandir(path) if e.is_file()]
+    except FileNotFoundError:
+        return 0
+    stats = [(max(st.st_atime, st.st_mtime), st.st_size, e.path)
+             for e, st in ((e, e.stat()) for e in entries)]
+    total = sum(size for _, size, _ in stats)
+    if total <= max_bytes:
+        return 0
+    removed = 0
+    for _, size, file_path in sorted(stats):
+        if total - removed <= keep_bytes:
+            break
+        try:
+            os.remove(file_path)
+            removed += size
+        except FileNotFoundError:  # another process removed it first
+            pass
+    return removed
+
+
 def _source(name: str, models: dict[str, WheelModel] | None) -> WheelModel:
     models = KNOWN_MODELS if models is None else models
     if name not in models:
