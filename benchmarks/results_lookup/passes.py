@@ -6,6 +6,7 @@ its own directory: `python benchmarks/results_lookup/SCRIPT.py`).
 
 - `ar_step`: one position (or a prefill chunk) through all layers with the in-place cache
   write (`run_layers_cached`), the head and the argmax: the engine's AR loop body.
+- `compiled_prefill`: the whole prefill of one prompt (`prefill.prefill`) in chunks of T.
 - `verify_pass`: all layers over a block from a read-only cache (`run_layers(...,
   split_context=True)`), the block's keys/values written after a barrier (as the engine
   does after its switch), the head and the argmax: a lookup / LayerSkip round's top pass.
@@ -20,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from hispec_jax.bench.suite import device_description
+from hispec_jax.decoding import prefill as prefill_lib
 from hispec_jax.models.heads import exit_logits
 from hispec_jax.models.kv_cache import KVCache
 from hispec_jax.models.transformer import embed, run_layers, run_layers_cached
@@ -59,6 +61,22 @@ def compiled_call(f, cfg, params, T: int, start: int, capacity: int, per_layer: 
         out, cache[0] = compiled(params, tokens, positions, cache[0])
         out.block_until_ready()
     return call, compiled
+
+
+def compiled_prefill(cfg, params, length: int, chunk: int, capacity: int):
+    """A call of the whole prefill (all layers, batch 1) of a `length`-token prompt in chunks
+    of `chunk` positions, into a donated, carried cache of `capacity` slots."""
+    tokens = jnp.ones((1, capacity), jnp.int32)
+    lengths = jnp.asarray([length], jnp.int32)
+    cache = [KVCache.zeros(cfg, 1, capacity, per_layer=True)]
+    run = jax.jit(lambda p, t, n, c: prefill_lib.prefill(p, cfg, t, n, c, cfg.num_layers, chunk),
+                  donate_argnums=3)
+    compiled = run.lower(params, tokens, lengths, cache[0]).compile()
+
+    def call():
+        h, cache[0] = compiled(params, tokens, lengths, cache[0])
+        h.block_until_ready()
+    return call
 
 
 def interleaved_ms(calls: dict, rounds: int, repeats) -> tuple[dict, tuple]:

@@ -8,36 +8,17 @@ chunks of T = 64, 128 (the library's `generate.PREFILL_CHUNK`) and 256 positions
 ending in small chunks of T / 4 as the library does. Interleaved rounds, median per call.
 """
 
-from passes import header, interleaved_ms, load
-
-import jax
-import jax.numpy as jnp
+from passes import compiled_prefill, header, interleaved_ms, load
 
 from hispec_jax import load_model
-from hispec_jax.decoding import prefill as prefill_lib
-from hispec_jax.models.kv_cache import KVCache
 from hispec_jax.models.pull import pull
 
 LENGTHS, CHUNKS, CAPACITY, ROUNDS = (172, 304, 412), (64, 128, 256), 576, 5
 
 
-def compiled_prefill(cfg, params, length: int, T: int):
-    tokens = jnp.ones((1, CAPACITY), jnp.int32)
-    lengths = jnp.asarray([length], jnp.int32)
-    cache = [KVCache.zeros(cfg, 1, CAPACITY, per_layer=True)]
-    run = jax.jit(lambda p, t, n, c: prefill_lib.prefill(p, cfg, t, n, c, cfg.num_layers, T),
-                  donate_argnums=3)
-    compiled = run.lower(params, tokens, lengths, cache[0]).compile()
-
-    def call():
-        h, cache[0] = compiled(params, tokens, lengths, cache[0])
-        h.block_until_ready()
-    return call
-
-
 def main():
     model = load_model(str(pull("smollm2-135m-instruct")))
-    calls = {(n, T): compiled_prefill(model.cfg, model.params, n, T)
+    calls = {(n, T): compiled_prefill(model.cfg, model.params, n, T, CAPACITY)
              for n in LENGTHS for T in CHUNKS}
     ms, start_load = interleaved_ms(calls, ROUNDS, lambda key: 1)
     print(f"{header()} (rounds started at {start_load})")

@@ -11,34 +11,21 @@ the capacity `generate` plans for them with 64 new tokens and lookup's lookahead
 spans as the library has them. Interleaved rounds, median per call.
 """
 
-from passes import header, interleaved_ms, load
-
-import jax
-import jax.numpy as jnp
+from passes import compiled_prefill, header, interleaved_ms, load
 
 from hispec_jax import load_model
 from hispec_jax.decoding import prefill as prefill_lib
 from hispec_jax.decoding.generate import plan_shapes
-from hispec_jax.models.kv_cache import KVCache
 from hispec_jax.models.pull import pull
 
 LENGTHS = (60, 140, 217, 272, 332, 337)
 NEW, LOOKAHEAD, ROUNDS, CALLS = 64, 9, 7, 2
 
 
-def compiled_prefill(cfg, params, length: int):
+def compiled_prefill_planned(cfg, params, length: int):
+    """The prefill call at the chunk and capacity `generate` plans for `length`."""
     T, S = plan_shapes(length, NEW, LOOKAHEAD, cfg.max_position_embeddings, None)
-    tokens = jnp.ones((1, S), jnp.int32)
-    lengths = jnp.asarray([length], jnp.int32)
-    cache = [KVCache.zeros(cfg, 1, S, per_layer=True)]
-    run = jax.jit(lambda p, t, n, c: prefill_lib.prefill(p, cfg, t, n, c, cfg.num_layers, T),
-                  donate_argnums=3)
-    compiled = run.lower(params, tokens, lengths, cache[0]).compile()
-
-    def call():
-        h, cache[0] = compiled(params, tokens, lengths, cache[0])
-        h.block_until_ready()
-    return call, T, S
+    return compiled_prefill(cfg, params, length, T, S), T, S
 
 
 def main():
@@ -50,7 +37,7 @@ def main():
     for variant, small in (("whole chunks", 0), ("small last chunks", max_small)):
         prefill_lib.MAX_SMALL = small
         for n in LENGTHS:
-            calls[n, variant], *shapes[n] = compiled_prefill(cfg, params, n)
+            calls[n, variant], *shapes[n] = compiled_prefill_planned(cfg, params, n)
     prefill_lib.MAX_SMALL = max_small
     ms_of, start_load = interleaved_ms(calls, ROUNDS, lambda key: CALLS)
     print(f"{header()} (rounds started at {start_load})")
