@@ -12,15 +12,10 @@ SmolLM2's greedy continuations of 16 chat prompts per task (128 new tokens).
 from __future__ import annotations
 
 import dataclasses
-import math
 
-from ngram_replay import NEW_TOKENS, PROMPTS, TASKS, replay
+from ngram_replay import NEW_TOKENS, PROMPTS, continuations, print_rule_table
 
-from hispec_jax import load_model
-from hispec_jax.api import generate
-from hispec_jax.bench import tasks
 from hispec_jax.decoding.lookup import PromptLookup
-from hispec_jax.models.pull import pull
 
 
 def rule(one: int, mid: int, full_at: int = 5) -> PromptLookup:
@@ -49,24 +44,10 @@ RULES = {
 
 
 def main() -> None:
-    model = load_model(str(pull("smollm2-135m-instruct")))
-    records = {}
-    for task in TASKS:
-        prompts = tasks.task_prompts(model, task, PROMPTS, 512, True)
-        result = generate(model, prompts, max_new_tokens=NEW_TOKENS, batch_size=8)
-        records[task] = list(zip(result.prompt_token_ids, result.token_ids))
+    records = continuations()
     print(f"# SmolLM2-135M-Instruct, greedy continuations of {PROMPTS} chat prompts per task "
           f"({NEW_TOKENS} new tokens); tokens per AR step of cost, in brackets / the default\n")
-    print("| rule | " + " | ".join(TASKS) + " | geometric mean |")
-    print("|---|" + "---|" * (len(TASKS) + 1))
-    base = None
-    for name, drafter in RULES.items():
-        speed = [replay(records[t], drafter) for t in TASKS]
-        base = base or speed
-        ratios = [s / b for s, b in zip(speed, base)]
-        geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
-        print(f"| {name} | " + " | ".join(f"{s:.2f} ({r:.3f})" for s, r in zip(speed, ratios))
-              + f" | {geo:.3f} |", flush=True)
+    print_rule_table(RULES, records)
 
 
 if __name__ == "__main__":

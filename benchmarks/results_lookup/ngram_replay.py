@@ -66,25 +66,38 @@ def replay(records, drafter: PromptLookup) -> float:
     return emitted / cost
 
 
-def main() -> None:
+def continuations() -> dict[str, list]:
+    """{task: [(prompt ids, SmolLM2's greedy continuation ids)]} of the first `PROMPTS`
+    chat-rendered prompts of every task."""
     model = load_model(str(pull("smollm2-135m-instruct")))
     records = {}
     for task in TASKS:
         prompts = tasks.task_prompts(model, task, PROMPTS, 512, True)
         result = generate(model, prompts, max_new_tokens=NEW_TOKENS, batch_size=8)
         records[task] = list(zip(result.prompt_token_ids, result.token_ids))
-    print(f"# SmolLM2-135M-Instruct, greedy continuations of {PROMPTS} chat prompts per task "
-          f"({NEW_TOKENS} new tokens, EOS kept); pass costs {COST} AR steps\n")
+    return records
+
+
+def print_rule_table(rules: dict[str, PromptLookup], records) -> None:
+    """One markdown row per rule: tokens per AR step of cost per task and, in brackets, the
+    ratio to the first rule's; their geometric mean."""
     print("| rule | " + " | ".join(TASKS) + " | geometric mean |")
     print("|---|" + "---|" * (len(TASKS) + 1))
     base = None
-    for name, drafter in RULES.items():
+    for name, drafter in rules.items():
         speed = [replay(records[t], drafter) for t in TASKS]
         base = base or speed
         ratios = [s / b for s, b in zip(speed, base)]
         geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
         print(f"| {name} | " + " | ".join(f"{s:.2f} ({r:.3f})" for s, r in zip(speed, ratios))
               + f" | {geo:.3f} |", flush=True)
+
+
+def main() -> None:
+    records = continuations()
+    print(f"# SmolLM2-135M-Instruct, greedy continuations of {PROMPTS} chat prompts per task "
+          f"({NEW_TOKENS} new tokens, EOS kept); pass costs {COST} AR steps\n")
+    print_rule_table(RULES, records)
     print("\n(tokens per AR step of cost, decode only; in brackets the ratio to the first row)")
 
 
