@@ -503,7 +503,7 @@ def run(args) -> list[dict]:
     def save():  # after every task, so a run cut short keeps the tasks it finished
         if args.out:
             with open(args.out, "w") as f:
-                json.dump({"args": {k: v for k, v in vars(args).items()}, "model": model_path,
+                json.dump({"args": vars(args), "model": model_path,
                            "loadavg_end": os.getloadavg(), "results": results}, f, indent=2)
 
     for task in args.tasks:

@@ -76,8 +76,10 @@ def prune_cache_dir(path, max_bytes: int, keep_bytes: int) -> int:
         entries = [e for e in os.scandir(path) if e.is_file()]
     except FileNotFoundError:
         return 0
-    stats = [(max(st.st_atime, st.st_mtime), st.st_size, e.path)
-             for e, st in ((e, e.stat()) for e in entries)]
+    stats = []  # (last use, size, path)
+    for entry in entries:
+        st = entry.stat()
+        stats.append((max(st.st_atime, st.st_mtime), st.st_size, entry.path))
     total = sum(size for _, size, _ in stats)
     if total <= max_bytes:
         return 0
