@@ -91,6 +91,41 @@ def test_layerskip_lossless_with_constant_drafts(greedy, ours, hf_model, tiny_di
     assert layerskip.token_ids == ours
 
 
+def test_stop_at_eos_matches_ours(hf_model, tiny_dir, monkeypatch):
+    """With EOS ids (`bench tasks --stop-at-eos`), transformers and our bench runners stop
+    each prompt at its first EOS, with the same tokens and token counts as `generate`."""
+    import types
+
+    from hispec_jax.bench import tasks
+    from hispec_jax.decoding import generate as generate_lib
+
+    model = hispec_jax.load_model(tiny_dir[0])
+    stops = generate_lib.stop_token_ids(model)
+    assert stops == (tiny_dir[1],)
+    ours = hispec_jax.generate(model, PROMPTS, method="ar", max_new_tokens=NEW).token_ids
+    assert ours[0] == [tiny_dir[1]] and len(ours[1]) > 1  # one prompt stops at once
+    run = hf_generate(hf_model, PROMPTS, NEW, eos_token_ids=stops)
+    assert run.token_ids == ours and run.new_tokens == sum(map(len, ours))
+    # the task bench: our AR and lookup, transformers greedy and prompt lookup, all stopping
+    monkeypatch.setattr(tasks, "task_prompts", lambda model, task, n, m, chat: PROMPTS[:n])
+    specs = tasks.specs
+    monkeypatch.setattr(tasks, "specs", lambda *a: specs(*a)[:2])  # AR and lookup
+    args = types.SimpleNamespace(prompts=2, auto_prompts=1, auto=False, recommended=False,
+                                 max_prompt_tokens=64, max_new_tokens=NEW, rounds=1, lookup=4,
+                                 hf_lookup=3, chat=False, stop_at_eos=True)
+    result = tasks.run_task(model, hf_model, "summarize", args)
+    assert result["stop_at_eos"] and result["output_lengths"] == [len(t) for t in ours]
+    rows = {r["name"]: r for r in result["rows"]}
+    assert list(rows) == ["ar", "lookup", "transformers greedy",
+                          "transformers prompt-lookup k=3"]
+    assert all(r["identical_to_ar"] for r in rows.values())
+    for row in rows.values():  # tokens/s counts the tokens each prompt really got
+        assert row["tokens_per_second"] == pytest.approx(
+            sum(map(len, ours)) / row["seconds"][0])
+    assert (f"summarize (2 prompts, up to {NEW} new tokens each, stopping at EOS: "
+            f"{sum(map(len, ours))} in all, 1-{len(ours[1])} a prompt)") in tasks.markdown(result)
+
+
 def test_tokens_per_second_is_median(greedy):
     assert greedy[0].tokens_per_second > 0
     run = HFRun(name="x", token_ids=[[0] * 4] * 2, seconds=[1.0, 2.0, 4.0, 8.0], new_tokens=8)

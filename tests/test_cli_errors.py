@@ -78,6 +78,8 @@ CASES = [
     ("bench --tuned 1,2", "--tuned takes Ld,Li,Nd,Ni"),
     ("bench --auto", "--auto is a --tasks flag: give --tasks too"),
     ("bench --lookup 4", "--lookup is a --tasks flag: give --tasks too"),
+    ("bench --stop-at-eos", "--stop-at-eos is a --tasks flag: give --tasks too"),
+    ("bench --tasks extract --auto --stop-at-eos", "--stop-at-eos with --auto: auto's tune"),
     ("bench --tasks chat --auto --auto-prompts 0", "--auto-prompts 0: must be >= 1"),
     ("bench --tasks chat --lookup 99", "--lookup 99: must be an integer in [1, 64]"),
     ("bench --tasks chat --auto-verify", "--auto-verify chooses auto's plan: give --auto too"),

@@ -3,7 +3,8 @@ transformers' LayerSkip self-speculation (`assistant_early_exit`).
 
 Both decode greedily, one prompt at a time (assisted generation supports batch 1 only),
 exactly `max_new_tokens` per prompt with EOS ignored, as `hispec_jax.generate(...,
-ignore_eos=True)` does. `hf_generate_batch` is plain greedy decoding of a whole batch in
+ignore_eos=True)` does (`hf_generate` with `eos_token_ids`: up to `max_new_tokens`, each
+prompt stopping at EOS). `hf_generate_batch` is plain greedy decoding of a whole batch in
 one left-padded call (`python -m hispec_jax.bench ar`). PyTorch is imported lazily: the
 rest of the library needs none.
 
@@ -39,9 +40,10 @@ class HFRun:
 
     Attributes:
       name: e.g. "transformers greedy", "transformers layerskip d=4 n=4".
-      token_ids: new tokens per prompt ([P][max_new_tokens]), from the last timed round.
+      token_ids: new tokens per prompt ([P][max_new_tokens], fewer where a prompt stopped at
+        EOS), from the last timed round.
       seconds: wall time per timed round ([rounds]), summed over that round's prompts.
-      new_tokens: total new tokens per round (P * max_new_tokens).
+      new_tokens: total new tokens per round (P * max_new_tokens without EOS).
     """
 
     name: str
@@ -76,8 +78,9 @@ def load_hf_model(model_dir: str, threads: int | None = None):
 
 
 def _configs(hf_model, max_new_tokens: int, assistant_early_exit: int | None,
-             num_assistant_tokens: int):
-    """(model-level config, per-call config): greedy, no EOS, no model-dir defaults.
+             num_assistant_tokens: int, eos_token_ids: tuple[int, ...] = ()):
+    """(model-level config, per-call config): greedy, no model-dir defaults, no EOS (or
+    stopping at `eos_token_ids`).
 
     The early-exit drafter runs `generate` on the model itself with the model-level config
     as defaults, so `assistant_early_exit` goes in the per-call config only (else the
@@ -92,7 +95,8 @@ def _configs(hf_model, max_new_tokens: int, assistant_early_exit: int | None,
             eos = hf_model.config.eos_token_id
         pad = (eos[0] if isinstance(eos, (list, tuple)) else eos) if eos is not None else 0
     base = GenerationConfig(
-        do_sample=False, num_beams=1, max_new_tokens=max_new_tokens, eos_token_id=None,
+        do_sample=False, num_beams=1, max_new_tokens=max_new_tokens,
+        eos_token_id=list(eos_token_ids) or None,
         pad_token_id=int(pad), repetition_penalty=1.0, no_repeat_ngram_size=0, use_cache=True,
         num_assistant_tokens=num_assistant_tokens, num_assistant_tokens_schedule="constant",
         assistant_confidence_threshold=0.0)
@@ -104,11 +108,14 @@ def _configs(hf_model, max_new_tokens: int, assistant_early_exit: int | None,
 def hf_generate(hf_model, prompts: list[list[int]], max_new_tokens: int, *, rounds: int = 1,
                 assistant_early_exit: int | None = None, num_assistant_tokens: int | None = None,
                 name: str | None = None, progress: Callable[[], object] | None = None,
-                prompt_lookup_num_tokens: int | None = None) -> HFRun:
-    """Greedy generation of exactly max_new_tokens per prompt with `hf_model.generate`.
+                prompt_lookup_num_tokens: int | None = None,
+                eos_token_ids: tuple[int, ...] = ()) -> HFRun:
+    """Greedy generation of exactly max_new_tokens per prompt with `hf_model.generate` (with
+    `eos_token_ids`: up to max_new_tokens, each prompt stopping at the first of them).
 
-    One prompt at a time (batch 1: assisted generation supports batch 1 only), EOS ignored;
-    one untimed warm-up prompt (prompts[0]) first, then `rounds` timed rounds over all prompts.
+    One prompt at a time (batch 1: assisted generation supports batch 1 only), EOS ignored
+    unless `eos_token_ids` are given; one untimed warm-up prompt (prompts[0]) first, then
+    `rounds` timed rounds over all prompts.
 
     Args:
       hf_model: a transformers causal LM (see `load_hf_model`).
@@ -146,7 +153,7 @@ def hf_generate(hf_model, prompts: list[list[int]], max_new_tokens: int, *, roun
             raise ValueError(f"num_assistant_tokens must be >= 1, got {num_assistant_tokens}")
         default_name = f"transformers layerskip d={assistant_early_exit} n={num_assistant_tokens}"
     base, call = _configs(hf_model, max_new_tokens, assistant_early_exit,
-                          num_assistant_tokens or DEFAULT_NUM_ASSISTANT_TOKENS)
+                          num_assistant_tokens or DEFAULT_NUM_ASSISTANT_TOKENS, eos_token_ids)
     if prompt_lookup_num_tokens is not None:
         if assistant_early_exit is not None or prompt_lookup_num_tokens < 1:
             raise ValueError("prompt_lookup_num_tokens must be >= 1, without assistant_early_exit")
@@ -161,9 +168,11 @@ def hf_generate(hf_model, prompts: list[list[int]], max_new_tokens: int, *, roun
                                 generation_config=call)
         seconds = time.perf_counter() - t0
         new = out[0, len(prompt):].tolist()
-        if len(new) != max_new_tokens:
+        stopped = bool(new) and new[-1] in eos_token_ids
+        if len(new) != max_new_tokens and not (stopped and len(new) < max_new_tokens):
             raise RuntimeError(f"transformers generated {len(new)} tokens, "
-                               f"expected {max_new_tokens}")
+                               f"expected {max_new_tokens}" + (" or fewer ending at EOS"
+                                                               if eos_token_ids else ""))
         if progress is not None:
             progress()
         return new, seconds
@@ -181,7 +190,7 @@ def hf_generate(hf_model, prompts: list[list[int]], max_new_tokens: int, *, roun
     finally:
         hf_model.generation_config = saved
     return HFRun(name=name or default_name, token_ids=token_ids, seconds=seconds,
-                 new_tokens=len(prompts) * max_new_tokens)
+                 new_tokens=sum(map(len, token_ids)))
 
 
 def hf_generate_batch(hf_model, prompts: list[list[int]], max_new_tokens: int

@@ -24,6 +24,7 @@ import jax
 from hispec_jax.decoding import generate as generate_lib
 from hispec_jax.decoding import methods
 from hispec_jax.decoding.engine import Engine, Shapes
+from hispec_jax.decoding.sampling import SamplingParams
 from hispec_jax.models.model import Model
 
 # Statistics of paper Table 9 and the engine's cost counters, copied from `generate` stats.
@@ -106,19 +107,32 @@ def default_specs(sv_profile: str | None = None, seed_methods: bool = True) -> l
 
 def hispec_runner(model: Model, prompts: list[list[int]], spec: MethodSpec, *,
                   max_new_tokens: int, batch_size: int, max_cache_len: int,
-                  loop_time_only: bool = False) -> Runner:
+                  loop_time_only: bool = False, stop_at_eos: bool = False,
+                  chat: bool = False) -> Runner:
     """A hispec-jax method as a Runner. The loop is compiled for this method's own window
     bounds (a `Decoder` is passed, so no larger compiled loop is reused). A timed round is
     the wall time of one `generate` call, end to end; with `loop_time_only`, only its
-    compiled loop's runs (`stats["decode_seconds"]`: no request building, no host copies)."""
+    compiled loop's runs (`stats["decode_seconds"]`: no request building, no host copies).
+    EOS is ignored (every prompt gets `max_new_tokens`) unless `stop_at_eos`: then each
+    prompt stops at `generate_lib.stop_token_ids(model, chat)` (`chat`: the prompts were
+    rendered with the chat template, so its end-of-turn tokens stop them too)."""
     decoder = spec.decoder(model)
-    kwargs = dict(max_new_tokens=max_new_tokens, batch_size=batch_size, ignore_eos=True,
+    kwargs = dict(max_new_tokens=max_new_tokens, batch_size=batch_size,
                   max_cache_len=max_cache_len)
+    stops = generate_lib.stop_token_ids(model, chat) if stop_at_eos else ()
+
+    def run():
+        if not stop_at_eos:
+            return generate_lib.generate(model, prompts, method=decoder, ignore_eos=True,
+                                         **kwargs)
+        return generate_lib.decode(model, prompts, decoder, SamplingParams(),
+                                   method_name=spec.name, chat=chat, reuse_compiled=False,
+                                   **kwargs)
 
     def warmup() -> Result:
-        r = generate_lib.generate(model, prompts, method=decoder, **kwargs)
+        r = run()
         seconds, memory = compile_loop(model, decoder, prompts, batch_size, max_new_tokens,
-                                       max_cache_len)
+                                       max_cache_len, num_eos=max(len(stops), 1))
         return Result(name=spec.name, token_ids=r.token_ids, new_tokens=r.stats["new_tokens"],
                       compile_seconds=seconds, memory_bytes=memory,
                       stats={k: r.stats.get(k) for k in STAT_KEYS},
@@ -126,14 +140,14 @@ def hispec_runner(model: Model, prompts: list[list[int]], spec: MethodSpec, *,
 
     def timed_round() -> float:  # end to end, request building and host transfers included
         t0 = time.perf_counter()
-        r = generate_lib.generate(model, prompts, method=decoder, **kwargs)
+        r = run()
         return r.stats["decode_seconds"] if loop_time_only else time.perf_counter() - t0
 
     return Runner(spec.name, warmup, timed_round)
 
 
 def compile_loop(model: Model, decoder: methods.Decoder, prompts, batch_size: int,
-                 max_new_tokens: int, capacity: int) -> tuple[float, int]:
+                 max_new_tokens: int, capacity: int, num_eos: int = 1) -> tuple[float, int]:
     """(seconds this process spent compiling the loop of the longest prompt's batch, bytes
     of XLA's memory analysis of it). The loop comes from the engine's compile cache (the
     warm-up call compiled it; its compile time is kept with it), so nothing compiles twice.
@@ -143,7 +157,7 @@ def compile_loop(model: Model, decoder: methods.Decoder, prompts, batch_size: in
     block, capacity = generate_lib.plan_shapes(
         max(map(len, prompts)), max_new_tokens, decoder.lookahead(),
         model.cfg.max_position_embeddings, capacity)
-    shapes = Shapes(batch=batch_size, capacity=capacity, prompt_block=block)
+    shapes = Shapes(batch=batch_size, capacity=capacity, prompt_block=block, num_eos=num_eos)
     engine = Engine.for_model(model, decoder.hierarchy, shapes, greedy=True)
     compiled, seconds = engine.compiled()
     seconds = seconds or engine.compile_seconds()
@@ -160,13 +174,16 @@ def common_cache_len(model: Model, prompts, specs: list[MethodSpec], max_new_tok
     return min(-(-need // 64) * 64, model.cfg.max_position_embeddings)
 
 
-def loop_time_runners(model: Model, prompts, specs: list[MethodSpec], max_new_tokens: int
+def loop_time_runners(model: Model, prompts, specs: list[MethodSpec], max_new_tokens: int,
+                      stop_at_eos: bool = False, chat: bool = False
                       ) -> tuple[list[Runner], int]:
     """(a batch-1 loop-time runner per spec, the one cache capacity they share:
-    `common_cache_len`): what the task benches compare side by side."""
+    `common_cache_len`): what the task benches compare side by side (`hispec_runner`'s
+    `stop_at_eos` and `chat`)."""
     capacity = common_cache_len(model, prompts, specs, max_new_tokens)
     return [hispec_runner(model, prompts, s, max_new_tokens=max_new_tokens, batch_size=1,
-                          max_cache_len=capacity, loop_time_only=True) for s in specs], capacity
+                          max_cache_len=capacity, loop_time_only=True, stop_at_eos=stop_at_eos,
+                          chat=chat) for s in specs], capacity
 
 
 PREFILL_ROW = "prefill (AR, 1 new token)"

@@ -12,12 +12,13 @@ Tasks, from packaged data only (`datasets.py`: the ShareGPT evaluation split, Hu
                completed with its canonical solution (a code edit: mostly copying)
 
 Per task one `suite.compare` (greedy, EOS ignored, so every method emits exactly
-`--max-new-tokens` per prompt; warm-up checks every method's tokens equal AR's; timed in
-interleaved rounds, median): our AR, `lookup`, `layerskip` at the default draft exit alone
-and with the lookup drafter below it, and, with a transformers model (a Hugging Face
-directory or a GGUF file transformers reads), transformers greedy and transformers
-prompt-lookup decoding (`prompt_lookup_num_tokens`, `max_matching_ngram_size`) on the same
-prompts and weights. Prints one table per task (tokens/s, ratio to our AR, lookup tokens
+`--max-new-tokens` per prompt, or with `--stop-at-eos` up to that many, each prompt stopping
+at EOS / the end of its chat turn as in Spec-Bench; warm-up checks every method's tokens
+equal AR's; timed in interleaved rounds, median): our AR, `lookup`, `layerskip` at the
+default draft exit alone and with the lookup drafter below it, and, with a transformers
+model (a Hugging Face directory or a GGUF file transformers reads), transformers greedy and
+transformers prompt-lookup decoding (`prompt_lookup_num_tokens`, `max_matching_ngram_size`)
+on the same prompts and weights. Prints one table per task (tokens/s, ratio to our AR, lookup tokens
 proposed / accepted) and writes tasks.json.
 
 Times are end to end (prefill included, as transformers' `generate` times are). The
@@ -143,6 +144,10 @@ def parse_args(argv=None):
     p.add_argument("--max-prompt-tokens", type=int, default=512,
                    help="longer prompts are skipped (never cut)")
     p.add_argument("--max-new-tokens", type=int, default=96, help="new tokens per prompt")
+    p.add_argument("--stop-at-eos", action="store_true",
+                   help="each prompt stops at EOS (with --chat also at the end of its turn), "
+                        "as Spec-Bench measures; --max-new-tokens is then a cap (default: EOS "
+                        "ignored, exactly --max-new-tokens per prompt); not with --auto")
     p.add_argument("--rounds", type=int, default=3, help="timed interleaved rounds (median)")
     p.add_argument("--lookup", type=int, default=None, metavar="K",
                    help="k of our lookup drafter (default: options.DEFAULT_LOOKUP alone, half "
@@ -176,6 +181,9 @@ def check_args(args) -> None:
         value = getattr(args, name)
         if value < 1:
             raise ValueError(f"--{name.replace('_', '-')} {value}: must be >= 1")
+    if getattr(args, "stop_at_eos", False) and args.auto:
+        raise ValueError("--stop-at-eos with --auto: auto's tune calibrates on continuations "
+                         "of exactly --max-new-tokens; leave one out")
     if getattr(args, "auto_verify", False) and not args.auto:
         raise ValueError("--auto-verify chooses auto's plan: give --auto too")
     rules = getattr(args, "auto_choose", CHOICE_RULES[0])
@@ -216,13 +224,16 @@ def _hf_model(model_path: str):
     return hf_baselines.load_hf_model(str(path))
 
 
-def hf_runner(hf_model, prompts, new_tokens: int, name: str, lookup: int | None = None):
-    """transformers greedy (or prompt-lookup) generation, one prompt at a time, as a Runner."""
+def hf_runner(hf_model, prompts, new_tokens: int, name: str, lookup: int | None = None,
+              eos_token_ids: tuple[int, ...] = ()):
+    """transformers greedy (or prompt-lookup) generation, one prompt at a time, as a Runner
+    (stopping at `eos_token_ids` when given)."""
     from hispec_jax.bench import hf_baselines, suite
 
     def run():
         return hf_baselines.hf_generate(hf_model, prompts, new_tokens, rounds=1, name=name,
-                                        prompt_lookup_num_tokens=lookup)
+                                        prompt_lookup_num_tokens=lookup,
+                                        eos_token_ids=eos_token_ids)
 
     def warmup() -> suite.Result:
         r = run()
@@ -370,12 +381,19 @@ def run_task(model, hf_model, task: str, args, costs_from=None) -> dict:
         ours = ours + [r for r, _ in rule_specs.values() if r is not None]
         auto["rules"] = {rule: info for rule, (_, info) in rule_specs.items()}
     suite.release_compiled()  # the tune's programs, the last task's loops: not timed here
-    runners, capacity = suite.loop_time_runners(model, prompts, ours, N)
+    stop = getattr(args, "stop_at_eos", False)
+    runners, capacity = suite.loop_time_runners(model, prompts, ours, N, stop_at_eos=stop,
+                                                chat=args.chat)
     runners.append(suite.prefill_runner(model, prompts, capacity))
     if hf_model is not None:
-        runners.append(hf_runner(hf_model, prompts, N, "transformers greedy"))
+        from hispec_jax.decoding import generate as generate_lib
+
+        stops = generate_lib.stop_token_ids(model, args.chat) if stop else ()
+        runners.append(hf_runner(hf_model, prompts, N, "transformers greedy",
+                                 eos_token_ids=stops))
         runners.append(hf_runner(hf_model, prompts, N, f"transformers prompt-lookup "
-                                 f"k={args.hf_lookup}", lookup=args.hf_lookup))
+                                 f"k={args.hf_lookup}", lookup=args.hf_lookup,
+                                 eos_token_ids=stops))
     results = suite.compare(runners, args.rounds,
                             lambda name: print(f"[tasks] {task}: {name}", file=sys.stderr))
     prefill = results.pop(len(ours))
@@ -404,6 +422,8 @@ def run_task(model, hf_model, task: str, args, costs_from=None) -> dict:
             info.update(auto_ratios(results[:len(ours)], info["row"], auto_rows))
     calibration_used = auto.pop("calibration") if auto is not None else None
     return {"task": task, "prompt_lengths": [len(p) for p in prompts], "new_tokens": N,
+            "stop_at_eos": stop,  # then each prompt's new tokens are output_lengths
+            "output_lengths": [len(t) for t in results[0].token_ids],
             "prefill_seconds": prefill.seconds, "rows": rows, "auto": auto,
             "calibration": calibration_used}
 
@@ -451,8 +471,11 @@ def _held_out(auto: dict) -> str:
 
 
 def markdown(result: dict) -> str:
-    lines = [f"{result['task']} ({len(result['prompt_lengths'])} prompts, "
-             f"{result['new_tokens']} new tokens each)", "",
+    lengths = result.get("output_lengths") or []
+    each = (f"up to {result['new_tokens']} new tokens each, stopping at EOS: "
+            f"{sum(lengths)} in all, {min(lengths)}-{max(lengths)} a prompt"
+            if result.get("stop_at_eos") else f"{result['new_tokens']} new tokens each")
+    lines = [f"{result['task']} ({len(result['prompt_lengths'])} prompts, {each})", "",
              "| method | tokens/s | x our AR | loop x our AR | "
              + ("auto's tune predicted (loop) | " if result.get("auto") else "")
              + "same tokens as AR | lookup accepted / proposed | work / token | work speedup |",

@@ -75,9 +75,13 @@ def add_parsers(subparsers) -> None:
                             "transformers greedy and prompt-lookup, one table per task "
                             "(hispec_jax/bench/tasks.py; uses --model, --prompts (default 3), "
                             "--max-prompt-tokens, --max-new-tokens (default 96), --rounds, "
-                            "--no-transformers, --chat, --out-dir)")
+                            "--no-transformers, --chat, --stop-at-eos, --out-dir)")
     bench.add_argument("--chat", action="store_true",
                        help="--tasks: render prompts with the model's chat template")
+    bench.add_argument("--stop-at-eos", action="store_true",
+                       help="--tasks: each prompt stops at EOS (and, with --chat, at the end "
+                            "of its turn), --max-new-tokens a cap; default: EOS ignored (not "
+                            "with --auto)")
     bench.add_argument("--lookup", type=int, default=None, metavar="K",
                        help="--tasks: k of our lookup drafter (default 16 alone, 8 under exits)")
     bench.add_argument("--recommended", action="store_true",
@@ -121,6 +125,7 @@ def run_tasks(args) -> int:
             "--out", str(Path(args.out_dir) / "tasks.json")]
     argv += ["--model", args.model] if args.model else []
     argv += ["--chat"] if args.chat else []
+    argv += ["--stop-at-eos"] if args.stop_at_eos else []
     argv += ["--no-transformers"] if args.no_transformers else []
     argv += ["--lookup", str(args.lookup)] if args.lookup is not None else []
     argv += ["--recommended"] if args.recommended else []
@@ -138,7 +143,7 @@ def run_tasks(args) -> int:
 def run_bench(args) -> int:
     if args.tasks is not None:
         return run_tasks(args)
-    for name in ("lookup", "recommended", "auto", "auto_prompts", "auto_verify", "auto_choose"):
+    for name in ("stop_at_eos", "lookup", "recommended", "auto", "auto_prompts", "auto_verify", "auto_choose"):
         if getattr(args, name) not in (None, False):
             raise ValueError(f"{common.flag(name)} is a --tasks flag: give --tasks too")
     mesh_shape = common.mesh_arg(args)  # before importing JAX

@@ -195,6 +195,14 @@ def prompt_token_ids(model: Model, prompts, chat: bool = False) -> list[list[int
     return tokenize(model, chat_lib.chat_prompt_ids(model, prompts) if chat else prompts)
 
 
+def stop_token_ids(model: Model, chat: bool = False) -> tuple[int, ...]:
+    """The tokens a sequence stops at (unless `ignore_eos`): the model's EOS ids and, for
+    prompts rendered with the chat template (`chat`), its end-of-turn tokens."""
+    if not chat:
+        return model.eos_token_ids
+    return tuple(dict.fromkeys(model.eos_token_ids + chat_lib.end_of_turn_ids(model)))
+
+
 def check_batch_size(batch_size, num_prompts: int) -> int:
     """`batch_size`, or every prompt in one batch for None."""
     if batch_size is None:
@@ -220,9 +228,7 @@ def decode(model: Model, prompt_ids: list[list[int]], decoder: methods_lib.Decod
     max_prompt_len = max(len(p) for p in prompt_ids)
     block, capacity = plan_shapes(max_prompt_len, max_new_tokens, decoder.lookahead(),
                                   model.cfg.max_position_embeddings, max_cache_len)
-    eos = () if ignore_eos else model.eos_token_ids
-    if chat and not ignore_eos:
-        eos = tuple(dict.fromkeys(eos + chat_lib.end_of_turn_ids(model)))
+    eos = () if ignore_eos else stop_token_ids(model, chat)
     eos_ids_E = jnp.asarray(list(eos) or [-1], jnp.int32)
     shapes = engine_lib.Shapes(batch=loop_batch, capacity=capacity, prompt_block=block,
                                num_eos=int(eos_ids_E.shape[0]))
