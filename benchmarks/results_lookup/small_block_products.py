@@ -71,8 +71,7 @@ def main():
             call()
             call()
             times[key].append((time.perf_counter() - t0) / 2)
-    print(f"# XLA:CPU, jax {jax.__version__}, {os.cpu_count()} cores, "
-          f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}; load at start "
+    print(f"# XLA:CPU, jax {jax.__version__}, {os.cpu_count()} cores; load at start "
           f"{tuple(round(v, 2) for v in start)}, at end {tuple(round(v, 2) for v in os.getloadavg())}")
     print(f"# 30 MLP layers 576 -> 1536 -> 576, float32; median of {ROUNDS} interleaved rounds, ms\n")
     print("| form | " + " | ".join(f"T = {T}" for T in TS) + " |")

@@ -18,8 +18,8 @@ equal AR's; timed in interleaved rounds, median): our AR, `lookup`, `layerskip` 
 default draft exit alone and with the lookup drafter below it, and, with a transformers
 model (a Hugging Face directory or a GGUF file transformers reads), transformers greedy and
 transformers prompt-lookup decoding (`prompt_lookup_num_tokens`, `max_matching_ngram_size`)
-on the same prompts and weights. Prints one table per task (tokens/s, ratio to our AR, lookup tokens
-proposed / accepted) and writes tasks.json.
+on the same prompts and weights. Prints one table per task (tokens/s, ratio to our AR,
+lookup tokens proposed / accepted) and writes tasks.json.
 
 Times are end to end (prefill included, as transformers' `generate` times are). The
 prompts' prefill alone (AR with one new token) is timed in the same rounds, so each of our
