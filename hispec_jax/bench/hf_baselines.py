@@ -168,8 +168,8 @@ def hf_generate(hf_model, prompts: list[list[int]], max_new_tokens: int, *, roun
                                 generation_config=call)
         seconds = time.perf_counter() - t0
         new = out[0, len(prompt):].tolist()
-        stopped = bool(new) and new[-1] in eos_token_ids
-        if len(new) != max_new_tokens and not (stopped and len(new) < max_new_tokens):
+        stopped_early = 0 < len(new) < max_new_tokens and new[-1] in eos_token_ids
+        if len(new) != max_new_tokens and not stopped_early:
             raise RuntimeError(f"transformers generated {len(new)} tokens, "
                                f"expected {max_new_tokens}" + (" or fewer ending at EOS"
                                                                if eos_token_ids else ""))

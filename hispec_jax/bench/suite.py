@@ -111,23 +111,20 @@ def hispec_runner(model: Model, prompts: list[list[int]], spec: MethodSpec, *,
                   chat: bool = False) -> Runner:
     """A hispec-jax method as a Runner. The loop is compiled for this method's own window
     bounds (a `Decoder` is passed, so no larger compiled loop is reused). A timed round is
-    the wall time of one `generate` call, end to end; with `loop_time_only`, only its
+    the wall time of one decoding call, end to end; with `loop_time_only`, only its
     compiled loop's runs (`stats["decode_seconds"]`: no request building, no host copies).
     EOS is ignored (every prompt gets `max_new_tokens`) unless `stop_at_eos`: then each
     prompt stops at `generate_lib.stop_token_ids(model, chat)` (`chat`: the prompts were
     rendered with the chat template, so its end-of-turn tokens stop them too)."""
     decoder = spec.decoder(model)
-    kwargs = dict(max_new_tokens=max_new_tokens, batch_size=batch_size,
-                  max_cache_len=max_cache_len)
+    prompt_ids = generate_lib.prompt_token_ids(model, prompts)
     stops = generate_lib.stop_token_ids(model, chat) if stop_at_eos else ()
 
-    def run():
-        if not stop_at_eos:
-            return generate_lib.generate(model, prompts, method=decoder, ignore_eos=True,
-                                         **kwargs)
-        return generate_lib.decode(model, prompts, decoder, SamplingParams(),
-                                   method_name=spec.name, chat=chat, reuse_compiled=False,
-                                   **kwargs)
+    def run():  # `generate` with a Decoder, for prompts rendered already
+        return generate_lib.decode(model, prompt_ids, decoder, SamplingParams(),
+                                   method_name="custom", max_new_tokens=max_new_tokens,
+                                   batch_size=batch_size, ignore_eos=not stop_at_eos,
+                                   max_cache_len=max_cache_len, chat=chat, reuse_compiled=False)
 
     def warmup() -> Result:
         r = run()
