@@ -100,7 +100,7 @@ def plan_shapes(max_prompt_len: int, max_new_tokens: int, lookahead: int, max_le
     """(prefill chunk T, cache capacity S); raises ValueError when the request does not fit.
 
     T is the power-of-two bucket of the longest prompt, at most `PREFILL_CHUNK`; the
-    capacity is planned from the bucket as before (one compilation per bucket and budget).
+    capacity is planned from the bucket (one compilation per bucket and budget).
 
     `lookahead` is how many positions past the last emitted token a method may write
     (drafts beyond the budget), so the cache needs that much room.
@@ -135,7 +135,7 @@ def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int =
       model: a loaded `Model`.
       prompts: a string, a list of strings, or a list of token-id lists.
       method: "ar" (autoregressive), "exit" (early-exit inference from `exit_layer`),
-        "layerskip", "hispec", "sv" or "specbound" (see `methods.make_method`), or a
+        "layerskip", "hispec", "sv", "specbound" or "lookup" (see `methods.make_method`), or a
         `methods.Decoder`. ("auto", the plan `hispec tune` saved, is resolved above
         decoding: `hispec_jax.generate`, `hispec_jax/api.py`.)
       max_new_tokens: per-sequence budget of new tokens (>= 1).

@@ -34,20 +34,16 @@ LOOKUP_METHODS = ("lookup", "layerskip", "hispec")
 MAX_LOOKUP = 64  # most tokens one lookup proposes (every pass's block grows with it)
 MAX_NGRAM = 16
 # k = 16 and 8-grams with the "ngram" schedule (a 1-gram match proposes 4 tokens, a 2- to
-# 4-gram one 8, a longer one 16): 1.10-1.11x k = 8 with 3-grams on SmolLM2's extract and
-# code tasks, the same on chat (BENCHMARKS.md, "Longer proposals for longer matches").
+# 4-gram one 8, a longer one 16) is the fastest lookup setting measured on SmolLM2's grounded
+# tasks (docs/lookup.md).
 DEFAULT_LOOKUP = 16
 DEFAULT_MAX_NGRAM = 8
 
 
 def lookup_under_exits(k: int) -> int:
     """The other k worth trying for a lookup drafter under exits: half of `k`. Every level
-    above the lookup verifies what it kept, so its passes grow with k: on the default model
-    v4 lookup under the recommended HiSpec ran 0.86-0.90x at k = 16 against k = 8 while
-    the intermediate level ran its static block (k + Nd) every pass; with every level at
-    the block it needs, k = 8 ran 0.96-1.06x k = 16 there (summarize, extract, code, chat)
-    (BENCHMARKS.md, "Longer proposals for longer matches", "Lookup under HiSpec: every
-    level at the block it needs")."""
+    above the lookup verifies what it kept, so its passes grow with k, and under exits a
+    shorter lookup can pay where the final layer alone would not (docs/lookup.md)."""
     return max(k // 2, 1)
 
 

@@ -22,10 +22,8 @@ positions it fills rounded up to t (or to T where the rest needs more than two s
 chunks), not the next power of two of its length (at T = 128, a 272-token prompt runs 288
 positions, not the 384 of whole chunks or the 512 of one block).
 A small chunk reads every weight as a full one does, so on a CPU it costs more per
-position: two of them cost less than a full chunk, three about as much (hence
-`MAX_SMALL`). SmolLM2 on the 2-core CPU, whole chunks only -> small last chunks: a
-140-token prompt 408 -> 272 ms (256 -> 160 positions), a 272-token one 625 -> 480 ms
-(benchmarks/results_lookup/prefill_tail.py and .txt).
+position: two of them cost less than a full chunk, three about as much, hence `MAX_SMALL`
+(what a block of T positions costs on XLA:CPU: docs/layer_layouts.md).
 """
 
 from __future__ import annotations

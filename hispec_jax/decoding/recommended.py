@@ -7,7 +7,7 @@ for that method (its exits; its windows where none are given) and says so in the
 verifier) remain the defaults. Exits given explicitly always win.
 
     {"format_version": 1,
-     "source": "hispec tune --verify (cpu-2cores, 2026-11-25)",   # how it was chosen
+     "source": "hispec tune --verify (cpu-2cores)",               # how it was chosen
      "methods": {"hispec":    {"exits": [3, 6, 24], "windows": [4, 12], "adaptive": false},
                  "layerskip": {"exits": [8, 24], "windows": [3], "adaptive": false}},
      "measured": {...}}                                            # optional evidence

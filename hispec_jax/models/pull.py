@@ -66,12 +66,11 @@ def default_cache_dir() -> Path:
 def prune_cache_dir(path, max_bytes: int, keep_bytes: int) -> int:
     """Bounds a compilation cache directory (JAX's persistent cache: flat files) between
     runs: when its files exceed `max_bytes`, removes the least recently written (or read,
-    where the file system keeps access times) until at most `keep_bytes` remain. One
-    listing per call, where JAX's own bound (JAX_COMPILATION_CACHE_MAX_SIZE) lists the
-    directory and reads an access-time file per entry, under a file lock, on every write:
-    the test suite writes ~4,700 programs, and on 2 cores a cold run of it took 29:00 with
-    that bound, 25:40 without (system time 390 -> 138 s; one run each, 2026-11-27). Returns
-    the bytes removed."""
+    where the file system keeps access times) until at most `keep_bytes` remain. One listing
+    per call, because JAX's own bound (JAX_COMPILATION_CACHE_MAX_SIZE) lists the directory
+    and reads an access-time file per entry, under a file lock, on every write, which costs
+    minutes in a process that compiles thousands of programs (the test suite). Returns the
+    bytes removed."""
     try:
         entries = [e for e in os.scandir(path) if e.is_file()]
     except FileNotFoundError:
