@@ -44,8 +44,9 @@ class ModelConfig:
         "default": `jax.lax.Precision`). "highest" (the default) makes float32 matmuls
         exact float32 on GPUs and TPUs too, whose default passes round inputs to TF32 or
         bfloat16; then a speculative method's greedy output equals AR's even at near-ties
-        (with TF32, HiSpec diverged from AR on an H100). "default" is faster on GPUs/TPUs
-        and gives up that guarantee; bfloat16 models' inputs are exact either way.
+        (with TF32, HiSpec's greedy output departs from AR's on an H100: docs/numerics.md).
+        "default" is faster on GPUs/TPUs and gives up that guarantee; bfloat16 models'
+        inputs are exact either way.
     """
 
     model_type: str

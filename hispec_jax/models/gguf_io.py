@@ -369,8 +369,8 @@ def load_weights(reader, cfg: ModelConfig, layer_layout: str = "scan",
 def _transformers_gguf_tokenizer():
     """transformers' GGUF tokenizer conversion: (GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer).
 
-    Lives in `transformers.integrations.gguf` since transformers 5 and in
-    `transformers.integrations.ggml` before; neither imports torch."""
+    It is `transformers.integrations.gguf` in transformers >= 5 and
+    `transformers.integrations.ggml` in older releases; neither imports torch."""
     try:
         from transformers.integrations.gguf.gguf_tokenizer_mapping import (
             GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer)

@@ -137,15 +137,13 @@ def _tied_head(x_BxTxD: jax.Array, embed_VxD: jax.Array, precision) -> jax.Array
     On XLA:CPU a block of 2..`EMBED_LHS_MAX_ROWS` rows is computed as `E @ x^T` -> [V, B, T],
     then transposed: the same products, with the large [V, D] matrix as the left operand.
     As `x @ E^T`, the YNNPACK GEMM that serves every dot of more than one row repacks the
-    whole embedding (113 MB on SmolLM2-135M) on each call. SmolLM2-135M, this 2-core CPU,
-    ms per call for 2 / 4 / 8 / 16 / 32 rows: `x @ E^T` 16.0 / 16.4 / 17.7 / 20.5 / 25.6,
-    `E @ x^T` 9.7 / 9.6 / 10.3 / 12.5 / 19.6 (one row, `x @ E^T`: 6.9); prompt lookup's
-    verify pass over 2 / 4 / 8 positions 83 / 114 / 125 -> 76 / 104 / 111 ms (the AR step
-    64 ms); benchmarks/results_lookup/head_block_cost.py and .txt. One row stays `x @ E^T`
-    (XLA's own matrix-vector product: the AR step), and so do larger blocks (prefill
-    chunks, training) and other backends, where this was not measured. The optimization
-    barrier keeps XLA from folding the transpose back into `x @ E^T`. Only the summation
-    order changes (float32 differences ~1e-5, as between any two dot kernels)."""
+    whole embedding (113 MB on SmolLM2-135M) on each call, which makes the head of a short
+    verification block cost about 1.6x what it does as `E @ x^T` on a CPU
+    (docs/layer_layouts.md). One row stays `x @ E^T` (XLA's own matrix-vector product: the
+    AR step), and so do larger blocks (prefill chunks, training) and other backends, where
+    the repacking is not measured. `weight_left_matmul`'s optimization barrier keeps XLA
+    from folding the transpose back into `x @ E^T`. Only the summation order changes
+    (float32 differences ~1e-5, as between any two dot kernels)."""
     B, T, _ = x_BxTxD.shape
     if jax.default_backend() != "cpu" or not 1 < B * T <= EMBED_LHS_MAX_ROWS:
         return jnp.einsum("BTD,VD->BTV", x_BxTxD, embed_VxD, precision=precision,

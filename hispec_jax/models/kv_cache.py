@@ -4,9 +4,9 @@
                               (or L arrays [B, K, S, H]: `KVCache.per_layer`)
 
 The kv-head axis K sits before the slot axis S so that a layer's slice [B, K, S, H] has the
-attention matmuls' batch axes (B, K) outermost. With [B, S, K, H] XLA relaid out (copied)
-both the keys and the values of every layer at every decoding step; now the values are
-read in place (XLA:CPU still transposes the keys for the score matmul).
+attention matmuls' batch axes (B, K) outermost: with [B, S, K, H], XLA would relayout (copy)
+both the keys and the values of every layer at every decoding step; with [B, K, S, H] the
+values are read in place (XLA:CPU still transposes the keys for the score matmul).
 
 Every sequence writes the token at absolute position p into slot p, so sequences of one
 batch can sit at different lengths, and rollback after a rejected draft only moves that
@@ -45,7 +45,7 @@ class KVCache:
         per layer   k, v: L' arrays [B, K, S, H]    (the "unrolled" layer layout)
 
     Per-layer buffers let XLA update each layer in place even inside `lax.cond` branches
-    that run several layers; with one stacked buffer it copied the whole cache there.
+    that run several layers, where one stacked buffer would be copied whole.
 
     Attributes:
       k: keys after RoPE (L' <= L: a cache may hold only the first L' layers).

@@ -25,7 +25,7 @@ weights as a tuple of L per-layer dicts (each entry without the leading [L] axis
 `run_layers` unrolls the layer loop over it. XLA:CPU copies a layer's weight slice out of
 the stacked arrays at every scan step (a dynamic slice materializes before each matmul);
 separate per-layer buffers avoid that copy, about 3x less time per layer at batch 1 on CPU
-(BENCHMARKS.md). `load_model` picks "unrolled" on CPU and "scan" on accelerators; the
+(docs/layer_layouts.md). `load_model` picks "unrolled" on CPU and "scan" on accelerators; the
 layout never changes the math. On CPU the unrolled layout also stores the seven layer
 projections out-major (`wq_T` [N, H, D] ... `w_down_T` [D, F]: `with_layer_layout`,
 `transformer.project`, docs/layer_layouts.md).
@@ -287,9 +287,9 @@ def default_layer_layout() -> str:
 
     Scanning slices each layer's weights out of the stacked arrays inside the loop, and
     XLA:CPU and XLA:GPU materialize those slices (copies of every layer's weights at every
-    decoding step): AR at Llama-3-8B shapes on an H100 ran 56.5 tok/s scanned vs 147.9
-    unrolled, on CPU the compiled step accesses ~2x the analytic bytes. Unrolled compiles
-    in time linear in depth (docs/layer_layouts.md). On TPU XLA reads the slices in place,
+    decoding step): AR at Llama-3-8B shapes on an H100 is 2.6x faster unrolled, and on CPU
+    the scanned step accesses ~2x the analytic bytes; unrolled compiles in time linear in
+    depth (docs/layer_layouts.md). On TPU XLA reads the slices in place,
     and the scan keeps compile time flat (not measured by this project: no TPU)."""
     return "scan" if jax.default_backend() == "tpu" else "unrolled"
 
@@ -297,10 +297,9 @@ def default_layer_layout() -> str:
 def default_out_major() -> bool:
     """Whether the unrolled layout stores the layer projections out-major on this backend:
     on XLA:CPU, where a block of several rows then multiplies with the weight as the left
-    operand instead of YNNPACK repacking it on every call (`transformer.project`; on
-    SmolLM2-135M a verify pass over 4-8 positions 10 % cheaper, a prefill chunk 5 %, a
-    decoding step unchanged: BENCHMARKS.md, "Out-major projections"). Accelerators are not
-    measured and keep the canonical order."""
+    operand instead of YNNPACK repacking it on every call (`transformer.project`): on
+    SmolLM2-135M a verify pass over 4-8 positions costs 10 % less, a decoding step the same
+    (docs/layer_layouts.md). Accelerators are not measured and keep the canonical order."""
     return jax.default_backend() == "cpu"
 
 

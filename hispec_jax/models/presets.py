@@ -6,7 +6,7 @@ is None or a nested ConfigDict of the HF `rope_scaling` entries.
 
 `init_random_model` builds a complete `Model` (random weights, a byte-level tokenizer,
 a generation config) that `save_model` writes in HF layout; its output is random text.
-Until a trained default model ships, `hispec init-model` is how a fresh machine gets one.
+`hispec init-model` writes one (tests, compile and memory checks at a preset's shapes).
 """
 
 from __future__ import annotations

@@ -94,7 +94,7 @@ def named_sharding(axes, shape, mesh: Mesh) -> NamedSharding:
 
 def constrain(x: jax.Array, axes: tuple[str | None, ...]) -> jax.Array:
     """`x` constrained to its logical `axes` on the mesh being traced under (`jax.set_mesh`);
-    unchanged without one (the single-device path traces exactly as before)."""
+    unchanged without one (the single-device path traces no sharding constraint)."""
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
         return x
