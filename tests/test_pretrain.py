@@ -17,6 +17,7 @@ from hispec_jax.models.kv_cache import KVCache
 from hispec_jax.models.params import init_params
 from hispec_jax.models.presets import PRESETS_DIR
 from hispec_jax.models.transformer import embed, run_layers
+from hispec_jax.train_heads import exit_recipe
 from hispec_jax.train_heads import pretrain as pt
 
 TINY = ModelConfig(model_type="llama", vocab_size=50, hidden_size=32, intermediate_size=48,
@@ -25,11 +26,11 @@ TINY = ModelConfig(model_type="llama", vocab_size=50, hidden_size=32, intermedia
 
 
 def test_exit_loss_weights():
-    w = pt.exit_loss_weights(16, 1.0)
+    w = exit_recipe.exit_loss_weights(16, 1.0)
     assert w.shape == (16,) and w[-1] == 1.0
     assert np.isclose(w[:-1].sum(), 1.0)
     assert np.all(np.diff(w[:-1]) > 0) and w[:-1].max() < w[-1]
-    assert np.allclose(pt.exit_loss_weights(4, 0.0), [0, 0, 0, 1])
+    assert np.allclose(exit_recipe.exit_loss_weights(4, 0.0), [0, 0, 0, 1])
 
 
 @jax.jit
@@ -51,7 +52,7 @@ def test_exit_cross_entropies_match_the_decoding_forward():
     params = init_params(TINY, jax.random.key(0), init_std=0.2)
     batch = jax.random.randint(jax.random.key(1), (2, 13), 0, TINY.vocab_size)
     nll = np.asarray(_reference_nll(params, batch))
-    ce = jax.jit(pt.exit_cross_entropies, static_argnums=(1, 3))
+    ce = jax.jit(exit_recipe.exit_cross_entropies, static_argnums=(1, 3))
     np.testing.assert_allclose(ce(params, TINY, batch, 1), nll.mean(axis=(1, 2)),
                                rtol=1e-5, atol=1e-5)
     # exit_stride s: exit e scores positions t = e - 1 (mod s); the final layer all of them.

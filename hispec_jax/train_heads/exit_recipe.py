@@ -14,8 +14,8 @@ exits chosen by the curriculum, the loss of a step is
 
 with `alpha = distill_weight`. The scheme `s_e` (`exit_weights`) is
 
-    "linear"    s_e = e       deeper exits weigh more (the original recipe; shallow ones starve:
-                              exit 1 of 24 gets 1/276 of the early-exit weight)
+    "linear"    s_e = e       deeper exits weigh more (stage 1 of the default model; shallow
+                              ones starve: exit 1 of 24 gets 1/276 of the early-exit weight)
     "uniform"   s_e = 1       every supervised exit weighs the same
     "sqrt"      s_e = sqrt(e) in between
 
@@ -33,8 +33,8 @@ Curricula (LayerSkip §4.1; `curriculum`, `curriculum_rotation` R):
 The active exits' weights are renormalized to sum to `exit_loss_scale` (as LayerSkip's
 normalized scale), so a curriculum changes where the early-exit weight goes, not how much
 there is. Here the curriculum does not save compute (every exit's states are computed
-anyway; LayerSkip's motivation was the cost of the LM head at every layer); it is compared
-for its effect on the exits.
+anyway, whereas LayerSkip uses it to save the LM head at every layer); it is compared for
+its effect on the exits.
 
 Layer dropout (LayerSkip §4.1; `layer_dropout_max` p_max): during training, layer l
 (0-based) of each sequence is skipped (its output is its input) with probability

@@ -60,14 +60,6 @@ SUMMARY_FILENAME = "training_summary.json"
 PACKAGE_DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[1] / "default_model"
 
 
-# ----- loss: hispec_jax.train_heads.exit_recipe ---------------------------------------
-
-# Re-exported: the loss pieces used to live here.
-exit_loss_weights = exit_recipe.exit_loss_weights
-exit_cross_entropies = exit_recipe.exit_cross_entropies
-_shared_head_logits = exit_recipe.shared_head_logits
-
-
 # ----- optimizer and train step --------------------------------------------------------
 
 @flax.struct.dataclass
@@ -171,7 +163,7 @@ def _eval_batch(params: Params, cfg: ModelConfig, batch_BxT1: jax.Array,
     inputs, targets = batch_BxT1[:, :-1], batch_BxT1[:, 1:]
 
     def stats(h_BxTxD, index):
-        logits = _shared_head_logits(params, cfg, h_BxTxD)
+        logits = exit_recipe.shared_head_logits(params, cfg, h_BxTxD)
         target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
         nll_BxT = jax.nn.logsumexp(logits, axis=-1) - target_logit
         return jnp.sum(weight_WxBxT * nll_BxT, axis=(1, 2)), jnp.argmax(logits, axis=-1)

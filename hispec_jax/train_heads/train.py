@@ -54,7 +54,7 @@ RESUME_KEYS = ("head_layers", "head_rank", "head_adapter_width", "head_adapter_a
                "adam_eps", "grad_clip_norm", "batch_size", "seq_len", "data_source", "seed",
                "max_train_docs", "random_train_rows", "on_policy_prompts",
                "on_policy_new_tokens", "on_policy_sampling", "on_policy_temperature")
-# What a checkpoint written before a key existed ran with.
+# The value a key takes when a checkpoint's recorded run settings lack it.
 RESUME_DEFAULTS = {"loss": "kl", "head_adapter_width": 0, "head_adapter_act": "swiglu",
                    "head_projection": "own", "on_policy_prompts": 1000,
                    "on_policy_new_tokens": 256, "on_policy_sampling": "greedy",
