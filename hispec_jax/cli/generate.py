@@ -17,8 +17,8 @@ def add_parsers(subparsers) -> None:
                     "summary (model, method, tokens/s, compile time) goes to stderr. Greedy "
                     "output of layerskip and hispec equals ar's token for token; whether they "
                     "are faster depends on how often the model's early exits agree with its "
-                    "final layer (see BENCHMARKS.md; with the small shipped model on a CPU, "
-                    "hispec is at best about as fast as ar).")
+                    "final layer (README.md says which method helps which model; "
+                    "BENCHMARKS.md has the figures).")
     gen.add_argument("--model", default=None,
                      help="local Hugging Face model directory or .gguf file (default: the "
                           "shipped 24-layer model, hispec_jax/default_model)")

@@ -1,5 +1,5 @@
 """Training code: ShareGPT data and packing (`data`), pretraining the default model
-(`pretrain`), and exit-head distillation (HiSpec App. I, SPEC.md §8):
+(`pretrain`), and exit-head distillation (HiSpec App. I):
 
     config    configs/train_heads_*.py loading, --config.KEY=VALUE overrides, validation
     rows      token rows (ShareGPT or random) and the per-step batch order

@@ -1,4 +1,4 @@
-"""`train`: distill exit heads into a frozen model (HiSpec App. I; SPEC.md §8).
+"""`train`: distill exit heads into a frozen model (HiSpec App. I).
 
     config = hispec_jax.train_heads.config.load_config("configs/train_heads_small.py",
                                                        {"model_path": "/path/to/model"})
