@@ -43,9 +43,6 @@ from hispec_jax.models.params import ExitHeads, Params
 from hispec_jax.models.transformer import rms_norm, weight_left_matmul
 
 
-HEAD_KINDS = ("shared", "full", "low_rank", "adapter", "adapter_full", "adapter_low_rank")
-
-
 def head_kind(cfg: ModelConfig, heads: ExitHeads, exit_layer: int) -> str:
     """Which head exit `exit_layer` uses: "shared", "full" or "low_rank"; with an adapter
     block "adapter" (then the shared projection), "adapter_full" or "adapter_low_rank"."""

@@ -107,7 +107,6 @@ def param_specs(cfg: ModelConfig) -> dict[str, Any]:
 
 ADAPTER_ACTS = ("swiglu", "gelu")
 HEAD_PROJECTIONS = ("own", "shared")
-ADAPTER_PARTS = ("adapter_norm", "adapter_gate", "adapter_up", "adapter_down")
 
 
 def head_specs(cfg: ModelConfig, rank: int | None = None, draft_vocab: int | None = None,

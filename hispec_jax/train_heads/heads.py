@@ -132,7 +132,3 @@ def shared_head_params(params: Params, cfg: ModelConfig) -> Params:
     return {"final_norm": params["final_norm"],
             **({"embed": params["embed"]} if cfg.tie_word_embeddings
                else {"lm_head": params["lm_head"]})}
-
-
-def num_head_params(heads: ExitHeads) -> int:
-    return int(sum(x.size for x in jax.tree.leaves(heads)))
