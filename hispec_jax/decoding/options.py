@@ -20,9 +20,8 @@ METHODS = ("ar", "exit", "layerskip", "hispec", "sv", "specbound", "lookup",
 SPECULATIVE_METHODS = ("layerskip", "hispec", "sv", "specbound")
 # Options only some methods take (the rest: SPECULATIVE_OPTIONS, exit_layer).
 METHOD_OPTIONS = {"sv": ("sv_profile",), "specbound": ("tau", "anneal", "depth_bound", "width")}
-# SpecBound defaults, chosen by the sweep in docs/sv_specbound.md (shipped model, CPU,
-# `python -m hispec_jax.bench seed-methods --sweep`): the fastest setting measured. The
-# depth bound's default is the deepest exit with a head at or below 2L/3.
+# SpecBound defaults: the fastest setting of the sweep in docs/sv_specbound.md (shipped
+# model, CPU). The depth bound's default is the deepest exit with a head at or below 2L/3.
 SPECBOUND_DEFAULTS = {"tau": 0.7, "anneal": 0.0, "width": 2}
 SPECBOUND_DEPTH_FRACTION = (2, 3)
 SPECULATIVE_OPTIONS = ("draft_exit", "verify_exits", "draft_len", "verify_window", "adaptive",
@@ -34,16 +33,17 @@ LOOKUP_METHODS = ("lookup", "layerskip", "hispec")
 MAX_LOOKUP = 64  # most tokens one lookup proposes (every pass's block grows with it)
 MAX_NGRAM = 16
 # k = 16 and 8-grams with the "ngram" schedule (a 1-gram match proposes 4 tokens, a 2- to
-# 4-gram one 8, a longer one 16) is the fastest lookup setting measured on SmolLM2's grounded
-# tasks (docs/lookup.md).
+# 4-gram one 8, a longer one 16) runs 1.10x k = 8 with 3-grams on SmolLM2's extract and
+# code tasks and the same on chat (docs/lookup.md).
 DEFAULT_LOOKUP = 16
 DEFAULT_MAX_NGRAM = 8
 
 
 def lookup_under_exits(k: int) -> int:
     """The other k worth trying for a lookup drafter under exits: half of `k`. Every level
-    above the lookup verifies what it kept, so its passes grow with k, and under exits a
-    shorter lookup can pay where the final layer alone would not (docs/lookup.md)."""
+    above the lookup verifies what it kept, so its passes grow with k; on the shipped model
+    half of k runs within a few percent of k, faster on some tasks and slower on others, so
+    the planner tries both (docs/lookup.md)."""
     return max(k // 2, 1)
 
 
