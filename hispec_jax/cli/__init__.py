@@ -6,7 +6,11 @@ arguments and what they run; `main` below only assembles them.
     training.py   hispec pretrain | train-heads | draft-vocab
     memory.py     hispec plan-memory
     bench.py      hispec bench                     the whole benchmark, report and plots
-                  hispec bench-tool TOOL [args]    one benchmark tool (`bench/tools.py` lists them)
+                  hispec bench-tool TOOL [args]    one benchmark tool (`bench/tools.py`):
+                      ar, engine, oracle, accelerator, seed-methods, auto, memory,
+                      gguf-memory, exit-agreement, decode-agreement, plot-agreement,
+                      before-after, serve, tasks, work (work per token of every method),
+                      duplicates (copy-paste in the package)
     planner.py    hispec tune | profile-sv
     serving.py    hispec chat | serve              streamed chat, the OpenAI-compatible server
     common.py     what the groups share: help format, --model checks, --mesh, overrides
