@@ -115,14 +115,14 @@ COMPILATION_CACHE_KEEP_BYTES = 3 * 2**30  # ... drops its least recently used en
 def use_compilation_cache() -> str | None:
     """Keeps the compiled decoding loops between runs of `hispec`: JAX's persistent
     compilation cache in `$HISPEC_CACHE/jax` (`pull.default_cache_dir()`, next to the pulled
-    models). XLA then compiles a loop once per machine, not once per process (tracing and
-    lowering still run in each), which takes seconds off every later run's start
-    (BENCHMARKS.md). A run that finds the cache above `COMPILATION_CACHE_MAX_BYTES` drops its
-    least recently used entries down to `COMPILATION_CACHE_KEEP_BYTES`
-    (`pull.prune_cache_dir`: one directory listing per run, where JAX's own size bound lists
-    the directory on every write). Leaves JAX_COMPILATION_CACHE_DIR alone when it is set
-    (yours wins); HISPEC_COMPILATION_CACHE=0 turns it off. Must run before JAX is imported
-    (the CLI imports it lazily). Returns the directory used, or None."""
+    models), so XLA compiles a loop once per machine, not once per process (tracing and
+    lowering still run in each). A run that finds the cache above
+    `COMPILATION_CACHE_MAX_BYTES` drops its least recently used entries down to
+    `COMPILATION_CACHE_KEEP_BYTES` (`pull.prune_cache_dir`: one directory listing per run,
+    where JAX's own size bound lists the directory on every write). Leaves
+    JAX_COMPILATION_CACHE_DIR alone when it is set (yours wins); HISPEC_COMPILATION_CACHE=0
+    turns it off. Must run before JAX is imported (the CLI imports it lazily). Returns the
+    directory used, or None."""
     import os
 
     if os.environ.get("HISPEC_COMPILATION_CACHE") == "0":
