@@ -149,8 +149,8 @@ class TokenwiseRejection(_SamplingRule):
 
 @dataclasses.dataclass(frozen=True)
 class BlockwiseVerification(_SamplingRule):
-    """Sequence-level verification with capped prefix ratios (SPEC §4; identical in
-    distribution to Sun et al. 2024 blockwise verification), in log space.
+    """Sequence-level verification with capped prefix ratios (identical in distribution to
+    Sun et al. 2024 blockwise verification), in log space.
 
         R_t = prod_{i<=t} p_i(x_i)/q_i(x_i),  rho_t = R_t / max(1, R_1..R_t),  rho_0 = 1
         w_t = max(0, rho_{t-1} p_t - q_t),  s_t = sum(w_t),  h_t = s_t / (s_t + 1 - rho_{t-1})
