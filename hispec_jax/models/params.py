@@ -288,8 +288,8 @@ def default_layer_layout() -> str:
     XLA:CPU and XLA:GPU materialize those slices (copies of every layer's weights at every
     decoding step): AR at Llama-3-8B shapes on an H100 is 2.6x faster unrolled, and on CPU
     the scanned step accesses ~2x the analytic bytes; unrolled compiles in time linear in
-    depth (docs/layer_layouts.md). On TPU XLA reads the slices in place,
-    and the scan keeps compile time flat (not measured by this project: no TPU)."""
+    depth (docs/layer_layouts.md). On TPU XLA reads the slices in place, and the scan keeps
+    compile time flat (not measured by this project: no TPU)."""
     return "scan" if jax.default_backend() == "tpu" else "unrolled"
 
 
