@@ -10,7 +10,7 @@ checked against the unrolled one's.
 import statistics
 
 from hispec_jax import DEFAULT_MODEL_DIR, load_model
-from hispec_jax.bench import prompts as prompts_lib
+from hispec_jax import datasets as prompts_lib
 from hispec_jax.bench import suite
 
 models = {layout: load_model(DEFAULT_MODEL_DIR, layer_layout=layout) for layout in ("unrolled", "scan")}

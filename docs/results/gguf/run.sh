@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The figures of docs/gguf.md and README.md's example runs, rerun; from the repository root:
+# docs/gguf.md's and README.md's SmolLM2 runs, rerun; from the repository root:
 #   bash docs/results/gguf/run.sh
-# Writes docs/results/gguf/{pull_again,generate_smollm2,gguf_memory}.txt and
-# docs/results/readme/generate_default.txt, each with the commit, date and load average.
+# Writes docs/results/gguf/{pull_again,generate_smollm2}.txt, each with the commit, date and
+# load average. (gguf_memory.txt beside them was written by the gguf-memory study of commit
+# 2e340ab: `git show 2e340ab:hispec_jax/bench/studies/gguf_memory.py`.)
 set -uo pipefail
 stamp() { echo "# commit $(git rev-parse --short HEAD), $(date -u +%FT%TZ), load: $(cut -d' ' -f1-3 /proc/loadavg)"; }
 G=docs/results/gguf
@@ -12,8 +13,3 @@ M=$(hispec pull smollm2-135m-instruct)
 { stamp; echo '$ hispec generate --model "$M" --chat --max-new-tokens 64 "What is the capital of France?" "Give me three tips for staying healthy."'
   hispec generate --model "$M" --chat --max-new-tokens 64 "What is the capital of France?" \
     "Give me three tips for staying healthy." 2>&1; stamp; } > $G/generate_smollm2.txt
-{ stamp; echo '$ hispec generate --method hispec --max-new-tokens 48 "User: What is the capital of France?\nAssistant:"'
-  hispec generate --method hispec --max-new-tokens 48 "User: What is the capital of France?
-Assistant:" 2>&1; stamp; } > docs/results/readme/generate_default.txt
-{ stamp; echo '$ JAX_PLATFORMS=cpu python -m hispec_jax.bench gguf-memory'
-  JAX_PLATFORMS=cpu python -m hispec_jax.bench gguf-memory 2>&1; stamp; } > $G/gguf_memory.txt

@@ -1,5 +1,0 @@
-#!/bin/bash
-# Default model v3, stage 3b: the picked variant of gpu_run.sh (kl) continued alone on the
-# same warm GPU (its /tmp/v3 still there), batch 64, AdamW peak 3e-4, 330 s of wall clock.
-# This is the command try3 ran through the device tool (output kept in try3/).
-export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1; mkdir -p $OUT; S=$(date +%s); python3 -m hispec_jax.cli pretrain --no-progress --config configs/finetune_default.py --config.init_from=/tmp/v3/kl/model --config.data.batch_size=64 --config.optim.peak_lr=3e-4 --config.optim.warmup_steps=50 --config.time_budget_s=330 --config.checkpoint_every=0 --config.resume=False --config.eval_batches=10 --config.log_every=200 --config.data.token_cache_dir=/tmp/v3/cache --config.data.source=sharegpt --config.save_dtype=bfloat16 --config.work_dir=/tmp/v3/kl2 --config.out_dir=/tmp/v3/kl2/model 2>&1 | tee $OUT/kl2.log | tail -5; echo "+$(( $(date +%s) - S )) s"; python3 benchmarks/results_default_model_v3/collect.py /tmp/v3 $OUT kl2; cp /tmp/v3/kl/metrics.jsonl $OUT/kl.metrics.jsonl
