@@ -1,5 +1,6 @@
-"""`hispec_jax.planner`: the latency model against closed forms and simulation, the search
-on synthetic tables, plan files, method="auto" (== AR greedy) and `hispec tune`."""
+"""`hispec_jax.planner`: the predictor against closed forms and the replay, the loop-cost
+fit, the search on synthetic tables, plan files, method="auto" (== AR greedy) and
+`hispec tune`."""
 
 import dataclasses
 import json
@@ -64,17 +65,33 @@ def test_ar_and_layerskip_match_closed_forms():
     assert ls.seconds_per_token == pytest.approx(round_s / tokens)
 
 
-@pytest.mark.parametrize("exits,windows,alphas", [
-    ((3, 24), (2,), [0.6]),
-    ((3, 6, 24), (2, 4), [0.8, 0.7]),
-    ((2, 8, 24), (3, 8), [0.5, 0.9]),
-    ((1, 4, 24), (1, 16), [0.95, 0.4]),
-])
-def test_exact_formulas_match_the_engine_simulator_at_batch_1(exits, windows, alphas):
+def _iid_trace(alphas: dict[int, float], prompts: int = 2, new_tokens: int = 400,
+               seed: int = 0) -> latency.Trace:
+    """A trace whose exit e agrees with the continuation at each position with probability
+    `alphas[e]`, independently (else it picks a token the continuation never holds)."""
+    rng = np.random.default_rng(seed)
+    sequences = [tuple(range(10, 12)) + tuple(int(t) for t in rng.integers(100, 10_000, new_tokens))
+                 for _ in range(prompts)]
+    return latency.Trace(max_ngram=1, sequences=tuple(sequences), starts=(2,) * prompts,
+                         predictions=tuple(
+                             (e, tuple(tuple(int(t) if rng.random() < a else -1
+                                             for t in s[3:] + (0,)) for s in sequences))
+                             for e, a in sorted(alphas.items())))
+
+
+@pytest.mark.parametrize("exits,windows,agree", [
+    ((3, 24), (2,), {3: 0.6}), ((2, 24), (5,), {2: 0.9}),
+    ((1, 4, 24), (2, 3), {1: 1.0, 4: 1.0}), ((1, 4, 24), (1, 4), {1: 0.0, 4: 1.0})])
+def test_the_formulas_are_the_replay_where_they_hold(exits, windows, agree):
+    """K <= 3 at batch 1: the renewal formulas and the engine's round replayed on a trace of
+    i.i.d. agreement give the same tokens per round and seconds per token (up to the
+    replay's sampling and the continuations' ends)."""
+    trace = _iid_trace(agree)
+    alphas = [agree[exits[0]]] + [agree[e] for e in exits[1:-1]]  # exit i: against L
     exact = latency.predict(exits, windows, alphas, COSTS)
-    sim = latency.simulate(exits, windows, alphas, COSTS, rounds=10000, seed=1)
-    assert sim.tokens_per_round == pytest.approx(exact.tokens_per_round, rel=0.06)
-    assert sim.seconds_per_token == pytest.approx(exact.seconds_per_token, rel=0.06)
+    replayed = latency.price(latency.replay(trace, exits, windows), COSTS)
+    assert replayed.tokens_per_round == pytest.approx(exact.tokens_per_round, rel=0.06)
+    assert replayed.seconds_per_token == pytest.approx(exact.seconds_per_token, rel=0.06)
 
 
 def test_hsd_f_is_the_expected_number_of_deliveries():
@@ -86,23 +103,27 @@ def test_hsd_f_is_the_expected_number_of_deliveries():
     assert f == pytest.approx(3) and held[6] == pytest.approx(1.0)
 
 
-def test_k4_and_batch_simulation_are_consistent():
-    # K = 4 exact-formula approximation within 5 % of the simulator; a batch of
-    # always-accepting sequences behaves like batch 1 (all in phase)
-    ex, w, a = (2, 6, 12, 24), (2, 4, 4), [0.8, 0.8, 0.8]
-    approx = latency.predict(ex, w, a, COSTS)
-    sim = latency.simulate(ex, w, a, COSTS, rounds=6000, seed=2)
-    assert sim.seconds_per_token == pytest.approx(approx.seconds_per_token, rel=0.05)
-    c8 = dataclasses.replace(COSTS, batch=8)
-    b1 = latency.predict((3, 6, 24), (2, 4), [1.0, 1.0], COSTS)
-    b8 = latency.simulate((3, 6, 24), (2, 4), [1.0, 1.0], c8, rounds=200)
-    assert b8.tokens_per_round == pytest.approx(b1.tokens_per_round)
-    assert b8.tokens_per_second == pytest.approx(8 * b1.tokens_per_second)
+def test_the_predictor_replays_batches_and_deep_hierarchies():
+    """`Predictor` uses the formulas at batch 1 for K <= 3, the replay for K = 4 and for
+    batches (with a trace); a batch of always-accepting sequences stays in phase: B times
+    batch 1's tokens per second."""
+    trace = _iid_trace({2: 1.0, 3: 1.0, 6: 1.0, 12: 1.0}, prompts=4, new_tokens=200)
+    one = latency.Predictor(lambda a, b: 1.0, COSTS, trace)
+    assert not one.replays((3, 6, 24)) and one.replays((2, 6, 12, 24)) and one.replays((24,), 8)
+    assert one((3, 6, 24), (2, 4))[0] == latency.predict((3, 6, 24), (2, 4), [1.0, 1.0], COSTS)
+    deep = one((2, 6, 12, 24), (2, 4, 4))[0]
+    assert deep == latency.price(latency.replay(trace, (2, 6, 12, 24), (2, 4, 4)), COSTS)
+    eight = latency.Predictor(lambda a, b: 1.0, dataclasses.replace(COSTS, batch=8), trace)
+    assert eight.replays((3, 6, 24)) and not eight.replays((24,))
+    b1, b8 = one((3, 6, 24), (2, 4))[0], eight((3, 6, 24), (2, 4))[0]
+    assert b8.tokens_per_round == pytest.approx(b1.tokens_per_round, rel=0.03)
+    assert b8.tokens_per_second == pytest.approx(8 * b1.tokens_per_second, rel=0.03)
+    with pytest.raises(ValueError, match="trace"):
+        latency.Predictor(lambda a, b: 1.0, COSTS)((24,), (), 8)
 
 
 def test_search_always_agree_speculates_deep_from_the_cheapest_exit():
-    plans = search_lib.search(EXITS, lambda a, b: 1.0, COSTS, verify_windows=range(2, 9),
-                              adaptive=False)
+    plans = search_lib.search(EXITS, lambda a, b: 1.0, COSTS, verify_windows=range(2, 9))
     best = plans[0]
     assert best.exits[0] == 1 and len(best.exits) >= 2
     assert best.predicted_speedup > 3 and best.tokens_per_round >= 4
@@ -121,7 +142,7 @@ def test_search_prefers_hispec_when_an_intermediate_exit_filters_well():
     # draft agrees only 0.3 with the top: a middle verifier pays off
     table = {(1, 6): 0.9, (6, 24): 0.95, (1, 24): 0.3}
     alpha = lambda a, b: table.get((a, b), 0.05)
-    plans = search_lib.search(EXITS, alpha, COSTS, verify_windows=range(2, 9), adaptive=False)
+    plans = search_lib.search(EXITS, alpha, COSTS, verify_windows=range(2, 9))
     assert plans[0].exits == (1, 6, 24)
     assert search_lib.best_of_kind(plans, "layerskip") is not None
     assert search_lib.best_of_kind(plans, "ar") is not None
@@ -263,64 +284,46 @@ def test_tune_verify_measures_every_plan_and_saves_the_fastest(tmp_path, monkeyp
     assert any(fastest in line for line in tune_lib.summary_lines(report))
 
 
-def _loops(costs, *, p=0.0, r=0.0, s1=1.0, s=1.0, draft=6, nd=2, rounds=30):
+def _loops(costs, *, p=0.0, s=1.0, draft=6, nd=2, rounds=30):
     """AR seconds per token and LayerSkip(draft, nd) seconds of `rounds` all-accepted rounds
-    under a known truth: T = 1 passes cost s1 x, blocks s x their stage costs, plus p per
-    pass and r per round."""
+    under a known truth: every stage s x its cost alone, plus p per pass."""
     L, blk = costs.num_layers, latency.blocks((nd,))[0]
-    ar = s1 * (L * costs.layer(1) + costs.head(1)) + p + r
+    ar = s * (L * costs.layer(1) + costs.head(1)) + p
     drafts, verifies = rounds * (nd + 1), rounds
-    ls = (drafts * s1 * (draft * costs.layer(1) + costs.head(1))
+    ls = (drafts * s * (draft * costs.layer(1) + costs.head(1))
           + verifies * s * ((L - draft) * costs.layer(blk) + costs.head(blk))
-          + (drafts + verifies) * p + rounds * r)
-    return ar, ls, dict(draft=draft, nd=nd, drafts=drafts, verifies=verifies, rounds=rounds)
+          + (drafts + verifies) * p)
+    return ar, ls, dict(draft=draft, nd=nd, drafts=drafts, verifies=verifies)
 
 
-@pytest.mark.parametrize("truth, fit", [(dict(p=3e-5, r=5e-5), "fixed"),
-                                        (dict(s1=1.7), "single"),
-                                        (dict(s1=1.6, p=2e-5), "single"),
-                                        (dict(s1=0.8, s=0.8, p=3e-5), "per-pass")])
-def test_loop_fit_recovers_how_the_loop_differs_from_the_stages(truth, fit):
+@pytest.mark.parametrize("truth", [dict(s=1.0, p=3e-5), dict(s=1.7, p=0.0),
+                                   dict(s=0.8, p=3e-5), dict(s=1.3, p=1e-4)])
+def test_loop_fit_recovers_the_stage_scale_and_the_cost_per_pass(truth):
     from hispec_jax.planner.calibrate import fit_loop_costs
 
     stages = dataclasses.replace(COSTS, pass_s=0.0, round_s=0.0)
     ar, ls, counts = _loops(stages, **truth)
     costs, info = fit_loop_costs(stages, ar, ls, **counts)
-    assert info["loop_fit"] == fit
-    assert info["single_token_scale"] == pytest.approx(truth.get("s1", 1.0))
-    assert costs.pass_s == pytest.approx(truth.get("p", 0.0), abs=1e-9)
-    assert costs.round_s == pytest.approx(truth.get("r", 0.0), abs=1e-9)
-    # the fitted costs reproduce both loops through the latency model
+    assert info["matches_layerskip"]
+    assert info["stage_scale"] == pytest.approx(truth["s"])
+    assert costs.pass_s == pytest.approx(truth["p"], abs=1e-9) and costs.round_s == 0.0
+    assert costs.layer(4) / costs.layer(1) == pytest.approx(stages.layer(4) / stages.layer(1))
+    # the fitted costs reproduce both loops through the formulas
     assert latency.predict((24,), (), [], costs).seconds_per_token == pytest.approx(ar)
     ls_pred = latency.predict((counts["draft"], 24), (counts["nd"],), [1.0], costs)
-    assert ls_pred.seconds_per_token * (counts["nd"] + 1) * counts["rounds"] == pytest.approx(ls)
+    assert ls_pred.seconds_per_token * (counts["nd"] + 1) * 30 == pytest.approx(ls)
 
 
-@pytest.mark.parametrize("truth", [dict(s1=0.8, s=0.8), dict(s1=0.8, s=1.0),
-                                   dict(s1=0.7, s=0.9, p=1e-5)])
-def test_a_loop_faster_than_its_stages_scales_every_stage(truth):
-    """s1 < 1 (the loop's single-token passes faster than timed alone) is never the
-    "single" fit, which would leave the blocks' timings unscaled and so price them too high
-    against single-token passes: one scale for every stage (with a cost per pass where
-    that matches LayerSkip's loop too), matching AR's loop."""
+def test_loop_fit_without_a_solution_scales_the_stages_to_match_ar():
+    """A LayerSkip loop that only a negative cost per pass explains (timing noise): no cost
+    per pass, one scale that matches AR's loop."""
     from hispec_jax.planner.calibrate import fit_loop_costs
 
     stages = dataclasses.replace(COSTS, pass_s=0.0, round_s=0.0)
-    ar, ls, counts = _loops(stages, **truth)
-    costs, info = fit_loop_costs(stages, ar, ls, **counts)
-    assert info["loop_fit"] in ("per-pass", "uniform")
-    assert info["single_token_scale"] == info["stage_scale"] < 1
-    assert costs.layer(4) / costs.layer(1) == pytest.approx(stages.layer(4) / stages.layer(1))
-    assert latency.predict((24,), (), [], costs).seconds_per_token == pytest.approx(ar)
-
-
-def test_loop_fit_falls_back_to_a_scale_that_matches_ar():
-    from hispec_jax.planner.calibrate import fit_loop_costs
-
-    stages = dataclasses.replace(COSTS, pass_s=0.0, round_s=0.0)
-    ar, ls, counts = _loops(stages, s1=2.0, s=2.0)
-    costs, info = fit_loop_costs(stages, ar, 0.2 * ls, **counts)  # LayerSkip inexplicably fast
-    assert info["loop_fit"] in ("single", "uniform")
+    ar, ls, counts = _loops(stages, s=2.0)
+    costs, info = fit_loop_costs(stages, ar, 3.0 * ls, **counts)  # LayerSkip inexplicably slow
+    assert not info["matches_layerskip"] and costs.pass_s == 0.0
+    assert info["stage_scale"] == pytest.approx(2.0)
     assert latency.predict((24,), (), [], costs).seconds_per_token == pytest.approx(ar)
 
 
@@ -375,45 +378,35 @@ def test_predicted_work_per_token_is_what_the_engine_counts(method, exits, windo
     got = generate(model, [[4, 5]], method=plan.decoder(model),
                    max_new_tokens=1 + 4 * tokens_per_cycle, ignore_eos=True)
     assert got.stats["work_per_token"] == pytest.approx(pred.seconds_per_token)
-    planned = search_lib.with_work(plan, lambda a, b: 1.0, work)
+    planned = search_lib.scored_plan(latency.Predictor(lambda a, b: 1.0, work, work=work),
+                                     exits, windows)
     assert planned.predicted_work_per_token == pytest.approx(pred.seconds_per_token)
     assert planned.predicted_work_speedup == pytest.approx(
         got.stats["ar_work_per_token"] / got.stats["work_per_token"])
 
 
-# ----- prompt lookup as a planner candidate (issue 28) ------------------------------------
+# ----- the prompt-lookup drafter as a planner candidate -------------------------------------
 # A CPU-like cost curve: a block of 2+ positions costs far more than 1, then grows slowly.
 STEP_COSTS = Costs(batch=1, num_layers=24, block_sizes=(1, 2, 4, 8),
                    layer_s=(1e-3, 1.7e-3, 1.8e-3, 2.0e-3), head_s=(4e-3, 8e-3, 9e-3, 1e-2),
                    pass_s=1e-4, round_s=1e-4)
-# 100 tokens each: copying (long accepted blocks) and open chat (one-position rounds and a
-# few spurious matches), as `calibrate.measure_lookup` records them.
-COPY_HEAVY = latency.LookupProfile(k=8, rounds=20, tokens=100,
-                                   verified=(0, 8, 0, 0, 0, 0, 0, 0, 12))
-NO_COPY = latency.LookupProfile(k=8, rounds=95, tokens=100, verified=(0, 88, 3, 0, 2, 0, 0, 0, 2))
 
 
-def test_predict_lookup_charges_each_round_its_compiled_block():
+def test_price_charges_each_pass_its_block_and_each_round_its_cost():
     c = STEP_COSTS
-    profile = latency.LookupProfile(k=8, rounds=3, tokens=9, verified=(0, 1, 0, 1, 0, 0, 0, 0, 1))
-    seconds = 3 * c.round_s + c.stage(0, 24, 1) + c.stage(0, 24, 4) + c.stage(0, 24, 8)  # 3 -> 4
-    pred = latency.predict_lookup(profile, c, 24)
+    run = latency.Run(level_exits=(0, 4, 24), batch=1, rounds=3,
+                      passes=(((0, 1), 3), ((1, 1), 1), ((1, 4), 2), ((2, 8), 1)),
+                      proposed=(0, 9, 5), accepted=(0, 6, 5), emitted=9.0,
+                      verified=(0,) * 8 + (1,))
+    seconds = (3 * c.round_s + c.stage(0, 4, 1) + 2 * c.stage(0, 4, 4)
+               + c.stage(4, 24, 8))  # the lookup's own passes run no layers
+    pred = latency.price(run, c)
     assert pred.seconds_per_token == pytest.approx(seconds / 9)
     assert pred.tokens_per_round == pytest.approx(3.0)
-    assert latency.LookupProfile.from_json(json.loads(json.dumps(profile.to_json()))) == profile
-
-
-@pytest.mark.parametrize("profile,chosen", [(COPY_HEAVY, "lookup"), (NO_COPY, "ar")])
-def test_search_picks_lookup_on_copy_heavy_calibration_only(profile, chosen):
-    """Exits that agree rarely (LayerSkip/HiSpec lose to AR): lookup wins when the
-    calibration prompts copy their context and loses on open chat; either way it is listed."""
-    plans = search_lib.search((4, 8, 24), lambda a, b: 0.2, STEP_COSTS, max_levels=3, top=4,
-                              lookup=profile)
-    assert plans[0].method == chosen
-    looked = [p for p in plans if p.method == "lookup"]
-    assert len(looked) == 1 and looked[0].lookup == 8 and looked[0].name() == "lookup k=8"
-    assert (looked[0].predicted_speedup > 1.5) == (profile is COPY_HEAVY)
-    assert search_lib.search((4, 8, 24), lambda a, b: 0.2, STEP_COSTS, top=4)[0].method == "ar"
+    assert run.actions_per_level() == [3, 3, 1]
+    exits = dataclasses.replace(run, level_exits=(4, 24), passes=(((0, 1), 6), ((1, 8), 2)))
+    assert latency.price(exits, c).seconds_per_token == pytest.approx(
+        (3 * c.round_s + 6 * c.stage(0, 4, 1) + 2 * c.stage(4, 24, 8)) / 9)
 
 
 def test_lookup_plan_round_trips_and_auto_runs_it_equal_to_ar(tmp_path, monkeypatch):

@@ -156,11 +156,10 @@ def stage_model_seconds(model: Model, decoders: list, batch_size: int, capacity:
     seconds = []
     for d in decoders:
         exits, K = d.hierarchy.exits, d.hierarchy.num_levels
+        # at acceptance 1 adaptive windows settle at their bounds and a batch stays in phase
         adaptive = isinstance(d.hierarchy.window_policy, windows_lib.AdaptiveWindows)
-        if adaptive or batch_size > 1:
-            pred = latency.simulate(exits, d.windows, [1.0] * (K - 1), costs, adaptive=adaptive)
-        else:
-            pred = latency.predict(exits, d.windows, [1.0] * (K - 1), costs)
+        windows = d.hierarchy.max_windows if adaptive else d.windows
+        pred = latency.predict(exits, windows, [1.0] * (K - 1), costs)
         seconds.append(pred.seconds_per_token / batch_size)
     return seconds, costs
 

@@ -40,11 +40,6 @@ longer the prompts.
     --auto-verify   auto's plan chosen by timing the tune's plans (the best 2 predicted
                     and the best of each kind) on the calibration prompts instead of by
                     prediction (`tune.measure_plans`, as `hispec tune --verify`)
-    --auto-choose   how auto picks among the tune's predictions (`search.CHOICE_RULES`:
-                    prediction, held-up, worse-half; default prediction, `tune --choose`); a
-                    comma-separated list times each rule's pick beside the others (one tune,
-                    the first rule's pick is the `auto` row, the others' rows are named
-                    "auto (RULE): PLAN"; a pick equal to another row is timed once)
 """
 
 from __future__ import annotations
@@ -66,7 +61,6 @@ INSTRUCTIONS = {
     "code": "Add type hints and a docstring to this function:\n\n```python\n{}```",
 }
 PROG = "hispec bench-tool tasks"
-CHOICE_RULES = ("prediction", "held-up", "worse-half")  # = search.CHOICE_RULES (no JAX here)
 
 
 def _passages(need_digits: bool) -> list[str]:
@@ -165,10 +159,6 @@ def parse_args(argv=None):
                    help="--auto: choose the plan by timing the tune's plans (the best 2 "
                         "predicted and the best of each kind) on the calibration prompts, as "
                         "`hispec tune --verify` does")
-    p.add_argument("--auto-choose", default=CHOICE_RULES[0], metavar="RULES",
-                   help="--auto: how the plan is picked among the tune's predictions, "
-                        f"comma-separated to time each rule's pick ({', '.join(CHOICE_RULES)};"
-                        " default prediction)")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     return p.parse_args(argv)
 
@@ -186,19 +176,6 @@ def check_args(args) -> None:
                          "of exactly --max-new-tokens; leave one out")
     if getattr(args, "auto_verify", False) and not args.auto:
         raise ValueError("--auto-verify chooses auto's plan: give --auto too")
-    rules = getattr(args, "auto_choose", CHOICE_RULES[0])
-    if isinstance(rules, str):
-        rules = tuple(r.strip() for r in rules.split(","))
-        bad = [r for r in rules if r not in CHOICE_RULES]
-        if bad or not rules or len(set(rules)) != len(rules):
-            raise ValueError(f"--auto-choose {','.join(rules)}: expected distinct rules "
-                             f"among {', '.join(CHOICE_RULES)}")
-        if rules != CHOICE_RULES[:1] and not args.auto:
-            raise ValueError("--auto-choose picks auto's plan: give --auto too")
-        if len(rules) > 1 and getattr(args, "auto_verify", False):
-            raise ValueError("--auto-verify chooses by measurement: give --auto-choose one "
-                             "rule, or leave --auto-verify out to compare the rules")
-        args.auto_choose = rules
     if args.lookup is not None:
         from hispec_jax.decoding import options as options_lib
 
@@ -297,26 +274,7 @@ def tune_for_task(model, calibration: list[list[int]], args, progress=None, cost
         **({"lookup": args.lookup} if args.lookup else {}))
     return tune_lib.tune(model, 1, settings=settings, prompts=calibration, save=False,
                          progress=progress, costs_from=costs_from,
-                         top=2 if getattr(args, "auto_verify", False) else 8,
-                         choice=_rules(args)[0])
-
-
-def _rules(args) -> tuple[str, ...]:
-    return tuple(getattr(args, "auto_choose", None) or CHOICE_RULES[:1])
-
-
-def other_rules_picks(report: dict, rules: tuple[str, ...]) -> dict[str, tuple]:
-    """{rule: (plan, why)} of every rule after the first on the tune's own ranking (the
-    first rule's pick is the report's plans[0])."""
-    from hispec_jax.planner import search
-
-    cal = report["calibration"]
-    trace = cal.lookup.trace if cal.lookup is not None else None
-    picks = {}
-    for rule in rules[1:]:
-        plans, why = search.choose(report["ranked"], rule, report["known"], trace, cal.costs)
-        picks[rule] = (plans[0], why)
-    return picks
+                         top=2 if getattr(args, "auto_verify", False) else 8)
 
 
 def _under_exits_k() -> int:
@@ -352,16 +310,6 @@ def run_task(model, hf_model, task: str, args, costs_from=None) -> dict:
         spec = suite.MethodSpec.of(f"auto: {plan.name()}", plan.method, **plan.method_options())
         program = lambda s: (s.decoder(model).hierarchy, s.decoder(model).windows)
         same = next((s.name for s in ours if program(s) == program(spec)), None)
-        rule_specs = {}  # the other rules' picks: each a row unless that program is one
-        for rule, (picked, why) in other_rules_picks(report, _rules(args)).items():
-            rspec = suite.MethodSpec.of(f"auto ({rule}): {picked.name()}", picked.method,
-                                        **picked.method_options())
-            rows_so_far = ours + ([] if same else [spec]) + [r for r, _ in rule_specs.values()
-                                                             if r is not None]
-            rsame = next((s.name for s in rows_so_far if program(s) == program(rspec)), None)
-            rule_specs[rule] = (None if rsame else rspec,
-                                {"plan": picked.name(), "chosen_by": why, "same_as": rsame,
-                                 "row": rsame or rspec.name})
         auto = {"plan": plan.to_json(), "same_as": same, "row": same or spec.name,
                 "calibration_prompts": len(calibration),
                 "chosen_by": chosen_by, "verify": verify,
@@ -371,15 +319,12 @@ def run_task(model, hf_model, task: str, args, costs_from=None) -> dict:
                 "tune_seconds": report["calibration"].seconds,
                 "costs_reused": costs_from is not None,
                 "costs": report["calibration"].costs.to_json(),
-                "loop_fit": report["calibration"].loop.get("loop_fit"),
                 "loop": report["calibration"].loop,  # the timings the fit reconciled
                 "calibration": report["calibration"]}
         print(f"[tasks] {task}: auto runs {plan.name()} (predicted "
               f"{plan.predicted_speedup:.2f}x AR{'; = ' + same if same else ''})", file=sys.stderr)
         if same is None:
             ours = ours + [spec]
-        ours = ours + [r for r, _ in rule_specs.values() if r is not None]
-        auto["rules"] = {rule: info for rule, (_, info) in rule_specs.items()}
     suite.release_compiled()  # the tune's programs, the last task's loops: not timed here
     stop = getattr(args, "stop_at_eos", False)
     runners, capacity = suite.loop_time_runners(model, prompts, ours, N, stop_at_eos=stop,
@@ -418,8 +363,7 @@ def run_task(model, hf_model, task: str, args, costs_from=None) -> dict:
         for row, spec in zip(rows, ours):
             row["predicted_loop_x_ar"] = predicted.get(Plan.of_decoder(spec.decoder(model)).name())
         auto_rows = [s.name for s in ours if s.name.startswith("auto")]
-        for info in [auto, *auto["rules"].values()]:
-            info.update(auto_ratios(results[:len(ours)], info["row"], auto_rows))
+        auto.update(auto_ratios(results[:len(ours)], auto["row"], auto_rows))
     calibration_used = auto.pop("calibration") if auto is not None else None
     return {"task": task, "prompt_lengths": [len(p) for p in prompts], "new_tokens": N,
             "stop_at_eos": stop,  # then each prompt's new tokens are output_lengths
@@ -504,12 +448,6 @@ def markdown(result: dict) -> str:
                   f"{auto['auto_vs_best_fixed']:.3f}x; paired per round "
                   f"{auto['auto_vs_best_fixed_paired']:.3f}x"
                   + _held_out(auto)]
-        for rule, info in (auto.get("rules") or {}).items():
-            lines.append(f"auto by {rule}: {info['plan']} (chosen by {info['chosen_by']}"
-                         + (f"; the row '{info['same_as']}'" if info["same_as"] else "")
-                         + f"): {info['tokens_per_second']:.1f} tok/s, "
-                         f"{info['auto_vs_best_fixed']:.3f}x the best fixed choice; paired "
-                         f"{info['auto_vs_best_fixed_paired']:.3f}x" + _held_out(info))
     return "\n".join(lines)
 
 

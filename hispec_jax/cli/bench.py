@@ -96,10 +96,6 @@ def add_parsers(subparsers) -> None:
     bench.add_argument("--auto-verify", action="store_true",
                        help="--tasks --auto: choose auto's plan by timing the tune's plans on "
                             "the calibration prompts (as hispec tune --verify)")
-    bench.add_argument("--auto-choose", default=None, metavar="RULES",
-                       help="--tasks --auto: how auto picks among the tune's predictions "
-                            "(prediction, held-up, worse-half; as hispec tune --choose); a "
-                            "comma-separated list times each rule's pick")
     common.add_mesh_flag(bench)
 
     tool = common.add_command(
@@ -132,7 +128,6 @@ def run_tasks(args) -> int:
     argv += ["--auto"] if args.auto else []
     argv += ["--auto-verify"] if args.auto_verify else []
     argv += ["--auto-prompts", str(args.auto_prompts)] if args.auto_prompts is not None else []
-    argv += ["--auto-choose", args.auto_choose] if args.auto_choose is not None else []
     parsed = tasks.parse_args(argv)
     tasks.check_args(parsed)  # one-line errors (ValueError) before anything loads
     Path(args.out_dir).mkdir(parents=True, exist_ok=True)
@@ -143,7 +138,7 @@ def run_tasks(args) -> int:
 def run_bench(args) -> int:
     if args.tasks is not None:
         return run_tasks(args)
-    for name in ("stop_at_eos", "lookup", "recommended", "auto", "auto_prompts", "auto_verify", "auto_choose"):
+    for name in ("stop_at_eos", "lookup", "recommended", "auto", "auto_prompts", "auto_verify"):
         if getattr(args, name) not in (None, False):
             raise ValueError(f"{common.flag(name)} is a --tasks flag: give --tasks too")
     mesh_shape = common.mesh_arg(args)  # before importing JAX

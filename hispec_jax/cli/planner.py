@@ -16,8 +16,9 @@ def add_parsers(subparsers) -> None:
         help="choose the fastest hierarchy (HSD) for a model on this device: --method auto",
         description="Measures exit-pair acceptance on calibration prompts (ShareGPT training "
                     "split) and the engine's stage costs on this device, searches exits and "
-                    "windows with the HSD latency model, prints the top plans and saves the "
-                    "best for --method auto. See docs/planner.md.")
+                    "windows with the latency model, prints the top plans and saves the best "
+                    "predicted (with --verify: the fastest measured) for --method auto. See "
+                    "docs/planner.md.")
     tune.add_argument("--model", default=None, help="local model directory (default: shipped)")
     tune.add_argument("--batch-size", type=int, default=1, help="batch size the plan is for")
     tune.add_argument("--quick", action="store_true", help="fewer prompts, tokens and block sizes")
@@ -48,13 +49,6 @@ def add_parsers(subparsers) -> None:
                            "decides whether prompt lookup pays (prompts up to 512 tokens)")
     tune.add_argument("--chat", action="store_true",
                       help="with --task: render the prompts with the model's chat template")
-    tune.add_argument("--choose", default="prediction",
-                      choices=("prediction", "held-up", "worse-half"),
-                      help="how the plan is picked among the predictions (greedy, with the "
-                           "lookup's trace): prediction (default: the best predicted), held-up "
-                           "(a plan above the model's recommended ones must be predicted 10%% "
-                           "faster on both halves of the calibration prompts), worse-half (the "
-                           "best prediction on the slower half)")
 
     prof = common.add_command(
         subparsers, "profile-sv", run_profile_sv,
@@ -110,7 +104,7 @@ def run_tune(args) -> int:
         max_levels=args.max_levels, top=args.top,
         out=args.out, verify=args.verify, verify_prompts=args.verify_prompts,
         verify_tokens=args.verify_tokens, verify_repeats=args.verify_repeats,
-        choose_measured=not args.keep_predicted, plot=args.plot, choice=args.choose,
+        choose_measured=not args.keep_predicted, plot=args.plot,
         progress=lambda msg: print(f"[tune] {msg}", file=sys.stderr))
     print("\n".join(tune_lib.summary_lines(report)))
     if args.recommend:

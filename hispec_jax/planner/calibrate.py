@@ -8,9 +8,11 @@
                  (one head) over blocks of T tokens at the batch size asked for, on a cache
                  of the engine's layout, jitted with the cache donated like the engine's loop
     loop costs   `generate` itself: AR at a budget of 1 token (prefill and host work) and of
-                 n tokens (per-token AR time), and one LayerSkip run; its counters (rounds,
-                 passes) give the fixed cost of a pass and of a loop trip by solving two
-                 linear equations (clamped at 0)
+                 n tokens (per-token AR time), and one LayerSkip run; with its counters
+                 (passes) the two loops give one scale on every stage cost and a fixed cost
+                 per pass (`fit_loop_costs`)
+    trace        every exit's greedy choice along the continuations (`measure_trace`): what
+                 the predictor replays the engine's round on
 
 The calibration prompts are first user turns of the ShareGPT *training* split (benchmarks
 use the held-out split) unless the caller gives prompts.
@@ -37,7 +39,7 @@ from hispec_jax.models.model import Model
 from hispec_jax.models.params import with_layer_layout
 from hispec_jax.models.transformer import run_layers_cached, scan_exits
 from hispec_jax.decoding.options import DEFAULT_LOOKUP, DEFAULT_MAX_NGRAM
-from hispec_jax.planner.latency import Costs, LookupProfile, LookupTrace, blocks
+from hispec_jax.planner.latency import Costs, LookupProfile, Trace, blocks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,11 +51,13 @@ class Settings:
       max_prompt_tokens: longest calibration prompt.
       new_tokens: continuation length per prompt (AR timing and acceptance positions).
       block_sizes: block lengths T the stage costs are measured at.
-      repeats: timed calls per measurement (the median is kept).
+      repeats: timed samples per measurement (the minimum is kept: contention from other
+        processes only adds time).
       capacity: KV-cache positions of every measured loop and stage.
       temperature: 0 for greedy acceptance (top-1 agreement), else the sampling temperature.
-      lookup: k of the prompt-lookup drafter run on the calibration prompts (0: not
-        measured, and the search leaves lookup out).
+      lookup: k of the prompt-lookup drafter run on the calibration prompts (0: neither it
+        nor the trace is measured; the search then leaves lookup out and prices every exit
+        hierarchy by the renewal formulas).
     """
 
     num_prompts: int = 8
@@ -82,7 +86,7 @@ class Calibration:
       tokens: positions the acceptance was measured on.
       seconds: wall seconds the calibration took (compilations included).
       loop: the raw loop timings (for the record).
-      lookup: what `method="lookup"` did on the calibration prompts
+      lookup: what `method="lookup"` did on the calibration prompts, with the trace
         (`latency.LookupProfile`), or None when not measured.
     """
 
@@ -212,21 +216,17 @@ def head_cost_scales(model: Model) -> tuple[tuple[int, float], ...]:
 
 
 def measure_stage_costs(model: Model, batch: int, capacity: int, block_sizes, repeats: int,
-                        context: int | None = None,
-                        layer_counts: tuple[int, int] | None = None) -> tuple[list[float], list[float]]:
+                        context: int | None = None) -> tuple[list[float], list[float]]:
     """(seconds of one layer, seconds of the shared exit head + argmax) per block length T,
     at `batch` sequences with `context` cached positions before the block (trained heads:
     `head_cost_scales`).
 
-    Per T three jitted programs run layers [0, n1), [0, n2) and [0, n1) + the shared head;
-    differences cancel the per-call dispatch cost (that cost is the engine's pass/round
-    overhead, fitted from loop runs). `layer_counts` (n1, n2), default (2, 6) (or (1, L) for
-    L < 3); docs/results/planner/loop_fit.py measures the rejected (L - 4, L) with it."""
+    Per T three jitted programs run layers [0, n1), [0, n2) and [0, n1) + the shared head
+    ((n1, n2) = (2, 6), or (1, L) for L < 3); differences cancel the per-call dispatch cost
+    (that cost is the engine's pass overhead, fitted from loop runs: `fit_loop_costs`)."""
     cfg = model.cfg
     L = cfg.num_layers
-    n1, n2 = layer_counts or ((2, min(6, L)) if L >= 3 else (1, L))
-    if not 0 < n1 <= n2 <= L:
-        raise ValueError(f"layer_counts {(n1, n2)} must satisfy 0 < n1 <= n2 <= {L}")
+    n1, n2 = (2, min(6, L)) if L >= 3 else (1, L)
     context = capacity // 2 if context is None else context
     per_layer = isinstance(model.params["layers"], (tuple, list))
 
@@ -254,8 +254,7 @@ def measure_stage_costs(model: Model, batch: int, capacity: int, block_sizes, re
         jax.block_until_ready(call(key))
     samples = {key: [] for key in keys}
     # Interleaved over every block length and program: a burst of machine noise hits them
-    # alike, so it cannot bend the cost curve (timed one T at a time, one calibration here
-    # charged T = 16 2.8x T = 1 per layer, the next 1.5x).
+    # alike, so it cannot bend the cost curve.
     for _ in range(repeats):
         for key in keys:
             samples[key].append(_timed(lambda: call(key), STAGE_CALLS))
@@ -295,9 +294,8 @@ def calibrate(model: Model, batch_size: int = 1, prompts: list[list[int]] | None
         prompts = calibration_prompts(model, s.num_prompts, s.max_prompt_tokens)
     # The loops are timed over every calibration prompt (in batches of `batch_size`; one
     # batch, prompts repeated, when there are fewer), and the stages at those prompts' mean
-    # context: a step's cost grows with its context (attention over the used cache span), so
-    # loops timed on the first prompt alone and stages timed at the longest context disagree,
-    # and the loop fit then falls back to scaling every stage (`fit_loop_costs`).
+    # context: a step's cost grows with its context (attention over the used cache span), and
+    # `fit_loop_costs` reconciles loops and stages timed at the same context.
     batch_prompts = (list(prompts) if len(prompts) >= batch_size
                      else [prompts[i % len(prompts)] for i in range(batch_size)])
     batches = -(-len(batch_prompts) // batch_size)
@@ -340,7 +338,7 @@ def calibrate(model: Model, batch_size: int = 1, prompts: list[list[int]] | None
     costs = dataclasses.replace(costs, round_s=float(max(fixed_ar, 0.0)))
     candidates = [e for e in exits if e < L]
     if candidates:
-        tick("LayerSkip loop (fixed cost of a pass and of a round)")
+        tick("LayerSkip loop (the stage scale and the fixed cost of a pass)")
         draft = methods.default_exits(model)[0]
         nd = 2
         t_ls, r = _generate_seconds(model, batch_prompts, s.repeats, method="layerskip",
@@ -349,7 +347,7 @@ def calibrate(model: Model, batch_size: int = 1, prompts: list[list[int]] | None
         drafts, verifies = r.stats["actions_per_level"]
         # (the LayerSkip time and counters are summed over the batches)
         costs, fit = fit_loop_costs(costs, per_round_ar, t_ls - batches * t_prefill, draft, nd,
-                                    drafts, verifies, r.stats["rounds"])
+                                    drafts, verifies)
         loop.update(fit)
         loop.update(layerskip_seconds=t_ls / batches, layerskip_rounds=r.stats["rounds"],
                     layerskip_passes=drafts + verifies, layerskip_draft_exit=draft,
@@ -364,7 +362,7 @@ def _acceptance(model: Model, ar, s: Settings):
     """(sequences, starts, the exits' greedy choices or None, (exits, alpha, positions))."""
     sequences = [p + t for p, t in zip(ar.prompt_token_ids, ar.token_ids)]
     starts = [len(p) for p in ar.prompt_token_ids]
-    if s.temperature == 0.0:  # top-1 agreement: from the exits' choices (also the lookup's trace)
+    if s.temperature == 0.0:  # top-1 agreement: from the exits' choices (also the trace's)
         choices = exit_choices(model, sequences)
         return sequences, starts, choices, alpha_from_choices(choices, starts)
     return sequences, starts, None, measure_alpha(model, sequences, starts, s.temperature)
@@ -376,9 +374,9 @@ def _lookup(model, prompts, s: Settings, batch_size, capacity, sequences, starts
         return None
     tick("prompt lookup on the calibration prompts (rounds and blocks)")
     lookup = measure_lookup(model, prompts, s.lookup, s.new_tokens, batch_size, capacity)
-    tick("every exit's choices along the continuations (lookup under exits)")
-    return dataclasses.replace(lookup, trace=measure_lookup_trace(model, sequences, starts,
-                                                                  choices=choices))
+    tick("every exit's choices along the continuations (the trace the predictor replays)")
+    return dataclasses.replace(lookup, trace=measure_trace(model, sequences, starts,
+                                                           choices=choices))
 
 
 def _prompt_measurements(model, ar, prompts, s: Settings, batch_size, capacity, tick, t_start,
@@ -457,16 +455,16 @@ def alpha_from_choices(choices: dict[int, list[np.ndarray]],
     return exits, alpha, total
 
 
-def measure_lookup_trace(model: Model, sequences: list[list[int]], starts: list[int],
-                         max_ngram: int = DEFAULT_MAX_NGRAM,
-                         choices: dict[int, list[np.ndarray]] | None = None) -> LookupTrace:
+def measure_trace(model: Model, sequences: list[list[int]], starts: list[int],
+                  max_ngram: int = DEFAULT_MAX_NGRAM,
+                  choices: dict[int, list[np.ndarray]] | None = None) -> Trace:
     """The greedy continuations `sequences` (prompt + continuation from `starts`) and every
     exit below L's greedy choice along them (`exit_choices`, unless given): what
-    `latency.simulate_lookup` replays the lookup drafter under an exit on (the lookup's
-    matches, what the exit keeps of them)."""
+    `latency.replay` runs the engine's round on (the lookup's matches, what each exit keeps
+    of the tokens below it)."""
     L = model.cfg.num_layers
     choices = exit_choices(model, sequences) if choices is None else choices
-    return LookupTrace(
+    return Trace(
         max_ngram=max_ngram, sequences=tuple(tuple(int(t) for t in s) for s in sequences),
         starts=tuple(starts),
         predictions=tuple((e, tuple(tuple(int(t) for t in c[p:]) for c, p in zip(per, starts)))
@@ -474,89 +472,37 @@ def measure_lookup_trace(model: Model, sequences: list[list[int]], starts: list[
 
 
 def fit_loop_costs(costs: Costs, per_round_ar: float, ls_seconds: float, draft: int, nd: int,
-                   drafts: int, verifies: int, rounds: int) -> tuple[Costs, dict[str, Any]]:
+                   drafts: int, verifies: int) -> tuple[Costs, dict[str, Any]]:
     """Reconciles the stage costs (timed alone) with two loops timed with `generate`: AR
     (`per_round_ar` seconds per token) and LayerSkip(draft, nd) (`ls_seconds` without
-    prefill, its counters `drafts`, `verifies`, `rounds`). AR's time is always matched
-    exactly; the first model that also fits LayerSkip's is kept:
+    prefill, its counters `drafts` and `verifies`).
 
-      fixed       + a fixed cost per pass and per round (both >= 0):
-                    t_ar = w_ar + p + r,   t_ls = w_ls + passes * p + rounds * r
-      single      single-token passes (AR steps, draft steps) cost s1 >= 1 times their
-                    stage timing inside the loop, blocks what they cost alone, + p >= 0 per
-                    pass (what XLA:CPU shows at small widths: on the shipped model a
-                    one-token layer ran 1.3-1.7x slower in the loop than alone, a block did
-                    not)
-      per-pass    every stage cost times one scale s > 0, + p >= 0 per pass:
-                    t_ar = s * w_ar + p,   t_ls = s * w_ls + passes * p
-                    (a loop faster than its stages timed alone, s < 1, whose passes still
-                    cost more than their layers: dispatch, the exit's argmax, the cache
-                    writes; a draft step of a few layers pays it as a full step does)
-      uniform     every stage cost times one scale (the last resort)
+    The model: inside the loop every stage costs `s` times its timing alone, and every pass
+    adds a fixed `p` (dispatch, the exit's argmax, the cache writes: a draft step of a few
+    layers pays it as a full step does). With w the stage work a loop ran,
 
-    A loop faster than its stages timed alone (s1 < 1) means the stage timings are high
-    across the board (per-call costs the differences did not cancel, a noisy moment), not
-    that blocks are dear: scaling only the single-token costs down would price blocks too
-    high against them (a tune on the default model v4's summarize task charged a
-    2-position pass 1.44x a 1-position one per layer and predicted the lookup plans
-    15-35 % below their loop speed). So "single" needs s1 >= 1; else per-pass. Without a
-    per-pass cost (uniform, which matches AR only) the v4 model's exit plans were predicted
-    22-40 % above their loop speed on the summarize task and lookup alone 18 % below it
-    (BENCHMARKS.md, "auto's choice rules").
+        t_ar = s * w_ar + p,    t_ls = s * w_ls + passes * p
 
-    Returns (costs, {"loop_fit": which, "stage_scale": s, "single_token_scale": s1})."""
+    two equations in (s, p). Where their solution has s <= 0 or p < 0 (timing noise), p = 0
+    and s matches AR's loop alone. The loop's fixed cost per trip is part of p (AR runs one
+    pass a trip). Measured on the default model's tasks, this fit predicts the exit plans
+    within about 10 % of their loop speed (docs/planner.md, "Loop costs").
+
+    Returns (costs, {"stage_scale": s, "pass_seconds": p, "matches_layerskip": whether
+    both loops are matched})."""
     L = costs.num_layers
     blk = blocks((nd,))[0]
     w_ar = L * costs.layer(1) + costs.head(1)
-    work_1 = drafts * (draft * costs.layer(1) + costs.head_at(draft, 1))
-    work_blk = verifies * ((L - draft) * costs.layer(blk) + costs.head(blk))
+    w_ls = (drafts * (draft * costs.layer(1) + costs.head_at(draft, 1))
+            + verifies * ((L - draft) * costs.layer(blk) + costs.head(blk)))
     passes = drafts + verifies
-    fixed_ar = per_round_ar - w_ar
-    if passes > rounds:
-        p = (ls_seconds - work_1 - work_blk - rounds * fixed_ar) / (passes - rounds)
-        r = fixed_ar - p
-        if p >= 0 and r >= 0:
-            return (dataclasses.replace(costs, pass_s=float(p), round_s=float(r)),
-                    {"loop_fit": "fixed", "stage_scale": 1.0, "single_token_scale": 1.0})
-    single_ok = costs.block_sizes[0] == 1
-    det = work_1 - passes * w_ar
-    if single_ok and det != 0:
-        s1 = (ls_seconds - work_blk - passes * per_round_ar) / det
-        p = per_round_ar - s1 * w_ar
-        if s1 >= 1 and p >= 0:
-            return _scaled(costs, 1.0, s1, p, "single")
-    denom = work_1 + work_blk - passes * w_ar  # < 0: a draft pass runs fewer layers than L
-    if passes > 0 and denom != 0:
-        s = (ls_seconds - passes * per_round_ar) / denom
-        p = per_round_ar - s * w_ar
-        if s > 0 and p >= 0:
-            return _scaled(costs, s, s, p, "per-pass")
-    # No exact fit: match AR with a scale and no fixed cost, on the single-token costs only
-    # (if that scale is >= 1, as above) or on all of them, whichever misses LayerSkip's
-    # time by less.
-    s = per_round_ar / w_ar
-    miss_single = abs(s * work_1 + work_blk - ls_seconds) if single_ok and s >= 1 else np.inf
-    miss_uniform = abs(s * (work_1 + work_blk) - ls_seconds)
-    if miss_single < miss_uniform:
-        return _scaled(costs, 1.0, s, 0.0, "single")
-    return _scaled(costs, s, s, 0.0, "uniform")
-
-
-def _scaled(costs: Costs, scale: float, single: float, pass_s: float,
-            fit: str) -> tuple[Costs, dict[str, Any]]:
-    """Stage costs times `scale`, the T = 1 entries times `single` instead; no round cost.
-    A T = 2 point is added when missing, so blocks of T >= 2 keep their own scale instead of
-    being interpolated towards the rescaled T = 1 cost."""
-    sizes = tuple(costs.block_sizes)
-    layer_s, head_s = tuple(costs.layer_s), tuple(costs.head_s)
-    if single != scale and sizes[0] == 1 and len(sizes) > 1 and sizes[1] > 2:
-        sizes = (1, 2) + sizes[1:]
-        layer_s = (layer_s[0], costs.layer(2)) + layer_s[1:]
-        head_s = (head_s[0], costs.head(2)) + head_s[1:]
-
-    def apply(values):
-        return tuple(float(v * (single if T == 1 else scale)) for T, v in zip(sizes, values))
-
-    return (dataclasses.replace(costs, block_sizes=sizes, layer_s=apply(layer_s),
-                                head_s=apply(head_s), pass_s=float(pass_s), round_s=0.0),
-            {"loop_fit": fit, "stage_scale": scale, "single_token_scale": single})
+    denom = w_ls - passes * w_ar  # < 0: a draft pass runs fewer layers than L
+    s = (ls_seconds - passes * per_round_ar) / denom if passes > 0 and denom != 0 else 0.0
+    p = per_round_ar - s * w_ar
+    exact = s > 0 and p >= 0
+    if not exact:
+        s, p = per_round_ar / w_ar, 0.0
+    scale = lambda values: tuple(float(v * s) for v in values)
+    return (dataclasses.replace(costs, layer_s=scale(costs.layer_s), head_s=scale(costs.head_s),
+                                pass_s=float(p), round_s=0.0),
+            {"stage_scale": float(s), "pass_seconds": float(p), "matches_layerskip": exact})

@@ -26,40 +26,30 @@ from hispec_jax.planner import latency, plan as plan_lib, search as search_lib
 def tune(model: Model, batch_size: int = 1, *, quick: bool = False,
          settings: calibrate_lib.Settings | None = None, prompts=None, max_levels: int = 3,
          top: int = 8, out: str | Path | None = None, save: bool = True,
-         progress=None, costs_from: calibrate_lib.Calibration | None = None,
-         choice: str = search_lib.CHOICE_RULES[0]) -> dict[str, Any]:
+         progress=None, costs_from: calibrate_lib.Calibration | None = None) -> dict[str, Any]:
     """Calibrates on this device, searches, saves the plan file; returns
-    {"plans": [Plan, ...] best first, "calibration": Calibration, "path": saved file,
-    "chosen_by": why plans[0] is first (`search.choose` by the rule `choice`, one of
-    `search.CHOICE_RULES`), "known": the names of the model's recommended plans, "ranked":
-    the plans as the search ranked them, before the choice}.
+    {"plans": [Plan, ...] best predicted first, "calibration": Calibration, "path": saved
+    file, "search_seconds", "chosen_by": "prediction"}.
     `costs_from`: reuse an earlier calibration's costs (`calibrate.calibrate`)."""
-    if choice not in search_lib.CHOICE_RULES:
-        raise ValueError(f"choice={choice!r} is not one of {', '.join(search_lib.CHOICE_RULES)}")
     settings = settings or (calibrate_lib.Settings.quick() if quick else calibrate_lib.Settings())
     cal = calibrate_lib.calibrate(model, batch_size, prompts=prompts, settings=settings,
                                   progress=progress, costs_from=costs_from)
     t0 = time.perf_counter()
-    known = recommended_hierarchies(model)
     plans = search_lib.search(cal.exits, cal.alpha_of, cal.costs, max_levels=max_levels, top=top,
-                              work=latency.work_costs(model), lookup=cal.lookup, known=known)
-    ranked, chosen_by, known_names = plans, "prediction", set()
-    if settings.temperature == 0.0 and cal.lookup is not None:  # greedy: the trace's choices
-        known_names = search_lib.known_plan_names(known, cal.exits, cal.lookup)
-        plans, chosen_by = search_lib.choose(plans, choice, known_names, cal.lookup.trace,
-                                             cal.costs)
+                              work=latency.work_costs(model), lookup=cal.lookup,
+                              known=recommended_hierarchies(model))
     search_seconds = time.perf_counter() - t0
     path = None
     if save:
         payload = plan_lib.plan_payload(model, batch_size, plans, cal,
                                         {"search_seconds": round(search_seconds, 2),
-                                         "chosen_by": chosen_by,
+                                         "chosen_by": "prediction",
                                          "settings": vars(settings) if hasattr(settings, "__dict__")
                                          else None})
         path = plan_lib.save_plan_file(Path(out) if out else plan_lib.plan_path(model, batch_size),
                                        payload)
     return {"plans": plans, "calibration": cal, "path": path, "search_seconds": search_seconds,
-            "chosen_by": chosen_by, "known": known_names, "ranked": ranked}
+            "chosen_by": "prediction"}
 
 
 def recommended_hierarchies(model: Model) -> list[tuple[tuple[int, ...], tuple[int, ...], bool]]:
@@ -153,13 +143,12 @@ def tune_and_verify(model: Model, batch_size: int = 1, *, quick: bool = False,
                     verify_prompts: int = 4, verify_tokens: int = 64, verify_repeats: int = 3,
                     choose_measured: bool = True,
                     plot=None, settings: calibrate_lib.Settings | None = None,
-                    prompts=None, progress=None,
-                    choice: str = search_lib.CHOICE_RULES[0]) -> dict[str, Any]:
+                    prompts=None, progress=None) -> dict[str, Any]:
     """`hispec tune`: `tune`, then (with `verify`) measured tokens/s of the printed plans on
     held-out prompts and a predicted-vs-measured plot; with `choose_measured` the plan file
     is saved again with the fastest measured plan first (what method="auto" runs)."""
     report = tune(model, batch_size, quick=quick, settings=settings, prompts=prompts,
-                  max_levels=max_levels, top=top, out=out, progress=progress, choice=choice)
+                  max_levels=max_levels, top=top, out=out, progress=progress)
     report["verify"] = None
     if verify:
         if progress:
