@@ -33,10 +33,11 @@ from hispec_jax.serving.scheduler import Job, Scheduler
 
 
 class OutputText:
-    """One request's text as the client sees it: detokenized deltas, cut before the first
-    stop string. Text that could be the start of a stop string is held back until it
-    cannot; a match never starts in text handed out, so each step searches only the held
-    text and the new delta."""
+    """One request's text as the client sees it: detokenized deltas, cut before the stop
+    string that is complete first (the earliest end; of two ending together, the longer),
+    which does not depend on how the text is split into deltas. Text that could be the
+    start of a stop string is held back until it cannot; a match never starts in text
+    handed out, so each step searches only the held text and the new delta."""
 
     def __init__(self, tokenizer, stops: list[str]):
         self.detok = detok_lib.TextDeltas(tokenizer)
@@ -58,8 +59,9 @@ class OutputText:
         if self.stopped:
             return ""
         text = self._held + delta
-        cut = min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=-1)
-        if cut >= 0:
+        matches = [(i + len(s), i) for s in self.stops if (i := text.find(s)) >= 0]
+        if matches:  # the stop string that is complete first ends the text
+            _, cut = min(matches)
             self.stopped, self._held = True, ""
             return text[:cut]
         hold = 0 if final else max((k for s in self.stops for k in range(1, len(s))
