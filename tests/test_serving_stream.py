@@ -1,5 +1,5 @@
-"""Streaming text (serving/detok.py, serving/stream.py), `hispec generate --stream` and
-`hispec chat` fed from stdin, on the shipped default model."""
+"""Streaming text (serving/stream.py), `hispec generate --stream` and `hispec chat` fed from
+stdin, on the shipped default model. Detokenization alone: test_serving_detok.py."""
 
 from __future__ import annotations
 
@@ -10,41 +10,11 @@ import pytest
 import hispec_jax
 from hispec_jax import cli
 from hispec_jax.serving import prompts as prompts_lib
-from hispec_jax.serving.detok import REPLACEMENT, TextDeltas
 
 
 @pytest.fixture(scope="module")
 def model():
     return hispec_jax.load_model(hispec_jax.DEFAULT_MODEL_DIR)
-
-
-def test_deltas_of_multi_byte_and_merged_tokens_join_to_the_decoded_text(model):
-    tok = model.tokenizer
-    text = "héllo 日本語 🙂 wörld, it is . done ! ok  "
-    ids = tok(text, add_special_tokens=False)["input_ids"]
-    assert len(ids) > len(text.split())  # characters really are split over tokens
-    deltas = TextDeltas(tok)
-    pieces = [deltas.push([t]) for t in ids]
-    assert all(REPLACEMENT not in p for p in pieces)
-    assert "" in pieces  # some tokens only complete a character later: nothing yielded
-    pieces.append(deltas.finish())
-    assert "".join(pieces) == tok.decode(ids, skip_special_tokens=True)
-
-
-class _CleanupTokenizer:
-    """A decoder that rewrites across token boundaries (" ." -> "."), as
-    clean_up_tokenization_spaces does."""
-
-    words = {1: "Hi", 2: " there", 3: " .", 4: " ok"}
-
-    def decode(self, ids, skip_special_tokens=True):
-        return "".join(self.words[i] for i in ids).replace(" .", ".")
-
-
-def test_deltas_never_take_back_text_a_later_token_rewrites():
-    deltas = TextDeltas(_CleanupTokenizer())
-    pieces = [deltas.push([t]) for t in (1, 2, 3, 4)] + [deltas.finish()]
-    assert "".join(pieces) == "Hi there. ok"
 
 
 @pytest.mark.parametrize("method", ["hispec"])  # ar: test_cli_generate_stream_...

@@ -1,15 +1,20 @@
 """Serving: engine slots (continuous batching), streaming text, the interactive chat and
 the OpenAI-compatible HTTP server (docs/serving.md).
 
-    slots.py      SlotEngine: insert a request into a free slot, run a bounded number of
-                  rounds, hand out each slot's new tokens
-    detok.py      incremental detokenization (only the stable prefix of the text)
-    stream.py     generate_stream: text deltas as tokens are accepted
-    prompts.py    conversations as prompts (chat template, or a plain transcript)
-    chat_loop.py  `hispec chat`
-    scheduler.py  the engine thread: requests -> slots -> token streams
-    api.py        the ASGI app (/v1/chat/completions, /v1/completions, /v1/models, /health)
-    server.py     the slot engines, warm-up, uvicorn (`hispec serve`)
+    slots.py               SlotEngine: insert a request into a free slot, run a bounded
+                           number of rounds, hand out each slot's new tokens
+    detok.py               incremental detokenization (a short window per step; only text
+                           later tokens cannot change)
+    stream.py              generate_stream: text deltas as tokens are accepted
+    prompts.py             conversations as prompts (chat template, or a plain transcript)
+    chat_loop.py           `hispec chat`
+    scheduler.py           the engine thread: requests -> slots -> token streams
+    protocol.py            the API's request / response bodies and request checks
+    serving_engine.py      a request -> a job -> text (stop strings) -> JSON or SSE
+    serving_chat.py        /v1/chat/completions
+    serving_completion.py  /v1/completions
+    api_server.py          create_app: the FastAPI app and its routes
+    server.py              the slot engines, warm-up, uvicorn (`hispec serve`)
 
 The command-line side is `cli/serving.py` (chat, serve) and `cli/generate.py` (--stream).
 """

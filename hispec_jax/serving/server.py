@@ -17,7 +17,7 @@ import sys
 
 from hispec_jax.decoding.generate import MIN_PROMPT_BLOCK, model_name
 from hispec_jax.decoding.sampling import SamplingParams
-from hispec_jax.serving import api as api_lib
+from hispec_jax.serving import api_server
 from hispec_jax.serving import prompts as prompts_lib
 from hispec_jax.serving import slots as slots_lib
 from hispec_jax.serving.scheduler import Scheduler
@@ -81,7 +81,7 @@ def build_app(model, method="ar", *, slots: int = 8, max_cache_len: int | None =
         log.info("warm-up compiled %d programs", slots_lib.backend_compiles() - before)
     scheduler = Scheduler(engines, rounds_per_step=rounds_per_step)
     name = served_name or model_name(model)
-    return api_lib.create_app(model, scheduler, name,
+    return api_server.create_app(model, scheduler, name,
                               method if isinstance(method, str) else "custom")
 
 
