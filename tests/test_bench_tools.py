@@ -1,6 +1,6 @@
 """`python -m hispec_jax.bench TOOL` / `hispec bench-tool TOOL`: the listing, every tool's
---help, unknown tools and bad flags (rejected before anything heavy runs), and the folded
-tools' small pure functions on tiny inputs. Nothing here decodes or compiles a loop."""
+--help, unknown tools and bad flags (rejected before anything heavy runs), the compare
+tool's small pure functions, and one compare run end to end on a tiny random model."""
 
 import json
 import re
@@ -115,8 +115,8 @@ def test_cost_columns_per_sequence():
              "layer_passes_per_token": 10.0}
     cost = compare.cost_columns(stats, 50.0, num_prompts=2, batch_size=2)
     assert cost == pytest.approx({"trips_per_token": 0.5, "ms_per_layer_pass": 4.0})
-    v1 = {**stats, "rounds": None}  # engine v1: one action per trip
-    assert compare.cost_columns(v1, 50.0, 2, 2)["trips_per_token"] == pytest.approx(18 / 8)
+    actions = {**stats, "rounds": None}  # no rounds counted: one action per trip
+    assert compare.cost_columns(actions, 50.0, 2, 2)["trips_per_token"] == pytest.approx(18 / 8)
 
 
 def test_scaled_residuals_scales_only_the_output_projections():

@@ -62,9 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    retired = bench.retired_spelling(argv)
-    if retired:
-        print(f"hispec: error: {retired}", file=sys.stderr)
+    wrong = bench.wrong_oracle_spelling(argv)
+    if wrong:
+        print(f"hispec: error: {wrong}", file=sys.stderr)
         return 2
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
