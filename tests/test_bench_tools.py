@@ -2,6 +2,7 @@
 --help, unknown tools and bad flags (rejected before anything heavy runs), the compare
 tool's small pure functions, and one compare run end to end on a tiny random model."""
 
+import itertools
 import json
 import re
 import subprocess
@@ -176,3 +177,35 @@ def test_compare_runs_ar_and_our_methods_against_transformers(tmp_path, capsys):
         assert all(r["identical_to_ar"] for r in rows.values())
     assert "| transformers |" in capsys.readouterr().out
 
+
+
+def test_specbound_sweep_stage_two_searches_depth_and_width_at_stage_ones_best(monkeypatch):
+    from types import SimpleNamespace
+
+    from hispec_jax.planner import calibrate
+
+    grids = []
+
+    def fake_sweep(model, prompts, new_tokens, grid, rounds, progress=None):
+        grids.append(grid)
+        rows = [{"name": "ar", "identical_to_ar": True, "speedup_vs_ar": 1.0,
+                 "layer_passes_per_token": 24.0, "tokens_per_round": 1.0}]
+        for i, (tau, anneal, depth, width) in enumerate(itertools.product(
+                grid["tau"], grid["anneal"], grid["depth_bound"], grid["width"])):
+            rows.append({"name": f"row {i}", "tau": tau, "anneal": anneal, "depth_bound": depth,
+                         "width": width, "identical_to_ar": True,
+                         "speedup_vs_ar": 2.0 if (tau, anneal) == (0.7, 1.0) else 1.5,
+                         "layer_passes_per_token": 3.0, "tokens_per_round": 2.0})
+        return rows
+
+    monkeypatch.setattr(compare, "specbound_sweep", fake_sweep)
+    monkeypatch.setattr(calibrate, "calibration_prompts", lambda model, n, length: [[1, 2]] * n)
+    model = SimpleNamespace(cfg=SimpleNamespace(num_layers=24))
+    args = compare.parse_args(["--specbound-sweep", "--sweep-prompts", "2"])
+    report, saves = {}, []
+    compare.sweep(model, args, report, lambda: saves.append(1), lambda msg: None)
+    assert grids[0]["depth_bound"] == [12] and grids[0]["width"] == [4]
+    assert grids[1] == {"tau": [0.7], "anneal": [1.0], "depth_bound": [6, 8, 12, 16],
+                        "width": [2, 4, 8]}
+    assert set(report) == {"specbound_sweep_stage1", "specbound_sweep_stage2", "specbound_best"}
+    assert len(saves) == 2
