@@ -16,7 +16,8 @@ Methods (`--methods`; AR always comes first: every output is checked against its
     hispec           HiSpec at its defaults (sampling: token-wise and blockwise rows)
     hispec-adaptive  HiSpec with adaptive windows
     sv               SV with the model's `sv_profile.json`, else a quick profile written
-                     next to --out (calibration prompts: the ShareGPT training split)
+                     next to --out, or to the working directory (calibration prompts: the
+                     ShareGPT training split)
     specbound        SpecBound at its defaults
     lookup           prompt lookup
     auto             the plan `hispec tune` saved for the batch size (a quick tune first
@@ -175,11 +176,11 @@ def check_args(args) -> None:
             raise ValueError(f"--synthetic: {e}")
         if args.model:
             raise ValueError("--model or --synthetic: give one")
-        heads = args.heads or args.hidden // 64
+        heads, kv_heads = synthetic_heads(args)
         if heads < 1 or args.hidden % heads:
             raise ValueError(f"--hidden {args.hidden}: must be a multiple of the heads ({heads})")
-        if heads % (args.kv_heads or 1):
-            raise ValueError(f"--kv-heads {args.kv_heads}: must divide the heads ({heads})")
+        if heads % kv_heads:
+            raise ValueError(f"--kv-heads {kv_heads}: must divide the heads ({heads})")
         needs_text = [m for m in args.methods if m in ("sv", "auto")]
         if (args.dataset or "random") != "random" or needs_text or args.specbound_sweep:
             what = (f"--dataset {args.dataset}" if args.dataset not in (None, "random")
@@ -197,6 +198,13 @@ def check_args(args) -> None:
         raise ValueError(f"--model {args.model}: no such file or directory")
 
 
+def synthetic_heads(args) -> tuple[int, int]:
+    """(attention heads, key/value heads) of the synthetic model: the flags, else hidden /
+    64 heads (head dim 64) and a quarter as many key/value heads."""
+    heads = args.heads or args.hidden // 64
+    return heads, args.kv_heads or max(1, heads // 4)
+
+
 def synthetic_model(args):
     """A random Llama-style model (scan layout) whose layers' residual contributions are
     scaled by `residual_scale(args.synthetic)`."""
@@ -208,11 +216,11 @@ def synthetic_model(args):
     from hispec_jax.models.params import init_params
 
     hidden = args.hidden
-    heads = args.heads or hidden // 64
+    heads, kv_heads = synthetic_heads(args)
     cfg = ModelConfig(model_type="llama", vocab_size=args.vocab, hidden_size=hidden,
                       intermediate_size=args.intermediate or hidden * 8 // 3 // 64 * 64,
                       num_layers=args.layers, num_heads=heads,
-                      num_kv_heads=args.kv_heads or max(1, heads // 4),
+                      num_kv_heads=kv_heads,
                       head_dim=hidden // heads, max_position_embeddings=4096)
     params = init_params(cfg, jax.random.PRNGKey(args.seed),
                          init_std=0.3 / np.sqrt(hidden / 64))
