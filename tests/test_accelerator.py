@@ -1,4 +1,4 @@
-"""`python -m hispec_jax.bench accelerator`: the parts' judgements against the issue's
+"""`python -m hispec_jax.bench accelerator`: the parts' judgements against their
 targets, the exactness verdict, the departures count, and one small part run end to end
 (the tiny preset's layouts, files written). The GPU numbers themselves come from a lent
 machine (docs/accelerator_checks.md)."""

@@ -210,7 +210,7 @@ def test_a_bench_stopped_after_a_phase_keeps_the_phases_it_finished(byte_model_d
     monkeypatch.setattr(run_lib.Bench, "batch_sizes", batch_sizes)
     config = run_lib.BenchConfig(model_dir=str(byte_model_dir), datasets=("sharegpt",),
                                  out_dir=str(tmp_path), agreement=False, grid_exits=(),
-                                 transformers=False, seed_methods=False, progress=False)
+                                 transformers=False, sv_specbound=False, progress=False)
     with pytest.raises(KeyboardInterrupt):
         run_lib.Bench(config).run()
     saved = json.loads((tmp_path / "report.json").read_text())

@@ -1,7 +1,8 @@
 """`python -m hispec_jax.bench TOOL` / `hispec bench-tool TOOL`: the listing, every tool's
---help, unknown tools and bad flags (rejected before anything heavy runs), and the folded
-tools' small pure functions on tiny inputs. Nothing here decodes or compiles a loop."""
+--help, unknown tools and bad flags (rejected before anything heavy runs), the compare
+tool's small pure functions, and one compare run end to end on a tiny random model."""
 
+import itertools
 import json
 import re
 import subprocess
@@ -10,8 +11,7 @@ import sys
 import pytest
 
 from hispec_jax import cli
-from hispec_jax.bench import loop_memory, side_by_side, tools
-from hispec_jax.bench.studies import before_after, gguf_memory, plot_agreement
+from hispec_jax.bench import compare, tools
 
 
 def test_listing_names_every_tool_with_its_description(capsys):
@@ -23,9 +23,7 @@ def test_listing_names_every_tool_with_its_description(capsys):
             assert description, f"{tool}: its module has no docstring"
             assert any(line.split()[:1] == [tool] and line.endswith(description)
                        for line in lines), tool
-    assert set(tools.TOOLS) >= {"ar", "engine", "oracle", "seed-methods", "auto", "memory",
-                                "gguf-memory", "exit-agreement", "plot-agreement",
-                                "before-after"}
+    assert set(tools.TOOLS) == {"compare", "oracle", "accelerator", "serve", "tasks", "work"}
 
 
 def test_listing_imports_neither_jax_nor_torch():
@@ -52,10 +50,10 @@ def test_unknown_tool_names_it_and_the_tools(capsys):
 
 
 def test_module_spelling_is_accepted():
-    assert tools.resolve("seed_methods") == "seed-methods"
-    assert tools.resolve("exit_agreement") == "exit-agreement"
+    assert tools.resolve("compare") == "compare"
     assert tools.resolve("oracle") == "oracle"
     assert tools.resolve("bench_ar") is None
+    assert tools.resolve("memory") is None  # `hispec plan-memory --compare`
 
 
 def test_hispec_bench_tool_is_the_same_dispatcher(capsys):
@@ -66,29 +64,28 @@ def test_hispec_bench_tool_is_the_same_dispatcher(capsys):
     assert cli.main(["bench-tool", "nope"]) == 2
     assert "hispec bench-tool: error: unknown tool 'nope'" in capsys.readouterr().err
     with pytest.raises(SystemExit) as info:
-        cli.main(["bench-tool", "memory", "--help"])
+        cli.main(["bench-tool", "compare", "--help"])
     assert info.value.code == 0
-    assert "--capacity" in capsys.readouterr().out
+    assert "--transformers" in capsys.readouterr().out
     usage = cli.__doc__[cli.__doc__.index("hispec bench-tool"):].split("hispec tune")[0]
     assert all(re.search(rf"\b{tool}\b", usage) for tool in tools.TOOLS), usage
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["ar", "--threads", "0"], "--threads must be in [1, "),
-    (["ar", "--batch-sizes", "1,x"], "expected comma-separated integers"),
-    (["ar", "--min-prompt", "9", "--max-prompt", "8"],
-     "--max-prompt (8) is below --min-prompt (9)"),
-    (["engine", "--synthetic", "agree:-1"], "--synthetic: expected 'random' or 'agree:S'"),
-    (["engine", "--dataset", "sharegpt"], "--dataset sharegpt needs --model"),
-    (["engine", "--temperatures", "0.6,0"], "--temperatures must be > 0"),
-    (["memory", "--prompt-block", "4096", "--capacity", "4096"], "must be below --capacity"),
-    (["exit-agreement", "--model", "m", "--rows", "0"], "--rows must be >= 1"),
-    (["decode-agreement", "--model", "m", "--prompts", "0"], "--prompts must be >= 1"),
-    (["decode-agreement", "--model", "m", "--exits", "3,x"], "--exits must be comma-separated"),
-    (["gguf-memory", "/nonexistent/model.gguf"], "no GGUF file at /nonexistent/model.gguf"),
-    (["before-after", "--before", "/nonexistent", "--after", "."], "--before /nonexistent: no "
-                                                                   "hispec_jax/ in it"),
-    (["plot-agreement", "out.png", "no-equals-sign"], "is not LABEL=path"),
+    (["compare", "--threads", "0"], "--threads must be in [1, "),
+    (["compare", "--batch-sizes", "1,x"], "expected comma-separated integers"),
+    (["compare", "--prompt-len", "9:8"], "expected 1 <= MIN <= MAX"),
+    (["compare", "--methods", "ar,medusa"], "unknown medusa; choose from ar, layerskip"),
+    (["compare", "--synthetic", "agree:-1"], "--synthetic: expected 'random' or 'agree:S'"),
+    (["compare", "--synthetic", "random", "--model", "m"], "--model or --synthetic: give one"),
+    (["compare", "--synthetic", "random", "--dataset", "sharegpt"],
+     "--dataset sharegpt calibrates or reads text: needs --model"),
+    (["compare", "--synthetic", "random", "--methods", "sv"], "sv calibrates or reads text"),
+    (["compare", "--synthetic", "random", "--heads", "3"], "must be a multiple of the heads"),
+    (["compare", "--temperatures", "0.6,0"], "--temperatures must be > 0"),
+    (["compare", "--transformers", "--loop-time"], "leave out --loop-time"),
+    (["compare", "--transformers", "--temperatures", "1"], "leave out --temperatures"),
+    (["compare", "--model", "/nonexistent"], "--model /nonexistent: no such file"),
     (["accelerator", "--parts", "layouts,roofline"], "--parts: roofline; choose from"),
     (["accelerator", "--parts", ","], "--parts: none given"),
     (["accelerator", "--shapes", "llama9"], "--shapes: model config 'llama9' is neither"),
@@ -104,12 +101,12 @@ def test_bad_flags_fail_before_anything_runs(argv, message, capsys):
 
 
 def test_residual_scale():
-    assert side_by_side.residual_scale("random") == 1.0
-    assert side_by_side.residual_scale("agree:0.05") == 0.05
-    assert side_by_side.residual_scale("agree:0") == 0.0
+    assert compare.residual_scale("random") == 1.0
+    assert compare.residual_scale("agree:0.05") == 0.05
+    assert compare.residual_scale("agree:0") == 0.0
     for bad in ("agree", "agree:x", "agree:-0.1", "same:0.1"):
         with pytest.raises(Exception, match="expected 'random' or 'agree:S'"):
-            side_by_side.residual_scale(bad)
+            compare.residual_scale(bad)
 
 
 def test_cost_columns_per_sequence():
@@ -117,10 +114,10 @@ def test_cost_columns_per_sequence():
     # 50 tokens/s: 4 trips / 8 tokens; 1000 / (50 * 10) * 2 ms per layer pass.
     stats = {"rounds": 4, "actions_per_level": [9, 9], "new_tokens": 16,
              "layer_passes_per_token": 10.0}
-    cost = side_by_side.cost_columns(stats, 50.0, num_prompts=2, batch_size=2)
+    cost = compare.cost_columns(stats, 50.0, num_prompts=2, batch_size=2)
     assert cost == pytest.approx({"trips_per_token": 0.5, "ms_per_layer_pass": 4.0})
-    v1 = {**stats, "rounds": None}  # engine v1: one action per trip
-    assert side_by_side.cost_columns(v1, 50.0, 2, 2)["trips_per_token"] == pytest.approx(18 / 8)
+    actions = {**stats, "rounds": None}  # no rounds counted: one action per trip
+    assert compare.cost_columns(actions, 50.0, 2, 2)["trips_per_token"] == pytest.approx(18 / 8)
 
 
 def test_scaled_residuals_scales_only_the_output_projections():
@@ -143,61 +140,72 @@ def test_scaled_residuals_scales_only_the_output_projections():
     assert not np.any(np.asarray(zero.params["layers"]["wo"])) and zero.heads == {}
 
 
-def test_loop_memory_table_is_relative_to_ar_of_the_same_mode():
-    gib = 2**30
-    row = lambda name, greedy, total: {"name": name, "greedy": greedy, "arguments": gib,
-                                       "outputs": 0, "temporaries": total - gib, "total": total}
-    lines = loop_memory.table_lines([row("ar", True, 2 * gib), row("hispec", True, 3 * gib),
-                                     row("ar", False, 4 * gib), row("hispec", False, 5 * gib)])
-    assert lines[2] == "| ar | greedy | 1.000 | 0.000 | 1.0000 | 2.000 | +0.000% |"
-    assert lines[3].endswith("| 3.000 | +50.000% |")
-    assert lines[4].endswith("| 4.000 | +0.000% |")
-    assert lines[5].endswith("| 5.000 | +25.000% |")
+def test_method_list_puts_ar_first_once():
+    assert compare.method_list("hispec,ar,sv,hispec") == ("ar", "hispec", "sv")
+    assert compare.method_list("lookup") == ("ar", "lookup")
+    assert compare.prompt_lengths("48") == (48, 48)
+    assert compare.prompt_lengths("32:64") == (32, 64)
 
 
-def test_gguf_memory_beyond_weights():
-    row = {"dtype": "float32", "layout": "scan", "load_s": 1.0, "weights_mb": 100.0,
-           "baseline_mb": 400.0, "after_load_mb": 520.0, "anon_baseline_mb": 300.0,
-           "anon_after_load_mb": 410.0, "peak_load_mb": 700.0, "peak_generate_mb": 800.0,
-           "torch_imported": False}
-    assert gguf_memory.beyond_weights(row) == {"anon_after_load": 10.0, "peak_load": 200.0,
-                                               "peak_generate": 300.0}
-    assert gguf_memory.table_lines([row])[2] == (
-        "| float32 | scan | 1.0 | 100 | 400 | 520 (+10) | 700 (+200) | 800 (+300) | False |")
+def test_method_specs_name_one_row_per_method_and_draft_exit():
+    args = compare.parse_args(["--methods", "layerskip,hispec,hispec-adaptive,specbound,lookup",
+                               "--draft-exits", "2,4"])
+    specs = compare.method_specs(None, args, 1, None, print)
+    assert [(s.name, s.method, dict(s.options)) for s in specs] == [
+        ("ar", "ar", {}), ("layerskip d=2", "layerskip", {"draft_exit": 2}),
+        ("layerskip d=4", "layerskip", {"draft_exit": 4}), ("hispec defaults", "hispec", {}),
+        ("hispec adaptive", "hispec", {"adaptive": True}),
+        ("specbound defaults", "specbound", {}), ("lookup", "lookup", {})]
 
 
-def test_plot_agreement_curves_read_replies_when_present(tmp_path):
-    replies = tmp_path / "a.json"
-    replies.write_text(json.dumps({"eval": {"agreement_exits": [0.1, 1.0], "perplexity": 9.0,
-                                            "replies": {"agreement_exits": [0.2, 0.5, 1.0],
-                                                        "perplexity": 3.456}}}))
-    plain = tmp_path / "b.json"
-    plain.write_text(json.dumps({"eval": {"agreement_exits": [0.3, 1.0], "perplexity": 7.0}}))
-    curves = plot_agreement.curves([f"v2={replies}", f"base={plain}"])
-    assert curves == {"v2 (ppl 3.46)": {"exits": [1, 2, 3], "agreement": [0.2, 0.5, 1.0]},
-                      "base (ppl 7.00)": {"exits": [1, 2], "agreement": [0.3, 1.0]}}
+def test_compare_runs_ar_and_our_methods_against_transformers(tmp_path, capsys):
+    """The tool end to end on a tiny synthetic model: our methods and transformers on the
+    same weights (written as a Hugging Face directory), one table per batch size, every
+    output equal to AR's."""
+    pytest.importorskip("torch")
+    out = tmp_path / "compare.json"
+    code = compare.main(["--synthetic", "agree:0", "--layers", "2", "--hidden", "64",
+                         "--vocab", "64", "--methods", "ar,layerskip", "--draft-exits", "1",
+                         "--transformers", "--batch-sizes", "1,2", "--prompts", "2",
+                         "--prompt-len", "3:5", "--max-new-tokens", "4", "--rounds", "1",
+                         "--out", str(out)])
+    assert code == 0
+    tables = json.loads(out.read_text())["tables"]
+    assert list(tables) == ["batch 1", "batch 2"]
+    for rows in tables.values():
+        assert list(rows) == ["ar", "layerskip d=1", "transformers"]
+        assert all(r["identical_to_ar"] for r in rows.values())
+    assert "| transformers |" in capsys.readouterr().out
 
 
-def test_before_after_summary():
-    results = {"before": [{"median": 100.0, "hlo": "abc"}, {"median": 120.0, "hlo": "abc"},
-                          {"median": 110.0, "hlo": "abc"}],
-               "after": [{"median": 130.0, "hlo": "abc"}]}
-    lines = before_after.summary_lines(results)
-    assert lines[0] == "before median of round medians  110.0 tok/s, best  120.0"
-    assert lines[1] == "after  median of round medians  130.0 tok/s, best  130.0"
-    assert lines[2] == "lowered single-device loop: identical"
-    results["after"][0]["hlo"] = "def"
-    assert before_after.summary_lines(results)[2] == (
-        "lowered single-device loop: differs ['abc', 'def']")
 
+def test_specbound_sweep_stage_two_searches_depth_and_width_at_stage_ones_best(monkeypatch):
+    from types import SimpleNamespace
 
-def test_seq_rep_counts_repeated_four_grams():
-    """decode-agreement's repetition measure: 0 with no repeated 4-gram, 1 - distinct/total
-    otherwise, averaged over continuations; too-short continuations are left out."""
-    from hispec_jax.bench.studies.decode_agreement import seq_rep
+    from hispec_jax.planner import calibrate
 
-    assert seq_rep([[1, 2, 3, 4, 5, 6]]) == 0.0
-    loop = [7] * 10                       # 7 four-grams, 1 distinct
-    assert seq_rep([loop]) == round(1 - 1 / 7, 4)
-    assert seq_rep([[1, 2, 3, 4, 5, 6], loop, [1, 2]]) == round((1 - 1 / 7) / 2, 4)
-    assert seq_rep([[1, 2]]) is None
+    grids = []
+
+    def fake_sweep(model, prompts, new_tokens, grid, rounds, progress=None):
+        grids.append(grid)
+        rows = [{"name": "ar", "identical_to_ar": True, "speedup_vs_ar": 1.0,
+                 "layer_passes_per_token": 24.0, "tokens_per_round": 1.0}]
+        for i, (tau, anneal, depth, width) in enumerate(itertools.product(
+                grid["tau"], grid["anneal"], grid["depth_bound"], grid["width"])):
+            rows.append({"name": f"row {i}", "tau": tau, "anneal": anneal, "depth_bound": depth,
+                         "width": width, "identical_to_ar": True,
+                         "speedup_vs_ar": 2.0 if (tau, anneal) == (0.7, 1.0) else 1.5,
+                         "layer_passes_per_token": 3.0, "tokens_per_round": 2.0})
+        return rows
+
+    monkeypatch.setattr(compare, "specbound_sweep", fake_sweep)
+    monkeypatch.setattr(calibrate, "calibration_prompts", lambda model, n, length: [[1, 2]] * n)
+    model = SimpleNamespace(cfg=SimpleNamespace(num_layers=24))
+    args = compare.parse_args(["--specbound-sweep", "--sweep-prompts", "2"])
+    report, saves = {}, []
+    compare.sweep(model, args, report, lambda: saves.append(1), lambda msg: None)
+    assert grids[0]["depth_bound"] == [12] and grids[0]["width"] == [4]
+    assert grids[1] == {"tau": [0.7], "anneal": [1.0], "depth_bound": [6, 8, 12, 16],
+                        "width": [2, 4, 8]}
+    assert set(report) == {"specbound_sweep_stage1", "specbound_sweep_stage2", "specbound_best"}
+    assert len(saves) == 2

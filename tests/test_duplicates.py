@@ -1,11 +1,10 @@
-"""`hispec bench-tool duplicates`: finds a block pasted into two files (comments, docstrings
+"""`tests/duplicates_finder.py`: finds a block pasted into two files (comments, docstrings
 and whitespace aside), merges it into one block, and the package itself has none of 8 or
 more code lines."""
 
 import pytest
 
-from hispec_jax import cli
-from hispec_jax.bench import duplicates
+import duplicates_finder as duplicates
 
 BLOCK = '''
 def f(x):
@@ -23,7 +22,7 @@ def test_a_pasted_block_is_found_once_with_both_places(tmp_path, capsys):
     (tmp_path / "b.py").write_text("y = 0\n\n" + BLOCK.replace("# a comment", "")
                                    .replace("    b =", "    b  ="))
     (tmp_path / "c.py").write_text(BLOCK.replace("c * c", "c + c"))  # differs in one line
-    assert cli.main(["bench-tool", "duplicates", str(tmp_path), "--min-lines", "5",
+    assert duplicates.main([str(tmp_path), "--min-lines", "5",
                      "--fail"]) == 1
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "6 code lines at 2 places:"
@@ -34,7 +33,7 @@ def test_a_pasted_block_is_found_once_with_both_places(tmp_path, capsys):
 
 
 def test_the_package_has_no_copy_paste_of_8_lines(capsys):
-    assert cli.main(["bench-tool", "duplicates", "--min-lines", "8", "--fail"]) == 0, \
+    assert duplicates.main(["--min-lines", "8", "--fail"]) == 0, \
         capsys.readouterr().out
 
 

@@ -79,3 +79,40 @@ def test_mesh_checked_before_jax():
                           timeout=60, cwd=REPO)
     assert proc.stdout.split() == ["2", "False"], proc.stderr
     assert "--mesh model=two: size of 'model' must be an integer >= 1, got 'two'" in proc.stderr
+
+
+def test_compare_plans_every_loop_with_the_same_shapes():
+    """`--compare`: greedy AR, LayerSkip, HiSpec, HiSpec adaptive, then sampling AR and
+    HiSpec, each compiled for the same cache and batch."""
+    rows = plan("--compare")
+    assert [(r["name"], r["description"]["greedy"]) for r in rows] == [
+        ("ar", True), ("layerskip", True), ("hispec", True), ("hispec adaptive", True),
+        ("ar", False), ("hispec", False)]
+    assert len({(r["description"]["max_len"], r["kv_cache"]) for r in rows}) == 1
+
+
+def test_compare_leaves_out_method_and_sampling():
+    from hispec_jax import cli
+
+    for flag in (["--method", "hispec"], ["--sampling"]):
+        assert cli.main(["plan-memory", "--config", "tiny", "--compare", *flag]) == 2
+
+
+def test_plan_memory_compare_table_is_relative_to_ar_of_the_same_mode():
+    from hispec_jax.decoding import memory_plan
+
+    gib = 2**30
+
+    def made(greedy, total):
+        return memory_plan.MemoryPlan(
+            description={"greedy": greedy}, weights=0, kv_cache=0, overhead=0, arguments=gib,
+            outputs=0, aliased=0, temporaries=total - gib, compile_seconds=0.0)
+
+    lines = memory_plan.comparison_lines([("ar", made(True, 2 * gib)),
+                                          ("hispec", made(True, 3 * gib)),
+                                          ("ar", made(False, 4 * gib)),
+                                          ("hispec", made(False, 5 * gib))])
+    assert lines[2] == "| ar | greedy | 1.000 | 0.000 | 1.0000 | 2.000 | +0.000% |"
+    assert lines[3].endswith("| 3.000 | +50.000% |")
+    assert lines[4].endswith("| 4.000 | +0.000% |")
+    assert lines[5].endswith("| 5.000 | +25.000% |")

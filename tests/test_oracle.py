@@ -118,8 +118,8 @@ def test_cli_names_a_bad_method(capsys):
 
 
 def test_the_oracle_starts_one_way(capsys, monkeypatch):
-    """`hispec bench-tool oracle ARGS` runs the oracle with ARGS; the retired spellings
-    (`hispec bench-oracle`, `hispec bench --oracle`) exit 2 naming that one way."""
+    """`hispec bench-tool oracle ARGS` runs the oracle with ARGS; the spellings
+    `hispec bench-oracle` and `hispec bench --oracle` exit 2 naming that one way."""
     from hispec_jax import cli
 
     seen = []

@@ -327,40 +327,6 @@ def test_loop_fit_without_a_solution_scales_the_stages_to_match_ar():
     assert latency.predict((24,), (), [], costs).seconds_per_token == pytest.approx(ar)
 
 
-def test_bench_auto_times_a_grid_point_equal_to_auto_once(tmp_path, monkeypatch):
-    """`bench auto` compares auto with distinct plans: a grid point that is auto's plan is
-    the same program and is not timed twice (their ratio would be noise)."""
-    from hispec_jax.bench import auto as auto_bench
-    from hispec_jax import datasets as prompts_lib
-    from hispec_jax.bench import suite
-
-    model = _tiny()
-    plan = plan_lib.Plan(exits=(2, 4), windows=(3,), predicted_tokens_per_second=10.0,
-                         tokens_per_round=2.0)
-    path = plan_lib.save_plan_file(tmp_path / "plan.json", plan_lib.plan_payload(model, 1, [plan]))
-    path.write_text(path.read_text().replace('"calibration": null', '"calibration": {"costs": '
-                                             + json.dumps(COSTS.to_json()) + "}"))
-    monkeypatch.setattr(prompts_lib, "load_prompts", lambda *a, **k: [[5, 6, 7]])
-    timed = []
-
-    def fake_runner(model, prompts, spec, **kwargs):
-        timed.append(spec.name)
-        speed = {"ar": 10.0}.get(spec.name, 12.0 if spec.name.startswith("auto") else 11.0)
-        result = suite.Result(name=spec.name, token_ids=[[1]], seconds=[1.0 / speed],
-                              new_tokens=1, stats={})
-        return suite.Runner(spec.name, lambda: result, lambda: 1.0 / speed)
-
-    monkeypatch.setattr(suite, "hispec_runner", fake_runner)
-    report = auto_bench.run(model, num_prompts=1, max_new_tokens=4, rounds=1,
-                            layerskip=[(2, 3), (1, 2)], hispec=[], plan_file=path)
-    assert timed == ["ar", "auto: layerskip d=2 nd=3", "layerskip d=1 n=2"]
-    assert report["grid_points_equal_to_auto"] == ["layerskip d=2 n=3"]
-    assert report["best_other"] == "layerskip d=1 n=2"
-    assert "timed once, as auto" in auto_bench.markdown(report)
-    # auto 12 tok/s against 11 in every round
-    assert report["auto_vs_best_other_paired"] == pytest.approx(12 / 11)
-
-
 @pytest.mark.parametrize("method,exits,windows", [
     ("ar", (6,), ()), ("layerskip", (2, 6), (3,)), ("hispec", (1, 3, 6), (2, 4))])
 def test_predicted_work_per_token_is_what_the_engine_counts(method, exits, windows):

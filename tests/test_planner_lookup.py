@@ -179,7 +179,7 @@ def test_lookup_under_exit_plan_round_trips_and_auto_runs_it_equal_to_ar(tmp_pat
     assert auto.token_ids == ar.token_ids
 
 
-def test_task_bench_auto_row_is_tuned_on_other_prompts_and_timed_in_the_run(monkeypatch,
+def test_tasks_auto_row_is_tuned_on_other_prompts_and_timed_in_the_run(monkeypatch,
                                                                            capsys):
     """`bench --tasks ... --auto`: per task a tune on the prompts after the measured ones,
     its plan timed beside the fixed choices, its ratio to the best of them from the rows."""

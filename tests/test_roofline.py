@@ -22,7 +22,7 @@ def test_ar_step_bytes_at_the_roofline(batch, capacity, tolerance, monkeypatch):
     """The default layout on this backend (unrolled on CPU). At capacity 1024 the KV cache
     is a third of the bytes, so a single copy of a cache layer per step would show. Batch
     > 1 adds XLA's charge for in-place scatters (whole operand + output per KV write) and
-    the keys' relayout for the score products that XLA:CPU still makes (~0.5 x KV).
+    the keys' relayout for the score products that XLA:CPU makes (~0.5 x KV).
 
     The attention reads the whole cache here (one span): with the used-slot spans
     (`transformer.attention_spans`) each layer's attention is a `lax.switch` whose every

@@ -222,7 +222,7 @@ def test_sv_rejects_blockwise_sampling():
 
 
 def test_specbound_sweep_rows():
-    from hispec_jax.bench.seed_methods import best_row, specbound_sweep
+    from hispec_jax.bench.compare import best_row, specbound_sweep
 
     model = tiny_model(4, 0, layer_scale=0.0)
     rows = specbound_sweep(model, [[1, 2, 3]], 8, {"tau": [0.05, 0.9], "anneal": [0.0],

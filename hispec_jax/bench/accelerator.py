@@ -1,4 +1,4 @@
-"""The performance issue's accelerator checks in one run: roofline, layouts, oracle, numerics.
+"""The accelerator checks in one run: roofline, layouts, oracle, numerics, each with a target.
 
 Meant for a GPU or TPU machine that is only lent for minutes: every check runs from one
 command, each part writes its results as soon as it ends (a run cut off at its time limit

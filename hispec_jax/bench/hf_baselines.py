@@ -5,7 +5,7 @@ Both decode greedily, one prompt at a time (assisted generation supports batch 1
 exactly `max_new_tokens` per prompt with EOS ignored, as `hispec_jax.generate(...,
 ignore_eos=True)` does (`hf_generate` with `eos_token_ids`: up to `max_new_tokens`, each
 prompt stopping at EOS). `hf_generate_batch` is plain greedy decoding of a whole batch in
-one left-padded call (`python -m hispec_jax.bench ar`). PyTorch is imported lazily: the
+one left-padded call (`hispec bench-tool compare --transformers`). PyTorch is imported lazily: the
 rest of the library needs none.
 
 Greedy settings are pinned: the model directory's generation_config.json is swapped for a
@@ -28,6 +28,7 @@ import copy
 import dataclasses
 import statistics
 import time
+from pathlib import Path
 from typing import Callable
 
 _TORCH_MISSING = "the transformers baselines need PyTorch: pip install torch==2.13.0"
@@ -65,15 +66,21 @@ def _torch():
     return torch
 
 
-def load_hf_model(model_dir: str, threads: int | None = None):
-    """The model in `model_dir` as a transformers (PyTorch) model in float32 eval mode;
-    sets torch.set_num_threads(threads) when given."""
+def load_hf_model(model_path: str, threads: int | None = None):
+    """The model at `model_path` (a Hugging Face directory, or a .gguf file transformers
+    reads) as a transformers (PyTorch) model in float32 eval mode; sets
+    torch.set_num_threads(threads) when given."""
     torch = _torch()
     from transformers import AutoModelForCausalLM
 
     if threads is not None:
         torch.set_num_threads(threads)
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    path = Path(model_path)
+    if path.suffix.lower() == ".gguf":
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                     dtype=torch.float32)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
     return model.eval()
 
 

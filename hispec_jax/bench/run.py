@@ -60,7 +60,7 @@ class BenchConfig:
     transformers: bool = True
     batch_sizes: tuple[int, ...] = (1, 4, 16)    # (): skip
     agreement: bool = True
-    seed_methods: bool = True   # SV and SpecBound rows
+    sv_specbound: bool = True   # SV and SpecBound rows
     sv_profile: str | None = None  # None: the model's, else profiled quickly
     out_dir: str = "hispec_bench_results"
     progress: bool = True
@@ -88,7 +88,7 @@ class BenchConfig:
                 spec.decoder(model)
         if self.tuned is not None:
             sweeps.hispec_spec(*self.tuned).decoder(model)
-        for spec in suite.default_specs(self.sv_profile, self.seed_methods):
+        for spec in suite.default_specs(self.sv_profile, self.sv_specbound):
             spec.decoder(model)  # SV's profile: when given (else looked up or made later)
         if self.transformers and importlib.util.find_spec("torch") is None:
             raise ValueError("the transformers baselines need PyTorch: pip install torch==2.13.0 "
@@ -109,7 +109,7 @@ class BenchConfig:
                                        verify_exits=(v,)))
         if tuned is not None:
             specs.append(tuned)
-        return specs + [spec for spec in suite.default_specs(sv_profile, self.seed_methods)
+        return specs + [spec for spec in suite.default_specs(sv_profile, self.sv_specbound)
                         if spec.method in ("sv", "specbound")]
 
 
@@ -127,7 +127,7 @@ class Bench:
         self.hf_model = None
         self.specs: dict[str, MethodSpec] = {}  # every method run so far, by name
         self.sv_profile = None
-        if config.seed_methods:
+        if config.sv_specbound:
             self.sv_profile = config.sv_profile or suite.sv_profile_path(
                 self.model, self.out_dir, lambda msg: print(f"[bench] {msg}", flush=True))
         cfg = self.model.cfg
@@ -238,7 +238,7 @@ class Bench:
         sizes = list(self.config.batch_sizes)
         dataset = self.config.datasets[0]
         prompts = self._prompts(dataset, max(max(sizes), self.config.num_prompts))
-        specs = suite.default_specs(self.sv_profile, self.config.seed_methods)
+        specs = suite.default_specs(self.sv_profile, self.config.sv_specbound)
         table = {"dataset": dataset, "num_prompts": len(prompts), "batch_sizes": sizes,
                  "methods": [spec.name for spec in specs], "rows": {}}
         for b in sizes:

@@ -93,14 +93,14 @@ class Runner:
     timed_round: Callable[[], float]
 
 
-def default_specs(sv_profile: str | None = None, seed_methods: bool = True) -> list[MethodSpec]:
+def default_specs(sv_profile: str | None = None, sv_specbound: bool = True) -> list[MethodSpec]:
     """Every method at its defaults, AR first: AR, LayerSkip, HiSpec and, with
-    `seed_methods`, SV (when a profile is known) and SpecBound."""
+    `sv_specbound`, SV (when a profile is known) and SpecBound."""
     specs = [MethodSpec.of("ar", "ar"), MethodSpec.of("layerskip defaults", "layerskip"),
              MethodSpec.of("hispec defaults", "hispec")]
-    if seed_methods and sv_profile is not None:
+    if sv_specbound and sv_profile is not None:
         specs.append(MethodSpec.of("sv defaults", "sv", sv_profile=sv_profile))
-    if seed_methods:
+    if sv_specbound:
         specs.append(MethodSpec.of("specbound defaults", "specbound"))
     return specs
 

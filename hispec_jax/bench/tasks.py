@@ -48,7 +48,6 @@ import json
 import os
 import statistics
 import sys
-from pathlib import Path
 
 from hispec_jax import datasets
 from hispec_jax.bench import args as args_lib
@@ -185,20 +184,6 @@ def check_args(args) -> None:
             raise ValueError(f"--lookup {args.lookup}: {e.allowed}") from None
     if args.model is not None and not os.path.exists(args.model):
         raise ValueError(f"--model {args.model}: no such file or directory")
-
-
-def _hf_model(model_path: str):
-    """The model as a transformers float32 model (GGUF files through transformers' reader)."""
-    from hispec_jax.bench import hf_baselines
-
-    path = Path(model_path)
-    if path.suffix.lower() == ".gguf":
-        torch = hf_baselines._torch()
-        from transformers import AutoModelForCausalLM
-
-        return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                    dtype=torch.float32).eval()
-    return hf_baselines.load_hf_model(str(path))
 
 
 def hf_runner(hf_model, prompts, new_tokens: int, name: str, lookup: int | None = None,
@@ -457,7 +442,11 @@ def run(args) -> list[dict]:
 
     model_path = args.model or hispec_jax.DEFAULT_MODEL_DIR
     model = hispec_jax.load_model(model_path)
-    hf_model = None if args.no_transformers else _hf_model(model_path)
+    hf_model = None
+    if not args.no_transformers:
+        from hispec_jax.bench import hf_baselines
+
+        hf_model = hf_baselines.load_hf_model(model_path)
     print(f"load average at start: {os.getloadavg()[0]:.2f}")
     results, costs_from = [], None
 

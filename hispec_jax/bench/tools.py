@@ -19,22 +19,11 @@ import importlib
 import importlib.util
 import sys
 
-# tool name -> module of hispec_jax.bench; the old benchmarks/*.py scripts it replaces
-# are named in BENCHMARKS.md.
+# tool name -> module of hispec_jax.bench
 TOOLS: dict[str, str] = {
-    "ar": "ar_vs_transformers",
-    "engine": "side_by_side",
+    "compare": "compare",
     "oracle": "oracle",
     "accelerator": "accelerator",
-    "seed-methods": "seed_methods",
-    "auto": "auto",
-    "memory": "loop_memory",
-    "gguf-memory": "studies.gguf_memory",
-    "exit-agreement": "studies.exit_agreement",
-    "decode-agreement": "studies.decode_agreement",
-    "plot-agreement": "studies.plot_agreement",
-    "before-after": "studies.before_after",
-    "duplicates": "duplicates",
     "serve": "serve_load",
     "tasks": "tasks",
     "work": "work",
@@ -65,7 +54,7 @@ def listing(prog: str = PROG) -> str:
 
 
 def resolve(name: str) -> str | None:
-    """The tool a command-line name means (`seed_methods` and `seed-methods` alike), or None."""
+    """The tool a command-line name means (underscores read as hyphens), or None."""
     tool = name.replace("_", "-")
     return tool if tool in TOOLS else None
 

@@ -7,10 +7,8 @@ arguments and what they run; `main` below only assembles them.
     memory.py     hispec plan-memory
     bench.py      hispec bench                     the whole benchmark, report and plots
                   hispec bench-tool TOOL [args]    one benchmark tool (`bench/tools.py`):
-                      ar, engine, oracle, accelerator, seed-methods, auto, memory,
-                      gguf-memory, exit-agreement, decode-agreement, plot-agreement,
-                      before-after, serve, tasks, work (work per token of every method),
-                      duplicates (copy-paste in the package)
+                      compare (methods side by side), oracle, accelerator, serve, tasks,
+                      work (work per token of every method)
     planner.py    hispec tune | profile-sv
     serving.py    hispec chat | serve              streamed chat, the OpenAI-compatible server
     common.py     what the groups share: help format, --model checks, --mesh, overrides
@@ -64,9 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    retired = bench.retired_spelling(argv)
-    if retired:
-        print(f"hispec: error: {retired}", file=sys.stderr)
+    wrong = bench.wrong_oracle_spelling(argv)
+    if wrong:
+        print(f"hispec: error: {wrong}", file=sys.stderr)
         return 2
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)

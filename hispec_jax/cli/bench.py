@@ -8,9 +8,10 @@ from pathlib import Path
 from hispec_jax.cli import common
 
 
-def retired_spelling(argv: list[str]) -> str | None:
-    """The error for a spelling that used to start the oracle benchmark (`hispec
-    bench-oracle`, `hispec bench --oracle`): each names the one way now; else None."""
+def wrong_oracle_spelling(argv: list[str]) -> str | None:
+    """The error for `hispec bench-oracle` and `hispec bench --oracle`, spellings of the
+    oracle benchmark that the command does not take: it names `hispec bench-tool oracle`;
+    else None."""
     if argv[:1] == ["bench-oracle"] or (argv[:1] == ["bench"] and "--oracle" in argv):
         return "the oracle benchmark is `hispec bench-tool oracle` (same flags)"
     return None
@@ -26,8 +27,9 @@ def add_parsers(subparsers) -> None:
                     "assistant_early_exit on the same weights, timed in "
                     "interleaved rounds; checks every output equals AR's. Writes report.json, "
                     "report.md and PNG plots to --out-dir. See hispec_jax/bench/run.py. The "
-                    "single-purpose tools (the always-agree oracle, memory, GGUF, AR against "
-                    "transformers, ...) are `hispec bench-tool`.")
+                    "single-purpose tools (methods side by side on any model, the always-agree "
+                    "oracle, accelerator checks, serving load, work per token) are `hispec "
+                    "bench-tool`; the memory of every loop is `hispec plan-memory --compare`.")
     bench.add_argument("--model", default=None,
                        help="local Hugging Face model directory (default: the shipped model)")
     bench.add_argument("--datasets", default="sharegpt,humaneval",
@@ -56,7 +58,7 @@ def add_parsers(subparsers) -> None:
                             "batch sizes ('none' skips; default: 1,4,16; --quick 1,2)")
     bench.add_argument("--no-transformers", action="store_true",
                        help="skip the transformers (PyTorch) baselines")
-    bench.add_argument("--no-seed-methods", action="store_true",
+    bench.add_argument("--no-seed-methods", action="store_true", dest="no_sv_specbound",
                        help="skip the SV and SpecBound rows")
     bench.add_argument("--sv-profile", default=None,
                        help="SV profile (default: the model's sv_profile.json, else a quick "
@@ -111,7 +113,8 @@ def run_bench_tool(args) -> int:
 
 
 def run_tasks(args) -> int:
-    """`hispec bench --tasks ...`: the task-mix tool with the bench's flags."""
+    """`hispec bench --tasks ...`: the task-mix tool with the bench's flags (with --auto,
+    method="auto" tuned per task beside the fixed choices)."""
     from hispec_jax.bench import tasks
 
     argv = ["--tasks", args.tasks, "--prompts", str(args.prompts or 3),
@@ -163,7 +166,7 @@ def run_bench(args) -> int:
                     else common.optional_ints(args.grid_exits, "--grid-exits")),
         tuned=args.tuned, transformers=not args.no_transformers,
         batch_sizes=common.optional_ints(batch_sizes, "--batch-sizes"),
-        agreement=not args.no_agreement, seed_methods=not args.no_seed_methods,
+        agreement=not args.no_agreement, sv_specbound=not args.no_sv_specbound,
         sv_profile=args.sv_profile, out_dir=args.out_dir, progress=not args.no_progress)
     if args.quick:
         if args.draft_exits is None:

@@ -30,14 +30,18 @@ def add_parsers(subparsers) -> None:
     plan.add_argument("--max-len", type=int, default=4096,
                       help="KV-cache capacity per sequence (prompt + new tokens)")
     plan.add_argument("--prompt-len", type=int, default=128, help="prompt length (prefill block)")
-    plan.add_argument("--method", default="ar", choices=list(PLAN_METHODS),
-                      help="decoding method (exits chosen as generate chooses them)")
+    plan.add_argument("--method", default=None, choices=list(PLAN_METHODS),
+                      help="decoding method (exits chosen as generate chooses them; default ar)")
     plan.add_argument("--sampling", action="store_true",
                       help="the sampling loop (keeps per-level distribution buffers)")
     plan.add_argument("--dtype", default=None, choices=["bfloat16", "float32"],
                       help="override the config's dtype")
     plan.add_argument("--layer-layout", default="scan", choices=["scan", "unrolled"],
                       help="stacked weights scanned (as on TPU) or unrolled")
+    plan.add_argument("--compare", action="store_true",
+                      help="every loop instead (greedy AR, LayerSkip, HiSpec, HiSpec adaptive; "
+                           "sampling AR and HiSpec) in one table, each with its extra memory "
+                           "over AR's of the same mode")
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 
@@ -48,6 +52,9 @@ def check_plan_memory_args(args) -> dict[str, int]:
                         ("--prompt-len", args.prompt_len)):
         if value < 1:
             raise ValueError(f"{flag} {value}: must be an integer >= 1")
+    if args.compare and (args.method or args.sampling):
+        raise ValueError("--compare plans every method, greedy and sampling: leave out "
+                         + ("--method" if args.method else "--sampling"))
     if args.prompt_len >= args.max_len:
         raise ValueError(f"--prompt-len {args.prompt_len}: must be below --max-len {args.max_len}")
     return shape
@@ -66,9 +73,21 @@ def run_plan_memory(args) -> int:
     cfg = load_preset(args.config)
     if args.dtype:
         cfg = cfg.replace(dtype=args.dtype)
-    plan = memory_plan.plan_memory(cfg, shape, method=args.method, batch=args.batch_size,
-                                   max_len=args.max_len, prompt_len=args.prompt_len,
-                                   greedy=not args.sampling, layer_layout=args.layer_layout)
+    shapes = dict(batch=args.batch_size, max_len=args.max_len, prompt_len=args.prompt_len,
+                  layer_layout=args.layer_layout)
+    if args.compare:
+        plans = memory_plan.compare_loops(
+            cfg, shape, lambda msg: print(f"[plan-memory] {msg}", file=sys.stderr, flush=True),
+            **shapes)
+        if args.json:
+            print(json.dumps([{"name": name, **memory_plan.to_json(plan)}
+                              for name, plan in plans]))
+        else:
+            print("\n".join(memory_plan.summary_lines(plans[0][1])[:2]
+                            + memory_plan.comparison_lines(plans)))
+        return 0
+    plan = memory_plan.plan_memory(cfg, shape, method=args.method or "ar",
+                                   greedy=not args.sampling, **shapes)
     if args.json:
         print(json.dumps(memory_plan.to_json(plan)))
     else:

@@ -39,6 +39,11 @@ from hispec_jax.models.params import shape_structs, with_layer_layout
 
 GIB = 2**30
 
+# (name, method, options, greedy): the loops `compare_loops` plans, AR first in each mode.
+LOOPS = (("ar", "ar", {}, True), ("layerskip", "layerskip", {}, True),
+         ("hispec", "hispec", {}, True), ("hispec adaptive", "hispec", {"adaptive": True}, True),
+         ("ar", "ar", {}, False), ("hispec", "hispec", {}, False))
+
 
 @dataclasses.dataclass(frozen=True)
 class MemoryPlan:
@@ -189,6 +194,38 @@ def summary_lines(plan: MemoryPlan) -> list[str]:
         f"                                temporaries  {g(plan.temporaries)}",
         f"total          {g(plan.analytic_total)}    total        {g(plan.compiled_total)}",
     ]
+
+
+def compare_loops(cfg: ModelConfig, mesh_shape: dict[str, int] | str, progress=None,
+                  **shapes) -> list[tuple[str, MemoryPlan]]:
+    """`plan_memory` of every loop of `LOOPS` (greedy AR, LayerSkip, HiSpec, HiSpec adaptive;
+    sampling AR and HiSpec) with the same shapes (`batch`, `max_len`, `prompt_len`,
+    `layer_layout`, `devices`): [(name, plan)], AR first in each mode."""
+    plans = []
+    for name, method, options, greedy in LOOPS:
+        plan = plan_memory(cfg, mesh_shape, method=method, greedy=greedy, **shapes, **options)
+        if progress is not None:
+            progress(f"{name} ({'greedy' if greedy else 'sampling'}) compiled in "
+                     f"{plan.compile_seconds:.1f} s")
+        plans.append((name, plan))
+    return plans
+
+
+def comparison_lines(plans: list[tuple[str, MemoryPlan]]) -> list[str]:
+    """`compare_loops`' plans as a markdown table (GiB per device): each loop's compiled
+    memory and its total over the first loop of the same mode (AR's)."""
+    lines = ["| method | mode | arguments GiB | outputs GiB | temporaries GiB | total GiB "
+             "| extra vs AR |", "|---|---|---|---|---|---|---|"]
+    base: dict[bool, int] = {}
+    for name, plan in plans:
+        greedy = plan.description["greedy"]
+        total = base.setdefault(greedy, plan.compiled_total)
+        extra = (plan.compiled_total - total) / total * 100
+        lines.append(f"| {name} | {'greedy' if greedy else 'sampling'} "
+                     f"| {plan.arguments / GIB:.3f} | {plan.outputs / GIB:.3f} "
+                     f"| {plan.temporaries / GIB:.4f} | {plan.compiled_total / GIB:.3f} "
+                     f"| {extra:+.3f}% |")
+    return lines
 
 
 def to_json(plan: MemoryPlan) -> dict:

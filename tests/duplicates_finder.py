@@ -1,6 +1,6 @@
 """Copy-paste finder: blocks of code that appear in more than one place of the package.
 
-    hispec bench-tool duplicates [--min-lines 6] [--fail] [PATH ...]   (default: hispec_jax/)
+    python tests/duplicates_finder.py [--min-lines 6] [--fail] [PATH ...]   (default: hispec_jax/)
 
 Each file's code lines are normalized (comments, docstrings, blank lines and imports
 dropped; whitespace stripped), every run of `--min-lines` consecutive normalized lines is
@@ -8,21 +8,21 @@ hashed, and runs that occur at two or more places are merged into the longest bl
 printed with their places, longest first; the last line is the total. `--fail` exits 1 when
 there is any (for CI). A repeated block is a helper waiting to be written once.
 
-(pylint's similarity checker does the same but spends minutes building astroid trees of
-this package on a 2-core machine; this uses only `tokenize`.)
+pylint's similarity checker does the same by building astroid trees, which takes minutes on
+this package; this uses only `tokenize`. `tests/test_duplicates.py` runs it on the package.
 """
 
 from __future__ import annotations
 
+import argparse
 import collections
 import hashlib
 import io
+import sys
 import tokenize
 from pathlib import Path
 
-from hispec_jax.bench import args as args_lib
-
-PROG = "hispec bench-tool duplicates"
+PACKAGE = Path(__file__).resolve().parents[1] / "hispec_jax"
 SKIP = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
         tokenize.ENCODING, tokenize.ENDMARKER}
 
@@ -78,7 +78,7 @@ def find(files: dict[str, str], min_lines: int) -> list[tuple[int, list[tuple[st
 
 
 def main(argv=None) -> int:
-    ap = args_lib.Parser(prog=PROG, description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="duplicates_finder.py", description=__doc__.split("\n")[0])
     ap.add_argument("paths", nargs="*", metavar="PATH",
                     help="files or directories (default: the hispec_jax package)")
     ap.add_argument("--min-lines", type=int, default=6,
@@ -87,7 +87,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.min_lines < 2:
         ap.error(f"--min-lines must be >= 2, got {args.min_lines}")
-    roots = [Path(p) for p in args.paths] or [Path(__file__).resolve().parents[1]]
+    roots = [Path(p) for p in args.paths] or [PACKAGE]
     for root in roots:
         if not root.exists():
             ap.error(f"{root}: no such file or directory")
@@ -100,3 +100,7 @@ def main(argv=None) -> int:
             print(f"  {name}:{first}-{last}")
     print(f"{len(blocks)} repeated blocks of >= {args.min_lines} code lines in {len(files)} files")
     return 1 if blocks and args.fail else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
