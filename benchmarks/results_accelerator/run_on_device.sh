@@ -73,8 +73,8 @@ for part in "$@"; do
     bench_default) run $part 300 $HS bench --datasets sharegpt --prompts 8 --max-new-tokens 64 \
       --rounds 2 --no-agreement --no-transformers --draft-exits 9 --draft-lens 4 --grid-exits none \
       --batch-sizes 1,16 --out-dir $RES/$part ;;
-    methods_b*) run $part 200 python3 -m hispec_jax.bench seed-methods --prompts 16 \
-      --max-new-tokens 64 --rounds 2 --batch-sizes ${part#methods_b} --out $RES/$part.json ;;
+    methods_b*) run $part 200 python3 -m hispec_jax.bench compare --methods ar,layerskip,hispec,sv,specbound \
+      --prompts 16 --max-new-tokens 64 --rounds 2 --batch-sizes ${part#methods_b} --out $RES/$part.json ;;
     oracle_8b) run $part 240 $BIG $ACC --parts oracle --out-dir $RES/$part ;;
     tune_default) mkdir -p $RES/$part; run $part 200 $HS tune --quick --verify --top 4 \
       --verify-repeats 2 --out $RES/$part/plan.json --plot $RES/$part/predicted_vs_measured.png ;;

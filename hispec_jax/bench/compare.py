@@ -109,9 +109,18 @@ def method_list(text: str) -> tuple[str, ...]:
     return ("ar",) + tuple(m for m in names if m != "ar")
 
 
+class _DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends a flag's default to its help unless the help already says it."""
+
+    def _get_help_string(self, action):
+        if "(default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     ap = args_lib.Parser(prog=PROG, description=__doc__.split("\n")[0],
-                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                         formatter_class=_DefaultsHelp)
     ap.add_argument("--model", default=None,
                     help="Hugging Face directory or .gguf file (default: the shipped model)")
     ap.add_argument("--synthetic", default=None, help="a random model instead: random | agree:S")
