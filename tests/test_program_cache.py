@@ -137,3 +137,47 @@ def test_a_program_that_cannot_be_exported_compiles_the_normal_way(tmp_path, cap
     assert program.source == "jit" and not entries(tmp_path)
     assert any("not exportable" in r.getMessage() for r in caplog.records)
     np.testing.assert_array_equal(program(jnp.ones(2)), 2 * np.ones(2))
+
+
+MESH_SCRIPT = """
+import json, sys, jax, jax.numpy as jnp, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+from hispec_jax.decoding import program_cache
+mesh = jax.make_mesh((2,), ("data",))
+s = NamedSharding(mesh, P("data"))
+def f(x, c):
+    return x * 2 + c.sum(), c + 1
+jitted = jax.jit(f, in_shardings=(s, s), out_shardings=(s, s), donate_argnums=(1,))
+structs = (jax.ShapeDtypeStruct((4, 3), jnp.float32),) * 2
+rows = []
+for _ in range(2):
+    program = program_cache.compile_cached(jitted, structs, key="f", donate_argnums=(1,),
+                                           mesh=mesh, directory=sys.argv[1])
+    x, c = (jax.device_put(jnp.arange(12.0).reshape(4, 3), s), jax.device_put(jnp.ones((4, 3)), s))
+    out = program(x, c)
+    rows.append({"source": program.source, "spec": str(out[0].sharding.spec),
+                 "donated": c.is_deleted(), "out": np.asarray(out[0]).tolist()})
+print("RESULT " + json.dumps(rows))
+"""
+
+
+def test_a_sharded_program_keeps_its_shardings_and_donation(tmp_path):
+    """On 2 fake CPU devices (its own process: the device count is fixed at JAX's start)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS=(os.environ.get("XLA_FLAGS", "")
+                          + " --xla_force_host_platform_device_count=2").strip())
+    proc = subprocess.run([sys.executable, "-c", MESH_SCRIPT, str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    assert line, proc.stderr[-3000:]
+    rows = json.loads(line[0][len("RESULT "):])
+    assert [r["source"] for r in rows] == ["export", "cache"]
+    expected = (np.arange(12.0).reshape(4, 3) * 2 + 12).tolist()
+    for r in rows:
+        assert r["out"] == expected and r["donated"] and "data" in r["spec"]
+    assert "donated buffers were not usable" not in proc.stderr

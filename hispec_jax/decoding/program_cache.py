@@ -23,9 +23,9 @@ program is exported again; a directory that cannot be written gives one warning 
 normal start. `HISPEC_COMPILATION_CACHE=0` turns it off (as it turns off XLA's cache).
 
 What the export carries: donation (the wrapping `jax.jit` donates the same arguments, and
-XLA aliases them as before), shardings (the exported module keeps its HLO shardings; it
-must run on as many devices as it was exported for, part of the key) and unordered
-effects. Ordered effects (`io_callback(ordered=True)`) and host callbacks are not
+XLA aliases them as before), shardings (the exported module keeps its HLO shardings, and on
+a mesh the wrapper takes and returns them, so donated buffers still alias; it runs on as
+many devices as it was exported for, part of the key) and unordered effects. Ordered effects (`io_callback(ordered=True)`) and host callbacks are not
 exportable: such a program compiles the normal way (`source` "jit"), with a warning.
 
 Entries are pickles of the `Exported` fields (`jax.export`'s own serialization needs the
@@ -136,21 +136,38 @@ def compile_cached(jitted, args, *, key: str, donate_argnums=(), compiler_option
                        "jit")
     text = entry_key(key, args, compiler_options)
     path = Path(directory) / (hashlib.sha256(text.encode()).hexdigest()[:40] + SUFFIX)
-    exported, source = _read(path, text), "cache"
-    if exported is None:
+    exported = _read(path, text)
+    if exported is not None:
         try:
-            exported = _export(jitted, args, mesh)
-        except Exception as e:  # not exportable (ordered effects, host callbacks, ...)
-            log.warning("program cache: %s is not exportable (%s: %s); compiling it the "
-                        "normal way", getattr(jitted, "__name__", "the program"),
-                        type(e).__name__, str(e).splitlines()[0] if str(e) else "")
-            return Program(_lower(jitted, args, mesh).compile(compiler_options=compiler_options),
-                           "jit")
-        _write(path, text, exported)
-        source = "export"
-    wrapper = jax.jit(exported.call, donate_argnums=donate_argnums)
-    return Program(_lower(wrapper, args, mesh).compile(compiler_options=compiler_options),
-                   source)
+            return Program(_compile_exported(exported, args, donate_argnums, compiler_options,
+                                             mesh), "cache")
+        except Exception as e:  # read whole, yet not a program this JAX can compile: stale
+            log.warning("program cache: %s is stale (%s); compiling again", path,
+                        type(e).__name__)
+    try:
+        exported = _export(jitted, args, mesh)
+    except Exception as e:  # not exportable (ordered effects, host callbacks, ...)
+        log.warning("program cache: %s is not exportable (%s: %s); compiling it the "
+                    "normal way", getattr(jitted, "__name__", "the program"),
+                    type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+        return Program(_lower(jitted, args, mesh).compile(compiler_options=compiler_options),
+                       "jit")
+    _write(path, text, exported)
+    return Program(_compile_exported(exported, args, donate_argnums, compiler_options, mesh),
+                   "export")
+
+
+def _compile_exported(exported, args, donate_argnums, compiler_options, mesh):
+    """`exported` wrapped in a `jax.jit` that donates `donate_argnums` and, on a mesh,
+    takes and returns the exported shardings (so donated buffers alias their outputs)."""
+    if mesh is None:
+        wrapper = jax.jit(exported.call, donate_argnums=donate_argnums)
+    else:
+        in_shardings = jax.tree.unflatten(exported.in_tree, exported.in_shardings_jax(mesh))[0]
+        out_shardings = jax.tree.unflatten(exported.out_tree, exported.out_shardings_jax(mesh))
+        wrapper = jax.jit(exported.call, in_shardings=in_shardings, out_shardings=out_shardings,
+                          donate_argnums=donate_argnums)
+    return _lower(wrapper, args, mesh).compile(compiler_options=compiler_options)
 
 
 def _lower(jitted, args, mesh):
