@@ -15,12 +15,12 @@ that, which XLA's persistent cache answers from disk.
 
 An entry is keyed by a digest of the caller's key (what the program computes: the model
 architecture, parameter layout, method and shapes; never the weights' values, which are
-arguments), the arguments' shapes, dtypes and shardings, the compiler options, the backend
-and its devices, and the versions of jax, jaxlib and this library's own source (a digest of
-its files, so an edited checkout never runs a stale program). A corrupted entry, one
-written under other versions, or a key collision is ignored with one warning line and the
-program is exported again; a directory that cannot be written gives one warning and a
-normal start. `HISPEC_COMPILATION_CACHE=0` turns it off (as it turns off XLA's cache).
+arguments), the arguments' shapes, dtypes and shardings, the compiler options, the JAX
+settings that change a trace (x64, default matmul precision), the backend and its devices,
+and the versions of jax, jaxlib and this library's own source (a digest of its files, so
+an edited checkout never runs a stale program). A corrupted entry, one written under other
+versions, or a key collision is ignored with one warning line and the program is exported
+again; a directory that cannot be written gives one warning and a normal start. `HISPEC_COMPILATION_CACHE=0` turns it off (as it turns off XLA's cache).
 
 What the export carries: donation (the wrapping `jax.jit` donates the same arguments, and
 XLA aliases them as before), shardings (the exported module keeps its HLO shardings, and on
@@ -92,6 +92,8 @@ def entry_key(key: str, args, compiler_options: dict | None = None) -> str:
         f"args={treedef}",
         *(f"arg={_describe(x)}" for x in leaves),
         f"compiler_options={sorted((compiler_options or {}).items())}",
+        f"x64={jax.config.jax_enable_x64} "
+        f"matmul_precision={jax.config.jax_default_matmul_precision}",
         f"backend={jax.default_backend()}:{devices[0].device_kind}:{len(devices)}",
         f"jax={jax.__version__} jaxlib={jaxlib.__version__}",
         f"hispec_jax={library_fingerprint()}",
