@@ -20,7 +20,8 @@ settings that change a trace (x64, default matmul precision), the backend and it
 and the versions of jax, jaxlib and this library's own source (a digest of its files, so
 an edited checkout never runs a stale program). A corrupted entry, one written under other
 versions, or a key collision is ignored with one warning line and the program is exported
-again; a directory that cannot be written gives one warning and a normal start. `HISPEC_COMPILATION_CACHE=0` turns it off (as it turns off XLA's cache).
+again; a directory that cannot be written gives one warning and a normal start.
+`HISPEC_COMPILATION_CACHE=0` turns it off (as it turns off XLA's cache).
 
 What the export carries: donation (the wrapping `jax.jit` donates the same arguments, and
 XLA aliases them as before), shardings (the exported module keeps its HLO shardings, and on
