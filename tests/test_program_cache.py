@@ -48,6 +48,8 @@ def test_round_trip_gives_the_same_outputs_and_donates(tmp_path):
     second = compile_step(tmp_path)  # a later process: read, not traced
     assert (first.source, second.source) == ("export", "cache")
     assert len(entries(tmp_path)) == 1
+    shapes = lambda tree: jax.tree.map(lambda x: (x.shape, x.dtype), tree)
+    assert shapes(second.out_info) == shapes(jax.eval_shape(step, *arguments()))
     for program in (first, second):
         args = arguments()
         out = program(*args)

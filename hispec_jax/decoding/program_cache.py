@@ -117,6 +117,11 @@ class Program:
     def __call__(self, *args):
         return self.executable(*args)
 
+    @property
+    def out_info(self):
+        """The outputs as `jax.ShapeDtypeStruct`s (a next program's arguments, untraced)."""
+        return self.executable.out_info
+
 
 def compile_cached(jitted, args, *, key: str, donate_argnums=(), compiler_options=None,
                    mesh=None, directory: str | Path | None | bool = True) -> Program:
