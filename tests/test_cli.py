@@ -250,11 +250,14 @@ def test_compilation_cache_between_runs(monkeypatch, tmp_path):
     monkeypatch.setenv("HISPEC_CACHE", str(tmp_path))
     monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
     monkeypatch.delenv("JAX_COMPILATION_CACHE_MAX_SIZE", raising=False)
+    monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "1")
+    monkeypatch.delenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")  # (restored afterwards)
     monkeypatch.setenv("HISPEC_COMPILATION_CACHE", "0")
     assert common.use_compilation_cache() is None
     assert "JAX_COMPILATION_CACHE_DIR" not in os.environ
     monkeypatch.delenv("HISPEC_COMPILATION_CACHE")
     assert common.use_compilation_cache() == str(tmp_path / "jax")
+    assert os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] == "0"  # small ones too
     assert os.environ["JAX_COMPILATION_CACHE_DIR"] == str(tmp_path / "jax")
     assert "JAX_COMPILATION_CACHE_MAX_SIZE" not in os.environ  # bounded by pruning, per run
     (tmp_path / "jax").mkdir()

@@ -161,7 +161,14 @@ def test_summary_line_names_the_model():
     stats = {"method": "hispec", "model": "default_model", "num_layers": 24, "exits": [3, 6, 24],
              "new_tokens": 48, "tokens_per_second": 84.8, "compile_seconds": 8.8}
     assert cli_generate.summary_line(stats) == ("[hispec] default_model (24 layers, exits 3,6,24): "
-                                       "48 tokens, 84.8 tokens/s, compile 8.8 s")
+                                       "48 tokens, 84.8 tokens/s (compile 8.8 s excluded)")
+
+
+def test_stream_summary_line_separates_first_token_and_decode_speed():
+    stats = {"method": "ar", "model": "m", "new_tokens": 11, "seconds": 2.5,
+             "time_to_first_token": 2.0, "tokens_per_second": 4.4, "compile_count": 3}
+    assert cli_generate.stream_summary_line(stats) == (
+        "[ar] m: 11 tokens, first token 2.00 s (3 programs compiled), then 20.0 tokens/s")
 
 
 def test_no_torch_advice_from_transformers():

@@ -121,12 +121,15 @@ def use_compilation_cache() -> str | None:
     `COMPILATION_CACHE_KEEP_BYTES` (`pull.prune_cache_dir`: one directory listing per run,
     where JAX's own size bound lists the directory on every write). Leaves
     JAX_COMPILATION_CACHE_DIR alone when it is set (yours wins); HISPEC_COMPILATION_CACHE=0
-    turns it off. Must run before JAX is imported (the CLI imports it lazily). Returns the
-    directory used, or None."""
+    turns it off. Programs that compile in under a second are kept too
+    (JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0, unless set): a start compiles some 35 of
+    them, seconds together on a 2-core CPU (docs/startup.md). Must run before JAX is
+    imported (the CLI imports it lazily). Returns the directory used, or None."""
     import os
 
     if os.environ.get("HISPEC_COMPILATION_CACHE") == "0":
         return None
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
         from hispec_jax.models.pull import default_cache_dir, prune_cache_dir  # import no JAX
 

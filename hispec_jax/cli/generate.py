@@ -14,7 +14,8 @@ def add_parsers(subparsers) -> None:
     gen = common.add_command(
         subparsers, "generate", run_generate, help="continue prompts with a decoding method (ar, layerskip, hispec, ...)",
         description="Continues each PROMPT with a decoding method and prints it; a one-line "
-                    "summary (model, method, tokens/s, compile time) goes to stderr. Greedy "
+                    "summary (model, method, decode tokens/s, compile time apart from it) "
+                    "goes to stderr. Greedy "
                     "output of layerskip and hispec equals ar's token for token; whether they "
                     "are faster depends on how often the model's early exits agree with its "
                     "final layer (README.md says which method helps which model; "
@@ -147,14 +148,32 @@ def check_generate_args(args) -> None:
 
 
 def summary_line(stats: dict) -> str:
-    """The one-line summary `generate` prints on stderr."""
+    """The one-line summary `generate` prints on stderr: the decode speed (the compiled
+    runs alone: `compile_seconds` is apart from it) and, where the stats have it, the time
+    to the first token."""
     source = stats.get("hierarchy_source", "")  # the whole source is in --json's stats
     source = ("; the model's recommended plan" if source.startswith("recommended")
               else "; the paper's L/8, L/4" if source.startswith("paper") else "")
+    ttft = stats.get("time_to_first_token")
     return (f"[{stats['method']}] {stats['model']} ({stats['num_layers']} layers, exits "
             f"{','.join(map(str, stats['exits']))}{source}): {stats['new_tokens']} tokens, "
-            f"{stats['tokens_per_second']:.1f} tokens/s, compile {stats['compile_seconds']:.1f} s"
+            f"{stats['tokens_per_second']:.1f} tokens/s"
+            + (f", first token {ttft:.2f} s" if ttft is not None else "")
+            + f" (compile {stats['compile_seconds']:.1f} s excluded)"
             + (f", SV profile {stats['sv_profile']}" if "sv_profile" in stats else ""))
+
+
+def stream_summary_line(stats: dict) -> str:
+    """The line `generate --stream` prints after a prompt: the time to the first token
+    (compilation included: the stream compiles at its first use) and the decode speed after
+    it (tokens after the first over the seconds after it)."""
+    ttft, new = stats["time_to_first_token"], stats["new_tokens"]
+    after = stats["seconds"] - ttft if ttft is not None else 0.0
+    speed = ((new - 1) / after if new > 1 and after > 0 else stats["tokens_per_second"])
+    compiled = stats.get("compile_count") or 0
+    return (f"[{stats['method']}] {stats['model']}: {new} tokens, first token "
+            f"{ttft or 0:.2f} s" + (f" ({compiled} programs compiled)" if compiled else "")
+            + f", then {speed:.1f} tokens/s")
 
 
 def run_generate(args) -> int:
@@ -208,8 +227,5 @@ def stream_generate(args, model, options: dict) -> int:
             sys.stdout.write(delta)
             sys.stdout.flush()
         sys.stdout.write("\n\n")
-        stats = stream.result.stats
-        print(f"[{stats['method']}] {stats['model']}: {stats['new_tokens']} tokens, "
-              f"{stats['tokens_per_second']:.1f} tokens/s, first token "
-              f"{stats['time_to_first_token'] or 0:.2f} s", file=sys.stderr)
+        print(stream_summary_line(stream.result.stats), file=sys.stderr)
     return 0

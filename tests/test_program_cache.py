@@ -1,0 +1,185 @@
+"""The cross-process program cache (`decoding/program_cache.py`): a cached program computes
+what the traced one does, any change of key, shapes or versions misses, and a bad entry or
+directory costs a warning and a normal compile, never an error."""
+
+import logging
+import pickle
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hispec_jax.decoding import program_cache
+
+
+@flax.struct.dataclass
+class State:
+    x_B: jax.Array
+    n: jax.Array
+
+
+def step(state: State, w_BxD, y_B):
+    """A loop with a custom pytree in and out, like the engine's."""
+    def body(s):
+        return State(x_B=s.x_B + jnp.sum(w_BxD, axis=1) * y_B, n=s.n + 1)
+    return jax.lax.while_loop(lambda s: s.n < 3, body, state), jnp.max(w_BxD)
+
+
+def arguments(batch=4):
+    return (State(x_B=jnp.arange(batch, dtype=jnp.float32), n=jnp.zeros((), jnp.int32)),
+            jnp.ones((batch, 3), jnp.float32), jnp.full((batch,), 2.0, jnp.float32))
+
+
+def compile_step(tmp_path, key="step", batch=4):
+    return program_cache.compile_cached(jax.jit(step, donate_argnums=(0,)),
+                                        jax.eval_shape(lambda: arguments(batch)), key=key,
+                                        donate_argnums=(0,), directory=tmp_path)
+
+
+def entries(directory):
+    return sorted(directory.glob("*" + program_cache.SUFFIX))
+
+
+def test_round_trip_gives_the_same_outputs_and_donates(tmp_path):
+    expected = jax.jit(step)(*arguments())
+    first = compile_step(tmp_path)
+    second = compile_step(tmp_path)  # a later process: read, not traced
+    assert (first.source, second.source) == ("export", "cache")
+    assert len(entries(tmp_path)) == 1
+    shapes = lambda tree: jax.tree.map(lambda x: (x.shape, x.dtype), tree)
+    assert shapes(second.out_info) == shapes(jax.eval_shape(step, *arguments()))
+    for program in (first, second):
+        args = arguments()
+        out = program(*args)
+        assert jax.tree.structure(out) == jax.tree.structure(expected)
+        jax.tree.map(np.testing.assert_array_equal, out, expected)
+        assert args[0].x_B.is_deleted()  # the donated state backs the output
+
+
+def test_another_key_or_shape_misses(tmp_path):
+    assert compile_step(tmp_path).source == "export"
+    assert compile_step(tmp_path, key="other").source == "export"
+    assert compile_step(tmp_path, batch=8).source == "export"
+    assert len(entries(tmp_path)) == 3
+    assert compile_step(tmp_path, batch=8).source == "cache"
+
+
+def test_the_key_holds_library_versions_and_options():
+    args = jax.eval_shape(arguments)
+    text = program_cache.entry_key("k", args)
+    assert f"jax={jax.__version__}" in text
+    assert program_cache.library_fingerprint() in text
+    assert text != program_cache.entry_key("k", args, {"xla_cpu_enable_fast_math": False})
+
+
+def test_a_key_with_an_object_address_is_not_cached(tmp_path):
+    program = compile_step(tmp_path, key=f"{object()!r}")
+    assert program.source == "jit" and not entries(tmp_path)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "stale"])
+def test_a_bad_entry_warns_once_and_compiles_again(tmp_path, caplog, damage):
+    compile_step(tmp_path)
+    (path,) = entries(tmp_path)
+    blob = path.read_bytes()
+    if damage == "truncate":
+        path.write_bytes(blob[:len(blob) // 2])
+    elif damage == "flip":
+        path.write_bytes(blob[:-10] + bytes(b ^ 0xFF for b in blob[-10:]))
+    else:  # checksum right, contents from another version of the library
+        import hashlib
+
+        body = pickle.dumps((program_cache.entry_key("step", jax.eval_shape(arguments)),
+                             {"no_such_field": 1}))
+        path.write_bytes(program_cache.MAGIC + hashlib.sha256(body).digest() + body)
+    with caplog.at_level(logging.WARNING, logger="hispec.program_cache"):
+        program = compile_step(tmp_path)
+    assert program.source == "export"
+    warnings = [r for r in caplog.records if r.name == "hispec.program_cache"]
+    assert len(warnings) == 1
+    assert ("stale" if damage == "stale" else "corrupted") in warnings[0].getMessage()
+    jax.tree.map(np.testing.assert_array_equal, program(*arguments()), jax.jit(step)(*arguments()))
+    assert compile_step(tmp_path).source == "cache"  # rewritten whole
+
+
+def test_an_unwritable_directory_warns_and_starts_normally(tmp_path, caplog):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with caplog.at_level(logging.WARNING, logger="hispec.program_cache"):
+        first = compile_step(blocker / "programs")
+        second = compile_step(blocker / "programs")
+    assert (first.source, second.source) == ("export", "export")
+    warnings = [r for r in caplog.records if r.name == "hispec.program_cache"]
+    assert len(warnings) == 1 and "cannot write" in warnings[0].getMessage()
+    jax.tree.map(np.testing.assert_array_equal, second(*arguments()), jax.jit(step)(*arguments()))
+
+
+def test_hispec_compilation_cache_0_turns_it_off(tmp_path, monkeypatch):
+    monkeypatch.setenv("HISPEC_CACHE", str(tmp_path))
+    assert program_cache.default_directory() == tmp_path / "programs"
+    monkeypatch.setenv("HISPEC_COMPILATION_CACHE", "0")
+    assert program_cache.default_directory() is None
+    program = program_cache.compile_cached(jax.jit(step), jax.eval_shape(arguments), key="step")
+    assert program.source == "jit" and not list(tmp_path.rglob("*" + program_cache.SUFFIX))
+
+
+def test_a_program_that_cannot_be_exported_compiles_the_normal_way(tmp_path, caplog):
+    def with_callback(x):
+        jax.experimental.io_callback(lambda v: None, None, x, ordered=True)
+        return x + 1
+
+    import jax.experimental  # noqa: F401  (io_callback)
+
+    with caplog.at_level(logging.WARNING, logger="hispec.program_cache"):
+        program = program_cache.compile_cached(
+            jax.jit(with_callback), (jax.ShapeDtypeStruct((2,), jnp.float32),), key="cb",
+            directory=tmp_path)
+    assert program.source == "jit" and not entries(tmp_path)
+    assert any("not exportable" in r.getMessage() for r in caplog.records)
+    np.testing.assert_array_equal(program(jnp.ones(2)), 2 * np.ones(2))
+
+
+MESH_SCRIPT = """
+import json, sys, jax, jax.numpy as jnp, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+from hispec_jax.decoding import program_cache
+mesh = jax.make_mesh((2,), ("data",))
+s = NamedSharding(mesh, P("data"))
+def f(x, c):
+    return x * 2 + c.sum(), c + 1
+jitted = jax.jit(f, in_shardings=(s, s), out_shardings=(s, s), donate_argnums=(1,))
+structs = (jax.ShapeDtypeStruct((4, 3), jnp.float32),) * 2
+rows = []
+for _ in range(2):
+    program = program_cache.compile_cached(jitted, structs, key="f", donate_argnums=(1,),
+                                           mesh=mesh, directory=sys.argv[1])
+    x, c = (jax.device_put(jnp.arange(12.0).reshape(4, 3), s), jax.device_put(jnp.ones((4, 3)), s))
+    out = program(x, c)
+    rows.append({"source": program.source, "spec": str(out[0].sharding.spec),
+                 "donated": c.is_deleted(), "out": np.asarray(out[0]).tolist()})
+print("RESULT " + json.dumps(rows))
+"""
+
+
+def test_a_sharded_program_keeps_its_shardings_and_donation(tmp_path):
+    """On 2 fake CPU devices (its own process: the device count is fixed at JAX's start)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS=(os.environ.get("XLA_FLAGS", "")
+                          + " --xla_force_host_platform_device_count=2").strip())
+    proc = subprocess.run([sys.executable, "-c", MESH_SCRIPT, str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    assert line, proc.stderr[-3000:]
+    rows = json.loads(line[0][len("RESULT "):])
+    assert [r["source"] for r in rows] == ["export", "cache"]
+    expected = (np.arange(12.0).reshape(4, 3) * 2 + 12).tolist()
+    for r in rows:
+        assert r["out"] == expected and r["donated"] and "data" in r["spec"]
+    assert "donated buffers were not usable" not in proc.stderr
