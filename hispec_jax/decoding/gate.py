@@ -1,0 +1,232 @@
+"""The acceptance gate: how many tokens a prompt-lookup proposal is worth (docs/lookup.md,
+"The acceptance gate").
+
+A proposal of m tokens is verified by one level-1 pass over m positions (m = 1 is exactly an
+AR step), compiled at the shortest block T >= m of `windows.power_of_two_blocks`. Two
+numbers decide whether it pays:
+
+    expected tokens   E(m) = 1 + a + ... + a^(m-1) = (1 - a^m) / (1 - a)
+                      (per-token acceptance a, geometric; every pass emits at least one
+                      token: the accepted prefix, then the correction)
+    relative cost     C(b, T) = cost(b * T) / cost(b),  cost(R) = F + R + J * [R > 1]
+                      (a pass over R = b * T rows of a batch of b sequences, in units of
+                      one row: a fixed part F, one unit per row, and the jump J from a
+                      one-row pass to a several-row one that a CPU shows)
+
+`choose` picks each round's block T* maximising expected tokens per unit of cost, so a
+sequence whose drafts do not pay proposes 1 token: an AR step that still checks the match's
+first token, so its estimate keeps learning.
+
+The per-token acceptance is estimated online, per sequence and per kind of proposal: the
+n of the n-gram that matched (1..N). Each bucket keeps decayed counts of kept tokens and of
+rejections (a proposal that kept fewer tokens than it proposed); a = kept / (kept +
+rejections) with a prior of `PRIOR_KEPT` kept and `PRIOR_REJECTED` rejections, the maximum
+likelihood estimate of a geometric run length. Shapes are fixed ([B, N] float32 twice) and
+every number (F, J, the counts) is an array: nothing recompiles.
+
+Only proposal lengths change, and they depend on the past only, so greedy output stays AR's
+and sampling stays exact (q one-hot, `lookup.one_hot_logq`).
+"""
+
+from __future__ import annotations
+
+import time
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hispec_jax.models.heads import exit_logits
+from hispec_jax.models.kv_cache import KVCache
+from hispec_jax.models.transformer import embed, run_layers_cached
+
+PRIOR_KEPT = 1.0  # a fresh bucket's estimate: a = 1 / 2
+PRIOR_REJECTED = 1.0
+DECAY = 0.9  # each new proposal of a bucket weighs its counts by this: about the last 10
+
+# Default (F, J) per backend, in units of one row of the verification pass. CPU: SmolLM2-135M
+# on 2 cores, batch 1, where 2 / 4 / 8 / 16 positions cost 1.18 / 1.24 / 1.45 / 1.92x one
+# position (docs/lookup.md, "How many tokens"). Accelerators: a decode pass is memory-bound
+# up to a few hundred rows (the ridge point of an H100 in bf16 is about 300 flops per byte,
+# one row of a pass about 1 flop per weight byte). `measure_pass_cost` measures a model.
+DEFAULT_PASS_COST = {"cpu": (18.0, 2.4), "gpu": (256.0, 0.0), "tpu": (256.0, 0.0)}
+
+
+@flax.struct.dataclass
+class PassCost:
+    """What a verification pass costs on this device, in units of one row (one position of
+    one sequence). Arrays, so a new measurement never recompiles.
+
+    Attributes:
+      fixed: [] float32, F: the part of a pass that does not grow with its rows (weights
+        read, dispatch, the loop's own work).
+      jump: [] float32, J: what a pass over several rows costs beyond F + rows, against a
+        one-row pass (0 on an accelerator).
+    """
+
+    fixed: jax.Array
+    jump: jax.Array
+
+    @classmethod
+    def of(cls, fixed: float, jump: float = 0.0) -> "PassCost":
+        return cls(fixed=jnp.asarray(fixed, jnp.float32), jump=jnp.asarray(jump, jnp.float32))
+
+
+def default_pass_cost(backend: str | None = None) -> PassCost:
+    """`DEFAULT_PASS_COST` of `backend` (default: JAX's default backend)."""
+    backend = backend or jax.default_backend()
+    return PassCost.of(*DEFAULT_PASS_COST.get(backend, DEFAULT_PASS_COST["gpu"]))
+
+
+def pass_rows_cost(rows, cost: PassCost):
+    """cost(R) = F + R + J * [R > 1]: a pass over R rows in units of one row."""
+    rows = jnp.asarray(rows, jnp.float32)
+    return cost.fixed + rows + cost.jump * (rows > 1)
+
+
+def relative_cost(batch, block, cost: PassCost):
+    """C(b, T) = cost(b * T) / cost(b): a pass over a block of T positions of b sequences
+    against the AR step of the same b sequences (C(b, 1) = 1)."""
+    batch = jnp.asarray(batch, jnp.float32)
+    return pass_rows_cost(batch * block, cost) / pass_rows_cost(batch, cost)
+
+
+def expected_tokens(accept, length):
+    """E(m) = (1 - a^m) / (1 - a) = 1 + a + ... + a^(m-1): the tokens a pass over a proposal
+    of m tokens emits when each is accepted with probability a, independently, until the
+    first rejection (whose correction is the pass's last token). E(1) = 1."""
+    accept = jnp.asarray(accept, jnp.float32)
+    length = jnp.asarray(length, jnp.float32)
+    # the sum form for a near 1, where 1 - a^m and 1 - a both vanish
+    near_one = accept > 1.0 - 1e-4
+    safe = jnp.where(near_one, 0.5, accept)
+    return jnp.where(near_one, length, (1.0 - safe ** length) / (1.0 - safe))
+
+
+@flax.struct.dataclass
+class GateState:
+    """Each sequence's acceptance estimates, per n-gram length of the match.
+
+    Attributes:
+      kept_BxN: [B, N] float32, decayed tokens kept of proposals from an n-gram match
+        (column n - 1).
+      rejected_BxN: [B, N] float32, decayed rejections (proposals that kept fewer tokens
+        than they proposed).
+      ngram_B: [B] int32, the n of the match behind level 1's pending proposal (0: none).
+    """
+
+    kept_BxN: jax.Array
+    rejected_BxN: jax.Array
+    ngram_B: jax.Array
+
+    @classmethod
+    def init(cls, batch: int, max_ngram: int) -> "GateState":
+        zeros = jnp.zeros((batch, max_ngram), jnp.float32)
+        return cls(kept_BxN=zeros, rejected_BxN=zeros, ngram_B=jnp.zeros((batch,), jnp.int32))
+
+    def acceptance(self) -> jax.Array:
+        """[B, N] float32 a = kept / (kept + rejections), with the prior, in (0, 1)."""
+        kept = self.kept_BxN + PRIOR_KEPT
+        return kept / (kept + self.rejected_BxN + PRIOR_REJECTED)
+
+    def of_match(self, ngram_B: jax.Array) -> jax.Array:
+        """[B] the estimate of each sequence's bucket `ngram_B` (>= 1; 0 reads bucket 1)."""
+        col_B = jnp.clip(ngram_B - 1, 0, self.kept_BxN.shape[1] - 1)
+        return jnp.take_along_axis(self.acceptance(), col_B[:, None], axis=1)[:, 0]
+
+    def record(self, proposed_B: jax.Array, kept_B: jax.Array) -> "GateState":
+        """Level 1 kept `kept_B` of the `proposed_B` tokens of the pending proposals (from
+        matches of n = `ngram_B`); proposed 0 (no match, not verified) changes nothing."""
+        N = self.kept_BxN.shape[1]
+        hit_BxN = (proposed_B[:, None] > 0) & (jnp.arange(1, N + 1)[None, :] == self.ngram_B[:, None])
+        rejected_B = (kept_B < proposed_B).astype(jnp.float32)
+        kept = jnp.where(hit_BxN, DECAY * self.kept_BxN + kept_B[:, None], self.kept_BxN)
+        rejected = jnp.where(hit_BxN, DECAY * self.rejected_BxN + rejected_B[:, None],
+                             self.rejected_BxN)
+        return self.replace(kept_BxN=kept, rejected_BxN=rejected)
+
+
+def choose(accept_B: jax.Array, length_B: jax.Array, matched_B: jax.Array, part_B: jax.Array,
+           blocks: tuple[int, ...], cost: PassCost, *, joint: bool) -> jax.Array:
+    """The gated proposal lengths: [B] int32 in [1, length_B].
+
+    Args:
+      accept_B: [B] float32, each sequence's estimated per-token acceptance a.
+      length_B: [B] int32 >= 1, what the ungated drafter proposes: the match's length
+        within the schedule's and the budget's limits (1: no match, the placeholder).
+      matched_B: [B] bool, a real match (the placeholder has length 1 whatever the gate).
+      part_B: [B] bool, the sequences taking part in this round.
+      blocks: the block lengths level 1's pass is compiled at (ascending).
+      cost: the device's `PassCost`.
+      joint: one block for the batch (greedy, "sync": the pass runs at the longest block of
+        its participants, over all B rows): T* maximises the batch's expected tokens per
+        unit of cost, and every sequence fills it. Otherwise (sampling, "own": a sequence's
+        draws never depend on the rest of the batch) each sequence picks its own T* with
+        the cost of a batch of one.
+    """
+    B = length_B.shape[0]
+    T_J = jnp.asarray(blocks, jnp.int32)
+    m_BxJ = jnp.minimum(T_J[None, :], length_B[:, None])
+    m_BxJ = jnp.where(matched_B[:, None], m_BxJ, 1)
+    tokens_BxJ = expected_tokens(accept_B[:, None], m_BxJ)
+    if joint:
+        # rows of the pass: all B (done and idle rows run too), at the block T
+        score_J = jnp.sum(jnp.where(part_B[:, None], tokens_BxJ, 0.0), axis=0) / pass_rows_cost(
+            B * T_J, cost)
+        score_BxJ = jnp.broadcast_to(score_J[None, :], tokens_BxJ.shape)
+    else:
+        score_BxJ = tokens_BxJ / pass_rows_cost(T_J, cost)[None, :]
+    # the longest block among equals: equal scores mean the longer block costs no more
+    best_B = len(blocks) - 1 - jnp.argmax(score_BxJ[:, ::-1], axis=1)
+    return jnp.where(matched_B, m_BxJ[jnp.arange(B), best_B], 1).astype(jnp.int32)
+
+
+# ------------------------------------------------------------------------ measuring F, J
+def pass_cost_from_seconds(one: float, two: float, many: float, many_rows: int) -> PassCost:
+    """(F, J) from a pass's seconds over 1, 2 and `many_rows` rows (one sequence): the rows
+    beyond two give the cost of one row, the one-row pass F, the two-row pass J."""
+    row = max((many - two) / (many_rows - 2), 1e-12)
+    fixed = max(one / row - 1.0, 0.0)
+    jump = max(two / row - 2.0 - fixed, 0.0)
+    return PassCost.of(fixed, jump)
+
+
+def measure_pass_cost(model, context: int = 256, capacity: int = 512, many: int = 16,
+                      repeats: int = 5, calls: int = 10) -> PassCost:
+    """Times `model`'s verification pass (every layer, the final head, argmax) over 1, 2 and
+    `many` positions of one sequence with `context` cached positions, and fits (F, J)
+    (`pass_cost_from_seconds`). Interleaved repeats, the fastest of each: contention only
+    ever adds time. Run once per device and model; the result goes with the request."""
+    cfg, params = model.cfg, model.params
+    L = cfg.num_layers
+    per_layer = isinstance(params["layers"], (tuple, list))
+
+    def program(T):
+        positions = context + jnp.arange(T, dtype=jnp.int32)[None, :]
+
+        def f(params, tokens, cache):
+            h, cache = run_layers_cached(params, cfg, embed(params, tokens), positions, cache,
+                                         0, L)
+            return jnp.argmax(exit_logits(params, {}, cfg, h, L), -1), cache
+        return jax.jit(f, donate_argnums=(2,))
+
+    sizes = (1, 2, many)
+    progs = {T: program(T) for T in sizes}
+    caches = {T: KVCache.zeros(cfg, 1, capacity, per_layer=per_layer) for T in sizes}
+    tokens = {T: jnp.zeros((1, T), jnp.int32) for T in sizes}
+
+    def timed(T):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            out, caches[T] = progs[T](params, tokens[T], caches[T])
+        jax.block_until_ready(out)
+        return (time.perf_counter() - t0) / calls
+
+    for T in sizes:  # compile and warm
+        timed(T)
+    best = {T: np.inf for T in sizes}
+    for _ in range(repeats):
+        for T in sizes:
+            best[T] = min(best[T], timed(T))
+    return pass_cost_from_seconds(best[1], best[2], best[many], many)
