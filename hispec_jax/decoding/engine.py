@@ -77,6 +77,7 @@ import jax.numpy as jnp
 
 from hispec_jax.decoding import draft as draft_lib
 from hispec_jax.decoding import emit
+from hispec_jax.decoding import gate as gate_lib
 from hispec_jax.decoding import lookup as lookup_lib
 from hispec_jax.decoding import policies
 from hispec_jax.decoding import windows as windows_lib
@@ -292,6 +293,7 @@ class EngineState:
         seeds every random draw, so draws never repeat and never depend on other sequences.
       lookup_len_B: [B] int32, tokens the lookup drafter proposed for level 1's pending
         block (0: no match, or no lookup level).
+      lookup_gate: the lookup drafter's acceptance estimates (`gate.GateState`, [B, N]).
       counters: `Counters`.
     """
 
@@ -306,6 +308,7 @@ class EngineState:
     dists: tuple[jax.Array, ...]
     draws_B: jax.Array
     lookup_len_B: jax.Array
+    lookup_gate: gate_lib.GateState
     counters: Counters
 
 
@@ -489,7 +492,12 @@ class _Round:
         limit_B = jnp.clip(jnp.minimum(state.windows.windows_BxK1[:, 0], remaining_B), 1, k)
         with jax.named_scope("lookup"):
             prop = self.h.lookup.propose(out.tokens_BxS, c[:, 0], limit_B)
-        n_B = jnp.where(part_B, prop.length_B, 0)
+            length_B = prop.length_B
+            if self.h.lookup.gate:  # greedy: one block for the batch; sampling: each alone
+                length_B = gate_lib.choose(
+                    state.lookup_gate.of_match(prop.ngram_B), length_B, prop.matched_B, part_B,
+                    self.h.level_blocks(1), self.req.lookup_cost, joint=self.h.schedule == "sync")
+        n_B = jnp.where(part_B, length_B, 0)
         j_K = jnp.arange(k)
         slots_BxK = jnp.where(j_K[None, :] < n_B[:, None], c[:, :1] + 1 + j_K[None, :], S)
         tokens_BxS = out.tokens_BxS.at[jnp.arange(c.shape[0])[:, None], slots_BxK].set(
@@ -503,6 +511,8 @@ class _Round:
         return state.replace(
             out=out.replace(tokens_BxS=tokens_BxS), processed_BxK=c.at[:, 0].add(n_B),
             lookup_len_B=jnp.where(part_B, jnp.where(matched_B, n_B, 0), state.lookup_len_B),
+            lookup_gate=state.lookup_gate.replace(
+                ngram_B=jnp.where(part_B, prop.ngram_B, state.lookup_gate.ngram_B)),
             counters=counters)
 
     # ---- level 0: draft one token -----------------------------------------------------
@@ -732,6 +742,7 @@ class _Round:
                 lookup_accepted=counters.lookup_accepted + jnp.sum(kept_B))
             windows = windows.replace(windows_BxK1=windows.windows_BxK1.at[:, 0].set(
                 self.h.lookup.adapt(windows.windows_BxK1[:, 0], looked_B, kept_B)))
+            state = state.replace(lookup_gate=state.lookup_gate.record(looked_B, kept_B))
         counters = counters.replace(
             actions_K=counters.actions_K.at[k].add(1),
             layer_passes=counters.layer_passes + fwd.layer_passes,
@@ -863,6 +874,7 @@ class Engine:
                         for k in range(K - 1)) if (not greedy or h.keeps_dists) and K > 1 else (),
             draws_B=jnp.zeros((B,), jnp.int32),
             lookup_len_B=jnp.zeros((B,), jnp.int32),
+            lookup_gate=gate_lib.GateState.init(B, h.lookup.max_ngram if h.lookup else 0),
             counters=Counters.zeros(K, max(h.blocks, default=0), cfg.num_layers),
         )
 

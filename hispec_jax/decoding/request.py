@@ -5,6 +5,7 @@ from __future__ import annotations
 import flax.struct
 import jax
 
+from hispec_jax.decoding.gate import PassCost, default_pass_cost
 from hispec_jax.decoding.sampling import SamplingArrays
 
 
@@ -19,6 +20,8 @@ class Request:
       eos_ids_E: [E] int32, EOS token ids, padded with -1.
       sequence_keys_Bx2: [B, 2] uint32 raw PRNG keys, one per sequence.
       sampling: temperature / top-k / top-p as scalars.
+      lookup_cost: the device's verification-pass costs the lookup drafter's acceptance
+        gate weighs ([] float32 F and J, `gate.PassCost`; default: the backend's).
     """
 
     tokens_BxS: jax.Array
@@ -27,3 +30,4 @@ class Request:
     eos_ids_E: jax.Array
     sequence_keys_Bx2: jax.Array
     sampling: SamplingArrays
+    lookup_cost: PassCost = flax.struct.field(default_factory=default_pass_cost)
