@@ -408,5 +408,5 @@ def test_lookup_loop_copies_no_cache(monkeypatch):
         return jax.lax.switch(index, [functools.partial(self.verify, k=k, part_B=part_B, T=T)
                                       for T in blocks], state)
 
-    monkeypatch.setattr(engine_lib._Round, "verify_top_or_not", writes_in_branches)
+    monkeypatch.setattr(engine_lib.Round, "verify_at_shortest_block", writes_in_branches)
     assert _cache_copies(model) > 0
