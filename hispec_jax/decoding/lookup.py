@@ -68,9 +68,8 @@ class PromptLookup:
       max_ngram: N, the longest suffix matched (n = N down to 1).
       schedule: how many tokens each sequence proposes: its k (level-1 window, `adapt`)
         and, for "ngram", the match's n (`ngram_tokens`). A proposal of m tokens costs a
-        pass over m positions; on this CPU (SmolLM2) 2 / 4 / 8 / 16 positions cost 1.18 /
-        1.24 / 1.45 / 1.92x the one-position pass, the AR step
-        (benchmarks/results_lookup/pass_costs.txt):
+        pass over m positions; on a 2-core CPU (SmolLM2) 2 / 4 / 8 / 16 positions cost
+        1.18 / 1.24 / 1.45 / 1.92x the one-position pass, the AR step (docs/lookup.md):
         "ngram" (default): k every round, but a short match proposes less: the longer the
           suffix that matched, the likelier its continuation holds. A match of `NGRAM_FULL`
           (or `max_ngram`, if fewer) tokens or more proposes all k, a shorter one k / 2, a
@@ -80,12 +79,12 @@ class PromptLookup:
           proposals for longer matches").
         "fixed": k = `max_tokens` every round, whatever the match. A spurious match costs
           one pass over its block; a round without a match is the one-position pass
-          either way. The default before "ngram" (1.01-1.18x "probe" on SmolLM2's
-          summarize / extract / code tasks, the same on chat; BENCHMARKS.md "A fixed k").
+          either way: 1.01-1.18x "probe" on SmolLM2's summarize / extract / code tasks,
+          the same on chat (BENCHMARKS.md "A fixed k").
         "probe": k is 1 or `max_tokens`. At k = 1 the pass is an AR step that checks the
           match's first token; once a match is fully accepted (the probe held), k =
           `max_tokens`; a long proposal that kept fewer than `PROBE_KEEP` tokens drops k
-          back to 1. The default while a pass over 8 positions cost 1.7-2x the AR step.
+          back to 1. It pays where a pass over 8 positions costs 1.7-2x the AR step.
         "halving": k starts at 2, doubles after a fully accepted match and halves after a
           rejected one, within [1, max_tokens].
     """
