@@ -253,8 +253,8 @@ def test_true_reject_and_false_accept_rates_take_their_forced_values():
 
 
 def _record_mutant(corrupt):
-    """`_Round.record` followed by `corrupt(old_state, new_state) -> new_state`."""
-    original = engine_lib._Round.record
+    """`Round.record` followed by `corrupt(old_state, new_state) -> new_state`."""
+    original = engine_lib.Round.record
 
     def record(self, state, *args):
         return corrupt(state, original(self, state, *args))
@@ -290,7 +290,7 @@ def fresh_compiles():
 def test_rate_check_catches_broken_bookkeeping(mutant, monkeypatch, fresh_compiles):
     """Negative control: each corruption of the in-loop true-reject bookkeeping (the ring
     of rejected positions and tokens, the counters) makes the check above fail."""
-    monkeypatch.setattr(engine_lib._Round, "record", _record_mutant(BOOKKEEPING_MUTANTS[mutant]))
+    monkeypatch.setattr(engine_lib.Round, "record", _record_mutant(BOOKKEEPING_MUTANTS[mutant]))
     with pytest.raises(AssertionError):
         check_table9_rates()
 

@@ -19,7 +19,7 @@ import pytest
 from hispec_jax import Model, ModelConfig, generate
 from hispec_jax.decoding import engine as engine_lib
 from hispec_jax.decoding import methods
-from hispec_jax.decoding.engine import Engine, Shapes
+from hispec_jax.decoding.engine import Engine, Shapes, compile_cache
 from hispec_jax.decoding.generate import make_request
 from hispec_jax.decoding.sampling import SamplingParams
 from hispec_jax.models.heads import exit_logits
@@ -234,19 +234,19 @@ def test_compiled_loops_give_way_when_the_process_nears_its_mapping_limit(model,
                                 .hierarchy, shapes) for d in (1, 2, 3)]
     engine_lib.clear_compiled()
     held = {"maps": 10}
-    monkeypatch.setattr(engine_lib, "map_counts", lambda: (held["maps"], 100))
+    monkeypatch.setattr(compile_cache, "map_counts", lambda: (held["maps"], 100))
     engines[0].compiled()
     engines[1].compiled()
     engines[0].compiled()  # used again: engines[1] is now the least recently used
     assert engine_lib.make_room() == 0, "under the budget nothing is dropped"
     drops = iter([80, 60, 40])  # above MAP_BUDGET = 0.5 of 100 until two loops are gone
-    monkeypatch.setattr(engine_lib, "map_counts", lambda: (next(drops, 40), 100))
+    monkeypatch.setattr(compile_cache, "map_counts", lambda: (next(drops, 40), 100))
     before = engine_lib.compilations
     engines[2].compiled()
     assert engine_lib.compilations == before + 1
     assert engines[2].compile_seconds() is not None
     assert engines[1].compile_seconds() is None and engines[0].compile_seconds() is None
-    monkeypatch.setattr(engine_lib, "map_counts", lambda: None)  # not Linux: nothing to do
+    monkeypatch.setattr(compile_cache, "map_counts", lambda: None)  # not Linux: nothing to do
     assert engine_lib.make_room() == 0
     engine_lib.clear_compiled()
 
@@ -260,11 +260,11 @@ def test_decoding_loops_compile_with_the_platforms_compiler_options(model, monke
                               .hierarchy, shapes)
     engine_lib.clear_compiled()
     bogus = {"xla_gpu_enable_command_buffer": "NOT_A_COMMAND"}
-    monkeypatch.setattr(engine_lib, "COMPILER_OPTIONS", {"no-such-platform": bogus})
+    monkeypatch.setattr(compile_cache, "COMPILER_OPTIONS", {"no-such-platform": bogus})
     assert engine_lib.compiler_options() == {}
     engine.compiled()  # compiles: the options belong to another platform
     engine_lib.clear_compiled()
-    monkeypatch.setattr(engine_lib, "COMPILER_OPTIONS", {jax.default_backend(): bogus})
+    monkeypatch.setattr(compile_cache, "COMPILER_OPTIONS", {jax.default_backend(): bogus})
     with pytest.raises(Exception, match="xla_gpu_enable_command_buffer"):
         engine.compiled()
     engine_lib.clear_compiled()

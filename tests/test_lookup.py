@@ -393,7 +393,7 @@ def _cache_copies(model, k=4) -> int:
 
 def test_lookup_loop_copies_no_cache(monkeypatch):
     """The `lax.switch` over block lengths only reads the cache (keys/values are written
-    after it): a branch that writes the cache made XLA copy all of it every round."""
+    after it): a branch that writes the cache makes XLA copy all of it every round."""
     import functools
 
     import jax
@@ -401,12 +401,12 @@ def test_lookup_loop_copies_no_cache(monkeypatch):
     model = tiny_model(2, 0)
     assert _cache_copies(model) == 0
 
-    def writes_in_branches(self, state, k, part_B):  # the earlier verification: copies
+    def writes_in_branches(self, state, k, part_B):  # the cache written in the branches
         blocks = self.h.level_blocks(k)
         index = jnp.minimum(jnp.searchsorted(jnp.asarray(blocks), jnp.max(jnp.where(
             part_B, self.pending(state, k), 0))), len(blocks) - 1)
         return jax.lax.switch(index, [functools.partial(self.verify, k=k, part_B=part_B, T=T)
                                       for T in blocks], state)
 
-    monkeypatch.setattr(engine_lib._Round, "verify_top_or_not", writes_in_branches)
+    monkeypatch.setattr(engine_lib.Round, "verify_at_shortest_block", writes_in_branches)
     assert _cache_copies(model) > 0

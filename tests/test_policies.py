@@ -1,4 +1,4 @@
-"""`decoding/policies.py`'s contracts hold: every window, draft-exit, acceptance and
+"""`decoding/policies.py`'s contracts hold: every drafter, window, draft-exit, acceptance and
 companion policy the methods use has exactly the Protocol's methods and parameters, and
 every method's hierarchy is made of them."""
 
@@ -6,11 +6,13 @@ import inspect
 
 import pytest
 
-from hispec_jax.decoding import acceptance, draft, engine, methods, policies, sv, windows
+from hispec_jax.decoding import acceptance, draft, engine, lookup, methods, policies, sv, windows
 from test_engine import tiny_model
 from test_sv_specbound import synthetic_table
 
 IMPLEMENTATIONS = [
+    (policies.Drafter, engine.ExitDrafter(draft.StaticDraftExit())),
+    (policies.Drafter, engine.LookupDrafter(lookup.PromptLookup())),
     (policies.WindowPolicy, windows.FixedWindows()),
     (policies.WindowPolicy, windows.AdaptiveWindows()),
     (policies.DraftExitPolicy, draft.StaticDraftExit()),
@@ -56,11 +58,23 @@ def test_the_hierarchy_is_typed_with_the_contracts():
     ("ar", {}, True), ("layerskip", {}, False), ("hispec", {"adaptive": True}, True),
     ("hispec", {"acceptance": "blockwise"}, False), ("specbound", {}, True),
     ("sv", {"draft_exit": 1, "verify_exits": 2, "sv_profile": synthetic_table(1, 2, 4)}, False),
+    ("lookup", {}, True), ("layerskip", {"lookup": 3}, False),
 ])
 def test_every_method_is_made_of_policies(method, options, greedy):
     h = methods.make_method(tiny_model(4, 0), method, greedy=greedy, **options).hierarchy
+    assert isinstance(h.drafter, policies.Drafter)
+    assert isinstance(h.drafter, engine.LookupDrafter) == ("lookup" in options
+                                                           or method == "lookup")
     assert isinstance(h.window_policy, policies.WindowPolicy)
     assert isinstance(h.draft_exit, policies.DraftExitPolicy)
     assert isinstance(h.rule, policies.AcceptanceRule)
     assert h.companion is None or isinstance(h.companion, policies.Companion)
     assert (h.companion is not None) == (method == "sv")
+
+
+def test_the_round_asks_the_drafter_and_holds_no_drafter_code():
+    """Level 0 is reached only through `policies.Drafter`: the round reads neither the
+    lookup drafter's settings nor the draft-exit policy."""
+    source = inspect.getsource(engine.round)
+    for name in ("h.lookup", "draft_exit", "PromptLookup", "lookup_lib", "draft_lib"):
+        assert name not in source, name

@@ -1,4 +1,4 @@
-"""`--method sv` works on any model (issue 27): without a profile for the requested exits
+"""`--method sv` works on any model: without a profile for the requested exits
 `hispec_jax.generate` and `hispec generate` make a quick one (progress on stderr), cache it
 per model, device and exits, use the cached one next time and say which in the stats;
 greedy output still equals AR's. (The library used to raise FileNotFoundError here.)"""

@@ -1,8 +1,9 @@
-"""Draft-exit policies: how deep the draft level runs each draft token.
+"""Draft-exit policies: how deep an exit drafter runs each draft token.
 
-The engine's draft step embeds the newest token of every drafting sequence and asks the
-policy for the draft logits, the hidden state the first verifier continues from and the
-updated cache. The policy's state lives in the engine state (`EngineState.draft_state`).
+The exit drafter's draft step (`engine.ExitDrafter`) embeds the newest token of every
+drafting sequence and asks the policy for the draft logits, the hidden state the first
+verifier continues from and the updated cache. The policy's state lives in the engine state
+(`EngineState.draft_state`).
 
     StaticDraftExit     every draft token exits at e_0 (LayerSkip, HiSpec, HSD, SV)
     DynamicDraftExit    SpecBound (SPEC.md §7): a draft token exits at the first layer
@@ -116,7 +117,8 @@ class StaticDraftExit:
         positions_Bx1 = jnp.where(inp.part_B, inp.position_B, inp.capacity)[:, None]
         h_Bx1xD, cache = run_layers_cached(params, cfg, inp.x_Bx1xD, positions_Bx1, cache, 0,
                                            exit_layer)
-        logits_BxV = exit_logits(params, heads, cfg, h_Bx1xD, exit_layer)[:, 0]
+        with jax.named_scope("head"):
+            logits_BxV = exit_logits(params, heads, cfg, h_Bx1xD, exit_layer)[:, 0]
         return DraftOutput(h_Bx1xD, logits_BxV.astype(jnp.float32), cache, exit_layer,
                            exit_layer * jnp.sum(inp.part_B),
                            jnp.full(inp.position_B.shape, exit_layer, jnp.int32), state)
@@ -216,10 +218,11 @@ class DynamicDraftExit:
                 continue
             h_Bx1xD = jnp.take_along_axis(x_BxTxD, new_index_B[:, None, None], axis=1)
             heads_E = heads_E.at[e].add(jnp.any(going_B).astype(jnp.int32))
-            z_BxV = jax.lax.cond(
-                jnp.any(going_B),
-                lambda h: exit_logits(params, heads, cfg, h, e)[:, 0].astype(jnp.float32),
-                lambda h: jnp.zeros((B, cfg.vocab_size), jnp.float32), h_Bx1xD)
+            with jax.named_scope("head"):
+                z_BxV = jax.lax.cond(
+                    jnp.any(going_B),
+                    lambda h: exit_logits(params, heads, cfg, h, e)[:, 0].astype(jnp.float32),
+                    lambda h: jnp.zeros((B, cfg.vocab_size), jnp.float32), h_Bx1xD)
             confident_B = self.confident(z_BxV, e)
             stop_B = going_B & (confident_B | (e == self.depth_bound))
             logits_BxV = jnp.where(stop_B[:, None], z_BxV, logits_BxV)

@@ -1,39 +1,45 @@
-"""The engine's four policy seams, as typed contracts: read this first.
+"""The engine's policy seams, as typed contracts: read this first.
 
-Every decoding method is one compiled loop (`engine.py`) over an exit hierarchy
-e_0 < e_1 < ... < e_{K-1} = L. What differs between methods is four small, frozen (so
+Every decoding method is one compiled loop (`engine/`) over an exit hierarchy
+e_0 < e_1 < ... < e_{K-1} = L. What differs between methods is a few small, frozen (so
 hashable: part of the compile key) policy objects held by `engine.Hierarchy`:
 
     round of the loop                                  policy asked
     -----------------                                  ------------
-    draft: level 0 proposes tokens from exit e_0  ...  DraftExitPolicy.draft / .stops
+    draft: level 0 proposes tokens                ...  Drafter.draft / .ready
+             (an exit drafter: how deep each runs)...  DraftExitPolicy.draft / .stops
     a level k >= 1 may verify its pending input?  ...  WindowPolicy.ready
+    level 1 starts from / divides by              ...  Drafter.verify_input / .proposal_logq
     level k checks the tokens below it            ...  AcceptanceRule.accept
                      (SV's level 1 instead)       ...  Companion.select, .passed_up,
                                                               .passed_dists
-    after each verification                       ...  WindowPolicy.update
+    after each verification                       ...  WindowPolicy.update, Drafter.record
 
                   e_0            e_1                 L
       tokens ──▶ [draft] ─────▶ [verify 1] ─ ... ─▶ [verify K-1] ──▶ emitted
-                  DraftExit      Acceptance /        AcceptanceRule
-                  Policy         Companion           (the top level)
+                  Drafter        Acceptance /        AcceptanceRule
+                  (DraftExit)    Companion           (the top level)
                        WindowPolicy: when each verify runs
 
 Implementations (what each method is made of, `methods.make_method`):
 
-    WindowPolicy      windows.FixedWindows (ar, layerskip, hispec), windows.AdaptiveWindows
-                      (--adaptive, HiSpec App. J)
+    Drafter           engine.ExitDrafter (an exit of the model: every method but lookup),
+                      engine.LookupDrafter (prompt lookup, `lookup.py`)
     DraftExitPolicy   draft.StaticDraftExit (every draft exits at e_0), draft.DynamicDraftExit
                       (SpecBound: each draft exits at its first confident layer)
+    WindowPolicy      windows.FixedWindows (ar, layerskip, hispec), windows.AdaptiveWindows
+                      (--adaptive, HiSpec App. J)
     AcceptanceRule    acceptance.GreedyAcceptance (greedy: keep the leading run equal to the
                       level's argmax), acceptance.TokenwiseRejection, BlockwiseVerification
                       (sampling: exact, HiSpec App. G / blockwise verification)
     Companion         sv.SVSelector (SV: how many drafts the final layer verifies)
 
-A policy's per-sequence state lives in the loop state (`WindowState`, a draft-exit state);
-every array argument carries its shape in its name (B batch, T block length, V vocab, K
-levels). The shapes below are the contracts; `tests/test_policies.py` checks that every
-implementation has exactly these methods and parameters.
+A new drafter (a suffix tree, a draft model) is a new `Drafter` class, a new
+verification-length signal a new `Companion`: the round asks them and holds no code of
+its own for either. A policy's per-sequence state lives in the loop state (`WindowState`,
+the drafter's state); every array argument carries its shape in its name (B batch, T block
+length, V vocab, K levels). The shapes below are the contracts; `tests/test_policies.py`
+checks that every implementation has exactly these methods and parameters.
 """
 
 from __future__ import annotations
@@ -47,6 +53,57 @@ from hispec_jax.decoding.draft import DraftInput, DraftOutput
 from hispec_jax.decoding.windows import WindowState
 from hispec_jax.models.config import ModelConfig
 from hispec_jax.models.kv_cache import KVCache
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """Level 0 of a hierarchy: what it proposes each round, how many positions level 1's
+    pass then holds, where level 1 starts from, and how it adapts to what level 1 kept.
+
+    The `rnd` argument is the round (`engine.Round`: params, heads, cfg, hierarchy `h`,
+    `greedy`, request `req`, per-pass PRNG `keys`), `state` the loop state
+    (`engine.EngineState`); the methods that take a state return the updated state.
+    `runs_layers`: level 0 runs layers [0, e_0) and buffers their states for level 1
+    (False: it runs none; level 1 starts from the token embeddings, level 0 keeps no ring).
+    """
+
+    runs_layers: bool
+
+    def check(self, h) -> None:
+        """Raises ValueError when the hierarchy `h` cannot have this drafter as level 0."""
+
+    def block(self, max_window: int) -> int:
+        """The most positions level 1's input holds, given level 1's largest window."""
+
+    def level_blocks(self, block: int) -> tuple[int, ...]:
+        """The block lengths every level above is compiled at, `block` its static one
+        (empty: that one block; else the verification runs the shortest that holds it)."""
+
+    def steps(self, block: int) -> int:
+        """The most draft steps one round runs (static)."""
+
+    def init(self, batch: int, ring: int) -> Any:
+        """The drafter's per-sequence state (a pytree; `ring` = the hierarchy's ring size)."""
+
+    def ready(self, state: Any, window_ready_B: jax.Array, pending_B: jax.Array) -> jax.Array:
+        """[B] bool: level 1 verifies the `pending_B` positions (`window_ready_B`: the window
+        policy's answer, or the budget is covered)."""
+
+    def draft(self, rnd: Any, state: Any, part_B: jax.Array) -> Any:
+        """One draft step for the sequences in `part_B`: writes the proposed tokens after
+        c_0 and advances c_0 past them."""
+
+    def verify_input(self, rnd: Any, state: Any, positions_BxT: jax.Array,
+                     valid_BxT: jax.Array, write_cache: bool) -> tuple:
+        """(level 1's input states [B, T, D], state, the layer they enter, layer passes and
+        layer x token evaluations spent getting them there)."""
+
+    def proposal_logq(self, rnd: Any, state: Any, proposed_pos_BxT: jax.Array,
+                      proposed_BxT: jax.Array) -> jax.Array | None:
+        """[B, T, V] log q of the proposals at `proposed_pos_BxT` (None: not kept)."""
+
+    def record(self, rnd: Any, state: Any, part_B: jax.Array, accepted_B: jax.Array) -> Any:
+        """After level 1 kept `accepted_B` of the proposals (where `part_B`)."""
 
 
 @runtime_checkable
@@ -67,7 +124,8 @@ class WindowPolicy(Protocol):
 
 @runtime_checkable
 class DraftExitPolicy(Protocol):
-    """How deep each draft token runs before level 0 proposes it."""
+    """How deep each draft token of an exit drafter (`engine.ExitDrafter`) runs before
+    level 0 proposes it."""
 
     def init(self, batch: int, ring: int) -> Any:
         """The policy's per-sequence state (a pytree; `ring` = the hierarchy's ring size)."""
@@ -103,9 +161,9 @@ class AcceptanceRule(Protocol):
 
 @runtime_checkable
 class Companion(Protocol):
-    """A level-1 companion (SV's): instead of accepting or rejecting, level 1 scores the
-    drafts and passes a prefix of them to the top level. Everything the engine does
-    differently at such a level, it asks the companion.
+    """A verification-length signal at level 1 (SV's companion): instead of accepting or
+    rejecting, level 1 scores the drafts and passes a prefix of them to the top level.
+    Everything the engine does differently at such a level, it asks the companion.
 
     `keeps_draft_dists`: greedy decoding keeps the drafts' distributions too (the
     companion's signals read them). `rejects`: whether a cut is a rejection that the top

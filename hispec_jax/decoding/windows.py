@@ -58,8 +58,8 @@ class FixedWindows:
 
     The policy seam of the engine: `init` builds the state kept in the loop state,
     `ready` says which sequences' level-k input is ready, `update` sees every verification
-    outcome. Adaptive windows (App. J) and, later, SV's companion-driven lengths are
-    instances that override `update` / `ready`.
+    outcome. Adaptive windows (App. J) override `update`; SV's verification lengths are a
+    companion (`policies.Companion`), not a window policy.
     """
 
     def init(self, windows_K1: jax.Array, batch: int) -> WindowState:

@@ -60,11 +60,9 @@ def project(layer_params, name: str, x_BxTxI: jax.Array, precision) -> jax.Array
     the same products with the large matrix on the left, as the tied LM head does
     (`heads._tied_head`); the optimization barrier keeps XLA from folding the transpose
     back. One row (a decoding step) stays a matrix-vector product `x @ w_T^T` (XLA's own
-    emitter either way). SmolLM2-135M on the 2-core CPU, whole passes, canonical -> out-major:
-    verify over 2 / 4 / 8 positions 43.3 / 45.0 / 54.5 -> 41.5 / 40.6 / 49.0 ms, a 128-position
-    prefill chunk 304 -> 288 ms, the AR step 32-33 ms either way
-    (benchmarks/results_lookup/out_major.py and .txt). Only the summation order differs
-    (float32 differences ~1e-6, as between any two dot kernels)."""
+    emitter either way). On SmolLM2-135M on a 2-core CPU a verify pass over 8 positions
+    takes 49.0 ms instead of 54.5, the AR step the same (docs/layer_layouts.md). Only the
+    summation order differs (float32 differences ~1e-6, as between any two dot kernels)."""
     B, T, I = x_BxTxI.shape
     w_T = layer_params.get(name + OUT_MAJOR_SUFFIX)
     if w_T is None:
@@ -142,17 +140,15 @@ def _over_used_slots(attend, seen_BxT, capacity: int, keys_BxKxSxH, values_BxKxS
         read      |<-------- n2 --------->|                   the first span >= max(seen)
 
     One `lax.switch` branch per span, each slicing statically, so a cache planned for long
-    requests costs what it holds. SmolLM2 with 330 slots valid, whole cache -> used spans:
-    the AR step 33.6 -> 32.5 ms at S = 640 and 40.0 -> 34.3 ms at S = 2048, a verify pass
-    over 8 positions 50.6 -> 46.0 / 87.0 -> 48.6 ms, a 128-position prefill chunk at S =
-    2048 606 -> 302 ms; each pass compiles in 2-3.5x the time, every span being a branch
-    (benchmarks/results_lookup/span_cost.py and .txt; docs/layer_layouts.md).
-    The masked slots past the span contributed exp(-1e30 - m) = 0, so the result is the
-    same up to the summation order of the softmax's sums.
+    requests costs what it holds: on SmolLM2 at S = 2048 with 330 slots valid a verify
+    pass over 8 positions takes 48.6 ms instead of 87.0, and each pass compiles in 2-3.5x
+    the time, every span being a branch (docs/layer_layouts.md). The masked slots past the
+    span contribute exp(-1e30 - m) = 0, so the result is the same up to the summation order
+    of the softmax's sums.
 
-    On XLA:CPU only (measured there). Elsewhere every attention reads the whole cache as
-    before: XLA:GPU runs a conditional by reading its branch index back on the host, a
-    round trip per layer and step, and neither GPU nor TPU was measured here."""
+    On XLA:CPU only (measured there). Elsewhere every attention reads the whole cache:
+    XLA:GPU runs a conditional by reading its branch index back on the host, a round trip
+    per layer and step, and GPU and TPU have no measurement of the spans."""
     spans = attention_spans(capacity) if jax.default_backend() == "cpu" else (capacity,)
     if len(spans) == 1:
         return attend(keys_BxKxSxH, values_BxKxSxH, visible_BxTxS)
@@ -168,9 +164,8 @@ def _single_query_on_cpu(q_BxTxKxGxH) -> bool:
     There the two attention dots over a cache layer that was just updated in place make
     XLA:CPU copy or relayout the layer (at batch 1 each key and value buffer 3-4 times per
     step: the update is duplicated into the dot's operand); elementwise products with
-    reductions read it once (both variants side by side, bytes and time:
-    benchmarks/results_claims/attention_single_query.py). Blocks of several queries keep
-    the dots, which are several times faster there."""
+    reductions read it once (docs/layer_layouts.md, "The attention of a single query").
+    Blocks of several queries keep the dots, which are several times faster there."""
     return q_BxTxKxGxH.shape[1] == 1 and jax.default_backend() == "cpu"
 
 
@@ -185,18 +180,18 @@ def _attend_single_query(q_BxKxGxH, keys_BxKxSxH, values_BxKxSxH, visible_BxS):
 
 
 # Platforms (`jax.default_backend()`) on which the attention output, flattened to
-# [B, T, N*H], passes an optimization barrier before the o projection. On one H200 (jax
-# 0.11.2, BENCHMARKS.md "On an accelerator: one H200, second lease") XLA bitcast wo to
-# [N, H, D] to match the attention's [K, G, H] output, wrote x_i * wo_io out in full and
-# reduced it in a second kernel: 45 us per 8B layer where 8 would do. Empty until a GPU
-# run shows the barrier keeps the product whole (`run_on_device.sh oproj_barrier`). Read
-# when a loop is traced: `engine.clear_compiled()` after a change.
+# [B, T, N*H], passes an optimization barrier before the o projection. The barrier keeps
+# XLA from bitcasting wo to [N, H, D] to match the attention's [K, G, H] output, which on a
+# GPU turns the projection into a full x_i * wo_io product and a second reduction kernel
+# (docs/accelerator_checks.md). It changes no token; it is a candidate to be timed per
+# platform (the engine's accelerator probes set it), so it is empty by default. Read when a
+# loop is traced: `engine.clear_compiled()` after a change.
 FLAT_ATTENTION_OUTPUT: frozenset[str] = frozenset()
 
 
 def _attention_output(layer_params, cfg: ModelConfig, out_BxTxKxGxH):
     # As one [B, T, N*H] x [N*H, D] matmul: (N, H) flattened in the weights' own row-major
-    # order, so XLA needs no relayout copy of wo (a 4-D einsum got one per layer and step).
+    # order, so XLA needs no relayout copy of wo (a 4-D einsum gets one per layer and step).
     B, T = out_BxTxKxGxH.shape[:2]
     NH = cfg.num_heads * cfg.head_dim
     flat_BxTxNH = out_BxTxKxGxH.reshape(B, T, NH)
@@ -235,7 +230,7 @@ def _context_block_attention(layer_params, cfg: ModelConfig, x_BxTxD, positions_
 
     The context is only read (no [S + T] copy of a cache layer per layer), so a pass run
     inside a `lax.switch` branch leaves the cache untouched and XLA copies nothing; the
-    block's keys/values are returned and written after the branch (decoding/engine.py).
+    block's keys/values are returned and written after the branch (`engine.Round`).
     Only the context slots in use are read (`_over_used_slots`).
     Returns (output [B, T, D], the block's k and v [B, T, K, H])."""
     q, k_BxTxKxH, v_BxTxKxH = _project_qkv(layer_params, cfg, x_BxTxD, positions_BxT,
@@ -398,11 +393,14 @@ def _unpack(attention_k_v):
 def _layer(layer_params, cfg: ModelConfig, x_BxTxD, attention):
     """One pre-norm decoder layer: x + attention(norm(x)), then + MLP(norm(.)).
     `attention(normed x) -> (output [B, T, D], aux)`; returns (x [B, T, D], aux)."""
-    h = rms_norm(x_BxTxD, layer_params["attn_norm"], cfg.rms_norm_eps)
-    attn, aux = attention(h)
+    with jax.named_scope("attention"):
+        h = rms_norm(x_BxTxD, layer_params["attn_norm"], cfg.rms_norm_eps)
+        attn, aux = attention(h)
     x_BxTxD = x_BxTxD + attn
-    h = rms_norm(x_BxTxD, layer_params["mlp_norm"], cfg.rms_norm_eps)
-    return x_BxTxD + _mlp(layer_params, cfg, h), aux
+    with jax.named_scope("mlp"):
+        h = rms_norm(x_BxTxD, layer_params["mlp_norm"], cfg.rms_norm_eps)
+        mlp = _mlp(layer_params, cfg, h)
+    return x_BxTxD + mlp, aux
 
 
 def run_layers_cached(params: Params, cfg: ModelConfig, x_BxTxD: jax.Array,

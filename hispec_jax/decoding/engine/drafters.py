@@ -1,0 +1,273 @@
+"""Level 0 of a hierarchy: the drafters (`policies.Drafter`).
+
+A drafter says what level 0 proposes each round, how many positions level 1's pass then
+holds, where level 1 starts from, which distribution the proposals were drawn from, and how
+it adapts to what level 1 kept. The round (`round.py`) asks it and holds no drafter-specific
+code: a new drafter (a suffix tree, a draft model) is a new class here.
+
+    ExitDrafter     an early exit of the model itself (LayerSkip, HiSpec, SpecBound, SV, AR):
+                    one token per draft step, up to blocks[0] steps a round
+    LookupDrafter   prompt lookup (n-gram, `lookup.py`): one lookup a round proposes up to k
+                    tokens at once, and runs no layer
+
+Each method takes the round (`round.Round`: params, heads, cfg, hierarchy `h`, `greedy`,
+request `req`, per-pass PRNG `keys`) and the loop state (`state.EngineState`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from hispec_jax.decoding import draft as draft_lib
+from hispec_jax.decoding import emit
+from hispec_jax.decoding import gate as gate_lib
+from hispec_jax.decoding import lookup as lookup_lib
+from hispec_jax.decoding import policies
+from hispec_jax.decoding.draft import StaticDraftExit
+from hispec_jax.decoding.engine.state import (gather_positions, ring_read, ring_write,
+                                              scatter_tokens)
+from hispec_jax.decoding.sampling import filtered_logprobs
+from hispec_jax.decoding.windows import power_of_two_blocks
+from hispec_jax.models.transformer import embed
+
+
+@dataclasses.dataclass(frozen=True)
+class ExitDrafter:
+    """Level 0 as an exit e_0 of the model: a draft step runs the token at c_0 through
+    layers [0, e_0) (as deep as the draft-exit policy says: `draft.py`), writes its
+    keys/values before the next step reads them, and exit e_0 proposes the token at
+    c_0 + 1. A sequence drafts while its level-1 input holds fewer than Nd + 1 positions, so
+    a round runs up to blocks[0] = Nd_max + 1 steps. Level 1 continues the buffered layer-e_0
+    states."""
+
+    draft_exit: policies.DraftExitPolicy
+
+    runs_layers: ClassVar[bool] = True
+
+    def check(self, h) -> None:
+        if h.exits[0] < 1:
+            raise ValueError(f"exits {h.exits}: an exit drafter needs e_0 >= 1 (exit 0 runs "
+                             "no layer: only a drafter that is not an exit sits there)")
+
+    def block(self, max_window: int) -> int:
+        return max_window + 1  # Nd drafts and the position whose prediction is the bonus
+
+    def level_blocks(self, block: int) -> tuple[int, ...]:
+        del block
+        return ()
+
+    def steps(self, block: int) -> int:
+        return block
+
+    def init(self, batch: int, ring: int) -> Any:
+        return self.draft_exit.init(batch, ring)
+
+    def ready(self, state, window_ready_B: jax.Array, pending_B: jax.Array) -> jax.Array:
+        # the draft policy may end drafting early (SpecBound's hard token)
+        return window_ready_B | self.draft_exit.stops(
+            state.draft_state, state.processed_BxK[:, 0], pending_B)
+
+    def draft(self, rnd, state, part_B: jax.Array):
+        cfg, h = rnd.cfg, rnd.h
+        out, c = state.out, state.processed_BxK
+        S = out.tokens_BxS.shape[1]
+        pos_B = c[:, 0]
+        token_B = gather_positions(out.tokens_BxS, pos_B[:, None])[:, 0]
+        K = h.num_levels
+        d = self.draft_exit.draft(rnd.params, rnd.heads, cfg, draft_lib.DraftInput(
+            x_Bx1xD=embed(rnd.params, token_B[:, None]), position_B=pos_B, part_B=part_B,
+            pending_start_B=c[:, 1] if K > 1 else pos_B,
+            ring_BxWxD=state.hidden[0] if K > 1 else None, capacity=S,
+            block=h.blocks[0] if K > 1 else 1), state.cache, h.exits[0], state.draft_state)
+        if rnd.greedy:
+            next_B = jnp.argmax(d.logits_BxV, axis=-1).astype(jnp.int32)
+            logp_BxV = None
+        else:
+            logp_BxV = filtered_logprobs(d.logits_BxV, rnd.req.sampling)
+            next_B = jax.vmap(jax.random.categorical)(rnd.keys(state, 0), logp_BxV)
+            next_B = next_B.astype(jnp.int32)
+        hidden, dists = state.hidden, state.dists
+        if K > 1:
+            ring = (d.ring_BxWxD if d.ring_BxWxD is not None
+                    else ring_write(hidden[0], pos_B[:, None], d.h_Bx1xD, part_B[:, None]))
+            hidden = (ring,) + hidden[1:]
+            if dists:
+                if logp_BxV is None:  # greedy, kept for a companion's signals
+                    logp_BxV = jax.nn.log_softmax(d.logits_BxV, axis=-1)
+                dists = (ring_write(dists[0], pos_B[:, None] + 1, logp_BxV[:, None],
+                                    part_B[:, None]),) + dists[1:]
+        out = out.replace(tokens_BxS=scatter_tokens(out.tokens_BxS, pos_B + 1, next_B, part_B))
+        counters = state.counters
+        if K == 1:  # the draft level is the top level: emit directly
+            out, emitted_B = emit.append_block(out, next_B[:, None], part_B.astype(jnp.int32),
+                                               rnd.req.eos_ids_E, rnd.req.max_new_B)
+            counters = counters.replace(emitted=counters.emitted + jnp.sum(emitted_B))
+        counters = counters.replace(
+            actions_K=counters.actions_K.at[0].add(1),
+            layer_passes=counters.layer_passes + d.layer_passes,
+            layer_token_evals=counters.layer_token_evals + d.layer_token_evals,
+            head_evals_E=(counters.head_evals_E.at[h.exits[0]].add(1) if d.head_evals_E is None
+                          else counters.head_evals_E + d.head_evals_E),
+            draft_depth_hist=counters.draft_depth_hist.at[
+                jnp.where(part_B, d.depth_B, counters.draft_depth_hist.shape[0])].add(
+                    1, mode="drop"))
+        return state.replace(out=out, cache=d.cache, hidden=hidden, dists=dists,
+                             processed_BxK=c.at[:, 0].add(part_B.astype(jnp.int32)),
+                             draft_state=d.state, draws_B=state.draws_B + part_B,
+                             counters=counters)
+
+    def verify_input(self, rnd, state, positions_BxT, valid_BxT, write_cache: bool):
+        """The buffered layer-e_0 states; above a dynamic draft exit, each position is first
+        brought up from its own draft depth to layer e_0 (= the depth bound)."""
+        lo, _ = rnd.h.layer_range(1)
+        x_BxTxD = ring_read(state.hidden[0], positions_BxT)
+        aligned = self.draft_exit.align(rnd.params, rnd.cfg, x_BxTxD, positions_BxT,
+                                        valid_BxT, state.cache, state.draft_state, lo)
+        if aligned is None:
+            return x_BxTxD, state, lo, 0, 0
+        if not write_cache:
+            raise ValueError("a dynamic draft exit writes the cache in its pass")
+        x_BxTxD, cache, lo, passes, evals = aligned
+        return x_BxTxD, state.replace(cache=cache), lo, passes, evals
+
+    def proposal_logq(self, rnd, state, proposed_pos_BxT, proposed_BxT):
+        del rnd, proposed_BxT
+        return ring_read(state.dists[0], proposed_pos_BxT) if state.dists else None
+
+    def record(self, rnd, state, part_B, accepted_B):
+        del rnd, part_B, accepted_B
+        return state
+
+
+@flax.struct.dataclass
+class LookupState:
+    """The lookup drafter's loop state.
+
+    Attributes:
+      proposed_B: [B] int32, the tokens a match proposed for level 1's pending block (0: no
+        match).
+      gate: `gate.GateState`: each sequence's acceptance estimates per n-gram length of the
+        match, and the n behind its pending proposal.
+    """
+
+    proposed_B: jax.Array
+    gate: gate_lib.GateState
+
+
+@dataclasses.dataclass(frozen=True)
+class LookupDrafter:
+    """Level 0 as the prompt-lookup (n-gram) drafter (`lookup.py`; e_0 = 0, no layers).
+    One lookup per round proposes up to k tokens at once; level 1 embeds them and verifies
+    them in one pass, at the shortest compiled block that holds them (`level_blocks`: every
+    level above it runs so), so a round without a match is a one-position pass: an AR step
+    for `method="lookup"`, the draft exit's own draft step under layerskip / hispec. The
+    proposals are deterministic (q one-hot); each sequence's k adapts to what level 1 kept
+    (`PromptLookup.adapt`), and the acceptance gate (`gate.py`, `PromptLookup.gate`)
+    shortens a proposal to what its estimated acceptance pays for at the request's pass
+    costs (`Request.lookup_cost`). The drafter's state is a `LookupState`."""
+
+    lookup: lookup_lib.PromptLookup
+
+    runs_layers: ClassVar[bool] = False
+
+    def check(self, h) -> None:
+        if h.exits[0] != 0:
+            raise ValueError(f"exits {h.exits}: the lookup drafter's level runs no layer, "
+                             "its exit must be 0")
+        if (len(h.exits) < 2 or h.companion is not None or h.adaptive
+                or not isinstance(h.draft_exit, StaticDraftExit)
+                or h.max_windows[0] != self.lookup.max_tokens):
+            raise ValueError("a lookup level needs a verifier above it, max_windows[0] == its "
+                             "k, fixed windows, a static draft exit and no SV companion")
+
+    def block(self, max_window: int) -> int:
+        return max_window  # one lookup: at most k positions
+
+    def level_blocks(self, block: int) -> tuple[int, ...]:
+        # how much arrives varies: every level above pays for what arrived, not for its block
+        return power_of_two_blocks(block)
+
+    def steps(self, block: int) -> int:
+        del block
+        return 1
+
+    def init(self, batch: int, ring: int) -> LookupState:
+        del ring
+        return LookupState(proposed_B=jnp.zeros((batch,), jnp.int32),
+                           gate=gate_lib.GateState.init(batch, self.lookup.max_ngram))
+
+    def ready(self, state, window_ready_B, pending_B):
+        del state, window_ready_B
+        return pending_B > 0  # one lookup a round: always ready
+
+    def draft(self, rnd, state, part_B: jax.Array):
+        """Writes each drafting sequence's n-gram proposal at c_0 + 1 .. and moves c_0 past
+        it; no layer runs (level 1 embeds the tokens itself).
+
+            before   c_1 = c_0                       (level 1 verified everything)
+                     x_c ? ? ?
+            after    c_1   c_0 = c_1 + m             (m proposed tokens, m <= k)
+                     x_c  y1 y2 y3
+        """
+        out, c, k = state.out, state.processed_BxK, self.lookup.max_tokens
+        S = out.tokens_BxS.shape[1]
+        ds = state.draft_state
+        # Never more than the budget still needs (the top level emits at most the proposals).
+        remaining_B = rnd.req.max_new_B - out.num_new_B - (c[:, 0] + 1 - out.lengths_B)
+        limit_B = jnp.clip(jnp.minimum(state.windows.windows_BxK1[:, 0], remaining_B), 1, k)
+        with jax.named_scope("lookup"):
+            prop = self.lookup.propose(out.tokens_BxS, c[:, 0], limit_B)
+            length_B = prop.length_B
+            if self.lookup.gate:  # greedy: one block for the batch; sampling: each alone
+                length_B = gate_lib.choose(
+                    ds.gate.of_match(prop.ngram_B), length_B, prop.matched_B, part_B,
+                    rnd.h.level_blocks(1), rnd.req.lookup_cost, joint=rnd.h.schedule == "sync")
+        n_B = jnp.where(part_B, length_B, 0)
+        j_K = jnp.arange(k)
+        slots_BxK = jnp.where(j_K[None, :] < n_B[:, None], c[:, :1] + 1 + j_K[None, :], S)
+        tokens_BxS = out.tokens_BxS.at[jnp.arange(c.shape[0])[:, None], slots_BxK].set(
+            prop.tokens_BxK, mode="drop")
+        matched_B = part_B & prop.matched_B
+        counters = state.counters
+        counters = counters.replace(
+            actions_K=counters.actions_K.at[0].add(1),
+            lookup_matches=counters.lookup_matches + jnp.sum(matched_B),
+            lookup_proposed=counters.lookup_proposed + jnp.sum(jnp.where(matched_B, n_B, 0)))
+        ds = ds.replace(
+            proposed_B=jnp.where(part_B, jnp.where(matched_B, n_B, 0), ds.proposed_B),
+            gate=ds.gate.replace(ngram_B=jnp.where(part_B, prop.ngram_B, ds.gate.ngram_B)))
+        return state.replace(
+            out=out.replace(tokens_BxS=tokens_BxS), processed_BxK=c.at[:, 0].add(n_B),
+            draft_state=ds, counters=counters)
+
+    def verify_input(self, rnd, state, positions_BxT, valid_BxT, write_cache: bool):
+        """The proposals' token embeddings: level 1 starts at layer 0."""
+        del valid_BxT, write_cache
+        lo, _ = rnd.h.layer_range(1)
+        tokens_BxT = gather_positions(state.out.tokens_BxS, positions_BxT)
+        return embed(rnd.params, tokens_BxT), state, lo, 0, 0
+
+    def proposal_logq(self, rnd, state, proposed_pos_BxT, proposed_BxT):
+        """Deterministic proposals: q one-hot (greedy rules read no q)."""
+        del state, proposed_pos_BxT
+        return None if rnd.greedy else lookup_lib.one_hot_logq(proposed_BxT,
+                                                               rnd.cfg.vocab_size)
+
+    def record(self, rnd, state, part_B, accepted_B):
+        """Counts the lookup tokens level 1 kept, adapts each sequence's k and updates its
+        acceptance estimate for the n of the match."""
+        del rnd
+        ds = state.draft_state
+        looked_B = jnp.where(part_B, ds.proposed_B, 0)
+        kept_B = jnp.minimum(accepted_B, looked_B)
+        counters, windows = state.counters, state.windows
+        return state.replace(
+            counters=counters.replace(lookup_accepted=counters.lookup_accepted + jnp.sum(kept_B)),
+            windows=windows.replace(windows_BxK1=windows.windows_BxK1.at[:, 0].set(
+                self.lookup.adapt(windows.windows_BxK1[:, 0], looked_B, kept_B))),
+            draft_state=ds.replace(gate=ds.gate.record(looked_B, kept_B)))

@@ -1,0 +1,223 @@
+"""The `Engine`: one compiled decoding loop, described by a frozen, hashable object (the
+model's architecture and parameter layout, an exit hierarchy, the shapes), with the loop as
+pure functions `init_state` / `step` / `run` / `run_rounds` (gemma's sampler pattern) and
+its executable in the process-wide compile cache (`compile_cache.py`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from hispec_jax.decoding import emit
+from hispec_jax.decoding.engine import compile_cache
+from hispec_jax.decoding.engine.hierarchy import Hierarchy
+from hispec_jax.decoding.engine.round import Round
+from hispec_jax.decoding.engine.state import Counters, EngineState
+from hispec_jax.decoding.prefill import prefill
+from hispec_jax.decoding.request import Request
+from hispec_jax.decoding.sampling import SamplingArrays, choose_tokens
+from hispec_jax.models import sharding
+from hispec_jax.models.config import ModelConfig
+from hispec_jax.models.heads import exit_logits
+from hispec_jax.models.kv_cache import KVCache
+
+
+@dataclasses.dataclass(frozen=True)
+class Shapes:
+    """The static shapes of one compiled loop.
+
+    Attributes:
+      batch: B, sequences per loop (padding rows included).
+      capacity: S, cache positions per sequence.
+      prompt_block: T, the prefill chunk (a power of two; `prefill.py`): prompts of any
+        length run full chunks of T positions, the rest in at most two small chunks of
+        T / 4 (`prefill.chunk_counts`).
+      num_eos: E, EOS ids (padded with -1; at least 1).
+    """
+
+    batch: int
+    capacity: int
+    prompt_block: int
+    num_eos: int = 1
+
+
+def _signature(tree) -> tuple:
+    """A hashable description of a pytree of arrays: structure, shapes and dtypes."""
+    leaves, treedef = jax.tree.flatten(tree)
+    return treedef, tuple((tuple(x.shape), jnp.dtype(x.dtype).name) for x in leaves)
+
+
+def _structs(signature) -> Any:
+    treedef, leaves = signature
+    return jax.tree.unflatten(treedef, [jax.ShapeDtypeStruct(s, d) for s, d in leaves])
+
+
+@dataclasses.dataclass(frozen=True)
+class Engine:
+    """One compiled decoding loop: a model's architecture and parameter layout, an exit
+    hierarchy and the shapes (gemma's sampler pattern: a frozen description with
+    `init_state` / `step` / `run`, and one compile cache keyed by the object itself).
+
+    Attributes:
+      cfg: the model architecture.
+      hierarchy: the exit hierarchy and its policies.
+      shapes: batch, cache capacity, prompt block, EOS count.
+      greedy: argmax decoding (static: removes sorting from the loop).
+      params_signature, heads_signature: structure, shapes and dtypes of the model's
+        parameters and exit heads (the layer layout and trained heads are part of the key).
+      shardings: how `run` is partitioned over a device mesh (`decoding.mesh.LoopShardings`,
+        hashable: in/out shardings and the mesh it is lowered under); None: one device.
+    """
+
+    cfg: ModelConfig
+    hierarchy: Hierarchy
+    shapes: Shapes
+    greedy: bool
+    params_signature: tuple
+    heads_signature: tuple
+    shardings: Any = None
+
+    @classmethod
+    def for_model(cls, model, hierarchy: Hierarchy, shapes: Shapes, greedy: bool = True,
+                  shardings=None) -> "Engine":
+        """The engine for `model` (a `Model`; its arrays may be `jax.ShapeDtypeStruct`s)."""
+        return cls(cfg=model.cfg, hierarchy=hierarchy, shapes=shapes, greedy=greedy,
+                   params_signature=_signature(model.params),
+                   heads_signature=_signature(model.heads), shardings=shardings)
+
+    @property
+    def cache_layers(self) -> int:
+        return self.hierarchy.exits[-1]
+
+    @property
+    def per_layer_cache(self) -> bool:
+        """The cache layout follows the layer layout: per-layer buffers for "unrolled"."""
+        return isinstance(_structs(self.params_signature)["layers"], (tuple, list))
+
+    def empty_cache(self) -> KVCache:
+        return KVCache.zeros(self.cfg, self.shapes.batch, self.shapes.capacity, self.cache_layers,
+                             per_layer=self.per_layer_cache)
+
+    # ---- the loop, as pure functions -----------------------------------------------------
+    def init_state(self, params, heads, req: Request, cache: KVCache,
+                   windows_K1: jax.Array) -> EngineState:
+        """Prefill the prompts, emit each sequence's first token, build the loop state.
+
+        Args:
+          req: the batch (prompts, budgets, EOS ids, PRNG keys, sampling settings).
+          cache: an empty cache with at least `hierarchy.exits[-1]` layers.
+          windows_K1: [K - 1] int32 initial windows (draft_len, then verify windows).
+        """
+        h, cfg, greedy = self.hierarchy, self.cfg, self.greedy
+        K, top = h.num_levels, h.exits[-1]
+        B = req.prompt_lens_B.shape[0]
+        if not greedy and K > 1 and not h.rule.needs_proposal_dists:
+            raise ValueError("sampling with a speculative hierarchy needs a sampling acceptance rule")
+        with jax.named_scope("prefill"):
+            h_BxD, cache = prefill(params, cfg, req.tokens_BxS, req.prompt_lens_B, cache, top,
+                                   chunk=self.shapes.prompt_block)
+            with jax.named_scope("head"):
+                logits_BxV = exit_logits(params, heads, cfg, h_BxD[:, None], top)[:, 0]
+            first_keys = jax.vmap(jax.random.fold_in)(req.sequence_keys_Bx2, jnp.full((B,), -1))
+            first_B = choose_tokens(logits_BxV, greedy, req.sampling, first_keys)
+            out = emit.start_output(req.tokens_BxS, req.prompt_lens_B, req.max_new_B)
+            out, _ = emit.append_block(out, first_B[:, None], jnp.ones_like(first_B),
+                                       req.eos_ids_E, req.max_new_B)
+        dtype = jnp.dtype(cfg.dtype)
+        # (a drafter that runs no layer keeps no states or distributions: its rings are empty)
+        ring = lambda k: h.ring if k or h.drafter.runs_layers else 0
+        return EngineState(
+            out=out,
+            cache=cache,
+            processed_BxK=jnp.broadcast_to(req.prompt_lens_B[:, None], (B, K)).astype(jnp.int32),
+            hidden=tuple(jnp.zeros((B, ring(k), cfg.hidden_size), dtype) for k in range(K - 1)),
+            rejected_pos_BxW=jnp.full((B, h.ring), -1, jnp.int32),
+            rejected_tok_BxW=jnp.zeros((B, h.ring), jnp.int32),
+            windows=h.window_policy.init(windows_K1, B),
+            draft_state=h.drafter.init(B, h.ring),
+            dists=tuple(jnp.full((B, ring(k), cfg.vocab_size), -jnp.inf, jnp.float32)
+                        for k in range(K - 1)) if (not greedy or h.keeps_dists) and K > 1 else (),
+            draws_B=jnp.zeros((B,), jnp.int32),
+            counters=Counters.zeros(K, max(h.blocks, default=0), cfg.num_layers),
+        )
+
+    def step(self, params, heads, req: Request, state: EngineState) -> EngineState:
+        """One speculation round for the whole batch (one trip of the loop)."""
+        return Round(params, heads, req, self.cfg, self.hierarchy, self.greedy)(state)
+
+    def run(self, params, heads, req: Request, cache: KVCache, windows_K1: jax.Array):
+        """Prefill, then rounds until every sequence is done.
+
+        Returns (output, counters, final cache); the cache is returned so that a donated
+        input cache backs the loop's cache in place.
+        """
+        # On a mesh, every [B, ...] state array splits over "data" (a no-op on one device).
+        on_mesh = functools.partial(sharding.constrain_state, batch=self.shapes.batch)
+        state = on_mesh(self.init_state(params, heads, req, cache, windows_K1))
+        state = jax.lax.while_loop(lambda s: jnp.any(~s.out.done_B),
+                                   lambda s: on_mesh(self.step(params, heads, req, s)), state)
+        return state.out, state.counters, state.cache
+
+    def run_rounds(self, params, heads, req: Request, state: EngineState,
+                   max_rounds: jax.Array) -> EngineState:
+        """Continues `state` for at most `max_rounds` ([] int32, an array: any bound runs in
+        one compiled loop) more rounds, stopping earlier when every sequence is done.
+
+        Rounds are the same as `run`'s and every draw is keyed per sequence, so any split
+        of a run into `run_rounds` calls produces the tokens of one uninterrupted run
+        (serving/: streaming and continuous batching resume from the returned state).
+        """
+        on_mesh = functools.partial(sharding.constrain_state, batch=self.shapes.batch)
+
+        def more(carry):
+            s, trips = carry
+            return jnp.any(~s.out.done_B) & (trips < max_rounds)
+
+        def round_(carry):
+            s, trips = carry
+            return on_mesh(self.step(params, heads, req, s)), trips + 1
+
+        state, _ = jax.lax.while_loop(more, round_, (on_mesh(state), jnp.zeros((), jnp.int32)))
+        return state
+
+    # ---- compilation -------------------------------------------------------------------
+    def abstract_arguments(self) -> tuple:
+        """`run`'s arguments as `jax.ShapeDtypeStruct`s (nothing allocated)."""
+        B, S, E = self.shapes.batch, self.shapes.capacity, self.shapes.num_eos
+        i32, f32 = jnp.int32, jnp.float32
+        sds = jax.ShapeDtypeStruct
+        req = Request(tokens_BxS=sds((B, S), i32), prompt_lens_B=sds((B,), i32),
+                      max_new_B=sds((B,), i32), eos_ids_E=sds((E,), i32),
+                      sequence_keys_Bx2=sds((B, 2), jnp.uint32),
+                      sampling=SamplingArrays(sds((), f32), sds((), i32), sds((), f32)))
+        cache = jax.eval_shape(self.empty_cache)
+        windows = sds((self.hierarchy.num_levels - 1,), i32)
+        return (_structs(self.params_signature), _structs(self.heads_signature), req, cache,
+                windows)
+
+    def lower(self) -> jax.stages.Lowered:
+        """`run` lowered on abstract arguments (the cache argument is donated)."""
+        if self.shardings is not None:  # over a device mesh (decoding/mesh.py)
+            return self.shardings.lower(self.run, self.abstract_arguments(), donate_argnums=(3,))
+        jitted = jax.jit(self.run, donate_argnums=(3,))
+        return jitted.lower(*self.abstract_arguments())
+
+    def compiled(self):
+        """(the compiled `run`, seconds spent compiling: 0 when this process already
+        compiled an equal engine), from the process-wide cache (`compile_cache.py`)."""
+        return compile_cache.compiled(self)
+
+    def compile_seconds(self) -> float | None:
+        """Seconds this process spent compiling this engine's loop (None: not compiled, or
+        dropped from the cache)."""
+        return compile_cache.compile_seconds(self)
+
+    def compiled_covering(self) -> "Engine":
+        """An already compiled engine equal to this one except for larger window bounds
+        (its loop runs these windows without a new compilation), else this engine."""
+        return compile_cache.covering(self)
