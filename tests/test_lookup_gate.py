@@ -3,15 +3,21 @@ gated drafter in the decoding loop (greedy == AR, exact sampling, the limits of 
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hispec_jax.decoding import gate
+from hispec_jax import generate
+from hispec_jax.decoding import gate, methods
+from hispec_jax.decoding.sampling import SamplingParams
 from hispec_jax.decoding.windows import power_of_two_blocks
 
-from test_engine import PROPERTY_SETTINGS
+from test_engine import PROPERTY_SETTINGS, random_prompts, tiny_model
+from test_sampling_exact import N_SAMPLES, NEW, PROMPT, chi_square_test, exact_ar_distribution
 
 BLOCKS = power_of_two_blocks(16)
 costs = st.builds(gate.PassCost.of, st.floats(0.0, 2000.0), st.floats(0.0, 20.0))
@@ -154,3 +160,99 @@ def test_estimate_converges_on_a_synthetic_stream(true_a, seed, m):
     # the prior (1 kept, 1 rejection) pulls towards 1/2 by at most 2 of ~10 weighted proposals
     tol = 0.12 if m > 1 else 0.2
     assert abs(est - true_a) < tol, (est, true_a)
+
+
+# ------------------------------------------------------------------ 4. in the decoding loop
+@pytest.fixture(scope="module")
+def small():
+    from test_sampling_exact import small_model
+
+    return small_model()
+
+
+GATED = [("lookup", {}), ("lookup", dict(lookup=4, max_ngram=2)),
+         ("layerskip", dict(lookup=4, draft_exit=2)),
+         ("hispec", dict(lookup=4, draft_exit=1, verify_exits=(2,), verify_window=2))]
+COSTS = [gate.default_pass_cost("cpu"), gate.PassCost.of(1.2), gate.PassCost.of(256.0),
+         gate.PassCost.of(0.0), gate.PassCost.of(1e30)]
+
+
+def ungated(decoder):
+    """`decoder` with its lookup drafter's gate off (the schedule's limit every round)."""
+    h = decoder.hierarchy
+    return dataclasses.replace(decoder, hierarchy=dataclasses.replace(
+        h, lookup=dataclasses.replace(h.lookup, gate=False)))
+
+
+@settings(max_examples=8, **PROPERTY_SETTINGS)
+@given(case=st.fixed_dictionaries(dict(
+    which=st.integers(0, len(GATED) - 1), cost=st.integers(0, len(COSTS) - 1),
+    seed=st.integers(0, 2), layer_scale=st.sampled_from([1.0, 0.0]), batch=st.sampled_from([1, 3]),
+    max_prompt_len=st.integers(1, 12), max_new=st.integers(1, 24), ignore_eos=st.booleans(),
+    prompt_seed=st.integers(0, 1000))))
+def test_gated_greedy_equals_autoregressive(case):
+    """Random and cycling models (layer_scale 0), batch > 1 with per-sequence matches, EOS
+    (id 3), every pass cost from F = 0 (never speculate) to F = 1e30 (always)."""
+    model = tiny_model(4, case["seed"], case["layer_scale"])
+    method, options = GATED[case["which"]]
+    prompts = random_prompts(np.random.RandomState(case["prompt_seed"]), case["batch"],
+                             case["max_prompt_len"])
+    common = dict(max_new_tokens=case["max_new"], ignore_eos=case["ignore_eos"])
+    ref = generate(model, prompts, **common)
+    got = generate(model, prompts, method=method, lookup_cost=COSTS[case["cost"]], **common,
+                   **options)
+    assert got.token_ids == ref.token_ids, (case, got.stats)
+
+
+CYCLE_PROMPTS = [[5, 9, 11], [7], [1, 2, 3, 4, 5, 6, 7, 8]]
+
+
+def _lookup_run(model, method, cost, prompts=CYCLE_PROMPTS, max_new=40, **options):
+    r = generate(model, prompts, method=method, max_new_tokens=max_new, ignore_eos=True,
+                 lookup_cost=cost, **options)
+    return r.token_ids, r.stats["lookup"], r.stats["rounds"]
+
+
+def test_limits_of_f_in_the_loop():
+    """A cycling model and a random one, batch 3: with F = 1e30 every proposal is the
+    ungated one (same tokens, counters and rounds); with F = 0 every match proposes one
+    token; at this CPU's default cost a random model's poor matches propose fewer tokens
+    than ungated, and the cycle's good ones still many."""
+    for scale in (0.0, 1.0):
+        model = tiny_model(4, 0, scale)
+        plain = ungated(methods.make_method(model, "lookup"))
+        base = _lookup_run(model, plain, None)
+        assert _lookup_run(model, "lookup", gate.PassCost.of(1e30)) == base
+        _, look, _ = _lookup_run(model, "lookup", gate.PassCost.of(0.0))
+        assert look["matches"] > 0 and look["proposed"] == look["matches"], look
+        tokens, look, rounds = _lookup_run(model, "lookup", None)
+        assert tokens == base[0]
+        if scale == 0.0:  # the cycle: most proposals hold, long proposals stay
+            assert look["accepted"] >= 0.8 * look["proposed"] and rounds <= base[2] * 1.5, look
+        else:
+            assert look["proposed"] < base[1]["proposed"], (look, base[1])
+
+
+@pytest.mark.parametrize("method,options", [
+    ("lookup", dict(lookup=3, acceptance="tokenwise")),
+    ("lookup", dict(lookup=3, max_ngram=2, acceptance="blockwise")),
+    ("layerskip", dict(lookup=3, draft_exit=2, draft_len=2, acceptance="tokenwise")),
+])
+def test_gated_sampling_matches_exact_distribution(small, method, options):
+    """Through the gated path: the first tokens after PROMPT (4-token vocabulary, the n-gram
+    search matches in most rounds) follow AR sampling's exact distribution, at a pass cost
+    (F = 1.2) where a proposal's length turns on its estimate: some matches propose one
+    token, others more, fewer in all than ungated."""
+    sampling = SamplingParams(temperature=1.0, seed=23)
+    probs = exact_ar_distribution(small, sampling)
+    run = dict(max_new_tokens=NEW, ignore_eos=True, temperature=1.0, seed=23)
+    cost = gate.PassCost.of(1.2)
+    r = generate(small, [PROMPT] * N_SAMPLES, method=method, lookup_cost=cost, **run, **options)
+    look = r.stats["lookup"]
+    free = generate(small, [PROMPT] * N_SAMPLES, method=ungated(
+        methods.make_method(small, method, greedy=False, **options)), lookup_cost=cost, **run)
+    assert look["matches"] < look["proposed"] < free.stats["lookup"]["proposed"], (
+        look, free.stats["lookup"])
+    assert 0 < look["accepted"] < look["proposed"], look
+    stat, threshold = chi_square_test(r.token_ids, probs, N_SAMPLES)
+    assert stat < threshold, (stat, threshold)

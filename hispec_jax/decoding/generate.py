@@ -128,7 +128,8 @@ def plan_shapes(max_prompt_len: int, max_new_tokens: int, lookahead: int, max_le
 def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int = 64,
              batch_size: int | None = None, ignore_eos: bool = False, temperature: float = 0.0,
              top_k: int = 0, top_p: float = 1.0, seed: int = 0, max_cache_len: int | None = None,
-             chat: bool = False, mesh=None, **method_options) -> GenerationResult:
+             chat: bool = False, mesh=None, lookup_cost=None,
+             **method_options) -> GenerationResult:
     """Generates continuations of `prompts` with a decoding method.
 
     Args:
@@ -152,6 +153,9 @@ def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int =
         over "data", the model and KV heads over "model" (`models/sharding.py`); a batch
         that "data" does not divide is padded with finished rows, never dropped. The tokens
         are those of unsharded decoding.
+      lookup_cost: the pass costs the lookup drafter's acceptance gate weighs (a
+        `gate.PassCost`, e.g. `gate.measure_pass_cost(model)`; default: the backend's). An
+        array: a new value never recompiles.
       **method_options: the method's settings (e.g. exit_layer, draft_exit, verify_exits,
         draft_len, verify_window, adaptive, acceptance="tokenwise"|"blockwise").
 
@@ -167,7 +171,8 @@ def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int =
     named = not isinstance(method, methods_lib.Decoder)
     return decode(model, prompt_ids, decoder, sampling, method_name=method if named else "custom",
                   max_new_tokens=max_new_tokens, batch_size=batch_size, ignore_eos=ignore_eos,
-                  max_cache_len=max_cache_len, chat=chat, mesh=mesh, reuse_compiled=named)
+                  max_cache_len=max_cache_len, chat=chat, mesh=mesh, reuse_compiled=named,
+                  lookup_cost=lookup_cost)
 
 
 def check_request(max_new_tokens, temperature, top_k, top_p, seed) -> tuple[SamplingParams, int]:
@@ -214,7 +219,7 @@ def decode(model: Model, prompt_ids: list[list[int]], decoder: methods_lib.Decod
            sampling: SamplingParams, *, method_name: str, max_new_tokens: int, batch_size: int,
            ignore_eos: bool = False, max_cache_len: int | None = None, chat: bool = False,
            mesh=None, reuse_compiled: bool = True,
-           extra_stats: dict[str, Any] | None = None) -> GenerationResult:
+           extra_stats: dict[str, Any] | None = None, lookup_cost=None) -> GenerationResult:
     """Runs checked prompts through `decoder`'s compiled loop, batch by batch.
 
     `reuse_compiled`: run in an already compiled loop of this model and these shapes whose
@@ -249,6 +254,8 @@ def decode(model: Model, prompt_ids: list[list[int]], decoder: methods_lib.Decod
     for start in range(0, len(prompt_ids), batch_size):
         batch = prompt_ids[start:start + batch_size]
         req = make_request(batch, loop_batch, start, capacity, max_new_tokens, eos_ids_E, sampling)
+        if lookup_cost is not None:
+            req = req.replace(lookup_cost=lookup_cost)
         if engine.shardings is None:
             args = (model.params, model.heads, req, engine.empty_cache(), windows_K1)
         else:  # placed shard by shard; the cache is never whole on one device
