@@ -241,18 +241,30 @@ def test_limits_of_f_in_the_loop():
 def test_gated_sampling_matches_exact_distribution(small, method, options):
     """Through the gated path: the first tokens after PROMPT (4-token vocabulary, the n-gram
     search matches in most rounds) follow AR sampling's exact distribution, at a pass cost
-    (F = 1.2) where a proposal's length turns on its estimate: some matches propose one
-    token, others more, fewer in all than ungated."""
+    (F = 0.75) where a fresh estimate (a = 1/2) proposes one token and one whose probe was
+    kept (a = 2/3) two: fewer tokens in all than ungated."""
     sampling = SamplingParams(temperature=1.0, seed=23)
     probs = exact_ar_distribution(small, sampling)
-    run = dict(max_new_tokens=NEW, ignore_eos=True, temperature=1.0, seed=23)
-    cost = gate.PassCost.of(1.2)
-    r = generate(small, [PROMPT] * N_SAMPLES, method=method, lookup_cost=cost, **run, **options)
+    run = dict(max_new_tokens=NEW, ignore_eos=True, temperature=1.0, seed=23,
+               lookup_cost=gate.PassCost.of(0.75))
+    # "fixed": up to k tokens whatever the n, so the gate alone shortens a proposal
+    gated = methods.with_lookup_schedule(
+        methods.make_method(small, method, greedy=False, **options), "fixed")
+    r = generate(small, [PROMPT] * N_SAMPLES, method=gated, **run)
     look = r.stats["lookup"]
-    free = generate(small, [PROMPT] * N_SAMPLES, method=ungated(
-        methods.make_method(small, method, greedy=False, **options)), lookup_cost=cost, **run)
-    assert look["matches"] < look["proposed"] < free.stats["lookup"]["proposed"], (
-        look, free.stats["lookup"])
+    free = generate(small, [PROMPT] * N_SAMPLES, method=ungated(gated), **run)
+    assert 0 < look["proposed"] < free.stats["lookup"]["proposed"], (look, free.stats["lookup"])
     assert 0 < look["accepted"] < look["proposed"], look
     stat, threshold = chi_square_test(r.token_ids, probs, N_SAMPLES)
     assert stat < threshold, (stat, threshold)
+
+
+def test_gated_sampling_is_reproducible_per_sequence_regardless_of_batch(small):
+    """In sampling each sequence's gate decides alone (at the cost of a batch of one), so
+    its proposals, and with them its draws, do not depend on the rest of the batch."""
+    opts = dict(method="lookup", lookup=4, max_new_tokens=16, ignore_eos=True,
+                temperature=1.0, seed=5, lookup_cost=gate.PassCost.of(2.0))
+    alone = generate(small, [PROMPT * 3], **opts)
+    batch = generate(small, [PROMPT * 3, [0, 1, 0, 1, 0], [3, 3, 2, 3, 3, 2]], **opts)
+    assert batch.token_ids[0] == alone.token_ids[0]
+    assert alone.stats["lookup"]["matches"] > 0, alone.stats["lookup"]
