@@ -58,6 +58,9 @@ def add_parsers(subparsers) -> None:
                     "method, tokens/s and time to first token go to stderr.")
     add_decoding_arguments(chat)
     chat.add_argument("--system", default=None, metavar="TEXT", help="a system message")
+    chat.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
+                      help="compile what the first answer runs before showing the prompt "
+                           "(default: on; --no-warmup compiles at the first answer)")
 
     serve = common.add_command(
         subparsers, "serve", run_serve, help="an OpenAI-compatible HTTP server with continuous batching",
@@ -116,15 +119,21 @@ def _load(args):
 
 def run_chat(args) -> int:
     _check(args, sampling=True)
-    from hispec_jax.serving.chat_loop import chat_loop
+    from hispec_jax.serving.chat_loop import StartupProgress, chat_loop
 
-    print(f"loading {args.model or 'the shipped model'}; plan: {args.method} "
-          f"({args.plan_reason})", file=sys.stderr, flush=True)
-    model = _load(args)
+    print(f"plan: {args.method} ({args.plan_reason})", file=sys.stderr, flush=True)
+    progress = StartupProgress(sys.stderr)
+    progress.update(f"loading {args.model or 'the shipped model'}")
+    try:
+        model = _load(args)
+    except BaseException:
+        progress.done()
+        raise
     return chat_loop(model, method=args.method, max_new_tokens=args.max_new_tokens,
                      max_cache_len=args.max_cache_len, system=args.system,
                      temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                     seed=args.seed, **generate_cli.method_options(args))
+                     seed=args.seed, warmup=args.warmup, progress=progress,
+                     **generate_cli.method_options(args))
 
 
 def run_serve(args) -> int:
