@@ -82,4 +82,18 @@ def test_cli_chat_from_stdin(model, monkeypatch, capsys):
                      {"role": "user", "content": "What is a cat?"}])
     assert out == (f"{first}\n{second}\nunknown command /bogus (commands: /reset, /quit)\n"
                    f"(conversation reset)\n{first}\n")
-    assert err.count("[layerskip] 6 tokens") == 3 and "tokens/s" in err
+    assert err.count("[layerskip] 6 tokens") == 3 and "tokens/s decoding" in err
+    # compiled while it started (and the next turn's prefill while the user typed): no
+    # answer compiles anything
+    assert err.startswith("plan: layerskip (--method given)\nloading the shipped model...\n")
+    assert "compiling the decode loop...\n" in err and "ready: compiled " in err
+    answers = [line for line in err.splitlines() if line.startswith("[layerskip]")]
+    assert len(answers) == 3 and not any("compiled" in line for line in answers)
+
+
+def test_cli_chat_without_a_method_runs_the_default_plan(monkeypatch, capsys):
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    assert cli.main(["chat", "--no-warmup"]) == 0
+    assert capsys.readouterr().err.startswith(
+        "plan: hispec (the model's recommended plan (recommended_plan.json): hispec exits "
+        "4,12,24, windows 3,6)\n")
