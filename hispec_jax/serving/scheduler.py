@@ -75,8 +75,8 @@ class Scheduler:
       engines: {True: the greedy SlotEngine, False: the sampling SlotEngine}.
       rounds_per_step: speculation rounds per `generate` call (1: a new request waits at
         most one round for a slot to be looked at).
-      warmup: None, or a callable the engine thread runs (with `engines`) before it takes
-        requests; `ready` is set when it returns.
+      warmup: None (`ready` from the start), or a callable the engine thread runs (with
+        `engines`) before it takes requests; `ready` is set when it returns.
     """
 
     def __init__(self, engines: dict[bool, slots_lib.SlotEngine], rounds_per_step: int = 1,
@@ -85,6 +85,8 @@ class Scheduler:
         self.rounds_per_step = rounds_per_step
         self._warmup = warmup
         self.ready = threading.Event()
+        if warmup is None:  # nothing to wait for: ready from the start
+            self.ready.set()
         self.warmup_seconds: float | None = None
         self.warmup_compiles: int | None = None
         self._waiting = {g: collections.deque() for g in engines}
