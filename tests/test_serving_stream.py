@@ -10,6 +10,7 @@ import pytest
 import hispec_jax
 from hispec_jax import cli
 from hispec_jax.serving import prompts as prompts_lib
+from hispec_jax.serving import stream as stream_lib
 
 
 @pytest.fixture(scope="module")
@@ -27,6 +28,20 @@ def test_generate_stream_is_generate(model, method):
     assert "".join(pieces) == want.texts[0]
     assert stream.result.token_ids == want.token_ids
     assert stream.result.stats["new_tokens"] == 12 and stream.result.stats["method"] == method
+
+
+def test_after_warm_up_stream_a_stream_compiles_nothing(model):
+    """`warm_up_stream` compiles what a stream with those arguments runs (a fixed cache
+    capacity: the prompt only picks the prefill bucket); the stream then matches generate."""
+    kw = dict(method="lookup", max_new_tokens=8, max_cache_len=96)
+    compiled = stream_lib.warm_up_stream(model, "x", prompt_blocks=(16,), **kw)
+    assert compiled > 0
+    stream = hispec_jax.generate_stream(model, "The cat sat on the mat. The cat", **kw)
+    text = "".join(stream)
+    stats = stream.result.stats
+    assert stats["compile_count"] == 0
+    assert text == hispec_jax.generate(model, "The cat sat on the mat. The cat", **kw).texts[0]
+    assert stats["decode_tokens_per_second"] > 0 and stats["time_to_first_token"] > 0
 
 
 def test_generate_stream_checks_its_arguments_before_decoding(model):
