@@ -113,10 +113,13 @@ class _CompileAhead:
         self.thread = threading.Thread(target=run, name="hispec-chat-compile", daemon=True)
         self.thread.start()
 
-    def wait(self) -> None:
+    def wait(self) -> float:
+        """Waits for the compilation (if any); returns the seconds waited."""
+        t0 = time.perf_counter()
         if self.thread is not None:
             self.thread.join()
             self.thread = None
+        return time.perf_counter() - t0
 
 
 def chat_loop(model, *, method="ar", max_new_tokens: int = 256, max_cache_len: int | None = None,
@@ -177,8 +180,7 @@ def _converse(model, history, system, capacity, max_new_tokens, method, options,
             continue
         history.append({"role": "user", "content": text})
         prompt, chat = prompts_lib.conversation_prompt(model, history)
-        if ahead is not None:
-            ahead.wait()
+        waited = ahead.wait() if ahead is not None else 0.0
         try:
             stream = generate_stream(model, prompt, method=method, max_new_tokens=max_new_tokens,
                                      max_cache_len=capacity, chat=chat, **options)
@@ -198,6 +200,8 @@ def _converse(model, history, system, capacity, max_new_tokens, method, options,
         print(f"[{stats['method']}] {stats['new_tokens']} tokens"
               + (f", {decode:.1f} tokens/s decoding" if decode is not None else "")
               + (f", first token {ttft:.2f} s" if ttft is not None else "")
+              + (f" (after {waited:.1f} s compiling this prompt's prefill)"
+                 if waited >= 0.05 else "")
               + (f", compiled {stats['compile_count']} programs" if stats["compile_count"] else ""),
               file=stderr, flush=True)
         if ahead is not None:
