@@ -190,3 +190,27 @@ def test_lookup_flags_out_of_range_or_with_the_wrong_method_fail_with_one_line(
     err = capsys.readouterr().err
     assert err.startswith("hispec: error: ") and message in err and err.count("\n") == 1
     assert engine.compilations == compiled
+
+
+def test_a_model_without_a_recommended_plan_is_served_with_prompt_lookup(tmp_path, caplog):
+    import jax
+
+    from hispec_jax import Model, ModelConfig, save_model
+    from hispec_jax.decoding import options, recommended
+    from hispec_jax.models.params import init_params
+    from hispec_jax.serving import server as server_lib
+
+    cfg = ModelConfig(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=48,
+                      num_layers=4, num_heads=4, num_kv_heads=2, head_dim=8,
+                      max_position_embeddings=128)
+    save_model(Model(cfg=cfg, params=init_params(cfg, jax.random.PRNGKey(0)),
+                     generation_config={"eos_token_id": 3}), tmp_path / "tiny")
+    model = hispec_jax.load_model(tmp_path / "tiny")
+    with caplog.at_level("INFO", logger="hispec.serve"):
+        app = server_lib.build_app(model, slots=1, max_cache_len=64, warmup=False)
+    reason = recommended.default_plan(model)[2]
+    assert reason.startswith("the model has no recommended plan")
+    assert app.state.plan == {"method": "lookup", "reason": reason, "plan":
+                              f"lookup k={options.DEFAULT_LOOKUP} "
+                              f"ngram<={options.DEFAULT_MAX_NGRAM}"}
+    assert f"plan: {app.state.plan['plan']} ({reason})" in caplog.text
