@@ -85,3 +85,30 @@ def test_a_malformed_recommended_plan_is_an_error_naming_the_file(tmp_path, payl
 def test_save_rejects_other_methods(tmp_path):
     with pytest.raises(ValueError, match="specbound"):
         recommended.save(tmp_path, {"specbound": {"exits": (2, 8), "windows": (1,)}}, "x")
+
+
+def test_the_default_plan_is_the_shipped_models_hispec_plan():
+    import hispec_jax
+
+    model = load_model(hispec_jax.DEFAULT_MODEL_DIR)
+    method, options, reason = recommended.default_plan(model)
+    assert (method, options) == ("hispec", {})
+    assert reason == ("the model's recommended plan (recommended_plan.json): hispec exits "
+                      "4,12,24, windows 3,6")
+    assert methods.make_method(model, method, **options).hierarchy.exits == (4, 12, 24)
+    assert recommended.default_plan_for(hispec_jax.DEFAULT_MODEL_DIR, None)[2] == reason
+
+
+def test_the_default_plan_without_a_recommended_plan_is_prompt_lookup(model_dir, tmp_path):
+    method, options, reason = recommended.default_plan(load_model(model_dir))
+    assert (method, options) == (recommended.FALLBACK_METHOD, {}) == ("lookup", {})
+    assert reason.startswith("the model has no recommended plan (recommended_plan.json)")
+    assert recommended.default_plan_for(None, None)[0] == "lookup"
+    # only a layerskip plan: layerskip; a malformed file: an error naming it
+    (tmp_path / "recommended_plan.json").write_text(json.dumps({"format_version": 1, "methods": {
+        "layerskip": {"exits": [4, 8], "windows": [2]}}}))
+    assert recommended.default_plan_for(tmp_path, 8)[0] == "layerskip"
+    assert recommended.default_plan_for(tmp_path, None)[0] == "layerskip"
+    (tmp_path / "recommended_plan.json").write_text("{not json")
+    with pytest.raises(ValueError, match="recommended_plan.json: not a valid"):
+        recommended.default_plan_for(tmp_path, None)

@@ -43,7 +43,7 @@ def model():
 def server(model):
     from hispec_jax.serving import server as server_lib
 
-    app = server_lib.build_app(model, METHOD, slots=3, max_cache_len=128)
+    app = server_lib.build_app(model, METHOD, slots=3, max_cache_len=128, warmup=False)
     port = _free_port()
     srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=srv.run, daemon=True)
@@ -254,7 +254,8 @@ def test_sigterm_stops_the_server_cleanly():
     port = _free_port()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([sys.executable, "-c", HISPEC, "serve", "--port", str(port),
-                             "--max-cache-len", "64", "--slots", "1"],
+                             "--max-cache-len", "64", "--slots", "1", "--method", "ar",
+                             "--no-warmup"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
     try:
         deadline = time.time() + 120
@@ -274,3 +275,4 @@ def test_sigterm_stops_the_server_cleanly():
             proc.kill()
     assert proc.returncode == 0, out
     assert "Traceback" not in out and "Shutting down" in out
+    assert "plan: ar (--method given)" in out

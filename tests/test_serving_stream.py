@@ -10,6 +10,7 @@ import pytest
 import hispec_jax
 from hispec_jax import cli
 from hispec_jax.serving import prompts as prompts_lib
+from hispec_jax.serving import stream as stream_lib
 
 
 @pytest.fixture(scope="module")
@@ -27,6 +28,20 @@ def test_generate_stream_is_generate(model, method):
     assert "".join(pieces) == want.texts[0]
     assert stream.result.token_ids == want.token_ids
     assert stream.result.stats["new_tokens"] == 12 and stream.result.stats["method"] == method
+
+
+def test_after_warm_up_stream_a_stream_compiles_nothing(model):
+    """`warm_up_stream` compiles what a stream with those arguments runs (a fixed cache
+    capacity: the prompt only picks the prefill bucket); the stream then matches generate."""
+    kw = dict(method="lookup", max_new_tokens=8, max_cache_len=96)
+    compiled = stream_lib.warm_up_stream(model, "x", prompt_blocks=(16,), **kw)
+    assert compiled > 0
+    stream = hispec_jax.generate_stream(model, "The cat sat on the mat. The cat", **kw)
+    text = "".join(stream)
+    stats = stream.result.stats
+    assert stats["compile_count"] == 0
+    assert text == hispec_jax.generate(model, "The cat sat on the mat. The cat", **kw).texts[0]
+    assert stats["decode_tokens_per_second"] > 0 and stats["time_to_first_token"] > 0
 
 
 def test_generate_stream_checks_its_arguments_before_decoding(model):
@@ -82,4 +97,18 @@ def test_cli_chat_from_stdin(model, monkeypatch, capsys):
                      {"role": "user", "content": "What is a cat?"}])
     assert out == (f"{first}\n{second}\nunknown command /bogus (commands: /reset, /quit)\n"
                    f"(conversation reset)\n{first}\n")
-    assert err.count("[layerskip] 6 tokens") == 3 and "tokens/s" in err
+    assert err.count("[layerskip] 6 tokens") == 3 and "tokens/s decoding" in err
+    # compiled while it started (and the next turn's prefill while the user typed): no
+    # answer compiles anything
+    assert err.startswith("plan: layerskip (--method given)\nloading the shipped model...\n")
+    assert "compiling the decode loop...\n" in err and "ready: compiled " in err
+    answers = [line for line in err.splitlines() if line.startswith("[layerskip]")]
+    assert len(answers) == 3 and not any("compiled" in line for line in answers)
+
+
+def test_cli_chat_without_a_method_runs_the_default_plan(monkeypatch, capsys):
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    assert cli.main(["chat", "--no-warmup"]) == 0
+    assert capsys.readouterr().err.startswith(
+        "plan: hispec (the model's recommended plan (recommended_plan.json): hispec exits "
+        "4,12,24, windows 3,6)\n")

@@ -4,9 +4,13 @@ JAX is imported or weights are read."""
 
 from __future__ import annotations
 
+import argparse
+import sys
+
 from hispec_jax.cli import common
 from hispec_jax.cli import generate as generate_cli
 from hispec_jax.decoding import options as options_lib
+from hispec_jax.decoding import recommended
 
 
 def add_decoding_arguments(parser, with_budget: bool = True) -> None:
@@ -14,8 +18,10 @@ def add_decoding_arguments(parser, with_budget: bool = True) -> None:
     parser.add_argument("--model", default=None,
                         help="local Hugging Face model directory or .gguf file (default: the "
                              "shipped model)")
-    parser.add_argument("--method", default="ar", choices=list(options_lib.METHODS),
-                        help="decoding method (see `hispec generate --help`)")
+    parser.add_argument("--method", default=None, choices=list(options_lib.METHODS),
+                        help="decoding method (see `hispec generate --help`; default: the "
+                             "model's recommended plan, its HiSpec plan for the shipped model, "
+                             "or prompt lookup for a model without one)")
     parser.add_argument("--exit-layer", type=int, default=None, metavar="N",
                         help="exit layer of --method exit")
     parser.add_argument("--draft-exit", type=int, default=None, metavar="N", help="draft exit Ld")
@@ -52,6 +58,9 @@ def add_parsers(subparsers) -> None:
                     "method, tokens/s and time to first token go to stderr.")
     add_decoding_arguments(chat)
     chat.add_argument("--system", default=None, metavar="TEXT", help="a system message")
+    chat.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
+                      help="compile what the first answer runs before showing the prompt "
+                           "(default: on; --no-warmup compiles at the first answer)")
 
     serve = common.add_command(
         subparsers, "serve", run_serve, help="an OpenAI-compatible HTTP server with continuous batching",
@@ -68,16 +77,28 @@ def add_parsers(subparsers) -> None:
     serve.add_argument("--served-model-name", default=None, metavar="NAME",
                        help="the model id clients send (default: the model's directory or "
                             "file name)")
-    serve.add_argument("--warmup", action="store_true",
-                       help="compile every program before listening (then serving compiles "
-                            "nothing)")
+    serve.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
+                       help="compile every program before taking requests; /health answers "
+                            "503 \"loading\" until then, and serving compiles nothing "
+                            "afterwards (default: on; --no-warmup compiles each program at "
+                            "its first use)")
     serve.add_argument("--rounds-per-step", type=int, default=1, metavar="R",
                        help="speculation rounds between two looks at the request queue")
 
 
 def _check(args, sampling: bool) -> None:
-    """Checks that need neither JAX nor weights."""
-    num_layers = common.check_model_path(args.model or common.default_model_dir())
+    """Checks that need neither JAX nor weights. Without --method, the model's default plan
+    (`recommended.default_plan_for`) is chosen here and its options checked with the given
+    ones; `args.plan_reason` says why it runs."""
+    model_path = args.model or common.default_model_dir()
+    num_layers = common.check_model_path(model_path)
+    args.plan_reason = "--method given"
+    if args.method is None:
+        args.method, plan_options, args.plan_reason = recommended.default_plan_for(
+            model_path, num_layers)
+        for name, value in plan_options.items():
+            if getattr(args, name, None) is None:
+                setattr(args, name, value)
     try:
         if sampling:
             options_lib.check_positive_int("max_new_tokens", args.max_new_tokens)
@@ -98,13 +119,21 @@ def _load(args):
 
 def run_chat(args) -> int:
     _check(args, sampling=True)
-    from hispec_jax.serving.chat_loop import chat_loop
+    from hispec_jax.serving.chat_loop import StartupProgress, chat_loop
 
-    model = _load(args)
+    print(f"plan: {args.method} ({args.plan_reason})", file=sys.stderr, flush=True)
+    progress = StartupProgress(sys.stderr)
+    progress.update(f"loading {args.model or 'the shipped model'}")
+    try:
+        model = _load(args)
+    except BaseException:
+        progress.done()
+        raise
     return chat_loop(model, method=args.method, max_new_tokens=args.max_new_tokens,
                      max_cache_len=args.max_cache_len, system=args.system,
                      temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                     seed=args.seed, **generate_cli.method_options(args))
+                     seed=args.seed, warmup=args.warmup, progress=progress,
+                     **generate_cli.method_options(args))
 
 
 def run_serve(args) -> int:
@@ -124,6 +153,7 @@ def run_serve(args) -> int:
     model = _load(args)
     app = server.build_app(model, args.method, slots=args.slots, max_cache_len=args.max_cache_len,
                            warmup=args.warmup, rounds_per_step=args.rounds_per_step,
-                           served_name=args.served_model_name, **generate_cli.method_options(args))
+                           served_name=args.served_model_name, plan_reason=args.plan_reason,
+                           **generate_cli.method_options(args))
     server.serve(app, host=args.host, port=args.port)
     return 0

@@ -1,9 +1,10 @@
 """Decoding: methods (`make_method`), the one engine that runs them (`Engine`), `generate`.
 
-Start with `policies.py`: the engine's four seams (window, draft exit, acceptance,
+Start with `policies.py`: the engine's seams (drafter, window, draft exit, acceptance,
 companion) as typed contracts, with a diagram of where each acts in a round and which
 module implements which method. Then `methods.py` (each method as a hierarchy of policies),
-`generate.py` (the host side, in named steps) and `engine.py` (the compiled loop).
+`generate.py` (the host side, in named steps) and the `engine/` package (the compiled loop;
+docs/engine.md).
 `costs.py` holds the measured stage costs and device keys that decoding policies (SV) read;
 the planner, above this package, produces them.
 

@@ -131,7 +131,7 @@ class PromptLookup:
 
     def adapt_one(self, window: int, proposed: int, accepted: int) -> int:
         """`adapt` for one sequence in Python integers (the planner's replay,
-        `latency.simulate_lookup`); the same rule."""
+        `latency.replay`); the same rule."""
         if self.schedule in ("fixed", "ngram") or proposed == 0:
             return window
         if self.schedule == "probe":

@@ -1,4 +1,4 @@
-"""Decoding methods: every method is an exit hierarchy run by the one engine (`engine.py`).
+"""Decoding methods: every method is an exit hierarchy run by the one engine (`engine/`).
 
 `make_method` turns a method name and options into a `Decoder` (plain data, validated
 before any compilation); `Decoder` tells `generate` how many cache layers it needs, how far

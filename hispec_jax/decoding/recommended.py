@@ -14,6 +14,11 @@ verifier) remain the defaults. Exits given explicitly always win.
 
 `hispec tune --recommend` writes it from the tune's best plan of each kind
 (`planner.plan.save_recommended`).
+
+`default_plan(model)` is what `hispec serve` and `hispec chat` run when no method is given:
+the model's recommended HiSpec plan (else its LayerSkip plan), or for a model without one
+prompt lookup (`FALLBACK_METHOD`), which needs no exit heads; with the reason, for the
+startup line and `/health`.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from typing import Any
 RECOMMENDED_FILE = "recommended_plan.json"
 FORMAT_VERSION = 1
 METHODS = ("layerskip", "hispec")
+PREFERRED = ("hispec", "layerskip")  # the default plan: the first of these the model has
+FALLBACK_METHOD = "lookup"  # the default plan of a model without a recommended plan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,3 +118,41 @@ def save(model_path, plans: dict[str, dict[str, Any]], source: str,
         payload["measured"] = measured
     path.write_text(json.dumps(payload, indent=1) + "\n")
     return path
+
+
+def default_plan(model) -> tuple[str, dict[str, Any], str]:
+    """(method, method options, reason): what to run on `model` (a loaded `Model`) when no
+    method is given. See `default_plan_for`."""
+    return default_plan_for(model.path, model.cfg.num_layers)
+
+
+def default_plan_for(model_path, num_layers: int | None) -> tuple[str, dict[str, Any], str]:
+    """The default plan of the model at `model_path` (None: a model without a directory):
+    its recommended "hispec" plan, else its "layerskip" plan, else `FALLBACK_METHOD`. The
+    options are `make_method`'s; they are empty for a recommended plan, whose exits and
+    windows `make_method` takes from the same file. A malformed plan file is an error
+    naming the file (`load`). `num_layers` None (the count is not known before the weights
+    are read): the plan's layer check is left to `make_method`."""
+    path = path_for(model_path)
+    if path is not None and path.is_file():
+        for method in PREFERRED:
+            rec = (load(model_path, method, num_layers) if num_layers is not None
+                   else _load_unchecked(path, method))
+            if rec is not None:
+                return method, {}, (
+                    f"the model's recommended plan ({path.name}): {method} exits "
+                    f"{','.join(map(str, rec.exits))}, windows {','.join(map(str, rec.windows))}")
+    return FALLBACK_METHOD, {}, (f"the model has no recommended plan ({RECOMMENDED_FILE}): "
+                                 f"{FALLBACK_METHOD}, n-gram drafts from the prompt that need "
+                                 "no exit heads")
+
+
+def _load_unchecked(path: Path, method: str) -> Recommended | None:
+    """`load` for a model whose layer count is not known yet: the plan's own last exit
+    stands in for L."""
+    try:
+        exits = json.loads(path.read_text())["methods"][method]["exits"]
+        num_layers = int(exits[-1])
+    except (KeyError, TypeError, ValueError, IndexError):
+        num_layers = 0  # `load` names what is wrong with the file, or finds no entry
+    return load(path.parent, method, num_layers)

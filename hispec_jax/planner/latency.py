@@ -293,7 +293,7 @@ def _lookup_proposal(context: list[int], drafter, limit: int):
 
 def replay(trace: Trace, exits: tuple[int, ...], windows: tuple[int, ...], lookup: int = 0,
            batch: int = 1) -> Run:
-    """The engine's greedy "sync" round loop (`engine.py`: `draft_phase`, `verify`)
+    """The engine's greedy "sync" round loop (`engine/round.py`: `Round`)
     replayed on `trace`: every level keeps the tokens below it that match its exit's
     recorded choices (the top level: the continuation itself) and at the first mismatch
     writes its own choice and rolls the levels below back.

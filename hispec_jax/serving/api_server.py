@@ -1,6 +1,8 @@
 """The OpenAI-compatible HTTP API (FastAPI on uvicorn): the app factory and its routes.
 
-    GET  /health                 engine thread alive, slots busy / waiting, finished requests
+    GET  /health                 200 "ok" once warm (503 "loading" before): the plan and
+                                 why, slots busy / waiting, finished requests, tokens
+    GET  /metrics                the Prometheus text format (`metrics.py`)
     GET  /v1/models              the one served model
     POST /v1/chat/completions    serving_chat.OpenAIServingChat
     POST /v1/completions         serving_completion.OpenAIServingCompletion
@@ -17,7 +19,8 @@ import time
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hispec_jax.serving import protocol
@@ -38,10 +41,22 @@ def error_response(status: int, message: str, param: str | None = None,
 @router.get("/health")
 async def health(request: Request):
     state = request.app.state
-    if not state.scheduler.alive:
+    scheduler = state.scheduler
+    if not scheduler.alive:
         return error_response(503, "the engine thread is not running", type_="server_error")
-    return {"status": "ok", "model": state.model_name, "method": state.method,
-            **state.scheduler.load()}
+    body = {"model": state.model_name, **state.plan}
+    if not scheduler.ready.is_set():
+        return JSONResponse(status_code=503, content={
+            "status": "loading", **body,
+            "detail": "compiling every program serving needs before taking requests"})
+    return {"status": "ok", **body, "warmup_seconds": scheduler.warmup_seconds,
+            "warmup_compiles": scheduler.warmup_compiles, **scheduler.load()}
+
+
+@router.get("/metrics")
+async def metrics(request: Request):
+    registry = request.app.state.scheduler.stats.registry
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/v1/models")
@@ -86,9 +101,13 @@ async def _http_error(request, e: StarletteHTTPException):
                           type_=type_)
 
 
-def create_app(model, scheduler: Scheduler, model_name: str, method: str) -> FastAPI:
+def create_app(model, scheduler: Scheduler, model_name: str, plan: dict | str) -> FastAPI:
     """The ASGI app serving `model` through `scheduler` (started and stopped with the app);
-    `model_name` is the id clients send, `method` the decoding method's name."""
+    `model_name` is the id clients send, `plan` {"method", "plan", "reason"} what runs and
+    why (or just the method's name)."""
+    if isinstance(plan, str):
+        plan = {"method": plan, "plan": plan, "reason": "given"}
+    method = plan["method"]
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -98,7 +117,7 @@ def create_app(model, scheduler: Scheduler, model_name: str, method: str) -> Fas
         scheduler.stop()
 
     app = FastAPI(title="hispec-jax", lifespan=lifespan)
-    app.state.scheduler, app.state.model_name, app.state.method = scheduler, model_name, method
+    app.state.scheduler, app.state.model_name, app.state.plan = scheduler, model_name, plan
     app.state.created = int(time.time())
     app.state.chat = OpenAIServingChat(model, scheduler, model_name, method)
     app.state.completion = OpenAIServingCompletion(model, scheduler, model_name, method)

@@ -13,6 +13,10 @@ A job's events are `("tokens", [ids])` and finally `("done", finish_reason)` wit
 finish_reason "stop" (EOS / end of turn), "length" (max_tokens) or "cancelled".
 A handler that stops listening (client gone, stop string matched) calls `cancel`: the slot
 is freed before the next round.
+
+With a warm-up, the engine thread runs it first and only then takes requests (`ready`):
+requests submitted meanwhile wait in the queue. The thread records what it hands out in
+`stats` (`metrics.ServingStats`, read by /health and /metrics without waiting for a step).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import threading
 import time
 
 from hispec_jax.decoding.sampling import SamplingParams
+from hispec_jax.serving import metrics as metrics_lib
 from hispec_jax.serving import slots as slots_lib
 
 log = logging.getLogger("hispec.serve")
@@ -40,6 +45,9 @@ class Job:
       max_new_tokens: the token budget.
       sampling: temperature (0: greedy engine), top_k, top_p, seed.
       loop, queue: where the engine thread delivers events (thread-safe hand-off).
+      cancel_reason: the finish reason a cancellation counts as ("cancelled", or "stop"
+        when a stop string ended the request).
+      last_token_at: when the job's latest tokens were handed out (inter-token latency).
     """
 
     prompt_ids: list[int]
@@ -50,6 +58,8 @@ class Job:
     id: int = dataclasses.field(default_factory=itertools.count().__next__)
     submitted: float = dataclasses.field(default_factory=time.perf_counter)
     cancelled: bool = False
+    cancel_reason: str = "cancelled"
+    last_token_at: float | None = None
 
     def deliver(self, event) -> None:
         try:
@@ -65,18 +75,30 @@ class Scheduler:
       engines: {True: the greedy SlotEngine, False: the sampling SlotEngine}.
       rounds_per_step: speculation rounds per `generate` call (1: a new request waits at
         most one round for a slot to be looked at).
+      warmup: None (`ready` from the start), or a callable the engine thread runs (with
+        `engines`) before it takes requests; `ready` is set when it returns.
     """
 
-    def __init__(self, engines: dict[bool, slots_lib.SlotEngine], rounds_per_step: int = 1):
+    def __init__(self, engines: dict[bool, slots_lib.SlotEngine], rounds_per_step: int = 1,
+                 warmup=None):
         self.engines = engines
         self.rounds_per_step = rounds_per_step
+        self._warmup = warmup
+        self.ready = threading.Event()
+        if warmup is None:  # nothing to wait for: ready from the start
+            self.ready.set()
+        self.warmup_seconds: float | None = None
+        self.warmup_compiles: int | None = None
         self._waiting = {g: collections.deque() for g in engines}
         self._running: dict[bool, dict[int, Job]] = {g: {} for g in engines}
         self._wake = threading.Condition()
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="hispec-engine", daemon=True)
         self.error: BaseException | None = None
-        self.finished = collections.Counter()  # finish reason -> requests (for /health)
+        self.stats = metrics_lib.ServingStats(
+            {g: e.engine.hierarchy for g, e in engines.items()},
+            running=lambda: sum(len(r) for r in self._running.values()),
+            waiting=lambda: sum(len(w) for w in self._waiting.values()))
 
     # ---- called from the server's threads ---------------------------------------------
     def start(self) -> None:
@@ -100,20 +122,26 @@ class Scheduler:
             self._waiting[job.sampling.greedy].append(job)
             self._wake.notify()
 
-    def cancel(self, job: Job) -> None:
-        """The job's client stopped listening: free its slot (or drop it from the queue)."""
+    def cancel(self, job: Job, reason: str = "cancelled") -> None:
+        """The job's client stopped listening (`reason` "cancelled") or a stop string ended
+        it ("stop"): free its slot (or drop it from the queue)."""
         with self._wake:
-            job.cancelled = True
+            job.cancelled, job.cancel_reason = True, reason
             self._wake.notify()
 
+    @property
+    def finished(self) -> dict[str, int]:
+        """Finished requests by finish reason."""
+        return self.stats.snapshot()["finished"]
+
     def load(self) -> dict:
-        """Busy slots and waiting requests per engine (for /health)."""
-        with self._wake:
-            engines = {("greedy" if g else "sampling"): {
-                "slots": self.engines[g].slots, "busy": len(self._running[g]),
-                "waiting": len(self._waiting[g])} for g in self.engines}
-            return {"engines": engines, "finished": dict(self.finished),
-                    "compiles": slots_lib.backend_compiles()}
+        """Busy slots and waiting requests per engine, finished requests and tokens, the
+        process's compilations (for /health). Reads without waiting for a step."""
+        engines = {metrics_lib.engine_label(g): {
+            "slots": self.engines[g].slots, "busy": len(self._running[g]),
+            "waiting": len(self._waiting[g])} for g in self.engines}
+        return {"engines": engines, **self.stats.snapshot(),
+                "compiles": slots_lib.backend_compiles()}
 
     # ---- the engine thread --------------------------------------------------------------
     def _admit(self) -> bool:
@@ -125,24 +153,44 @@ class Scheduler:
                 if job.cancelled:
                     engine.cancel(slot)
                     del running[slot]
-                    self.finished["cancelled"] += 1
+                    self.stats.finish(job.cancel_reason)
                     job.deliver(("done", "cancelled"))
             while waiting and waiting[0].cancelled:
-                waiting.popleft().deliver(("done", "cancelled"))
+                self._drop(waiting.popleft())
             for slot in engine.free_slots():
                 while waiting and waiting[0].cancelled:
-                    waiting.popleft().deliver(("done", "cancelled"))
+                    self._drop(waiting.popleft())
                 if not waiting:
                     break
                 job = waiting.popleft()
                 engine.insert(slot, slots_lib.SlotRequest(tuple(job.prompt_ids),
                                                           job.max_new_tokens, job.sampling))
                 running[slot] = job
+                self.stats.admitted(len(job.prompt_ids))
             busy |= bool(running)
         return busy
 
+    def _warm_up(self) -> None:
+        """Runs the warm-up, then takes the engines' counters as the metrics' baseline."""
+        if self._warmup is not None:
+            t0, before = time.perf_counter(), slots_lib.backend_compiles()
+            self._warmup(self.engines)
+            self.warmup_seconds = time.perf_counter() - t0
+            self.warmup_compiles = slots_lib.backend_compiles() - before
+            log.info("warm-up compiled %d programs in %.1f s; ready", self.warmup_compiles,
+                     self.warmup_seconds)
+        for greedy, engine in self.engines.items():
+            self.stats.engine_counters(greedy, engine.counters())
+        self.ready.set()
+
+    def _drop(self, job: Job) -> None:
+        """A job cancelled while it waited."""
+        self.stats.finish(job.cancel_reason)
+        job.deliver(("done", "cancelled"))
+
     def _run(self) -> None:
         try:
+            self._warm_up()
             while True:
                 with self._wake:
                     if self._stop:
@@ -154,7 +202,10 @@ class Scheduler:
                 for greedy, engine in self.engines.items():
                     if not self._running[greedy]:
                         continue
-                    for update in engine.generate(self.rounds_per_step):
+                    updates = engine.generate(self.rounds_per_step)
+                    self.stats.engine_counters(greedy, engine.counters())
+                    now = time.perf_counter()
+                    for update in updates:
                         with self._wake:
                             job = self._running[greedy].get(update.slot)
                             if update.done:
@@ -162,10 +213,11 @@ class Scheduler:
                         if job is None:
                             continue
                         if update.new_token_ids:
+                            self.stats.delivered(job, len(update.new_token_ids), now)
                             job.deliver(("tokens", update.new_token_ids))
                         if update.done:
                             reason = "stop" if update.hit_eos else "length"
-                            self.finished[reason] += 1
+                            self.stats.finish(reason)
                             job.deliver(("done", reason))
         except BaseException as e:  # noqa: BLE001 - reported to every waiting client
             log.exception("engine thread failed")
@@ -174,6 +226,7 @@ class Scheduler:
             with self._wake:
                 for greedy in self.engines:
                     for job in list(self._running[greedy].values()) + list(self._waiting[greedy]):
+                        self.stats.finish("error" if self.error else "cancelled")
                         job.deliver(("done", "error" if self.error else "cancelled"))
                     self._running[greedy].clear()
                     self._waiting[greedy].clear()

@@ -1,12 +1,18 @@
 """`hispec serve`: a model, a decoding method and N slots behind the OpenAI-compatible API.
 
-    build_app(model, method="hispec", slots=8)   # the ASGI app (engines compiled lazily)
+    build_app(model, slots=8)                    # the ASGI app: the model's default plan
+    build_app(model, "lookup", lookup=8)         # a method and its options
     serve(app, host="127.0.0.1", port=8000)      # uvicorn; SIGTERM / Ctrl-C: graceful stop
 
-Two slot engines share the slots' shapes: one greedy (temperature 0), one sampling; each
-compiles its programs at first use, or all of them up front with `warmup=True` (one insert
-program per prompt bucket 16, 32, ... up to the cache capacity, the rounds loop, cancel),
-after which serving compiles nothing (`slots.backend_compiles`).
+With no method the app runs the model's default plan (`recommended.default_plan`: its
+recommended HiSpec plan, or prompt lookup), and /health says which and why.
+
+Two slot engines share the slots' shapes: one greedy (temperature 0), one sampling. With
+`warmup=True` (the default) the engine thread compiles every program serving can need
+(one insert program per prompt bucket 16, 32, ... up to the cache capacity, the rounds
+loop, cancel) before it takes a request, and /health answers 503 "loading" until then;
+afterwards serving compiles nothing (`slots.backend_compiles`). With `warmup=False` each
+program compiles at its first use.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import logging
 import signal
 import sys
 
+from hispec_jax.decoding import recommended
 from hispec_jax.decoding.generate import MIN_PROMPT_BLOCK, model_name
 from hispec_jax.decoding.sampling import SamplingParams
 from hispec_jax.serving import api_server
@@ -69,20 +76,51 @@ def warm_up(engines: dict[bool, slots_lib.SlotEngine]) -> None:
         engine.cancel(0)
 
 
-def build_app(model, method="ar", *, slots: int = 8, max_cache_len: int | None = None,
-              warmup: bool = False, rounds_per_step: int = 1, served_name: str | None = None,
-              **method_options):
-    """The ASGI app serving `model` with `method` over `slots` slots per engine."""
+def choose_plan(model, method, method_options: dict,
+                reason: str = "given") -> tuple[object, dict, str]:
+    """(method, method options, reason): `method` as given (for `reason`), or with None
+    the model's default plan (`recommended.default_plan`) with the given options on top."""
+    if method is not None:
+        return method, method_options, reason
+    method, options, reason = recommended.default_plan(model)
+    given = {k: v for k, v in method_options.items() if v is not None and v is not False}
+    return method, {**options, **given}, reason
+
+
+def describe(engine: slots_lib.SlotEngine, method) -> str:
+    """A plan in a few words: "hispec exits 4,12,24 windows 3,6", "lookup k=8 ngram<=4"."""
+    h = engine.engine.hierarchy
+    name = method if isinstance(method, str) else "custom"
+    if h.lookup is not None:
+        name += (" " if name == "lookup" else " + lookup ") + (
+            f"k={h.lookup.max_tokens} ngram<={h.lookup.max_ngram}")
+    exits = [e for e in h.exits if e > 0]
+    if len(exits) > 1 or name.startswith(("exit", "custom")):
+        name += f" exits {','.join(map(str, exits))}"
+    windows = h.max_windows[1:] if h.lookup is not None else h.max_windows
+    if windows:
+        name += f" windows {','.join(map(str, windows))}"
+    return name
+
+
+def build_app(model, method=None, *, slots: int = 8, max_cache_len: int | None = None,
+              warmup: bool = True, rounds_per_step: int = 1, served_name: str | None = None,
+              plan_reason: str = "given", **method_options):
+    """The ASGI app serving `model` with `method` (None: the model's default plan) over
+    `slots` slots per engine; with `warmup`, its engine thread compiles everything before
+    it takes requests (/health: 503 "loading" until then). `plan_reason`: why a given
+    method runs (/health shows it)."""
+    method, method_options, reason = choose_plan(model, method, method_options, plan_reason)
     engines = build_engines(model, method, slots=slots, max_cache_len=max_cache_len,
                             **method_options)
-    if warmup:
-        before = slots_lib.backend_compiles()
-        warm_up(engines)
-        log.info("warm-up compiled %d programs", slots_lib.backend_compiles() - before)
-    scheduler = Scheduler(engines, rounds_per_step=rounds_per_step)
+    plan = {"method": method if isinstance(method, str) else "custom",
+            "plan": describe(engines[True], method), "reason": reason}
+    log.info("plan: %s (%s)%s", plan["plan"], reason,
+             "; warming up (compiling every program) before taking requests" if warmup else "")
+    scheduler = Scheduler(engines, rounds_per_step=rounds_per_step,
+                          warmup=warm_up if warmup else None)
     name = served_name or model_name(model)
-    return api_server.create_app(model, scheduler, name,
-                              method if isinstance(method, str) else "custom")
+    return api_server.create_app(model, scheduler, name, plan)
 
 
 def serve(app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:

@@ -214,7 +214,7 @@ class OpenAIServing:
                 if kind == "tokens":
                     delta = gen.text.push(value)
                     if gen.text.stopped:
-                        self.scheduler.cancel(gen.job)
+                        self.scheduler.cancel(gen.job, "stop")
                         finished = True
                         yield delta, "stop"
                         return

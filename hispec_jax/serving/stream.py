@@ -8,18 +8,22 @@ are those of `generate` with the same arguments (greedy and, for a seed, samplin
     stream = generate_stream(model, "Hello", method="hispec", max_new_tokens=64)
     for delta in stream:
         print(delta, end="", flush=True)
-    stream.result.stats["tokens_per_second"]
+    stream.result.stats["decode_tokens_per_second"], stream.result.stats["time_to_first_token"]
+
+`warm_up_stream` (same arguments) compiles what such a stream runs before anyone waits for
+it (`hispec chat` calls it while it starts).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Iterator
 
 from hispec_jax.decoding import chat as chat_lib
 from hispec_jax.decoding import methods as methods_lib
-from hispec_jax.decoding.generate import (GenerationResult, _is_int, model_name, plan_shapes,
-                                          tokenize)
+from hispec_jax.decoding.generate import (MIN_PROMPT_BLOCK, GenerationResult, _is_int,
+                                          model_name, plan_shapes, tokenize)
 from hispec_jax.decoding.sampling import SamplingParams
 from hispec_jax.planner import tune as tune_lib
 from hispec_jax.serving import detok as detok_lib
@@ -57,17 +61,26 @@ class TextStream:
         return next(self._deltas)
 
 
-def generate_stream(model, prompt, *, method="ar", max_new_tokens: int = 64,
-                    ignore_eos: bool = False, temperature: float = 0.0, top_k: int = 0,
-                    top_p: float = 1.0, seed: int = 0, max_cache_len: int | None = None,
-                    chat: bool = False, **method_options) -> TextStream:
-    """Streams the continuation of one prompt (a string, token ids, or with `chat=True` a
-    conversation) as text deltas. Arguments as `generate`'s; everything is checked before
-    this returns (a bad setting raises here, not at the first delta).
+def prompt_length(model, prompt, chat: bool = False) -> int:
+    """Tokens of one prompt as `generate_stream` takes it."""
+    (ids,) = tokenize(model, chat_lib.chat_prompt_ids(model, prompt) if chat else prompt)
+    return len(ids)
 
-    Yields only text that is final (an incomplete multi-byte character or a trailing space
-    waits for the next token); the deltas join to `generate(...).texts[0]`.
-    """
+
+@dataclasses.dataclass
+class _Setup:
+    """What one streamed prompt runs on: its one-slot engine and request."""
+
+    engine: slots_lib.SlotEngine
+    request: slots_lib.SlotRequest
+    plan: object
+    capacity: int
+    method_name: str
+
+
+def _setup(model, prompt, *, method, max_new_tokens, ignore_eos, temperature, top_k, top_p,
+           seed, max_cache_len, chat, method_options) -> _Setup:
+    """Checks the arguments and builds the slot engine and request of one prompt."""
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     if not _is_int(max_new_tokens) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
@@ -84,10 +97,61 @@ def generate_stream(model, prompt, *, method="ar", max_new_tokens: int = 64,
     eos = () if ignore_eos else model.eos_token_ids
     if chat and not ignore_eos:
         eos = tuple(dict.fromkeys(eos + chat_lib.end_of_turn_ids(model)))
-    compiles_before = slots_lib.backend_compiles()
     engine = slots_lib.SlotEngine(model, decoder, slots=1, capacity=capacity,
                                   greedy=sampling.greedy, eos_ids=eos)
     request = slots_lib.SlotRequest(tuple(prompt_ids), int(max_new_tokens), sampling)
+    return _Setup(engine, request, plan, capacity,
+                  method if isinstance(method, str) else "custom")
+
+
+def warm_up_stream(model, prompt, *, prompt_blocks: tuple[int, ...] = (MIN_PROMPT_BLOCK,),
+                   on_phase=None, method="ar", max_new_tokens: int = 64,
+                   ignore_eos: bool = False, temperature: float = 0.0, top_k: int = 0,
+                   top_p: float = 1.0, seed: int = 0, max_cache_len: int | None = None,
+                   chat: bool = False, **method_options) -> int:
+    """Compiles the programs `generate_stream` with these arguments runs, for prompts of
+    every bucket in `prompt_blocks`, by decoding two tokens of a dummy prompt of each;
+    returns the compilations it ran. With a fixed `max_cache_len` the engine's shapes do
+    not depend on the prompt, so a later `generate_stream` of a prompt in one of those
+    buckets compiles nothing. `on_phase(text)` hears what it is doing."""
+    phase = on_phase or (lambda text: None)
+    before = slots_lib.backend_compiles()
+    phase("preparing the decoding state")
+    setup = _setup(model, prompt, method=method, max_new_tokens=max_new_tokens,
+                   ignore_eos=ignore_eos, temperature=temperature, top_k=top_k, top_p=top_p,
+                   seed=seed, max_cache_len=max_cache_len, chat=chat,
+                   method_options=method_options)
+    engine = setup.engine
+    for i, block in enumerate(prompt_blocks):
+        n = min(block, engine.capacity - engine.lookahead - 2)
+        phase(f"compiling prefill (prompts up to {block} tokens)")
+        engine.insert(0, dataclasses.replace(setup.request, prompt_ids=(0,) * n,
+                                             max_new_tokens=2))
+        if i == 0:
+            phase("compiling the decode loop")
+        while engine.busy[0]:
+            engine.generate(1)
+    return slots_lib.backend_compiles() - before
+
+
+def generate_stream(model, prompt, *, method="ar", max_new_tokens: int = 64,
+                    ignore_eos: bool = False, temperature: float = 0.0, top_k: int = 0,
+                    top_p: float = 1.0, seed: int = 0, max_cache_len: int | None = None,
+                    chat: bool = False, **method_options) -> TextStream:
+    """Streams the continuation of one prompt (a string, token ids, or with `chat=True` a
+    conversation) as text deltas. Arguments as `generate`'s; everything is checked before
+    this returns (a bad setting raises here, not at the first delta).
+
+    Yields only text that is final (an incomplete multi-byte character or a trailing space
+    waits for the next token); the deltas join to `generate(...).texts[0]`.
+    """
+    compiles_before = slots_lib.backend_compiles()
+    setup = _setup(model, prompt, method=method, max_new_tokens=max_new_tokens,
+                   ignore_eos=ignore_eos, temperature=temperature, top_k=top_k, top_p=top_p,
+                   seed=seed, max_cache_len=max_cache_len, chat=chat,
+                   method_options=method_options)
+    engine, request, plan, capacity = setup.engine, setup.request, setup.plan, setup.capacity
+    prompt_ids = request.prompt_ids
     stream = TextStream(iter(()))
 
     def deltas():
@@ -115,6 +179,11 @@ def generate_stream(model, prompt, *, method="ar", max_new_tokens: int = 64,
                    "new_tokens": new, "seconds": seconds,
                    "tokens_per_second": new / seconds if seconds > 0 else 0.0,
                    "time_to_first_token": first,
+                   # after the first token: the decode loop alone (prefill and every
+                   # compilation happen before the first token)
+                   "decode_tokens_per_second": ((new - 1) / (seconds - first)
+                                                if first is not None and new > 1
+                                                and seconds > first else None),
                    "compile_count": slots_lib.backend_compiles() - compiles_before,
                    "cache_capacity": capacity,
                    **methods_lib.summarize_counters(engine.engine.hierarchy,
