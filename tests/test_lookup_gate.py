@@ -268,3 +268,20 @@ def test_gated_sampling_is_reproducible_per_sequence_regardless_of_batch(small):
     batch = generate(small, [PROMPT * 3, [0, 1, 0, 1, 0], [3, 3, 2, 3, 3, 2]], **opts)
     assert batch.token_ids[0] == alone.token_ids[0]
     assert alone.stats["lookup"]["matches"] > 0, alone.stats["lookup"]
+
+
+def test_a_new_pass_cost_compiles_nothing():
+    """F and J are arrays in the request: a run at another cost reuses the compiled loop."""
+    model = tiny_model(4, 1, 0.0)
+    first = generate(model, CYCLE_PROMPTS, method="lookup", max_new_tokens=8,
+                     lookup_cost=gate.PassCost.of(3.0, 1.0))
+    again = generate(model, CYCLE_PROMPTS, method="lookup", max_new_tokens=8,
+                     lookup_cost=gate.PassCost.of(500.0))
+    assert again.stats["compile_count"] == 0 and again.token_ids == first.token_ids
+
+
+def test_measure_pass_cost_fits_a_model():
+    """`measure_pass_cost` times a real model's pass: finite, non-negative F and J."""
+    cost = gate.measure_pass_cost(tiny_model(2, 0), context=8, capacity=32, repeats=2, calls=2)
+    F, J = float(cost.fixed), float(cost.jump)
+    assert np.isfinite(F) and np.isfinite(J) and F >= 0 and J >= 0
