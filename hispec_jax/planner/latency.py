@@ -277,7 +277,7 @@ class Run:
 
 def _lookup_proposal(context: list[int], drafter, limit: int):
     """`drafter.propose` (a `lookup.PromptLookup`) for one sequence in numpy: (tokens,
-    matched)."""
+    matched, n of the match)."""
     c = len(context) - 1
     arr = np.asarray(context)
     # the longest suffix with an earlier occurrence
@@ -287,8 +287,8 @@ def _lookup_proposal(context: list[int], drafter, limit: int):
         if hits.size:
             j = int(hits[-1]) + n - 1  # the most recent end
             m = max(1, min(c - j, limit, drafter.ngram_tokens(n)))  # ngram_tokens <= k
-            return context[j + 1:j + 1 + m], True
-    return [context[c]], False  # the placeholder: the newest token again
+            return context[j + 1:j + 1 + m], True, n
+    return [context[c]], False, 0  # the placeholder: the newest token again
 
 
 def replay(trace: Trace, exits: tuple[int, ...], windows: tuple[int, ...], lookup: int = 0,
@@ -307,12 +307,14 @@ def replay(trace: Trace, exits: tuple[int, ...], windows: tuple[int, ...], looku
 
     With the lookup drafter (level 0) each round makes one n-gram lookup on the sequence
     so far (with the tokens the lower levels tentatively kept), its k moving as the
-    engine's (`PromptLookup.adapt_one`), and every level above it runs the shortest
+    engine's (`PromptLookup.adapt_one`), its acceptance gate choosing the proposals' lengths
+    at the backend's default pass cost (`gate.py`), and every level above it runs the shortest
     power-of-two block holding its input (`Hierarchy.level_blocks`); exit levels run
     their static blocks. The counts are the engine's wherever an exit's choices do not
     depend on tokens the top level rejects (the always-agree model; the lookup alone on
     any model); otherwise an exit's choice after such a token is read off the
     continuation's context (those tokens are discarded either way)."""
+    from hispec_jax.decoding import gate as gate_lib
     from hispec_jax.decoding import lookup as lookup_lib
 
     exits, windows = tuple(exits), tuple(windows)
@@ -346,6 +348,7 @@ def replay(trace: Trace, exits: tuple[int, ...], windows: tuple[int, ...], looku
         num_new = [1] * batch  # the first token comes from prefill
         window = [drafter.initial_window() if lookup else 0] * batch
         looked = [0] * batch
+        estimates = gate_lib.GateState.init(batch, trace.max_ngram)
 
         def choice(b, level, q):  # level's greedy token after position q
             if level_exits[level] == L:
@@ -367,15 +370,27 @@ def replay(trace: Trace, exits: tuple[int, ...], windows: tuple[int, ...], looku
             higher = [any(ready(b, j) for j in range(2, K)) for b in range(batch)]
             if lookup:  # one lookup proposes the whole block
                 passes[(0, 1)] += 1
+                found = {}
                 for b in range(batch):
                     if not active[b] or higher[b] or ready(b, 1):
                         continue
                     c0, length = c[b][0], P[b] + num_new[b]
                     limit = max(1, min(window[b], max_new[b] - num_new[b] - (c0 + 1 - length),
                                        lookup))
-                    tokens, matched = _lookup_proposal(buf[b], drafter, limit)
+                    found[b] = _lookup_proposal(buf[b], drafter, limit)
+                part = np.asarray([b in found for b in range(batch)])
+                ngram = np.asarray([found[b][2] if b in found else 0 for b in range(batch)])
+                if drafter.gate:  # `LookupDrafter.draft`: one block for the batch ("sync")
+                    gated = np.asarray(gate_lib.choose(
+                        estimates.of_match(ngram), np.asarray(
+                            [len(found[b][0]) if b in found else 1 for b in range(batch)]),
+                        np.asarray([b in found and found[b][1] for b in range(batch)]), part,
+                        level_blocks[1], gate_lib.default_pass_cost(), joint=True))
+                    found = {b: (t[:gated[b]], matched, n) for b, (t, matched, n) in found.items()}
+                estimates = estimates.replace(ngram_B=np.where(part, ngram, estimates.ngram_B))
+                for b, (tokens, matched, _) in found.items():
                     buf[b] += tokens
-                    c[b][0] = c0 + len(tokens)
+                    c[b][0] += len(tokens)
                     looked[b] = len(tokens) if matched else 0
             else:  # up to block_1 draft steps, while some sequence's level-1 input is short
                 for step in range(static[0]):
@@ -389,6 +404,7 @@ def replay(trace: Trace, exits: tuple[int, ...], windows: tuple[int, ...], looku
                             c[b][0] += 1
             for level in range(1, K):
                 part = [active[b] and pending(b, level) > 0 for b in range(batch)]
+                looked_kept = np.zeros((2, batch), np.int32)
                 if level >= 2 and not any(p and ready(b, level) for b, p in enumerate(part)):
                     continue
                 longest = max([pending(b, level) for b in range(batch) if part[b]], default=0)
@@ -412,11 +428,14 @@ def replay(trace: Trace, exits: tuple[int, ...], windows: tuple[int, ...], looku
                         c[b][level] = c[b][level - 1]
                     if level == 1 and lookup:  # `PromptLookup.adapt`
                         window[b] = drafter.adapt_one(window[b], looked[b], min(m, looked[b]))
+                        looked_kept[:, b] = looked[b], min(m, looked[b])
                     if level == K - 1:
                         verified[n] += 1
                         count = min(c[b][level] - start, max_new[b] - num_new[b])
                         num_new[b] += count
                         emitted += count
+                if level == 1 and lookup and any(part):  # `LookupDrafter.record`
+                    estimates = estimates.record(*looked_kept)
     return Run(level_exits=level_exits, batch=batch, rounds=rounds,
                passes=tuple(sorted(passes.items())), proposed=tuple(proposed),
                accepted=tuple(accepted), emitted=emitted / batch,
