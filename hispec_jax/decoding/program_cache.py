@@ -21,7 +21,8 @@ and the versions of jax, jaxlib and this library's own source (a digest of its f
 an edited checkout never runs a stale program). A corrupted entry, one written under other
 versions, or a key collision is ignored with one warning line and the program is exported
 again; a directory that cannot be written gives one warning and a normal start.
-`HISPEC_COMPILATION_CACHE=0` turns it off (as it turns off XLA's cache).
+`HISPEC_COMPILATION_CACHE=0` turns it off, whatever the directory (as it turns off XLA's
+cache).
 
 What the export carries: donation (the wrapping `jax.jit` donates the same arguments, and
 XLA aliases them as before), shardings (the exported module keeps its HLO shardings, and on
@@ -136,8 +137,11 @@ def compile_cached(jitted, args, *, key: str, donate_argnums=(), compiler_option
       compiler_options: XLA options, as `jax.stages.Lowered.compile` takes them.
       mesh: a `jax.sharding.Mesh` to lower under (`jax.set_mesh`), or None.
       directory: where entries live; True: `default_directory()`; None or False: off.
+        HISPEC_COMPILATION_CACHE=0 turns it off whatever the directory.
     """
-    if directory is True:
+    if os.environ.get("HISPEC_COMPILATION_CACHE") == "0":
+        directory = None
+    elif directory is True:
         directory = default_directory()
     if not directory or " at 0x" in key:
         return Program(_lower(jitted, args, mesh).compile(compiler_options=compiler_options),
