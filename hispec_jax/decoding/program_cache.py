@@ -135,7 +135,8 @@ def compile_cached(jitted, args, *, key: str, donate_argnums=(), compiler_option
         holds an object address (" at 0x") is not cached.
       donate_argnums: the arguments `jitted` donates (the cached program donates them too).
       compiler_options: XLA options, as `jax.stages.Lowered.compile` takes them.
-      mesh: a `jax.sharding.Mesh` to lower under (`jax.set_mesh`), or None.
+      mesh: a `jax.sharding.Mesh` to lower under (`jax.set_mesh`), or None. On a mesh,
+        pass `args` as structs with their shardings: the program takes them in every process.
       directory: where entries live; True: `default_directory()`; None or False: off.
         HISPEC_COMPILATION_CACHE=0 turns it off whatever the directory.
     """
@@ -171,11 +172,15 @@ def compile_cached(jitted, args, *, key: str, donate_argnums=(), compiler_option
 
 def _compile_exported(exported, args, donate_argnums, compiler_options, mesh):
     """`exported` wrapped in a `jax.jit` that donates `donate_argnums` and, on a mesh,
-    takes and returns the exported shardings (so donated buffers alias their outputs)."""
+    takes and returns the exported shardings (so donated buffers alias their outputs).
+    An argument's own sharding (a sharded `jax.ShapeDtypeStruct`) wins: the export keeps
+    none for an argument the program does not read (a greedy loop's PRNG keys)."""
     if mesh is None:
         wrapper = jax.jit(exported.call, donate_argnums=donate_argnums)
     else:
-        in_shardings = jax.tree.unflatten(exported.in_tree, exported.in_shardings_jax(mesh))[0]
+        exported_in = jax.tree.unflatten(exported.in_tree, exported.in_shardings_jax(mesh))[0]
+        in_shardings = jax.tree.map(lambda x, s: getattr(x, "sharding", None) or s,
+                                    tuple(args), exported_in)
         out_shardings = jax.tree.unflatten(exported.out_tree, exported.out_shardings_jax(mesh))
         wrapper = jax.jit(exported.call, in_shardings=in_shardings, out_shardings=out_shardings,
                           donate_argnums=donate_argnums)

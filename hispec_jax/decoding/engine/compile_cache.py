@@ -62,9 +62,12 @@ def compiled(engine) -> tuple[Any, float]:
         return _COMPILED[engine][0], 0.0
     make_room()
     t0 = time.perf_counter()
-    shardings = engine.shardings
+    shardings, args = engine.shardings, engine.abstract_arguments()
+    if shardings is not None:  # the structs carry the loop's input shardings
+        args = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                            args, shardings.in_shardings())
     program = program_cache.compile_cached(
-        engine.jitted(), engine.abstract_arguments(), key=engine.program_key(),
+        engine.jitted(), args, key=engine.program_key(),
         donate_argnums=engine.DONATED, compiler_options=compiler_options() or None,
         mesh=None if shardings is None else shardings.mesh, directory=PROGRAM_CACHE)
     seconds = time.perf_counter() - t0
