@@ -9,7 +9,7 @@ so a later process only unpickles it, wraps it in a one-primitive `jax.jit` and 
 that, which XLA's persistent cache answers from disk.
 
     program = program_cache.compile_cached(jax.jit(fn, donate_argnums=(3,)), abstract_args,
-                                           key=repr(engine), donate_argnums=(3,))
+                                           key=engine.program_key(), donate_argnums=(3,))
     outputs = program(*args)            # the pytrees `fn` takes and returns
     program.source                      # "cache" (read), "export" (written) or "jit"
 
