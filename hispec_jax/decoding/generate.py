@@ -48,7 +48,7 @@ class GenerationResult:
       stats: model (its directory or file name), model_path, num_layers, method,
         tokens_per_second (new tokens / wall time of the compiled runs, compilation
         excluded), compile_seconds, compile_count, program_source ("cache", "export" or
-        "jit": how the loop was made, docs/statistics.md), decode_seconds, new_tokens, and
+        "jit": how the loop is made, docs/statistics.md), decode_seconds, new_tokens, and
         the method's own counters.
     """
 

@@ -27,7 +27,7 @@ from hispec_jax.decoding import program_cache
 
 # Engine -> (compiled executable, seconds it took), least recently used first.
 _COMPILED: collections.OrderedDict[Any, tuple[Any, float]] = collections.OrderedDict()
-# Engine -> how its executable was made (`program_cache.Program.source`), for `_COMPILED`'s keys.
+# Engine -> how its executable is made (`program_cache.Program.source`), for `_COMPILED`'s keys.
 _SOURCES: dict[Any, str] = {}
 MAX_COMPILED = 32
 MAP_BUDGET = 0.5  # the share of the memory-mapping limit compiled loops may keep held
@@ -87,7 +87,7 @@ def compile_seconds(engine) -> float | None:
 
 
 def program_source(engine) -> str | None:
-    """How `engine`'s loop was made: "cache" (read from the program cache), "export"
+    """How `engine`'s loop is made: "cache" (read from the program cache), "export"
     (traced, lowered and written to it) or "jit" (traced and lowered, the program cache off
     or the loop not exportable); None: not compiled, or dropped."""
     return _SOURCES.get(engine) if engine in _COMPILED else None
