@@ -133,6 +133,18 @@ def build_tokenizer():
                                    unk_token="<unk>")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _no_program_cache():
+    """Decoding loops compile without the cross-process program cache in the tests' own
+    processes: tests patch functions the loop traces (mutants), which its key does not see
+    (`compile_cache.PROGRAM_CACHE`; tests/test_program_cache.py turns it on in a temporary
+    directory)."""
+    from hispec_jax.decoding.engine import compile_cache
+
+    compile_cache.PROGRAM_CACHE = None
+    yield
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _release_compiled_programs():
     """Free compiled executables after each test module: one pytest process compiles

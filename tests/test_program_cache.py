@@ -183,3 +183,73 @@ def test_a_sharded_program_keeps_its_shardings_and_donation(tmp_path):
     for r in rows:
         assert r["out"] == expected and r["donated"] and "data" in r["spec"]
     assert "donated buffers were not usable" not in proc.stderr
+
+
+ENGINE_SCRIPT = """
+import json, sys
+import jax, jax.numpy as jnp
+from hispec_jax import Model, ModelConfig, generate
+from hispec_jax.decoding.engine import compile_cache
+from hispec_jax.models.params import init_params
+compile_cache.PROGRAM_CACHE = sys.argv[1]
+cfg = ModelConfig(model_type="llama", vocab_size=48, hidden_size=16, intermediate_size=24,
+                  num_layers=4, num_heads=2, num_kv_heads=1, head_dim=8,
+                  max_position_embeddings=256)
+model = Model(cfg=cfg, params=init_params(cfg, jax.random.PRNGKey(0), init_std=0.5))
+rows = []
+for method, options in [("ar", {}), ("layerskip", {"draft_exit": 1})]:
+    result = generate(model, [[1, 2, 3], [4, 5]], method=method, max_new_tokens=12, **options)
+    rows.append({"method": method, "tokens": result.token_ids,
+                 "source": result.stats["program_source"],
+                 "count": result.stats["compile_count"], "keys": [e.program_key() for e in compile_cache._COMPILED]})
+print("RESULT " + json.dumps(rows))
+"""
+
+
+def run_engine_script(directory, **env):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", ENGINE_SCRIPT, str(directory)],
+                          env=dict(os.environ, **env), capture_output=True, text=True,
+                          timeout=900)
+    line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    assert line, proc.stderr[-3000:]
+    return json.loads(line[0][len("RESULT "):])
+
+
+def test_engines_read_their_loops_in_a_later_process(tmp_path):
+    """Two processes decode the same requests: the first exports each loop, the second reads
+    it (no tracing) and gives the same tokens; the engines' keys are equal across processes
+    and hold no object address."""
+    first = run_engine_script(tmp_path)
+    second = run_engine_script(tmp_path)
+    assert [r["source"] for r in first] == ["export", "export"]
+    assert [r["source"] for r in second] == ["cache", "cache"]
+    assert len(entries(tmp_path)) == 2
+    for a, b in zip(first, second):
+        assert a["tokens"] == b["tokens"] and a["count"] == b["count"] == 1
+        assert a["keys"] == b["keys"] and " at 0x" not in "".join(a["keys"])
+    off = run_engine_script(tmp_path, HISPEC_COMPILATION_CACHE="0")
+    assert [r["source"] for r in off] == ["jit", "jit"]  # off, whatever the directory
+    assert [r["tokens"] for r in off] == [r["tokens"] for r in first]
+
+
+def test_an_engine_key_is_its_repr_and_the_trace_settings():
+    from hispec_jax import Model, ModelConfig
+    from hispec_jax.decoding import methods
+    from hispec_jax.decoding.engine import Engine, Shapes
+    from hispec_jax.models.params import init_params
+
+    cfg = ModelConfig(model_type="llama", vocab_size=48, hidden_size=16, intermediate_size=24,
+                      num_layers=4, num_heads=2, num_kv_heads=1, head_dim=8,
+                      max_position_embeddings=256)
+    model = Model(cfg=cfg, params=init_params(cfg, jax.random.PRNGKey(0)))
+    for method in ("ar", "hispec", "lookup"):
+        engine = Engine.for_model(model, methods.make_method(model, method).hierarchy,
+                                  Shapes(batch=1, capacity=64, prompt_block=16))
+        key = engine.program_key()
+        assert key.startswith(repr(engine)) and " at 0x" not in key
+        assert "flat_attention_output=" in key and "sharding_rules=" in key

@@ -5,11 +5,11 @@ program cache (`decoding/program_cache.py`), XLA's persistent cache warm in both
     python benchmarks/results_startup/program_cache_engine.py [--method ar] [--reps 2]
 
 The engine is built as `decoding.generate.decode` builds it (shipped model, one prompt,
-64 new tokens). Two filling processes first: one compiles `Engine.compiled()` (XLA's cache
-gets the traced loop), one `program_cache.compile_cached` (the program cache gets the
-exported loop, XLA's cache its wrapper). Then fresh processes alternate: "jit" =
-`Engine.compiled()` (trace + lower + XLA cache hit), "program cache" = read + wrap + XLA
-cache hit. Each process checks that its loop's tokens equal the "jit" reference.
+64 new tokens). Two filling processes first: one compiles `Engine.compiled()` without the
+program cache (`compile_cache.PROGRAM_CACHE = None`: XLA's cache gets the traced loop), one
+with it in a directory of its own (the program cache gets the exported loop, XLA's cache
+its wrapper). Then fresh processes alternate: "jit" = trace + lower + XLA cache hit,
+"program cache" = read + wrap + XLA cache hit. Each process checks that its loop's tokens equal the "jit" reference.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ def child(mode: str, method: str, program_dir: str, reference: str) -> None:
     from hispec_jax.decoding import engine as engine_lib
     from hispec_jax.decoding import generate as gen
     from hispec_jax.decoding import methods as methods_lib
-    from hispec_jax.decoding import program_cache
     from hispec_jax.decoding.sampling import SamplingParams
     from hispec_jax.models.model import load_model
     import hispec_jax
@@ -46,15 +45,12 @@ def child(mode: str, method: str, program_dir: str, reference: str) -> None:
                                num_eos=int(eos_ids_E.shape[0]))
     engine = engine_lib.Engine.for_model(model, decoder.hierarchy, shapes, sampling.greedy)
     t0 = time.perf_counter()
-    if mode == "jit":
-        executable, _ = engine.compiled()
-        source = "jit"
+    if mode == "jit":  # the loop traced and lowered in this process
+        engine_lib.compile_cache.PROGRAM_CACHE = None
     else:
-        program = program_cache.compile_cached(
-            jax.jit(engine.run, donate_argnums=(3,)), engine.abstract_arguments(),
-            key=repr(engine), donate_argnums=(3,),
-            compiler_options=engine_lib.compiler_options() or None, directory=program_dir)
-        executable, source = program, program.source
+        engine_lib.compile_cache.PROGRAM_CACHE = program_dir
+    executable, _ = engine.compiled()
+    source = engine.program_source()
     seconds = time.perf_counter() - t0
     req = gen.make_request(prompt_ids, 1, 0, capacity, 64, eos_ids_E, sampling)
     out, _, _ = executable(model.params, model.heads, req, engine.empty_cache(),
@@ -66,7 +62,7 @@ def child(mode: str, method: str, program_dir: str, reference: str) -> None:
     with open(reference) as f:
         same = json.load(f) == tokens
     print("ENGINE_JSON " + json.dumps({"mode": mode, "source": source, "seconds": seconds,
-                                       "same_tokens": same, "key_chars": len(repr(engine))}),
+                                       "same_tokens": same, "key_chars": len(engine.program_key())}),
           flush=True)
 
 

@@ -5,8 +5,9 @@ MLIR), XLA compile (persistent-cache hit or miss), weight loading (docs/startup.
     python benchmarks/results_startup/startup_profile.py --case chat
 
 Each case runs as a fresh `hispec` process twice with one new, empty JAX persistent cache
-directory: "cold" (the cache starts empty) and "warm" (the cache the cold run filled), as a
-user's first and second start. Inside the process, `jax.monitoring` duration listeners
+directory and one new, empty program cache (`$HISPEC_CACHE/programs`, `HISPEC_CACHE` set to
+a directory inside it): "cold" (the caches start empty) and "warm" (the caches the cold run
+filled), as a user's first and second start. Inside the process, `jax.monitoring` duration listeners
 collect per-program tracing / lowering / compile seconds (the `fun_name` JAX reports) and
 the cache hit / miss events between them ("-": JAX did not look the program up, as for
 programs that compile in under a second); `load_model` is timed by wrapping it. `hispec
@@ -136,7 +137,8 @@ def child(argv: list[str]) -> None:
 
 def run_case(name: str, cache_dir: str, smollm2: str) -> dict:
     argv = [a.format(smollm2=smollm2) for a in CASES[name]]
-    env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=cache_dir, JAX_PLATFORMS="cpu")
+    env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=cache_dir, JAX_PLATFORMS="cpu",
+               HISPEC_CACHE=os.path.join(cache_dir, "hispec"))  # the program cache's home
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(argv)],
                           capture_output=True, text=True, env=env)

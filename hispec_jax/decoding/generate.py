@@ -47,8 +47,9 @@ class GenerationResult:
       prompt_token_ids: the tokenized prompts.
       stats: model (its directory or file name), model_path, num_layers, method,
         tokens_per_second (new tokens / wall time of the compiled runs, compilation
-        excluded), compile_seconds, compile_count, decode_seconds, new_tokens, and the
-        method's own counters.
+        excluded), compile_seconds, compile_count, program_source ("cache", "export" or
+        "jit": how the loop is made, docs/statistics.md), decode_seconds, new_tokens, and
+        the method's own counters.
     """
 
     token_ids: list[list[int]]
@@ -286,6 +287,7 @@ def decode(model: Model, prompt_ids: list[list[int]], decoder: methods_lib.Decod
         "decode_seconds": run_seconds,
         "compile_seconds": compile_seconds,
         "compile_count": compile_count,
+        "program_source": engine.program_source(),
         "batches": len(method_stats),
         "batch_size": batch_size,
         **({"mesh": sharding.describe(model.mesh)} if model.mesh is not None else {}),

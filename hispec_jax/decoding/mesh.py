@@ -63,12 +63,15 @@ class LoopShardings:
     def out_shardings(self):
         return jax.tree.unflatten(*self.outputs)
 
+    def jit(self, fn, donate_argnums=()):
+        """`jax.jit(fn)` with these in/out shardings (lower it under `self.mesh`)."""
+        return jax.jit(fn, in_shardings=self.in_shardings(), out_shardings=self.out_shardings(),
+                       donate_argnums=donate_argnums)
+
     def lower(self, fn, args, donate_argnums=()) -> jax.stages.Lowered:
         """`jax.jit(fn)` lowered on `args` with these shardings, under the mesh."""
-        jitted = jax.jit(fn, in_shardings=self.in_shardings(), out_shardings=self.out_shardings(),
-                         donate_argnums=donate_argnums)
         with jax.set_mesh(self.mesh):
-            return jitted.lower(*args)
+            return self.jit(fn, donate_argnums).lower(*args)
 
     def place(self, args: tuple) -> tuple:
         """run's arguments placed by the input shardings (already placed ones stay)."""

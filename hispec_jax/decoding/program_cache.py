@@ -9,7 +9,7 @@ so a later process only unpickles it, wraps it in a one-primitive `jax.jit` and 
 that, which XLA's persistent cache answers from disk.
 
     program = program_cache.compile_cached(jax.jit(fn, donate_argnums=(3,)), abstract_args,
-                                           key=repr(engine), donate_argnums=(3,))
+                                           key=engine.program_key(), donate_argnums=(3,))
     outputs = program(*args)            # the pytrees `fn` takes and returns
     program.source                      # "cache" (read), "export" (written) or "jit"
 
@@ -21,7 +21,8 @@ and the versions of jax, jaxlib and this library's own source (a digest of its f
 an edited checkout never runs a stale program). A corrupted entry, one written under other
 versions, or a key collision is ignored with one warning line and the program is exported
 again; a directory that cannot be written gives one warning and a normal start.
-`HISPEC_COMPILATION_CACHE=0` turns it off (as it turns off XLA's cache).
+`HISPEC_COMPILATION_CACHE=0` turns it off, whatever the directory (as it turns off XLA's
+cache).
 
 What the export carries: donation (the wrapping `jax.jit` donates the same arguments, and
 XLA aliases them as before), shardings (the exported module keeps its HLO shardings, and on
@@ -134,10 +135,14 @@ def compile_cached(jitted, args, *, key: str, donate_argnums=(), compiler_option
         holds an object address (" at 0x") is not cached.
       donate_argnums: the arguments `jitted` donates (the cached program donates them too).
       compiler_options: XLA options, as `jax.stages.Lowered.compile` takes them.
-      mesh: a `jax.sharding.Mesh` to lower under (`jax.set_mesh`), or None.
+      mesh: a `jax.sharding.Mesh` to lower under (`jax.set_mesh`), or None. On a mesh,
+        pass `args` as structs with their shardings: the program takes them in every process.
       directory: where entries live; True: `default_directory()`; None or False: off.
+        HISPEC_COMPILATION_CACHE=0 turns it off whatever the directory.
     """
-    if directory is True:
+    if os.environ.get("HISPEC_COMPILATION_CACHE") == "0":
+        directory = None
+    elif directory is True:
         directory = default_directory()
     if not directory or " at 0x" in key:
         return Program(_lower(jitted, args, mesh).compile(compiler_options=compiler_options),
@@ -167,11 +172,15 @@ def compile_cached(jitted, args, *, key: str, donate_argnums=(), compiler_option
 
 def _compile_exported(exported, args, donate_argnums, compiler_options, mesh):
     """`exported` wrapped in a `jax.jit` that donates `donate_argnums` and, on a mesh,
-    takes and returns the exported shardings (so donated buffers alias their outputs)."""
+    takes and returns the exported shardings (so donated buffers alias their outputs).
+    An argument's own sharding (a sharded `jax.ShapeDtypeStruct`) wins: the export keeps
+    none for an argument the program does not read (a greedy loop's PRNG keys)."""
     if mesh is None:
         wrapper = jax.jit(exported.call, donate_argnums=donate_argnums)
     else:
-        in_shardings = jax.tree.unflatten(exported.in_tree, exported.in_shardings_jax(mesh))[0]
+        exported_in = jax.tree.unflatten(exported.in_tree, exported.in_shardings_jax(mesh))[0]
+        in_shardings = jax.tree.map(lambda x, s: getattr(x, "sharding", None) or s,
+                                    tuple(args), exported_in)
         out_shardings = jax.tree.unflatten(exported.out_tree, exported.out_shardings_jax(mesh))
         wrapper = jax.jit(exported.call, in_shardings=in_shardings, out_shardings=out_shardings,
                           donate_argnums=donate_argnums)

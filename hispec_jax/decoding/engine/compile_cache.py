@@ -7,6 +7,11 @@ maps every compiled kernel's code and data sections separately, one decoding loo
 1,000-3,000 mappings (a lookup loop, with a `lax.switch` branch per block, the most), and
 Linux refuses a process more than `vm.max_map_count` (65,530 by default), which LLVM reports
 as "Unable to allocate section memory". A dropped loop compiles again when next used.
+
+A loop this process has not compiled yet comes through the cross-process program cache
+(`decoding/program_cache.py`, directory `PROGRAM_CACHE`): a later process reads the lowered
+loop instead of tracing and lowering it again, and XLA's persistent cache answers its
+compile (docs/startup.md).
 """
 
 from __future__ import annotations
@@ -18,11 +23,21 @@ from typing import Any
 
 import jax
 
+from hispec_jax.decoding import program_cache
+
 # Engine -> (compiled executable, seconds it took), least recently used first.
 _COMPILED: collections.OrderedDict[Any, tuple[Any, float]] = collections.OrderedDict()
+# Engine -> how its executable is made (`program_cache.Program.source`), for `_COMPILED`'s keys.
+_SOURCES: dict[Any, str] = {}
 MAX_COMPILED = 32
 MAP_BUDGET = 0.5  # the share of the memory-mapping limit compiled loops may keep held
 compilations = 0  # loops compiled by this process (tests check that bad input compiles none)
+# Where lowered loops are kept across processes (`program_cache.compile_cached`'s
+# `directory`): True for `$HISPEC_CACHE/programs` (off with HISPEC_COMPILATION_CACHE=0),
+# None for off. An entry is keyed by the engine and this library's source files, not by
+# code replaced at run time: a process that patches a function the loop traces (a test's
+# mutant) sets it to None.
+PROGRAM_CACHE: Any = True
 
 # XLA options every decoding loop is compiled with, by platform (`jax.default_backend()`),
 # as `jax.stages.Lowered.compile(compiler_options=...)` takes them (XLA's `DebugOptions`
@@ -47,13 +62,21 @@ def compiled(engine) -> tuple[Any, float]:
         return _COMPILED[engine][0], 0.0
     make_room()
     t0 = time.perf_counter()
-    executable = engine.lower().compile(compiler_options=compiler_options() or None)
+    shardings, args = engine.shardings, engine.abstract_arguments()
+    if shardings is not None:  # the structs carry the loop's input shardings
+        args = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                            args, shardings.in_shardings())
+    program = program_cache.compile_cached(
+        engine.jitted(), args, key=engine.program_key(),
+        donate_argnums=engine.DONATED, compiler_options=compiler_options() or None,
+        mesh=None if shardings is None else shardings.mesh, directory=PROGRAM_CACHE)
     seconds = time.perf_counter() - t0
     compilations += 1
-    _COMPILED[engine] = (executable, seconds)
+    _COMPILED[engine] = (program.executable, seconds)
+    _SOURCES[engine] = program.source
     while len(_COMPILED) > MAX_COMPILED:
-        _COMPILED.popitem(last=False)
-    return executable, seconds
+        _drop_oldest()
+    return program.executable, seconds
 
 
 def compile_seconds(engine) -> float | None:
@@ -61,6 +84,13 @@ def compile_seconds(engine) -> float | None:
     dropped)."""
     entry = _COMPILED.get(engine)
     return None if entry is None else entry[1]
+
+
+def program_source(engine) -> str | None:
+    """How `engine`'s loop is made: "cache" (read from the program cache), "export"
+    (traced, lowered and written to it) or "jit" (traced and lowered, the program cache off
+    or the loop not exportable); None: not compiled, or dropped."""
+    return _SOURCES.get(engine) if engine in _COMPILED else None
 
 
 def covering(engine):
@@ -93,7 +123,7 @@ def make_room() -> int:
         counts = map_counts()
         if counts is None or counts[0] <= MAP_BUDGET * counts[1]:
             break
-        _COMPILED.popitem(last=False)
+        _drop_oldest()
         dropped += 1
     return dropped
 
@@ -101,3 +131,9 @@ def make_room() -> int:
 def clear_compiled() -> None:
     """Drops every compiled loop of this process."""
     _COMPILED.clear()
+    _SOURCES.clear()
+
+
+def _drop_oldest() -> None:
+    engine, _ = _COMPILED.popitem(last=False)
+    _SOURCES.pop(engine, None)

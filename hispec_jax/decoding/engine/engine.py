@@ -1,7 +1,8 @@
 """The `Engine`: one compiled decoding loop, described by a frozen, hashable object (the
 model's architecture and parameter layout, an exit hierarchy, the shapes), with the loop as
 pure functions `init_state` / `step` / `run` / `run_rounds` (gemma's sampler pattern) and
-its executable in the process-wide compile cache (`compile_cache.py`).
+its executable in the process-wide compile cache (`compile_cache.py`), which a new process
+fills from the cross-process program cache (`decoding/program_cache.py`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from hispec_jax.decoding.engine.state import Counters, EngineState
 from hispec_jax.decoding.prefill import prefill
 from hispec_jax.decoding.request import Request
 from hispec_jax.decoding.sampling import SamplingArrays, choose_tokens
-from hispec_jax.models import sharding
+from hispec_jax.models import sharding, transformer
 from hispec_jax.models.config import ModelConfig
 from hispec_jax.models.heads import exit_logits
 from hispec_jax.models.kv_cache import KVCache
@@ -200,17 +201,39 @@ class Engine:
         return (_structs(self.params_signature), _structs(self.heads_signature), req, cache,
                 windows)
 
+    DONATED = (3,)  # run's arguments donated to the loop: the cache
+
+    def jitted(self):
+        """`run` under `jax.jit`, the cache argument donated; over a device mesh with the
+        loop's in/out shardings (`decoding/mesh.py`), to lower under the mesh."""
+        if self.shardings is not None:
+            return self.shardings.jit(self.run, donate_argnums=self.DONATED)
+        return jax.jit(self.run, donate_argnums=self.DONATED)
+
     def lower(self) -> jax.stages.Lowered:
         """`run` lowered on abstract arguments (the cache argument is donated)."""
-        if self.shardings is not None:  # over a device mesh (decoding/mesh.py)
-            return self.shardings.lower(self.run, self.abstract_arguments(), donate_argnums=(3,))
-        jitted = jax.jit(self.run, donate_argnums=(3,))
-        return jitted.lower(*self.abstract_arguments())
+        if self.shardings is not None:
+            return self.shardings.lower(self.run, self.abstract_arguments(),
+                                        donate_argnums=self.DONATED)
+        return self.jitted().lower(*self.abstract_arguments())
+
+    def program_key(self) -> str:
+        """The loop's key in the cross-process program cache: this engine's repr (its fields
+        are frozen dataclasses, tuples, tree definitions and shardings: equal text across
+        processes exactly when the engines are equal) and the module settings the trace
+        reads (`transformer.FLAT_ATTENTION_OUTPUT`, `sharding.RULES`)."""
+        return (f"{self!r}\nflat_attention_output={sorted(transformer.FLAT_ATTENTION_OUTPUT)}"
+                f"\nsharding_rules={sorted(sharding.RULES.items())}")
 
     def compiled(self):
         """(the compiled `run`, seconds spent compiling: 0 when this process already
         compiled an equal engine), from the process-wide cache (`compile_cache.py`)."""
         return compile_cache.compiled(self)
+
+    def program_source(self) -> str | None:
+        """How this process got this engine's loop: "cache", "export" or "jit"
+        (`compile_cache.program_source`); None: not compiled, or dropped."""
+        return compile_cache.program_source(self)
 
     def compile_seconds(self) -> float | None:
         """Seconds this process spent compiling this engine's loop (None: not compiled, or
