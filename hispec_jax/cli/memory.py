@@ -31,7 +31,7 @@ def add_parsers(subparsers) -> None:
                       help="KV-cache capacity per sequence (prompt + new tokens)")
     plan.add_argument("--prompt-len", type=int, default=128, help="prompt length (prefill block)")
     plan.add_argument("--method", default=None, choices=list(PLAN_METHODS),
-                      help="decoding method (exits chosen as generate chooses them; default ar)")
+                      help="decoding method, exits chosen as generate chooses them (default: ar)")
     plan.add_argument("--sampling", action="store_true",
                       help="the sampling loop (keeps per-level distribution buffers)")
     plan.add_argument("--dtype", default=None, choices=["bfloat16", "float32"],

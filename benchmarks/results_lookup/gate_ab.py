@@ -1,0 +1,54 @@
+"""The lookup drafter's acceptance gate, on and off, side by side with AR on the task prompts
+of `hispec bench --tasks` (greedy, EOS ignored, batch 1, loop time, interleaved rounds;
+every output checked against AR's).
+
+    python benchmarks/results_lookup/gate_ab.py --model "$(hispec pull smollm2-135m-instruct)" \
+        --chat --tasks chat,extract > benchmarks/results_lookup/gate_ab.txt
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from hispec_jax.decoding import methods
+from hispec_jax.models.model import load_model
+
+from schedule_ab import compare_tasks, print_header  # this folder (the script's own)
+
+
+@dataclasses.dataclass(frozen=True)
+class GateSpec:
+    """`suite.MethodSpec` with the lookup drafter's gate set."""
+
+    name: str
+    method: str
+    gate: bool | None = None
+
+    def decoder(self, model):
+        decoder = methods.make_method(model, self.method)
+        if self.gate is None:
+            return decoder
+        lookup = dataclasses.replace(decoder.hierarchy.lookup, gate=self.gate)
+        return dataclasses.replace(decoder,
+                                   hierarchy=dataclasses.replace(decoder.hierarchy, lookup=lookup))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--chat", action="store_true", help="render prompts with the chat template")
+    p.add_argument("--tasks", default="chat,extract")
+    p.add_argument("--prompts", type=int, default=4)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--rounds", type=int, default=2)
+    a = p.parse_args()
+    print_header(a)
+    model = load_model(a.model)
+    specs = [GateSpec("ar", "ar"), GateSpec("lookup, gate on (default)", "lookup", True),
+             GateSpec("lookup, gate off", "lookup", False)]
+    compare_tasks(model, specs, a)
+
+
+if __name__ == "__main__":
+    main()
