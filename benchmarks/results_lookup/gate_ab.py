@@ -24,6 +24,7 @@ class GateSpec:
     name: str
     method: str
     gate: bool | None = None
+    options: tuple = ()
 
     def decoder(self, model):
         decoder = methods.make_method(model, self.method)
