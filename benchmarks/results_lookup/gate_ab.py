@@ -14,7 +14,7 @@ import dataclasses
 from hispec_jax.decoding import methods
 from hispec_jax.models.model import load_model
 
-from schedule_ab import compare_tasks, print_header  # this folder (the script's own)
+from schedule_ab import compare_tasks, print_header, task_arguments  # this folder (the script's own)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,12 +37,7 @@ class GateSpec:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", required=True)
-    p.add_argument("--chat", action="store_true", help="render prompts with the chat template")
-    p.add_argument("--tasks", default="chat,extract")
-    p.add_argument("--prompts", type=int, default=4)
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--rounds", type=int, default=2)
+    task_arguments(p, tasks="chat,extract", prompts=4, max_new_tokens=128, rounds=2)
     a = p.parse_args()
     print_header(a)
     model = load_model(a.model)

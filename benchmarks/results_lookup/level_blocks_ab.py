@@ -20,7 +20,7 @@ from hispec_jax import DEFAULT_MODEL_DIR
 from hispec_jax.decoding import engine, methods
 from hispec_jax.models.model import load_model
 
-from schedule_ab import compare_tasks, print_header  # this folder (the script's own)
+from schedule_ab import compare_tasks, print_header, task_arguments  # this folder (the script's own)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,12 +52,7 @@ class Spec:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=DEFAULT_MODEL_DIR)
-    p.add_argument("--chat", action="store_true", help="render prompts with the chat template")
-    p.add_argument("--tasks", default="summarize,extract,code,chat")
-    p.add_argument("--prompts", type=int, default=4)
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--rounds", type=int, default=3)
+    task_arguments(p, model=DEFAULT_MODEL_DIR, prompts=4)
     a = p.parse_args()
     print_header(a)
     model = load_model(a.model)

@@ -76,17 +76,24 @@ def compare_tasks(model, specs, a) -> None:
     print(f"\n# load at the end {open('/proc/loadavg').read().split()[:3]}")
 
 
+def task_arguments(p: argparse.ArgumentParser, *, model=None, tasks="summarize,extract,code,chat",
+                   prompts=2, max_new_tokens=64, rounds=3) -> None:
+    """The flags every side-by-side script of this folder shares (also `level_blocks_ab.py`,
+    `gate_ab.py`); `model=None`: --model is required."""
+    p.add_argument("--model", required=model is None, default=model)
+    p.add_argument("--chat", action="store_true", help="render prompts with the chat template")
+    p.add_argument("--tasks", default=tasks)
+    p.add_argument("--prompts", type=int, default=prompts)
+    p.add_argument("--max-new-tokens", type=int, default=max_new_tokens)
+    p.add_argument("--rounds", type=int, default=rounds)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", required=True)
-    p.add_argument("--chat", action="store_true", help="render prompts with the chat template")
-    p.add_argument("--tasks", default="summarize,extract,code,chat")
+    task_arguments(p)
     p.add_argument("--schedules", default="probe,fixed")
     p.add_argument("--under", default="", help="comma list of layerskip,hispec")
     p.add_argument("--lookup", type=int, default=8)
-    p.add_argument("--prompts", type=int, default=2)
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--rounds", type=int, default=3)
     a = p.parse_args()
     print_header(a)
     model = load_model(a.model)
