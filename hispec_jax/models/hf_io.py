@@ -51,6 +51,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 # ml_dtypes registers bfloat16 with numpy, so safetensors' "np" framework reads and writes bf16.
 import ml_dtypes  # noqa: F401
@@ -159,12 +160,15 @@ def _weight_files(path: Path) -> list[Path]:
     raise ValueError(f"{path}: no weight files ({WEIGHTS_FILENAME} or {INDEX_FILENAME})")
 
 
-def load_checkpoint(path, dtype: str | None = None) -> tuple[ModelConfig, Params, ExitHeads, dict]:
+def load_checkpoint(path, dtype: str | None = None, host: bool = False
+                    ) -> tuple[ModelConfig, Params, ExitHeads, dict]:
     """Loads a local HF directory -> (cfg, params, heads, generation_config_dict).
 
     `dtype` ("float32" / "bfloat16") overrides the config's `torch_dtype`; weights are cast
     to it. `heads` is {} without an `exit_heads.safetensors`, and the generation config {}
-    without a `generation_config.json`.
+    without a `generation_config.json`. `host`: the weights stay NumPy arrays in host memory
+    (for a caller that rearranges them before placing them, as `load_model` does: NumPy
+    slicing and transposing compile nothing); otherwise they are JAX arrays.
     """
     path = Path(path)
     if not (path / CONFIG_FILENAME).exists():
@@ -221,13 +225,16 @@ def load_checkpoint(path, dtype: str | None = None) -> tuple[ModelConfig, Params
         missing = [i for i, v in enumerate(values) if v is None]
         if missing:
             raise ValueError(f"missing tensor {template.format(i=missing[0])!r} in {path}")
-        value = jnp.asarray(np.stack(values) if stacked else values[0], dtype=cfg.dtype)
+        value = np.asarray(np.stack(values) if stacked else values[0], dtype=jnp.dtype(cfg.dtype))
         (params["layers"] if stacked else params)[our[-1]] = value
     check_shapes(params, specs)
 
     gen_path = path / GENERATION_CONFIG_FILENAME
     generation_config = _read_json(gen_path) if gen_path.exists() else {}
-    return cfg, params, load_exit_heads(path, cfg), generation_config
+    heads = load_exit_heads(path, cfg, host=True)
+    if not host:
+        params, heads = jax.device_put((params, heads))
+    return cfg, params, heads, generation_config
 
 
 def save_checkpoint(path, cfg: ModelConfig, params, heads: ExitHeads | None = None,
@@ -317,8 +324,9 @@ def save_exit_heads(path, cfg: ModelConfig, heads: ExitHeads) -> None:
     save_file(tensors, Path(path) / HEADS_FILENAME, metadata=metadata)
 
 
-def load_exit_heads(path, cfg: ModelConfig) -> ExitHeads:
-    """Reads `path/exit_heads.safetensors` -> ExitHeads in `cfg.dtype`; {} when absent."""
+def load_exit_heads(path, cfg: ModelConfig, host: bool = False) -> ExitHeads:
+    """Reads `path/exit_heads.safetensors` -> ExitHeads in `cfg.dtype`; {} when absent.
+    `host`: NumPy arrays (as `load_checkpoint`), else JAX arrays."""
     file = Path(path) / HEADS_FILENAME
     if not file.exists():
         return {}
@@ -357,16 +365,17 @@ def load_exit_heads(path, cfg: ModelConfig) -> ExitHeads:
             if part not in specs:
                 raise ValueError(f"{HEADS_FILENAME}: unexpected tensor {name!r}")
             if part == "vocab":
-                group[part] = jnp.asarray(w, jnp.int32)
+                group[part] = np.asarray(w, np.int32)
                 continue
             n_in = _HEAD_N_IN[part]
             want = _hf_shape(specs[part].shape, n_in)
             if tuple(w.shape) != want:
                 raise ValueError(f"{HEADS_FILENAME}: tensor {name!r} has shape {tuple(w.shape)}, "
                                  f"expected {want}")
-            group[part] = jnp.asarray(_to_ours(w, specs[part].shape, n_in), dtype=cfg.dtype)
+            group[part] = np.asarray(_to_ours(w, specs[part].shape, n_in),
+                                     dtype=jnp.dtype(cfg.dtype))
         heads[e] = group
     if listed is not None and listed != ",".join(heads):
         raise ValueError(f"{HEADS_FILENAME}: metadata exit_layers={listed!r} does not match "
                          f"the tensors' layers {','.join(heads)!r}")
-    return heads
+    return heads if host else jax.device_put(heads)

@@ -101,9 +101,10 @@ def load_model(path, dtype: str | None = None, layer_layout: str | None = None,
         return place_on_mesh(Model(cfg=cfg.replace(matmul_precision=matmul_precision),
                                    params=params, tokenizer=tokenizer,
                                    generation_config=generation_config, path=str(path)), mesh)
-    cfg, params, heads, generation_config = hf_io.load_checkpoint(path, dtype=dtype)
+    # the layout is arranged in host memory (NumPy compiles nothing), then placed at once
+    cfg, params, heads, generation_config = hf_io.load_checkpoint(path, dtype=dtype, host=True)
     cfg = cfg.replace(matmul_precision=matmul_precision)
-    params = with_layer_layout(params, layout, out_major)
+    params, heads = jax.device_put((with_layer_layout(params, layout, out_major), heads))
     tokenizer = None
     if any((path / f).exists() for f in _TOKENIZER_FILES):
         from transformers import AutoTokenizer  # transformers' tokenizers need no torch

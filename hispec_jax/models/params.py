@@ -332,6 +332,7 @@ def with_layer_layout(params: Params, layout: str, out_major: bool | None = None
     so every consumer that needs the canonical weights (training, export, calibration) gets
     them from `with_layer_layout(params, "scan")`.
 
+    NumPy weights stay NumPy (host memory, nothing compiled), JAX weights stay JAX.
     Converting allocates the new layout before the old one can be freed (momentarily twice
     the layer weights)."""
     if layout not in LAYER_LAYOUTS:
@@ -342,7 +343,8 @@ def with_layer_layout(params: Params, layout: str, out_major: bool | None = None
         return params
     layers = params["layers"]
     if layer_layout(params) == "unrolled":  # back to canonical, stacked
-        layers = jax.tree.map(lambda *ws: jnp.stack(ws),
+        layers = jax.tree.map(lambda *ws: np.stack(ws) if isinstance(ws[0], np.ndarray)
+                              else jnp.stack(ws),
                               *(layer_dict_out_major(layer, False) for layer in layers))
     if layout == "unrolled":
         num_layers = len(next(iter(layers.values())))
