@@ -135,6 +135,18 @@ def test_drafts_that_always_hold_keep_the_full_window():
         assert draft_steps_per_check(gated.stats) >= options["draft_len"]
 
 
+def test_method_options_set_the_gates():
+    """`exit_gate` (off by default) and `lookup_gate` (on by default) reach the hierarchy."""
+    model = tiny_model(4, 0)
+    assert not methods.make_method(model, "layerskip").hierarchy.exit_gate
+    h = methods.make_method(model, "hispec", exit_gate=True).hierarchy
+    assert h.exit_gate and h.drafter.gate
+    assert methods.make_method(model, "lookup").hierarchy.lookup.gate
+    assert not methods.make_method(model, "lookup", lookup_gate=False).hierarchy.lookup.gate
+    assert not methods.make_method(model, "hispec", lookup=4,
+                                   lookup_gate=False).hierarchy.lookup.gate
+
+
 def test_gate_needs_a_static_exit_drafter():
     model = tiny_model(4, 0)
     for method, options in (("lookup", {}), ("layerskip", dict(lookup=4)),

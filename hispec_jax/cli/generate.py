@@ -195,14 +195,14 @@ def stream_summary_line(stats: dict) -> str:
 def run_generate(args) -> int:
     check_generate_args(args)  # before importing JAX or reading weights
     mesh_shape = common.mesh_arg(args)
-    if args.plan_reason != common.GIVEN_METHOD:  # the default plan: which, and why
-        print(f"plan: {args.method} ({args.plan_reason})", file=sys.stderr, flush=True)
 
     from hispec_jax.api import generate
     from hispec_jax.models.model import load_model
 
     common.use_mesh(mesh_shape)  # load_model shards onto it
     model = load_model(args.model or common.default_model_dir())
+    if args.plan_reason != common.GIVEN_METHOD:  # the default plan: which, and why
+        print(f"plan: {args.method} ({args.plan_reason})", file=sys.stderr, flush=True)
     options = method_options(args)
     if args.stream:
         if args.method == "sv" and args.sv_profile is None:  # as `generate` (api.py) does
