@@ -76,6 +76,9 @@ def test_plain_text_output(capsys, model_dir, api_result):
         assert f"{p}{text}" in captured.out
     assert "tokens/s" in captured.err
     assert f"{Path(model_dir).name} (4 layers" in captured.err  # the summary names the model
+    # no --method: the default plan of a model without a recommended one, and why
+    assert captured.err.startswith("plan: lookup (the model has no recommended plan")
+    assert "\n[lookup] " in captured.err
 
 
 def test_bad_exit_layer_is_a_usage_error(capsys, model_dir):

@@ -36,8 +36,13 @@ CASES = [
      ["--verify-window -2", "integer >= 1"]),
     ("ar_with_draft_len", ["--method", "ar", "--draft-len", "3", PROMPT],
      ["--draft-len 3", "'ar' does not take it", "layerskip, hispec"]),
-    ("ar_with_adaptive", ["--adaptive", PROMPT], ["--adaptive", "'ar' does not take it"]),
+    ("ar_with_adaptive", ["--method", "ar", "--adaptive", PROMPT],
+     ["--adaptive", "'ar' does not take it"]),
     ("exit_without_layer", ["--method", "exit", PROMPT], ["--exit-layer", "'exit' needs it"]),
+    ("lookup_gate_without_lookup", ["--method", "ar", "--no-lookup-gate", PROMPT],
+     ["--no-lookup-gate", "needs a lookup drafter"]),
+    ("exit_gate_with_lookup", ["--method", "lookup", "--exit-gate", PROMPT],
+     ["--exit-gate", "only methods layerskip, hispec"]),
     ("exit_layer_past_top", ["--method", "exit", "--exit-layer", "99", PROMPT],
      ["--exit-layer 99", "[1, 24]", "24 layers"]),
     ("draft_exit_at_top", ["--method", "layerskip", "--draft-exit", "24", PROMPT],
@@ -147,7 +152,8 @@ def test_help_shows_defaults_and_every_flag_has_help(capsys):
     with pytest.raises(SystemExit):
         cli.main(["generate", "--help"])
     out = " ".join(capsys.readouterr().out.split())
-    for text in ("(default: ar)", "(default: 64)", "(default: 0.0)", "(default: 0)",
+    for text in ("default: the model's recommended plan", "(default: 64)", "(default: 0.0)",
+                 "(default: 0)",
                  "(default: 1.0)", "sampling temperature", "most likely tokens"):
         assert text in out, text
     parser = cli.build_parser()
@@ -155,6 +161,31 @@ def test_help_shows_defaults_and_every_flag_has_help(capsys):
     for name, subparser in sub.choices.items():
         for action in subparser._actions:
             assert action.help, f"hispec {name}: {action.option_strings or action.dest} has no help"
+
+
+@pytest.mark.parametrize("command", ["generate", "chat", "serve"])
+def test_default_plan_and_gate_flags_before_loading(command, tmp_path):
+    """Without --method, generate, chat and serve take the model's default plan (the shipped
+    model's recommended HiSpec plan; lookup for a model without one) before anything is
+    loaded, and pass the gate flags on as method options."""
+    from hispec_jax.cli import serving
+
+    check = (cli_generate.check_generate_args if command == "generate"
+             else lambda a: serving._check(a, sampling=command == "chat"))
+    prompt = [PROMPT] if command == "generate" else []
+    args = cli.build_parser().parse_args([command, "--exit-gate", *prompt])
+    check(args)
+    assert args.method == "hispec" and "recommended plan" in args.plan_reason
+    assert cli_generate.method_options(args)["exit_gate"] is True
+    (tmp_path / "config.json").write_text(json.dumps({"num_hidden_layers": 4}))
+    args = cli.build_parser().parse_args([command, "--model", str(tmp_path), "--no-lookup-gate",
+                                          *prompt])
+    check(args)
+    assert args.method == "lookup" and "no recommended plan" in args.plan_reason
+    assert cli_generate.method_options(args)["lookup_gate"] is False
+    args = cli.build_parser().parse_args([command, "--method", "ar", *prompt])
+    check(args)
+    assert args.method == "ar" and args.plan_reason == "--method given"
 
 
 def test_summary_line_names_the_model():

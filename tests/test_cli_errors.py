@@ -48,6 +48,12 @@ CASES = [
     ("serve --port 70000", "--port 70000: must be in [0, 65535]"),
     ("serve --slots 0", "--slots 0: must be an integer >= 1"),
     ("serve --method ar --draft-len 2", "--draft-len 2: method 'ar' does not take it"),
+    ("serve --lookup 0", "--lookup 0: must be an integer in [1, 64]"),
+    ("chat --method lookup --max-ngram 99", "--max-ngram 99: must be an integer in [1, 16]"),
+    ("serve --method ar --lookup 4", "--lookup 4: only methods lookup, layerskip, hispec"),
+    ("serve --method ar --no-lookup-gate", "--no-lookup-gate: needs a lookup drafter"),
+    ("chat --method lookup --exit-gate", "--exit-gate: only methods layerskip, hispec"),
+    ("generate --method hispec --lookup 4 --exit-gate x", "--exit-gate: only methods"),
     # models
     ("convert {tmp}/none.gguf {tmp}/out", "no such GGUF file"),
     ("convert {tmp}/bad.gguf {tmp}/out", "not a readable GGUF file"),

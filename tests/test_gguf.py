@@ -24,6 +24,7 @@ import gguf_files as gf
 import hispec_jax
 from hispec_jax.decoding import chat as chat_lib
 from hispec_jax.decoding import engine as engine_lib
+from hispec_jax.decoding import recommended
 from hispec_jax.models import gguf_io, hf_io
 from hispec_jax.models.heads import exit_logits
 from hispec_jax.models.kv_cache import KVCache
@@ -396,8 +397,9 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 def readme_smollm2_transcript():
-    """(prompts, max_new_tokens, printed continuation, token count) of README's SmolLM2
-    transcript: the `hispec generate --model "$M" --chat` command, its stdout, and the count
+    """(prompts, max_new_tokens, printed continuation, token count, method) of README's
+    SmolLM2 transcript: the `hispec generate --model "$M" --chat` command (no --method: the
+    model's default plan, named on the `plan:` line), its stdout, and the count and method
     in its summary line."""
     text = README.read_text()
     block = text[text.index("$ M=$(hispec pull smollm2-135m-instruct)"):]
@@ -406,10 +408,13 @@ def readme_smollm2_transcript():
     argv = shlex.split(lines[1].removeprefix("$ "))
     assert argv[:5] == ["hispec", "generate", "--model", "$M", "--chat"], argv
     assert argv[5] == "--max-new-tokens"
-    summary = next(i for i, line in enumerate(lines) if line.startswith("[ar] "))
+    plan = re.match(r"plan: (\w+) \(", lines[2])
+    summary = next(i for i, line in enumerate(lines) if re.match(r"\[\w+\] ", line))
+    method = re.match(r"\[(\w+)\] ", lines[summary]).group(1)
+    assert plan and plan.group(1) == method, (lines[2], lines[summary])
     tokens = int(re.search(r": (\d+) tokens, ", lines[summary]).group(1))
-    stdout = "\n".join(lines[2:summary]) + "\n"
-    return argv[7:], int(argv[6]), stdout, tokens
+    stdout = "\n".join(lines[3:summary]) + "\n"
+    return argv[7:], int(argv[6]), stdout, tokens, method
 
 
 @pytest.fixture(scope="module")
@@ -417,7 +422,7 @@ def smollm2_readme_run(smollm2_path):
     """The model, and README's transcript command run in-process (one compile): greedy AR,
     the chat template, both prompts in one batch as `hispec generate` runs them."""
     model = hispec_jax.load_model(smollm2_path)
-    prompts, max_new_tokens, _, _ = readme_smollm2_transcript()
+    prompts, max_new_tokens, _, _, _ = readme_smollm2_transcript()
     return model, hispec_jax.generate(model, prompts, chat=True, max_new_tokens=max_new_tokens)
 
 
@@ -449,11 +454,14 @@ def test_smollm2_head_weighs_eight_layers(smollm2_readme_run):
     assert oracle.head_cost_in_layers(model, 15) == pytest.approx(8.0, abs=0.05)
 
 
-def test_readme_smollm2_transcript(smollm2_readme_run):
-    """README's SmolLM2 transcript is what the command prints today: each prompt, its
-    continuation and a blank line (`hispec generate --chat`), and the summary's token count."""
+def test_readme_smollm2_transcript(smollm2_path, smollm2_readme_run):
+    """README's SmolLM2 transcript is what the command prints today: the model's default
+    plan (`hispec generate` without --method), each prompt, its continuation and a blank
+    line (`hispec generate --chat`), and the summary's token count. Greedy output is the
+    same whatever the method, so the fixture's AR run stands in for the plan's."""
     _, result = smollm2_readme_run
-    prompts, _, stdout, tokens = readme_smollm2_transcript()
+    prompts, _, stdout, tokens, method = readme_smollm2_transcript()
+    assert recommended.default_plan_for(smollm2_path, 30)[0] == method
     assert "".join(f"{p}\n{t}\n\n" for p, t in zip(prompts, result.texts)) == stdout
     assert result.stats["new_tokens"] == tokens
 

@@ -44,7 +44,7 @@ def test_command_a_generates_with_the_default_model():
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith(argv[-1])  # the prompt, then its continuation
     assert len(proc.stdout) > len(argv[-1]) + 20
-    # --method hispec without exits: the shipped model's recommended plan, as README says
+    # no --method: the shipped model's recommended HiSpec plan, as README says
     plan = json.loads((REPO / "hispec_jax" / "default_model" / "recommended_plan.json").read_text())
     exits = ",".join(map(str, plan["methods"]["hispec"]["exits"]))
     assert re.search(rf"^\[hispec\] default_model \(24 layers, exits {exits}; the model's "

@@ -1,7 +1,8 @@
 """What the command groups share: the help format, argument types, model-path checks, the
-device-mesh flag and `--config.KEY=VALUE` overrides.
+default plan, the device-mesh flag and `--config.KEY=VALUE` overrides.
 
-Standard library and `options` / `mesh_spec` (both standard-library only) at import time:
+Standard library and `options` / `recommended` / `mesh_spec` (all standard-library only) at
+import time:
 arguments are checked before JAX is imported or weights are read.
 """
 
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from hispec_jax.bench.args import int_list, positive_int_list
 from hispec_jax.decoding import options as options_lib
+from hispec_jax.decoding import recommended
 from hispec_jax.models import mesh_spec
 
 
@@ -52,8 +54,12 @@ def default_model_dir() -> str:
     return hispec_jax.DEFAULT_MODEL_DIR
 
 
+# Options whose flag is not "--" + their name (the flag turns a default off).
+FLAGS = {"lookup_gate": "--no-lookup-gate"}
+
+
 def flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+    return FLAGS.get(name, "--" + name.replace("_", "-"))
 
 
 def usage_error(e: options_lib.OptionError) -> ValueError:
@@ -62,6 +68,24 @@ def usage_error(e: options_lib.OptionError) -> ValueError:
         return ValueError(f"{flag(e.name)}: {e.allowed}")
     value = ",".join(map(str, e.value)) if isinstance(e.value, tuple) else e.value
     return ValueError(f"{flag(e.name)} {value}: {e.allowed}")
+
+
+GIVEN_METHOD = "--method given"
+
+
+def apply_default_plan(args, model_path: str, num_layers: int | None) -> None:
+    """Without --method (`args.method` None): the model's default plan
+    (`recommended.default_plan_for`: its recommended plan, else gated prompt lookup) becomes
+    `args.method`, its options filling the ones not given. `args.plan_reason` says why the
+    method runs (`GIVEN_METHOD` when one was given). Reads no weights."""
+    args.plan_reason = GIVEN_METHOD
+    if args.method is not None:
+        return
+    args.method, plan_options, args.plan_reason = recommended.default_plan_for(model_path,
+                                                                               num_layers)
+    for name, value in plan_options.items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
 
 
 def check_model_path(model: str) -> int | None:

@@ -15,15 +15,16 @@ def add_parsers(subparsers) -> None:
         subparsers, "generate", run_generate, help="continue prompts with a decoding method (ar, layerskip, hispec, ...)",
         description="Continues each PROMPT with a decoding method and prints it; a one-line "
                     "summary (model, method, decode tokens/s, compile time apart from it) "
-                    "goes to stderr. Greedy "
-                    "output of layerskip and hispec equals ar's token for token; whether they "
+                    "goes to stderr. Without --method it runs the model's default plan, as "
+                    "serve and chat do. Greedy "
+                    "output of every speculative method equals ar's token for token; whether they "
                     "are faster depends on how often the model's early exits agree with its "
                     "final layer (README.md says which method helps which model; "
                     "BENCHMARKS.md has the figures).")
     gen.add_argument("--model", default=None,
                      help="local Hugging Face model directory or .gguf file (default: the "
                           "shipped 24-layer model, hispec_jax/default_model)")
-    gen.add_argument("--method", default="ar", choices=list(options_lib.METHODS),
+    gen.add_argument("--method", default=None, choices=list(options_lib.METHODS),
                      help="ar: autoregressive; exit: early-exit inference from --exit-layer "
                           "(lossy); layerskip: self-speculation (--draft-exit, L); hispec: "
                           "hierarchical speculation (--draft-exit, --verify-exits, L); sv: "
@@ -34,7 +35,10 @@ def add_parsers(subparsers) -> None:
                           "--depth-bound, --width); lookup: prompt-lookup n-gram drafts "
                           "(--lookup, --max-ngram) verified by the final layer; auto: "
                           "the plan `hispec tune` saved for this model, device and batch size "
-                          "(a quick tune first when there is none)")
+                          "(a quick tune first when there is none); default: the model's "
+                          "recommended plan (its HiSpec plan for the shipped model), else "
+                          "lookup with its acceptance gate, as serve and chat run (the plan "
+                          "and why go to stderr)")
     gen.add_argument("--exit-layer", type=int, default=None, metavar="N",
                      help="exit layer of --method exit (required there), 1..L")
     gen.add_argument("--draft-exit", type=int, default=None, metavar="N",
@@ -105,6 +109,15 @@ def add_method_arguments(parser) -> None:
     parser.add_argument("--max-ngram", type=int, default=None, metavar="N",
                         help="prompt lookup: longest suffix matched, 1.."
                              f"{options_lib.MAX_NGRAM} (default: {options_lib.DEFAULT_MAX_NGRAM})")
+    parser.add_argument("--no-lookup-gate", dest="lookup_gate", action="store_const",
+                        const=False, default=None,
+                        help="prompt lookup: propose every matched token, without the "
+                             "acceptance gate that shortens proposals to what their estimated "
+                             "acceptance pays for (for A/B measurement; docs/lookup.md)")
+    parser.add_argument("--exit-gate", action="store_true",
+                        help="layerskip / hispec without --lookup: shorten each sequence's "
+                             "draft window to what its drafts' estimated acceptance pays for "
+                             "(docs/engine.md, \"The exit drafter's gate\")")
 
 
 def method_options(args) -> dict:
@@ -114,15 +127,18 @@ def method_options(args) -> dict:
             "verify_window": args.verify_window, "adaptive": args.adaptive,
             "acceptance": args.acceptance, "sv_profile": args.sv_profile, "tau": args.tau,
             "anneal": args.anneal, "depth_bound": args.depth_bound, "width": args.width,
-            "lookup": args.lookup, "max_ngram": args.max_ngram}
+            "lookup": args.lookup, "max_ngram": args.max_ngram,
+            "lookup_gate": args.lookup_gate, "exit_gate": args.exit_gate}
 
 
 def check_generate_args(args) -> None:
     """Every check of `hispec generate` that needs neither JAX nor the weights: the model
-    path, the method and its options (layer ranges from config.json), sampling values, the
-    token budget and the prompts. Raises ValueError naming the flag, the value and what is
-    allowed."""
-    num_layers = common.check_model_path(args.model or common.default_model_dir())
+    path, the method (without --method, the model's default plan: `common.apply_default_plan`)
+    and its options (layer ranges from config.json), sampling values, the token budget and
+    the prompts. Raises ValueError naming the flag, the value and what is allowed."""
+    model_path = args.model or common.default_model_dir()
+    num_layers = common.check_model_path(model_path)
+    common.apply_default_plan(args, model_path, num_layers)
     try:
         options_lib.check_positive_int("max_new_tokens", args.max_new_tokens)
         if args.batch_size is not None:
@@ -185,6 +201,8 @@ def run_generate(args) -> int:
 
     common.use_mesh(mesh_shape)  # load_model shards onto it
     model = load_model(args.model or common.default_model_dir())
+    if args.plan_reason != common.GIVEN_METHOD:  # the default plan: which, and why
+        print(f"plan: {args.method} ({args.plan_reason})", file=sys.stderr, flush=True)
     options = method_options(args)
     if args.stream:
         if args.method == "sv" and args.sv_profile is None:  # as `generate` (api.py) does

@@ -10,7 +10,6 @@ import sys
 from hispec_jax.cli import common
 from hispec_jax.cli import generate as generate_cli
 from hispec_jax.decoding import options as options_lib
-from hispec_jax.decoding import recommended
 
 
 def add_decoding_arguments(parser, with_budget: bool = True) -> None:
@@ -88,17 +87,11 @@ def add_parsers(subparsers) -> None:
 
 def _check(args, sampling: bool) -> None:
     """Checks that need neither JAX nor weights. Without --method, the model's default plan
-    (`recommended.default_plan_for`) is chosen here and its options checked with the given
+    is chosen here (`common.apply_default_plan`) and its options checked with the given
     ones; `args.plan_reason` says why it runs."""
     model_path = args.model or common.default_model_dir()
     num_layers = common.check_model_path(model_path)
-    args.plan_reason = "--method given"
-    if args.method is None:
-        args.method, plan_options, args.plan_reason = recommended.default_plan_for(
-            model_path, num_layers)
-        for name, value in plan_options.items():
-            if getattr(args, name, None) is None:
-                setattr(args, name, value)
+    common.apply_default_plan(args, model_path, num_layers)
     try:
         if sampling:
             options_lib.check_positive_int("max_new_tokens", args.max_new_tokens)

@@ -1,5 +1,6 @@
-"""The acceptance gate: how many tokens a prompt-lookup proposal is worth (docs/lookup.md,
-"The acceptance gate").
+"""The acceptance gates: how many tokens a prompt-lookup proposal is worth (docs/lookup.md,
+"The acceptance gate"), and how long an exit drafter's window is worth (`choose_window`,
+docs/engine.md, "The exit drafter's gate").
 
 A proposal of m tokens is verified by one level-1 pass over m positions (m = 1 is exactly an
 AR step), compiled at the shortest block T >= m of `windows.power_of_two_blocks`. Two
@@ -26,6 +27,10 @@ every number (F, J, the counts) is an array: nothing recompiles.
 
 Only proposal lengths change, and they depend on the past only, so greedy output stays AR's
 and sampling stays exact (q one-hot, `lookup.one_hot_logq`).
+
+An exit drafter's drafts are one kind of proposal: one bucket of the same counts per
+sequence (`GateState` with N = 1), and `choose_window` weighs each window's expected tokens
+against its draft steps and level-1 pass at the same `PassCost`.
 """
 
 from __future__ import annotations
@@ -180,6 +185,59 @@ def choose(accept_B: jax.Array, length_B: jax.Array, matched_B: jax.Array, part_
     # the longest block among equals: equal scores mean the longer block costs no more
     best_B = len(blocks) - 1 - jnp.argmax(score_BxJ[:, ::-1], axis=1)
     return jnp.where(matched_B, m_BxJ[jnp.arange(B), best_B], 1).astype(jnp.int32)
+
+
+# ------------------------------------------------------------- the exit drafter's gate
+def exit_round_cost(batch, window, draft_fraction, verify_fraction, cost: PassCost):
+    """What a round of an exit drafter at window W costs, in units of one row of a full
+    pass: W + 1 draft steps over the b rows of the batch through the draft exit's share
+    f_0 of the model, then level 1's pass over b (W + 1) rows through its share f_1:
+
+        cost(W) = (W + 1) f_0 cost(b) + f_1 cost(b (W + 1))
+    """
+    n = jnp.asarray(window, jnp.float32) + 1.0
+    b = jnp.asarray(batch, jnp.float32)
+    return (n * draft_fraction * pass_rows_cost(b, cost)
+            + verify_fraction * pass_rows_cost(b * n, cost))
+
+
+def choose_window(accept_B: jax.Array, limit_B: jax.Array, part_B: jax.Array,
+                  max_window: int, draft_fraction, verify_fraction, cost: PassCost, *,
+                  joint: bool) -> jax.Array:
+    """The exit drafter's gated windows: [B] int32 in [0, limit_B].
+
+    A round at window W drafts W + 1 tokens, of which level 1 keeps E(W + 1) in
+    expectation (`expected_tokens`: a geometric run, then the correction); it costs
+    `exit_round_cost`. Each candidate W = 0 .. `max_window` (the compiled bound) is scored
+    by expected tokens per unit of cost, and the best one wins (the longest among equals).
+    A sequence whose drafts do not pay gets W = 0: one draft, checked by a one-position
+    pass, the least a round of an exit drafter does.
+
+    Args:
+      accept_B: [B] float32, each sequence's estimated per-token acceptance a.
+      limit_B: [B] int32, the window policy's window (the gate never exceeds it).
+      part_B: [B] bool, the sequences that run the next round.
+      max_window: the largest window the loop is compiled for (static).
+      draft_fraction, verify_fraction: f_0 and f_1, the shares of a full pass (layers and
+        head) a draft step and level 1's pass run per row.
+      cost: the device's `PassCost`.
+      joint: one window for the batch (greedy, "sync": draft steps and level 1's pass run
+        over all B rows at the longest window of the batch); otherwise (sampling, "own")
+        each sequence picks its own with the cost of a batch of one.
+    """
+    B = accept_B.shape[0]
+    W_J = jnp.arange(max_window + 1, dtype=jnp.int32)
+    m_BxJ = jnp.minimum(W_J[None, :], limit_B[:, None]) + 1
+    tokens_BxJ = expected_tokens(accept_B[:, None], m_BxJ)
+    if joint:
+        score_J = jnp.sum(jnp.where(part_B[:, None], tokens_BxJ, 0.0), axis=0) / exit_round_cost(
+            B, W_J, draft_fraction, verify_fraction, cost)
+        score_BxJ = jnp.broadcast_to(score_J[None, :], tokens_BxJ.shape)
+    else:
+        score_BxJ = tokens_BxJ / exit_round_cost(1, W_J, draft_fraction, verify_fraction,
+                                                 cost)[None, :]
+    best_B = max_window - jnp.argmax(score_BxJ[:, ::-1], axis=1)
+    return jnp.minimum(W_J[best_B], limit_B).astype(jnp.int32)
 
 
 # ------------------------------------------------------------------------ measuring F, J

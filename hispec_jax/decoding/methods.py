@@ -184,7 +184,8 @@ def make_method(model: Model, method: str, *, exit_layer: int | None = None,
                 acceptance: str | None = None, sv_profile=None, tau: float | None = None,
                 anneal: float | None = None, depth_bound: int | None = None,
                 width: int | None = None, lookup: int | None = None,
-                max_ngram: int | None = None, greedy: bool = True):
+                max_ngram: int | None = None, lookup_gate: bool | None = None,
+                exit_gate: bool = False, greedy: bool = True):
     """The decoding method object for `method` and its options; ValueError on bad settings.
 
     Methods: "ar" (K = 1, top = L), "exit" (K = 1, top = exit_layer), "layerskip"
@@ -203,6 +204,10 @@ def make_method(model: Model, method: str, *, exit_layer: int | None = None,
     verify_window 4; SpecBound: `options.SPECBOUND_DEFAULTS`, depth_bound ~ 2L/3.
     `acceptance` picks the sampling-mode rule of every verifying level: "tokenwise"
     (default) or "blockwise"; greedy decoding always uses the greedy rule.
+    The acceptance gates (`gate.py`, docs/lookup.md): `lookup_gate` (default on) shortens
+    each lookup proposal to what its estimated acceptance pays for; `exit_gate` (default
+    off; "layerskip" and "hispec" without lookup) shortens each draft exit's window the same
+    way (docs/engine.md, "The exit drafter's gate").
     """
     cfg = model.cfg
     L = cfg.num_layers
@@ -213,11 +218,12 @@ def make_method(model: Model, method: str, *, exit_layer: int | None = None,
         method, num_layers=L, exit_layer=exit_layer, draft_exit=draft_exit,
         verify_exits=verify_exits, draft_len=draft_len, verify_window=verify_window,
         adaptive=adaptive, acceptance=acceptance, sv_profile=sv_profile, tau=tau,
-        anneal=anneal, depth_bound=depth_bound, width=width, lookup=lookup, max_ngram=max_ngram)
+        anneal=anneal, depth_bound=depth_bound, width=width, lookup=lookup, max_ngram=max_ngram,
+        lookup_gate=lookup_gate, exit_gate=exit_gate)
     if method == "lookup":
         rule, schedule = _sampling_rule(acceptance, greedy)
         return _with_lookup(Decoder(Hierarchy(exits=(L,), rule=rule, schedule=schedule)),
-                            lookup, max_ngram)
+                            lookup, max_ngram, lookup_gate)
     if method == "ar":
         return Decoder(Hierarchy(exits=(L,)))
     if method == "exit":
@@ -272,17 +278,19 @@ def make_method(model: Model, method: str, *, exit_layer: int | None = None,
     rule, schedule = _sampling_rule(acceptance, greedy)
     hierarchy = Hierarchy(exits=exits, max_windows=max_windows,
                           window_policy=AdaptiveWindows() if adaptive else FixedWindows(),
-                          rule=rule, schedule=schedule)
+                          rule=rule, schedule=schedule, exit_gate=bool(exit_gate))
     decoder = Decoder(hierarchy=hierarchy, windows=windows, source=source)
-    return decoder if lookup is None else _with_lookup(decoder, lookup, max_ngram)
+    return decoder if lookup is None else _with_lookup(decoder, lookup, max_ngram, lookup_gate)
 
 
-def _with_lookup(decoder: Decoder, lookup: int | None, max_ngram: int | None) -> Decoder:
+def _with_lookup(decoder: Decoder, lookup: int | None, max_ngram: int | None,
+                 gate: bool | None = None) -> Decoder:
     """The decoder with the prompt-lookup drafter as a new level 0 (exit 0: no layers)
-    below its levels; its window (and static bound) is k."""
+    below its levels; its window (and static bound) is k; `gate` None: the gate on."""
     drafter = PromptLookup(max_tokens=options_lib.DEFAULT_LOOKUP if lookup is None else int(lookup),
                            max_ngram=(options_lib.DEFAULT_MAX_NGRAM if max_ngram is None
-                                      else int(max_ngram)))
+                                      else int(max_ngram)),
+                           gate=True if gate is None else bool(gate))
     h, k = decoder.hierarchy, drafter.max_tokens
     hierarchy = dataclasses.replace(h, exits=(0,) + h.exits, max_windows=(k,) + h.max_windows,
                                     lookup=drafter)

@@ -30,6 +30,8 @@ ACCEPTANCE_RULES = ("blockwise", "tokenwise")
 # Prompt lookup (n-gram drafts, `lookup.py`): method "lookup" (drafts verified by the final
 # layer), or `lookup=k` under the exits of these methods.
 LOOKUP_METHODS = ("lookup", "layerskip", "hispec")
+# The exit drafter's acceptance gate (`gate.py`): methods whose level 0 is a static draft exit.
+EXIT_GATE_METHODS = ("layerskip", "hispec")
 MAX_LOOKUP = 64  # most tokens one lookup proposes (every pass's block grows with it)
 MAX_NGRAM = 16
 # k = 16 and 8-grams with the "ngram" schedule (a 1-gram match proposes 4 tokens, a 2- to
@@ -107,17 +109,20 @@ def check_method_options(method, *, num_layers: int | None = None, exit_layer=No
                          draft_exit=None, verify_exits=None, draft_len=None, verify_window=None,
                          adaptive=False, acceptance=None, sv_profile=None, tau=None,
                          anneal=None, depth_bound=None, width=None, lookup=None,
-                         max_ngram=None) -> None:
+                         max_ngram=None, lookup_gate=None, exit_gate=False) -> None:
     """Raises `OptionError` if `method` or its options are invalid.
 
     Checks what needs no weights: the method name, which options the method takes, integer
     ranges (layers in [1, num_layers] when `num_layers` is given), strictly increasing
-    explicit exits and the acceptance rule. `None` / False mean "not given".
+    explicit exits, the acceptance rule and the acceptance gates (`lookup_gate` False turns
+    the lookup drafter's off, `exit_gate` True turns the exit drafter's on). `None` / False
+    mean "not given" (`lookup_gate`: None).
     """
     if method not in METHODS:
         raise OptionError("method", method, f"must be one of {', '.join(METHODS)}",
                           f"method={method!r} is not one of {METHODS}")
     _check_lookup(method, lookup, max_ngram, adaptive)
+    _check_gates(method, lookup, lookup_gate, exit_gate)
     if method == "lookup":
         given = {"exit_layer": exit_layer, "draft_exit": draft_exit, "verify_exits": verify_exits,
                  "draft_len": draft_len, "verify_window": verify_window,
@@ -273,3 +278,30 @@ def _check_lookup(method, lookup, max_ngram, adaptive) -> None:
             raise OptionError("max_ngram", max_ngram, f"must be an integer in [1, {MAX_NGRAM}]",
                               f"max_ngram must be an integer in [1, {MAX_NGRAM}] (the longest "
                               f"suffix matched), got {max_ngram!r}")
+
+
+def _check_gates(method, lookup, lookup_gate, exit_gate) -> None:
+    """`lookup_gate` (a bool) only with a lookup drafter; `exit_gate` (a bool) only for an
+    exit drafter at level 0: `EXIT_GATE_METHODS` without `lookup`."""
+    if lookup_gate is not None:
+        if not isinstance(lookup_gate, bool):
+            raise OptionError("lookup_gate", lookup_gate, "must be True or False",
+                              f"lookup_gate must be True or False, got {lookup_gate!r}")
+        if method != "lookup" and lookup is None:
+            raise OptionError("lookup_gate", lookup_gate, "needs a lookup drafter (method "
+                              "'lookup' or lookup=K)",
+                              f"lookup_gate needs a lookup drafter (method 'lookup', or "
+                              f"lookup=K with {', '.join(LOOKUP_METHODS[1:])})")
+    if exit_gate is None or exit_gate is False:
+        return
+    if not isinstance(exit_gate, bool):
+        raise OptionError("exit_gate", exit_gate, "must be True or False",
+                          f"exit_gate must be True or False, got {exit_gate!r}")
+    if method not in EXIT_GATE_METHODS or lookup is not None:
+        raise OptionError("exit_gate", exit_gate, "only methods "
+                          f"{', '.join(EXIT_GATE_METHODS)} without lookup take it (their level "
+                          "0 is the draft exit)",
+                          f"method {method!r}" + (" with lookup" if lookup is not None else "")
+                          + " does not take exit_gate (only "
+                          f"{', '.join(EXIT_GATE_METHODS)} without lookup: the gate shortens "
+                          "the draft exit's windows)")

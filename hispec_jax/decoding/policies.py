@@ -23,7 +23,8 @@ hashable: part of the compile key) policy objects held by `engine.Hierarchy`:
 
 Implementations (what each method is made of, `methods.make_method`):
 
-    Drafter           engine.ExitDrafter (an exit of the model: every method but lookup),
+    Drafter           engine.ExitDrafter (an exit of the model: every method but lookup;
+                      its acceptance gate shortens windows that do not pay, `gate.py`),
                       engine.LookupDrafter (prompt lookup, `lookup.py`)
     DraftExitPolicy   draft.StaticDraftExit (every draft exits at e_0), draft.DynamicDraftExit
                       (SpecBound: each draft exits at its first confident layer)

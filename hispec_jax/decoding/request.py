@@ -20,8 +20,9 @@ class Request:
       eos_ids_E: [E] int32, EOS token ids, padded with -1.
       sequence_keys_Bx2: [B, 2] uint32 raw PRNG keys, one per sequence.
       sampling: temperature / top-k / top-p as scalars.
-      lookup_cost: the device's verification-pass costs the lookup drafter's acceptance
-        gate weighs ([] float32 F and J, `gate.PassCost`; default: the backend's).
+      lookup_cost: the device's verification-pass costs the acceptance gates weigh (the
+        lookup drafter's, and the exit drafter's where it is on) ([] float32 F and J,
+        `gate.PassCost`; default: the backend's).
     """
 
     tokens_BxS: jax.Array

@@ -6,7 +6,8 @@ it adapts to what level 1 kept. The round (`round.py`) asks it and holds no draf
 code: a new drafter (a suffix tree, a draft model) is a new class here.
 
     ExitDrafter     an early exit of the model itself (LayerSkip, HiSpec, SpecBound, SV, AR):
-                    one token per draft step, up to blocks[0] steps a round
+                    one token per draft step, up to blocks[0] steps a round (fewer where
+                    its acceptance gate says the drafts do not pay)
     LookupDrafter   prompt lookup (n-gram, `lookup.py`): one lookup a round proposes up to k
                     tokens at once, and runs no layer
 
@@ -33,7 +34,38 @@ from hispec_jax.decoding.engine.state import (gather_positions, ring_read, ring_
                                               scatter_tokens)
 from hispec_jax.decoding.sampling import filtered_logprobs
 from hispec_jax.decoding.windows import power_of_two_blocks
+from hispec_jax.models.heads import head_cost_layers
 from hispec_jax.models.transformer import embed
+
+
+@flax.struct.dataclass
+class ExitGateState:
+    """The exit drafter's acceptance gate (`gate.py`), per sequence.
+
+    Attributes:
+      estimate: `gate.GateState` with one bucket: decayed counts of the drafts level 1 kept
+        and of its rejections.
+      checked_B: [B] int32, the drafts level 1's pending verification checks.
+      window_B: [B] int32, the gated window of the next round (level 1 verifies once its
+        input holds window_B + 1 positions, or the window policy's window + 1 if fewer).
+    """
+
+    estimate: gate_lib.GateState
+    checked_B: jax.Array
+    window_B: jax.Array
+
+
+@flax.struct.dataclass
+class ExitDraftState:
+    """The exit drafter's loop state.
+
+    Attributes:
+      exit: the draft-exit policy's state (`policies.DraftExitPolicy.init`).
+      gate: an `ExitGateState` when the gate is on, else None.
+    """
+
+    exit: Any
+    gate: ExitGateState | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,9 +75,17 @@ class ExitDrafter:
     keys/values before the next step reads them, and exit e_0 proposes the token at
     c_0 + 1. A sequence drafts while its level-1 input holds fewer than Nd + 1 positions, so
     a round runs up to blocks[0] = Nd_max + 1 steps. Level 1 continues the buffered layer-e_0
-    states."""
+    states.
+
+    With `gate`, each sequence's window is also bounded by what its drafts pay for
+    (`gate.choose_window`): after each level-1 verification the drafter updates the
+    sequence's acceptance estimate and picks the next round's window among 0 .. Nd_max at
+    the request's pass costs (`Request.lookup_cost`); a sequence whose drafts do not pay
+    drafts one token a round. The window depends on the past only: greedy output stays
+    AR's and sampling stays exact. The drafter's state is an `ExitDraftState`."""
 
     draft_exit: policies.DraftExitPolicy
+    gate: bool = False
 
     runs_layers: ClassVar[bool] = True
 
@@ -53,6 +93,10 @@ class ExitDrafter:
         if h.exits[0] < 1:
             raise ValueError(f"exits {h.exits}: an exit drafter needs e_0 >= 1 (exit 0 runs "
                              "no layer: only a drafter that is not an exit sits there)")
+        if self.gate and (h.companion is not None
+                          or not isinstance(h.draft_exit, StaticDraftExit)):
+            raise ValueError("the exit drafter's gate needs a static draft exit and no SV "
+                             "companion (they choose the verification length themselves)")
 
     def block(self, max_window: int) -> int:
         return max_window + 1  # Nd drafts and the position whose prediction is the bonus
@@ -64,13 +108,24 @@ class ExitDrafter:
     def steps(self, block: int) -> int:
         return block
 
-    def init(self, batch: int, ring: int) -> Any:
-        return self.draft_exit.init(batch, ring)
+    def init(self, batch: int, ring: int) -> ExitDraftState:
+        gate = None
+        if self.gate:  # the window policy's windows until a first verification
+            gate = ExitGateState(
+                estimate=gate_lib.GateState.init(batch, 1).replace(
+                    ngram_B=jnp.ones((batch,), jnp.int32)),
+                checked_B=jnp.zeros((batch,), jnp.int32),
+                window_B=jnp.full((batch,), jnp.iinfo(jnp.int32).max - 1, jnp.int32))
+        return ExitDraftState(exit=self.draft_exit.init(batch, ring), gate=gate)
 
     def ready(self, state, window_ready_B: jax.Array, pending_B: jax.Array) -> jax.Array:
+        ds = state.draft_state
         # the draft policy may end drafting early (SpecBound's hard token)
-        return window_ready_B | self.draft_exit.stops(
-            state.draft_state, state.processed_BxK[:, 0], pending_B)
+        ready_B = window_ready_B | self.draft_exit.stops(ds.exit, state.processed_BxK[:, 0],
+                                                         pending_B)
+        if ds.gate is not None:  # the gate's window when it is the shorter one
+            ready_B |= pending_B >= ds.gate.window_B + 1
+        return ready_B
 
     def draft(self, rnd, state, part_B: jax.Array):
         cfg, h = rnd.cfg, rnd.h
@@ -83,7 +138,8 @@ class ExitDrafter:
             x_Bx1xD=embed(rnd.params, token_B[:, None]), position_B=pos_B, part_B=part_B,
             pending_start_B=c[:, 1] if K > 1 else pos_B,
             ring_BxWxD=state.hidden[0] if K > 1 else None, capacity=S,
-            block=h.blocks[0] if K > 1 else 1), state.cache, h.exits[0], state.draft_state)
+            block=h.blocks[0] if K > 1 else 1), state.cache, h.exits[0],
+            state.draft_state.exit)
         if rnd.greedy:
             next_B = jnp.argmax(d.logits_BxV, axis=-1).astype(jnp.int32)
             logp_BxV = None
@@ -118,16 +174,21 @@ class ExitDrafter:
                     1, mode="drop"))
         return state.replace(out=out, cache=d.cache, hidden=hidden, dists=dists,
                              processed_BxK=c.at[:, 0].add(part_B.astype(jnp.int32)),
-                             draft_state=d.state, draws_B=state.draws_B + part_B,
+                             draft_state=state.draft_state.replace(exit=d.state),
+                             draws_B=state.draws_B + part_B,
                              counters=counters)
 
     def verify_input(self, rnd, state, positions_BxT, valid_BxT, write_cache: bool):
         """The buffered layer-e_0 states; above a dynamic draft exit, each position is first
         brought up from its own draft depth to layer e_0 (= the depth bound)."""
         lo, _ = rnd.h.layer_range(1)
+        ds = state.draft_state
+        if ds.gate is not None:  # what this verification checks, for `record`
+            state = state.replace(draft_state=ds.replace(gate=ds.gate.replace(
+                checked_B=jnp.sum(valid_BxT, axis=1).astype(jnp.int32))))
         x_BxTxD = ring_read(state.hidden[0], positions_BxT)
         aligned = self.draft_exit.align(rnd.params, rnd.cfg, x_BxTxD, positions_BxT,
-                                        valid_BxT, state.cache, state.draft_state, lo)
+                                        valid_BxT, state.cache, ds.exit, lo)
         if aligned is None:
             return x_BxTxD, state, lo, 0, 0
         if not write_cache:
@@ -140,8 +201,30 @@ class ExitDrafter:
         return ring_read(state.dists[0], proposed_pos_BxT) if state.dists else None
 
     def record(self, rnd, state, part_B, accepted_B):
-        del rnd, part_B, accepted_B
-        return state
+        """With the gate: updates each verified sequence's acceptance estimate with what
+        level 1 kept of its drafts, and picks the next round's windows."""
+        ds = state.draft_state
+        if ds.gate is None:
+            return state
+        proposed_B = jnp.where(part_B, ds.gate.checked_B, 0)
+        estimate = ds.gate.estimate.record(proposed_B, jnp.minimum(accepted_B, proposed_B))
+        draft_fraction, verify_fraction = self.pass_fractions(rnd)
+        window_B = gate_lib.choose_window(
+            estimate.of_match(estimate.ngram_B), state.windows.windows_BxK1[:, 0],
+            ~state.out.done_B, rnd.h.max_windows[0], draft_fraction, verify_fraction,
+            rnd.req.lookup_cost, joint=rnd.h.schedule == "sync")
+        return state.replace(draft_state=ds.replace(gate=ds.gate.replace(
+            estimate=estimate, window_B=window_B)))
+
+    @staticmethod
+    def pass_fractions(rnd) -> tuple[float, float]:
+        """(f_0, f_1): the shares of a full pass (layers and the final head, in layer
+        equivalents: `heads.head_cost_layers`) one row of a draft step and of level 1's pass
+        runs: layers [0, e_0) and head e_0, layers [e_0, e_1) and head e_1."""
+        cfg, e0, e1 = rnd.cfg, rnd.h.exits[0], rnd.h.exits[1]
+        head = lambda e: head_cost_layers(cfg, rnd.heads, e)
+        full = cfg.num_layers + head(cfg.num_layers)
+        return (e0 + head(e0)) / full, (e1 - e0 + head(e1)) / full
 
 
 @flax.struct.dataclass

@@ -42,6 +42,9 @@ class Hierarchy:
       lookup: None, or the prompt-lookup drafter's settings (`lookup.PromptLookup`): then
         level 0 is that drafter instead of an exit (`drafters.LookupDrafter`; e_0 = 0,
         max_windows[0] is its k).
+      exit_gate: the exit drafter's acceptance gate (`drafters.ExitDrafter`, `gate.py`):
+        each round, each sequence's window shrinks to what its drafts' estimated acceptance
+        pays for (never above the window policy's).
     """
 
     exits: tuple[int, ...]
@@ -53,6 +56,7 @@ class Hierarchy:
     companion: policies.Companion | None = None
     top_blocks: tuple[int, ...] = ()
     lookup: lookup_lib.PromptLookup | None = None
+    exit_gate: bool = False
 
     def __post_init__(self):
         if self.schedule not in ("sync", "own"):
@@ -74,7 +78,7 @@ class Hierarchy:
         """Level 0: the prompt-lookup drafter when `lookup` is set, else the draft exit."""
         if self.lookup is not None:
             return LookupDrafter(self.lookup)
-        return ExitDrafter(self.draft_exit)
+        return ExitDrafter(self.draft_exit, gate=self.exit_gate)
 
     @property
     def num_levels(self) -> int:

@@ -90,8 +90,9 @@ class EngineState:
       rejected_pos_BxW, rejected_tok_BxW: [B, W] int32, the drafts the level below the top
         rejected, by position % W (position -1: none), for the true-reject rate.
       windows: the window policy's state (`windows.WindowState`).
-      draft_state: the drafter's state (`policies.Drafter.init`: a dynamic draft exit's
-        depths, the lookup drafter's `LookupState`; empty for a static exit).
+      draft_state: the drafter's state (`policies.Drafter.init`: the exit drafter's
+        `ExitDraftState`, its draft exit's state (a dynamic one's depths) and its gate's;
+        the lookup drafter's `LookupState`).
       dists: sampling rules only: K - 1 ring buffers [B, W, V] float32; entry k holds level
         k's log-distribution for the tokens it passed up (positions (c_{k+1}, c_k]), the `q`
         of the level above. Empty for greedy decoding.
