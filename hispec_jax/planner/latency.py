@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 from typing import Callable
 
 import numpy as np
@@ -291,6 +292,23 @@ def _lookup_proposal(context: list[int], drafter, limit: int):
     return [context[c]], False, 0  # the placeholder: the newest token again
 
 
+@functools.cache
+def _compiled_gate():
+    """The acceptance gate's choice (`gate.choose` at each sequence's estimate, one block for
+    the batch) and `GateState.record`, compiled: `replay` calls them every round, where
+    eager JAX ops would cost milliseconds per round."""
+    import jax
+
+    from hispec_jax.decoding import gate as gate_lib
+
+    def choose(estimates, ngram_B, length_B, matched_B, part_B, cost, blocks):
+        return gate_lib.choose(estimates.of_match(ngram_B), length_B, matched_B, part_B,
+                               blocks, cost, joint=True)
+
+    return (jax.jit(choose, static_argnames="blocks"),
+            jax.jit(gate_lib.GateState.record))
+
+
 def replay(trace: Trace, exits: tuple[int, ...], windows: tuple[int, ...], lookup: int = 0,
            batch: int = 1) -> Run:
     """The engine's greedy "sync" round loop (`engine/round.py`: `Round`)
@@ -316,6 +334,9 @@ def replay(trace: Trace, exits: tuple[int, ...], windows: tuple[int, ...], looku
     continuation's context (those tokens are discarded either way)."""
     from hispec_jax.decoding import gate as gate_lib
     from hispec_jax.decoding import lookup as lookup_lib
+
+    gate_choose, gate_record = _compiled_gate()
+    pass_cost = gate_lib.default_pass_cost()
 
     exits, windows = tuple(exits), tuple(windows)
     level_exits = ((0,) if lookup else ()) + exits
@@ -381,11 +402,11 @@ def replay(trace: Trace, exits: tuple[int, ...], windows: tuple[int, ...], looku
                 part = np.asarray([b in found for b in range(batch)])
                 ngram = np.asarray([found[b][2] if b in found else 0 for b in range(batch)])
                 if drafter.gate:  # `LookupDrafter.draft`: one block for the batch ("sync")
-                    gated = np.asarray(gate_lib.choose(
-                        estimates.of_match(ngram), np.asarray(
+                    gated = np.asarray(gate_choose(
+                        estimates, ngram, np.asarray(
                             [len(found[b][0]) if b in found else 1 for b in range(batch)]),
                         np.asarray([b in found and found[b][1] for b in range(batch)]), part,
-                        level_blocks[1], gate_lib.default_pass_cost(), joint=True))
+                        pass_cost, blocks=level_blocks[1]))
                     found = {b: (t[:gated[b]], matched, n) for b, (t, matched, n) in found.items()}
                 estimates = estimates.replace(ngram_B=np.where(part, ngram, estimates.ngram_B))
                 for b, (tokens, matched, _) in found.items():
@@ -435,7 +456,7 @@ def replay(trace: Trace, exits: tuple[int, ...], windows: tuple[int, ...], looku
                         num_new[b] += count
                         emitted += count
                 if level == 1 and lookup and any(part):  # `LookupDrafter.record`
-                    estimates = estimates.record(*looked_kept)
+                    estimates = gate_record(estimates, *looked_kept)
     return Run(level_exits=level_exits, batch=batch, rounds=rounds,
                passes=tuple(sorted(passes.items())), proposed=tuple(proposed),
                accepted=tuple(accepted), emitted=emitted / batch,
