@@ -106,3 +106,67 @@ def test_run_rounds_resumes_to_the_uninterrupted_run(model):
     assert rounds._cache_size() == 1
     np.testing.assert_array_equal(state.out.tokens_BxS, out.tokens_BxS)
     np.testing.assert_array_equal(state.out.num_new_B, out.num_new_B)
+
+
+# ---- chunked prefill on tiny random models ------------------------------------------------
+CHUNKED = [("ar", {}, SamplingParams()),
+           ("lookup", dict(lookup=4), SamplingParams()),
+           ("hispec", dict(draft_exit=1, verify_exits=(2,), verify_window=2), SamplingParams()),
+           ("layerskip", dict(draft_exit=2), SamplingParams(temperature=0.9, top_k=20, seed=7))]
+
+
+@pytest.mark.parametrize("method,options,sampling", CHUNKED, ids=[c[0] for c in CHUNKED])
+def test_a_long_prompt_enters_in_chunks_while_the_other_slots_decode(method, options, sampling):
+    """A prompt of 3 chunks is prefilled one chunk per step between the rounds of two
+    decoding slots: every request gets its offline `generate` tokens (sampling: with the
+    same seed), the decoding slots emit tokens during the prefill, and a prompt of another
+    length compiles nothing more."""
+    from test_engine import tiny_model
+
+    from hispec_jax.serving.slots import backend_compiles
+
+    model = tiny_model(4, 1, max_len=128)
+    rng, V = np.random.RandomState(0), model.cfg.vocab_size
+    motif = rng.randint(4, V, 6).tolist()
+    prompts = [rng.randint(4, V, 5).tolist(), rng.randint(4, V, 9).tolist(),
+               (motif * 7)[:40], rng.randint(4, V, 23).tolist()]
+    budget = 16
+    decoder = methods_lib.make_method(model, method, greedy=sampling.greedy, **options)
+    eng = SlotEngine(model, decoder, slots=3, capacity=96, greedy=sampling.greedy,
+                     eos_ids=model.eos_token_ids, prefill_chunk=16)
+    got = {i: [] for i in range(len(prompts))}
+    owner = {}
+
+    def step():
+        for u in eng.generate(1):
+            got[owner[u.slot]] += u.new_token_ids
+            if u.done:
+                del owner[u.slot]
+
+    def request(i):  # sequence i of offline generate's batch (its PRNG key)
+        return SlotRequest(tuple(prompts[i]), budget, sampling, sequence_index=i)
+
+    for i in (0, 1):
+        eng.insert(i, request(i))
+        owner[i] = i
+    step()
+    eng.admit(2, request(2))
+    owner[2] = 2
+    before = {i: len(got[i]) for i in (0, 1)}
+    chunks = 0
+    while eng.prefilling:
+        chunks += eng.prefill(1)
+        step()
+    assert chunks == 3 and all(len(got[i]) > before[i] for i in (0, 1))
+    while owner:
+        step()
+    compiled = backend_compiles()
+    eng.insert(0, request(3))
+    owner[0] = 3
+    while owner:
+        step()
+    assert backend_compiles() == compiled
+    want = hispec_jax.generate(model, prompts, method=method, max_new_tokens=budget,
+                               temperature=sampling.temperature, top_k=sampling.top_k,
+                               seed=sampling.seed, **options).token_ids
+    assert [got[i] for i in range(len(prompts))] == want

@@ -22,7 +22,7 @@ import signal
 import sys
 
 from hispec_jax.decoding import recommended
-from hispec_jax.decoding.generate import PREFILL_CHUNK, model_name
+from hispec_jax.decoding.generate import model_name
 from hispec_jax.serving import api_server
 from hispec_jax.serving import prompts as prompts_lib
 from hispec_jax.serving import slots as slots_lib
@@ -34,7 +34,7 @@ DEFAULT_CACHE_LEN = 1024
 
 
 def build_engines(model, method="ar", *, slots: int = 8, max_cache_len: int | None = None,
-                  prefill_chunk: int = PREFILL_CHUNK,
+                  prefill_chunk: int = slots_lib.PREFILL_CHUNK,
                   **method_options) -> dict[bool, slots_lib.SlotEngine]:
     """{greedy: SlotEngine} for greedy (True) and sampling (False) requests. Every request
     stops at EOS and at the chat template's end-of-turn markers; prompts enter their slots
@@ -95,7 +95,7 @@ def describe(engine: slots_lib.SlotEngine, method) -> str:
 
 def build_app(model, method=None, *, slots: int = 8, max_cache_len: int | None = None,
               warmup: bool = True, rounds_per_step: int = 1, served_name: str | None = None,
-              plan_reason: str = "given", prefill_chunk: int = PREFILL_CHUNK,
+              plan_reason: str = "given", prefill_chunk: int = slots_lib.PREFILL_CHUNK,
               prefill_chunks_per_step: int = 1, **method_options):
     """The ASGI app serving `model` with `method` (None: the model's default plan) over
     `slots` slots per engine; with `warmup`, its engine thread compiles everything before

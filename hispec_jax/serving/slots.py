@@ -38,7 +38,7 @@ import numpy as np
 
 from hispec_jax.decoding import engine as engine_lib
 from hispec_jax.decoding import methods as methods_lib
-from hispec_jax.decoding.generate import MIN_PROMPT_BLOCK, PREFILL_CHUNK
+from hispec_jax.decoding.generate import MIN_PROMPT_BLOCK
 from hispec_jax.decoding.prefill import prefill_chunk
 from hispec_jax.decoding.request import Request
 from hispec_jax.decoding.sampling import SamplingArrays, SamplingParams, sequence_keys
@@ -61,6 +61,12 @@ jax.monitoring.register_event_duration_secs_listener(_on_event)
 def backend_compiles() -> int:
     """XLA compilations this process has run so far (every jitted program, however small)."""
     return _backend_compiles
+
+
+# Prompt positions per prefill chunk. The longest pause a prompt entering a slot puts
+# between two rounds of the other slots is one chunk's pass; a chunk still spreads its read
+# of every weight over many positions.
+PREFILL_CHUNK = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,18 +102,17 @@ def _cache_batch_axis(cache) -> int:
     return 0 if cache.per_layer else 1  # [B, K, S, H] per layer, or [L', B, K, S, H]
 
 
-def _chunk(engine: engine_lib.Engine, params, state: engine_lib.EngineState, slot,
-           tokens_1xC, start, prompt_len_1):
-    """Caches positions [start, start + C) of one prompt in row `slot` of the cache;
-    returns the state and the layer-top hidden state [1, D] at the prompt's last position
-    (valid when that position is in this chunk)."""
-    axis = _cache_batch_axis(state.cache)
-    row = jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, slot, 1, axis), state.cache)
-    h_1xD, _, row = prefill_chunk(params, engine.cfg, tokens_1xC, start, prompt_len_1, row,
-                                  engine.cache_layers)
+def _chunk(cfg, stop: int, params, cache, slot, tokens_1xC, start, prompt_len_1):
+    """Caches layers [0, stop) of positions [start, start + C) of one prompt in row `slot`
+    of the cache; returns the cache and the layer-`stop` hidden state [1, D] at the
+    prompt's last position (valid when that position is in this chunk). Static: the model
+    architecture and `stop` only, so the greedy and sampling engines of one model share it."""
+    axis = _cache_batch_axis(cache)
+    row = jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, slot, 1, axis), cache)
+    h_1xD, _, row = prefill_chunk(params, cfg, tokens_1xC, start, prompt_len_1, row, stop)
     cache = jax.tree.map(lambda x, r: jax.lax.dynamic_update_slice_in_dim(x, r, slot, axis),
-                         state.cache, row)
-    return state.replace(cache=cache), h_1xD
+                         cache, row)
+    return cache, h_1xD
 
 
 def _finish(engine: engine_lib.Engine, params, heads, state: engine_lib.EngineState,
@@ -153,7 +158,7 @@ def _empty(engine: engine_lib.Engine, params, heads, eos_ids_E, windows_K1):
     return state, req.replace(tokens_BxS=jnp.zeros((B, T), jnp.int32))
 
 
-_chunk_jit = jax.jit(_chunk, static_argnums=(0,), donate_argnums=(2,))
+_chunk_jit = jax.jit(_chunk, static_argnums=(0, 1), donate_argnums=(3,))
 _finish_jit = jax.jit(_finish, static_argnums=(0,), donate_argnums=(3, 4))
 _cancel_jit = jax.jit(_cancel, donate_argnums=(0,))
 _empty_jit = jax.jit(_empty, static_argnums=(0,))
@@ -296,9 +301,10 @@ class SlotEngine:
         tokens = np.zeros((1, C), np.int32)
         piece = ids[p.start:p.start + C]
         tokens[0, :len(piece)] = piece
-        self.state, h_1xD = _chunk_jit(self.engine, self.model.params, self.state,
-                                       np.int32(p.slot), tokens, np.int32(p.start),
-                                       np.asarray([len(ids)], np.int32))
+        cache, h_1xD = _chunk_jit(self.engine.cfg, self.engine.cache_layers, self.model.params,
+                                  self.state.cache, np.int32(p.slot), tokens,
+                                  np.int32(p.start), np.asarray([len(ids)], np.int32))
+        self.state = self.state.replace(cache=cache)
         p.start += C
         if p.start >= len(ids):
             p.h_1xD = h_1xD
