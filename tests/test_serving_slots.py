@@ -170,3 +170,60 @@ def test_a_long_prompt_enters_in_chunks_while_the_other_slots_decode(method, opt
                                temperature=sampling.temperature, top_k=sampling.top_k,
                                seed=sampling.seed, **options).token_ids
     assert [got[i] for i in range(len(prompts))] == want
+
+
+def test_the_scheduler_runs_a_long_prompt_between_the_rounds_of_a_stream():
+    """The engine thread prefills a prompt of 4 chunks one chunk per step: a stream already
+    decoding keeps receiving tokens until the long prompt's first token, and both get
+    their offline `generate` tokens."""
+    import asyncio
+
+    from test_engine import tiny_model
+
+    from hispec_jax.serving import server as server_lib
+    from hispec_jax.serving.scheduler import Job, Scheduler
+
+    model = tiny_model(2, 0, max_len=128)
+    rng, V = np.random.RandomState(1), model.cfg.vocab_size
+    short, long_ = rng.randint(4, V, 6).tolist(), rng.randint(4, V, 60).tolist()
+    engines = {True: SlotEngine(model, methods_lib.make_method(model, "ar"), slots=2,
+                                capacity=128, greedy=True, eos_ids=(), prefill_chunk=16)}
+    scheduler = Scheduler(engines, warmup=server_lib.warm_up)
+    scheduler.start()
+
+    async def run():
+        loop, events = asyncio.get_running_loop(), []
+
+        def job(ids, budget):
+            return Job(ids, budget, SamplingParams(), loop, asyncio.Queue())
+
+        async def collect(name, j):
+            while True:
+                kind, value = await j.queue.get()
+                events.append((name, kind, value))
+                if kind == "done":
+                    return
+
+        a = job(short, 40)
+        scheduler.submit(a)
+        kind, value = await a.queue.get()  # a decodes
+        events.append(("a", kind, value))
+        b = job(long_, 8)
+        scheduler.submit(b)
+        events.append(("b", "submitted", None))
+        await asyncio.gather(collect("a", a), collect("b", b))
+        return events
+
+    try:
+        events = asyncio.run(run())
+    finally:
+        scheduler.stop()
+    assert scheduler.error is None
+    start = events.index(("b", "submitted", None))
+    first_b = next(i for i, e in enumerate(events) if e[0] == "b" and e[1] == "tokens")
+    assert sum(e[:2] == ("a", "tokens") for e in events[start:first_b]) >= 3
+    got = {name: sum((e[2] for e in events if e[:2] == (name, "tokens")), [])
+           for name in ("a", "b")}
+    want = tuple(hispec_jax.generate(model, [p], max_new_tokens=n, ignore_eos=True).token_ids[0]
+                 for p, n in ((short, 40), (long_, 8)))
+    assert (got["a"], got["b"]) == want

@@ -24,6 +24,7 @@ positions, not the 384 of whole chunks or the 512 of one block).
 A small chunk reads every weight as a full one does, so on a CPU it costs more per
 position: two of them cost less than a full chunk, three about as much, hence `MAX_SMALL`
 (what a block of T positions costs on XLA:CPU: docs/layer_layouts.md).
+
 `prefill_chunk` is one chunk at an array start: the serving slots (`serving/slots.py`) run
 a prompt through it chunk by chunk, between the decoding rounds of the other slots.
 """

@@ -7,7 +7,8 @@ property of a compiled loop).
                                       v
     engine thread:  loop { admit waiting jobs into free slots; cancel abandoned ones;
                            prefill at most prefill_chunks_per_step chunks of admitted
-                           prompts on each engine;
+                           prompts on each engine (with no slot decoding, the oldest
+                           admitted prompt whole);
                            generate(rounds_per_step) on each engine with decoding slots;
                            hand each job its new tokens }  --events--> job's asyncio queue
 
@@ -80,7 +81,9 @@ class Scheduler:
       engines: {True: the greedy SlotEngine, False: the sampling SlotEngine}.
       rounds_per_step: speculation rounds per `generate` call (1: a new request waits at
         most one round for a slot to be looked at).
-      prefill_chunks_per_step: prefill chunks per engine between two `generate` calls.
+      prefill_chunks_per_step: prefill chunks per engine between two `generate` calls
+        while some of its slots decode (with none decoding, the oldest admitted prompt is
+        prefilled whole: it holds up no stream).
       warmup: None (`ready` from the start), or a callable the engine thread runs (with
         `engines`) before it takes requests; `ready` is set when it returns.
     """
@@ -212,7 +215,10 @@ class Scheduler:
                 for greedy, engine in self.engines.items():
                     if not self._running[greedy]:
                         continue
-                    engine.prefill(self.prefill_chunks_per_step)
+                    if engine.decoding:
+                        engine.prefill(self.prefill_chunks_per_step)
+                    while engine.prefilling and not engine.decoding:  # it holds up no stream
+                        engine.prefill(1)
                     updates = engine.generate(self.rounds_per_step)
                     self.stats.engine_counters(greedy, engine.counters())
                     now = time.perf_counter()

@@ -259,6 +259,12 @@ class SlotEngine:
         """Slots whose prompt waits to be prefilled (admitted, not yet decoding)."""
         return [p.slot for p in self._prefills]
 
+    @property
+    def decoding(self) -> list[int]:
+        """Busy slots past their prefill (those a `generate` call advances)."""
+        waiting = set(self.prefilling)
+        return [b for b, busy in enumerate(self.busy) if busy and b not in waiting]
+
     def admit(self, slot: int, request: SlotRequest) -> None:
         """Gives `slot` (which must be free) to `request`; its prompt enters the slot's
         cache chunk by chunk in `prefill` calls, and the slot decodes after the last."""
@@ -339,8 +345,7 @@ class SlotEngine:
         """Runs at most `max_rounds` rounds (fewer when every slot finishes) and returns the
         decoding slots' new tokens; finished slots become free. Slots still prefilling take
         no part."""
-        waiting = set(self.prefilling)
-        decoding = [b for b in range(self.slots) if self.busy[b] and b not in waiting]
+        decoding = self.decoding
         if not decoding:
             return []
         self.state = _rounds_jit(self.engine, self.model.params, self.model.heads, self.req,
