@@ -117,10 +117,10 @@ CHUNKED = [("ar", {}, SamplingParams()),
 
 @pytest.mark.parametrize("method,options,sampling", CHUNKED, ids=[c[0] for c in CHUNKED])
 def test_a_long_prompt_enters_in_chunks_while_the_other_slots_decode(method, options, sampling):
-    """A prompt of 3 chunks is prefilled one chunk per step between the rounds of two
-    decoding slots: every request gets its offline `generate` tokens (sampling: with the
-    same seed), the decoding slots emit tokens during the prefill, and a prompt of another
-    length compiles nothing more."""
+    """A prompt of 3 chunks (two full ones of 32 positions, a small one of 16) is prefilled
+    one chunk per step between the rounds of two decoding slots: every request gets its
+    offline `generate` tokens (sampling: with the same seed), the decoding slots emit
+    tokens during the prefill, and a prompt of another length compiles nothing more."""
     from test_engine import tiny_model
 
     from hispec_jax.serving.slots import backend_compiles
@@ -129,11 +129,11 @@ def test_a_long_prompt_enters_in_chunks_while_the_other_slots_decode(method, opt
     rng, V = np.random.RandomState(0), model.cfg.vocab_size
     motif = rng.randint(4, V, 6).tolist()
     prompts = [rng.randint(4, V, 5).tolist(), rng.randint(4, V, 9).tolist(),
-               (motif * 7)[:40], rng.randint(4, V, 23).tolist()]
+               (motif * 12)[:70], rng.randint(4, V, 23).tolist()]
     budget = 16
     decoder = methods_lib.make_method(model, method, greedy=sampling.greedy, **options)
-    eng = SlotEngine(model, decoder, slots=3, capacity=96, greedy=sampling.greedy,
-                     eos_ids=model.eos_token_ids, prefill_chunk=16)
+    eng = SlotEngine(model, decoder, slots=3, capacity=112, greedy=sampling.greedy,
+                     eos_ids=model.eos_token_ids, prefill_chunk=32)
     got = {i: [] for i in range(len(prompts))}
     owner = {}
 

@@ -12,7 +12,7 @@ Each answer is `generate_stream` of the whole conversation so far (the chat temp
 plain transcript when the model has none: `prompts.py`) with one fixed cache capacity, so
 the programs do not depend on the conversation's length: the prompt enters the slot in
 fixed-size prefill chunks (`slots.py`). Before the first prompt the loop compiles every
-program an answer runs (`stream.warm_up_stream`: the decoding state, the prefill chunk,
+program an answer runs (`stream.warm_up_stream`: the decoding state, the prefill chunks,
 finish, the decode loop), saying so on one progress line; no answer compiles anything.
 The speed after an answer is the decode loop's (tokens after the first over the time
 after the first), with the time to the first token beside it.

@@ -9,8 +9,8 @@ recommended HiSpec plan, or prompt lookup), and /health says which and why.
 
 Two slot engines share the slots' shapes: one greedy (temperature 0), one sampling. With
 `warmup=True` (the default) the engine thread compiles every program serving can need (per
-engine a fixed set whatever the prompts: the empty state, the prefill chunk, finish, the
-rounds loop, cancel: `SlotEngine.warm_up`) before it takes a request, and /health answers
+engine a fixed set whatever the prompts: the empty state, the two prefill chunks, finish,
+the rounds loop, cancel: `SlotEngine.warm_up`) before it takes a request, and /health answers
 503 "loading" until then; afterwards serving compiles nothing (`slots.backend_compiles`).
 With `warmup=False` each program compiles at its first use.
 """

@@ -2,9 +2,10 @@
 insert / generate split of JetStream-style engines, on top of `decoding.engine.Engine`).
 
     admit      a prompt claims a free slot; it waits there to be prefilled
-    prefill    one chunk of C positions of a waiting prompt goes into its slot's cache rows
-               (`prefill.prefill_chunk`; the chunk's start is an array: one compilation for
-               every prompt length and chunk); after its last chunk, "finish" builds the
+    prefill    one chunk of a waiting prompt goes into its slot's cache rows (C positions,
+               or t = C / 4 for the last ones, as offline prefill: `prefill.chunk_counts`;
+               `prefill.prefill_chunk` with the chunk's start as an array: two compilations
+               for every prompt length and chunk); after its last chunk, "finish" builds the
                slot's per-sequence state (`Engine.state_from_prefill`: first token, output
                buffer, c_k, rings, windows, drafter state) and writes it at the slot's row
     generate   `Engine.run_rounds`: at most R speculation rounds for the decoding slots (R
@@ -23,7 +24,8 @@ leaf of the slot's row, so a request's tokens do not depend on the other slots (
 tokens of offline `generate`; sampling: those of `generate` with the same seed).
 
 The compiled programs of an engine are a fixed set, whatever the prompts: the empty state,
-the prefill chunk, finish, the rounds loop and cancel (`SlotEngine.warm_up` compiles them).
+the two prefill chunks, finish, the rounds loop and cancel (`SlotEngine.warm_up` compiles
+them).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ import numpy as np
 from hispec_jax.decoding import engine as engine_lib
 from hispec_jax.decoding import methods as methods_lib
 from hispec_jax.decoding.generate import MIN_PROMPT_BLOCK
-from hispec_jax.decoding.prefill import prefill_chunk
+from hispec_jax.decoding.prefill import MAX_SMALL, prefill_chunk, small_chunk
 from hispec_jax.decoding.request import Request
 from hispec_jax.decoding.sampling import SamplingArrays, SamplingParams, sequence_keys
 
@@ -208,8 +210,11 @@ class SlotEngine:
       capacity: S, cache positions per slot (prompt + budget + the method's lookahead).
       greedy: argmax decoding (static); False: every slot samples with its own settings.
       eos_ids: token ids that end a request (EOS, end-of-turn markers).
-      prefill_chunk: C, prompt positions per prefill chunk (at most S): a prompt of n
-        tokens enters its slot in ceil(n / C) chunks, the last one padded.
+      prefill_chunk: C, prompt positions per full prefill chunk (at most S). As offline
+        `generate`'s prefill (`prefill.chunk_counts`), a prompt runs full chunks while more
+        than two small chunks of t = C / 4 positions (at least 16) are left, then small
+        ones, the last one padded: two compiled chunk programs, and a short prompt costs
+        t positions, not C.
     """
 
     def __init__(self, model, decoder: methods_lib.Decoder, *, slots: int, capacity: int,
@@ -219,6 +224,9 @@ class SlotEngine:
         self.model, self.decoder = model, decoder
         self.eos_ids = tuple(eos_ids)
         self.prefill_chunk = min(prefill_chunk, capacity)
+        small = small_chunk(self.prefill_chunk)
+        self._small_chunk = small
+        self._small_tail = min(MAX_SMALL, (self.prefill_chunk - 1) // small) * small
         shapes = engine_lib.Shapes(batch=slots, capacity=capacity, prompt_block=MIN_PROMPT_BLOCK,
                                    num_eos=max(1, len(self.eos_ids)))
         self.engine = engine_lib.Engine.for_model(model, decoder.hierarchy, shapes, greedy)
@@ -302,8 +310,14 @@ class SlotEngine:
         self.admit(slot, request)
         self.prefill()
 
+    def chunk_size(self, rest: int) -> int:
+        """The size of the next chunk of a prompt with `rest` positions left: C while
+        more than the small chunks' tail is left, else t."""
+        return self.prefill_chunk if rest > self._small_tail else self._small_chunk
+
     def _run_chunk(self, p: _Prefill) -> None:
-        C, ids = self.prefill_chunk, p.request.prompt_ids
+        ids = p.request.prompt_ids
+        C = self.chunk_size(len(ids) - p.start)
         tokens = np.zeros((1, C), np.int32)
         piece = ids[p.start:p.start + C]
         tokens[0, :len(piece)] = piece
@@ -365,14 +379,17 @@ class SlotEngine:
         return updates
 
     def warm_up(self) -> int:
-        """Compiles every program this engine runs (the prefill chunk, finish, the rounds
-        loop, cancel) on a one-token request in slot 0, which must be free; returns the
-        compilations it ran. Afterwards no prompt of any length compiles anything."""
+        """Compiles every program this engine runs (the small and the full prefill chunk,
+        finish, the rounds loop, cancel) on two short requests in slot 0, which must be
+        free; returns the compilations it ran. Afterwards no prompt of any length compiles
+        anything."""
         before = backend_compiles()
         sampling = SamplingParams() if self.greedy else SamplingParams(temperature=1.0)
-        self.insert(0, SlotRequest((0,), 1, sampling))
+        self.insert(0, SlotRequest((0,), 1, sampling))  # a small chunk
         self.cancel(0)  # decoding: its first token is out, its budget not yet seen
-        self.insert(0, SlotRequest((0,), 1, sampling))
+        longest = self.capacity - self.lookahead - 1  # the longest prompt that fits
+        full = self._small_tail + 1  # the shortest prompt that runs a full chunk
+        self.insert(0, SlotRequest((0,) * (full if full <= longest else 1), 1, sampling))
         while self.busy[0]:
             self.generate(1)
         self.counters()
