@@ -106,3 +106,124 @@ def test_run_rounds_resumes_to_the_uninterrupted_run(model):
     assert rounds._cache_size() == 1
     np.testing.assert_array_equal(state.out.tokens_BxS, out.tokens_BxS)
     np.testing.assert_array_equal(state.out.num_new_B, out.num_new_B)
+
+
+# ---- chunked prefill on tiny random models ------------------------------------------------
+CHUNKED = [("ar", {}, SamplingParams()),
+           ("lookup", dict(lookup=4), SamplingParams()),
+           ("hispec", dict(draft_exit=1, verify_exits=(2,), verify_window=2), SamplingParams()),
+           ("layerskip", dict(draft_exit=2), SamplingParams(temperature=0.9, top_k=20, seed=7))]
+
+
+@pytest.mark.parametrize("method,options,sampling", CHUNKED, ids=[c[0] for c in CHUNKED])
+def test_a_long_prompt_enters_in_chunks_while_the_other_slots_decode(method, options, sampling):
+    """A prompt of 3 chunks (two full ones of 32 positions, a small one of 16) is prefilled
+    one chunk per step between the rounds of two decoding slots: every request gets its
+    offline `generate` tokens (sampling: with the same seed), the decoding slots emit
+    tokens during the prefill, and a prompt of another length compiles nothing more."""
+    from test_engine import tiny_model
+
+    from hispec_jax.serving.slots import backend_compiles
+
+    model = tiny_model(4, 1, max_len=128)
+    rng, V = np.random.RandomState(0), model.cfg.vocab_size
+    motif = rng.randint(4, V, 6).tolist()
+    prompts = [rng.randint(4, V, 5).tolist(), rng.randint(4, V, 9).tolist(),
+               (motif * 12)[:70], rng.randint(4, V, 23).tolist()]
+    budget = 16
+    decoder = methods_lib.make_method(model, method, greedy=sampling.greedy, **options)
+    eng = SlotEngine(model, decoder, slots=3, capacity=112, greedy=sampling.greedy,
+                     eos_ids=model.eos_token_ids, prefill_chunk=32)
+    got = {i: [] for i in range(len(prompts))}
+    owner = {}
+
+    def step():
+        for u in eng.generate(1):
+            got[owner[u.slot]] += u.new_token_ids
+            if u.done:
+                del owner[u.slot]
+
+    def request(i):  # sequence i of offline generate's batch (its PRNG key)
+        return SlotRequest(tuple(prompts[i]), budget, sampling, sequence_index=i)
+
+    for i in (0, 1):
+        eng.insert(i, request(i))
+        owner[i] = i
+    step()
+    eng.admit(2, request(2))
+    owner[2] = 2
+    before = {i: len(got[i]) for i in (0, 1)}
+    chunks = 0
+    while eng.prefilling:
+        chunks += eng.prefill(1)
+        step()
+    assert chunks == 3 and all(len(got[i]) > before[i] for i in (0, 1))
+    while owner:
+        step()
+    compiled = backend_compiles()
+    eng.insert(0, request(3))
+    owner[0] = 3
+    while owner:
+        step()
+    assert backend_compiles() == compiled
+    want = hispec_jax.generate(model, prompts, method=method, max_new_tokens=budget,
+                               temperature=sampling.temperature, top_k=sampling.top_k,
+                               seed=sampling.seed, **options).token_ids
+    assert [got[i] for i in range(len(prompts))] == want
+
+
+def test_the_scheduler_runs_a_long_prompt_between_the_rounds_of_a_stream():
+    """The engine thread prefills a prompt of 4 chunks one chunk per step: a stream already
+    decoding keeps receiving tokens until the long prompt's first token, and both get
+    their offline `generate` tokens."""
+    import asyncio
+
+    from test_engine import tiny_model
+
+    from hispec_jax.serving import server as server_lib
+    from hispec_jax.serving.scheduler import Job, Scheduler
+
+    model = tiny_model(2, 0, max_len=128)
+    rng, V = np.random.RandomState(1), model.cfg.vocab_size
+    short, long_ = rng.randint(4, V, 6).tolist(), rng.randint(4, V, 60).tolist()
+    engines = {True: SlotEngine(model, methods_lib.make_method(model, "ar"), slots=2,
+                                capacity=128, greedy=True, eos_ids=(), prefill_chunk=16)}
+    scheduler = Scheduler(engines, warmup=server_lib.warm_up)
+    scheduler.start()
+
+    async def run():
+        loop, events = asyncio.get_running_loop(), []
+
+        def job(ids, budget):
+            return Job(ids, budget, SamplingParams(), loop, asyncio.Queue())
+
+        async def collect(name, j):
+            while True:
+                kind, value = await j.queue.get()
+                events.append((name, kind, value))
+                if kind == "done":
+                    return
+
+        a = job(short, 40)
+        scheduler.submit(a)
+        kind, value = await a.queue.get()  # a decodes
+        events.append(("a", kind, value))
+        b = job(long_, 8)
+        scheduler.submit(b)
+        events.append(("b", "submitted", None))
+        await asyncio.gather(collect("a", a), collect("b", b))
+        return events
+
+    try:
+        events = asyncio.run(run())
+    finally:
+        scheduler.stop()
+    assert scheduler.error is None
+    start = events.index(("b", "submitted", None))
+    first_b = next(i for i, e in enumerate(events) if e[0] == "b" and e[1] == "tokens")
+    assert sum(e[:2] == ("a", "tokens") for e in events[start:first_b]) >= 3
+    got = {name: sum((e[2] for e in events if e[:2] == (name, "tokens")), [])
+           for name in ("a", "b")}
+    want = tuple(hispec_jax.generate(model, [p], max_new_tokens=n, ignore_eos=True).token_ids[0]
+                 for p, n in ((short, 40), (long_, 8)))
+    assert (got["a"], got["b"]) == want

@@ -32,9 +32,10 @@ def test_generate_stream_is_generate(model, method):
 
 def test_after_warm_up_stream_a_stream_compiles_nothing(model):
     """`warm_up_stream` compiles what a stream with those arguments runs (a fixed cache
-    capacity: the prompt only picks the prefill bucket); the stream then matches generate."""
+    capacity: the slot engine's fixed set of programs, whatever the prompt's length); the
+    stream then matches generate."""
     kw = dict(method="lookup", max_new_tokens=8, max_cache_len=96)
-    compiled = stream_lib.warm_up_stream(model, "x", prompt_blocks=(16,), **kw)
+    compiled = stream_lib.warm_up_stream(model, "x", **kw)
     assert compiled > 0
     stream = hispec_jax.generate_stream(model, "The cat sat on the mat. The cat", **kw)
     text = "".join(stream)
@@ -98,10 +99,10 @@ def test_cli_chat_from_stdin(model, monkeypatch, capsys):
     assert out == (f"{first}\n{second}\nunknown command /bogus (commands: /reset, /quit)\n"
                    f"(conversation reset)\n{first}\n")
     assert err.count("[layerskip] 6 tokens") == 3 and "tokens/s decoding" in err
-    # compiled while it started (and the next turn's prefill while the user typed): no
-    # answer compiles anything
+    # compiled while it started, whatever the conversation's length: no answer compiles
+    # anything
     assert err.startswith("plan: layerskip (--method given)\nloading the shipped model...\n")
-    assert "compiling the decode loop...\n" in err and "ready: compiled " in err
+    assert "compiling the prefill and the decode loop...\n" in err and "ready: compiled " in err
     answers = [line for line in err.splitlines() if line.startswith("[layerskip]")]
     assert len(answers) == 3 and not any("compiled" in line for line in answers)
 

@@ -24,6 +24,9 @@ positions, not the 384 of whole chunks or the 512 of one block).
 A small chunk reads every weight as a full one does, so on a CPU it costs more per
 position: two of them cost less than a full chunk, three about as much, hence `MAX_SMALL`
 (what a block of T positions costs on XLA:CPU: docs/layer_layouts.md).
+
+`prefill_chunk` is one chunk at an array start: the serving slots (`serving/slots.py`) run
+a prompt through it chunk by chunk, between the decoding rounds of the other slots.
 """
 
 from __future__ import annotations
@@ -82,28 +85,46 @@ def prefill(params: Params, cfg: ModelConfig, tokens_BxS: jax.Array, lengths_B: 
       (layer-`stop` hidden states [B, D] at each prompt's last position, updated cache).
     """
     B, T = tokens_BxS.shape[0], chunk
-    S = cache.capacity
     # a chunk may run past the buffer's end (its positions there are padding): pad the
     # tokens so the slice is never clamped back onto real positions
     tokens_BxS = jnp.pad(tokens_BxS, ((0, 0), (0, T)))
-    last_B = jnp.maximum(lengths_B - 1, 0)
 
-    def run_chunk(size, start, h_BxD, cache):
-        """Chunk [start, start + size): the hidden states, those of the prompts whose last
-        position is in it replaced, and the cache."""
+    def run(size, start, h_BxD, cache):
         tokens_BxT = jax.lax.dynamic_slice_in_dim(tokens_BxS, start, size, axis=1)
-        n_B = jnp.clip(lengths_B - start, 0, size)
-        positions_BxT = block_positions(jnp.full((B,), start, jnp.int32), n_B, size, S)
-        h_BxTxD, cache = run_layers_cached(params, cfg, embed(params, tokens_BxT), positions_BxT,
-                                           cache, 0, stop)
-        offset_B = jnp.clip(last_B - start, 0, size - 1)
-        chunk_h_BxD = jnp.take_along_axis(h_BxTxD, offset_B[:, None, None], axis=1)[:, 0]
-        here_B = (last_B >= start) & (last_B < start + size)
+        chunk_h_BxD, here_B, cache = prefill_chunk(params, cfg, tokens_BxT, start, lengths_B,
+                                                   cache, stop)
         return jnp.where(here_B[:, None], chunk_h_BxD, h_BxD), cache
 
     t = small_chunk(T)
     num_full, num_small = chunk_counts(jnp.max(lengths_B), T)
     carry = (jnp.zeros((B, cfg.hidden_size), params["embed"].dtype), cache)
-    carry = jax.lax.fori_loop(0, num_full, lambda i, c: run_chunk(T, i * T, *c), carry)
-    return jax.lax.fori_loop(0, num_small, lambda i, c: run_chunk(t, num_full * T + i * t, *c),
+    carry = jax.lax.fori_loop(0, num_full, lambda i, c: run(T, i * T, *c), carry)
+    return jax.lax.fori_loop(0, num_small, lambda i, c: run(t, num_full * T + i * t, *c),
                              carry)
+
+
+def prefill_chunk(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array, start: jax.Array,
+                  lengths_B: jax.Array, cache: KVCache,
+                  stop: int) -> tuple[jax.Array, jax.Array, KVCache]:
+    """Caches layers [0, stop) for positions [start, start + T) of every prompt (`start` a
+    traced scalar: one compilation for every chunk of T positions).
+
+    Args:
+      tokens_BxT: [B, T] int32, the prompts' tokens at those positions (anything past a
+        prompt's end: its positions get the sentinel S and write nothing).
+      start: [] int32, the chunk's first position.
+      lengths_B: [B] int32 prompt lengths.
+
+    Returns:
+      (layer-`stop` hidden states [B, D] at each prompt's last position, valid where
+      `here_B`; [B] bool, that last position lies in this chunk; the updated cache).
+    """
+    B, T = tokens_BxT.shape
+    n_B = jnp.clip(lengths_B - start, 0, T)
+    positions_BxT = block_positions(jnp.full((B,), start, jnp.int32), n_B, T, cache.capacity)
+    h_BxTxD, cache = run_layers_cached(params, cfg, embed(params, tokens_BxT), positions_BxT,
+                                       cache, 0, stop)
+    last_B = jnp.maximum(lengths_B - 1, 0)
+    offset_B = jnp.clip(last_B - start, 0, T - 1)
+    h_BxD = jnp.take_along_axis(h_BxTxD, offset_B[:, None, None], axis=1)[:, 0]
+    return h_BxD, (last_B >= start) & (last_B < start + T), cache

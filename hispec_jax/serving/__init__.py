@@ -1,15 +1,17 @@
 """Serving: engine slots (continuous batching), streaming text, the interactive chat and
 the OpenAI-compatible HTTP server (docs/serving.md).
 
-    slots.py               SlotEngine: insert a request into a free slot, run a bounded
-                           number of rounds, hand out each slot's new tokens
+    slots.py               SlotEngine: admit a request into a free slot, prefill its prompt
+                           in fixed-size chunks, run a bounded number of rounds, hand out
+                           each slot's new tokens (a fixed set of compiled programs)
     detok.py               incremental detokenization (a short window per step; only text
                            later tokens cannot change)
     stream.py              generate_stream: text deltas as tokens are accepted;
                            warm_up_stream: compile what a stream runs, ahead of it
     prompts.py             conversations as prompts (chat template, or a plain transcript)
-    chat_loop.py           `hispec chat` (compiles its first answer while it starts)
-    scheduler.py           the engine thread: warm-up, requests -> slots -> token streams
+    chat_loop.py           `hispec chat` (compiles what its answers run while it starts)
+    scheduler.py           the engine thread: warm-up, requests -> slots (a prefill chunk
+                           between decode steps) -> token streams
     metrics.py             what the engine thread counts; /metrics (Prometheus text format)
     protocol.py            the API's request / response bodies and request checks
     serving_engine.py      a request -> a job -> text (stop strings) -> JSON or SSE

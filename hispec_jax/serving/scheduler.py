@@ -3,11 +3,17 @@
 property of a compiled loop).
 
     HTTP handlers --submit(job)--> waiting (FIFO per engine)
-                                      |  a slot is free: insert (prefill)
+                                      |  a slot is free: admit (the prompt waits in it)
                                       v
     engine thread:  loop { admit waiting jobs into free slots; cancel abandoned ones;
-                           generate(rounds_per_step) on each engine with busy slots;
+                           prefill at most prefill_chunks_per_step chunks of admitted
+                           prompts on each engine (with no slot decoding, the oldest
+                           admitted prompt whole);
+                           generate(rounds_per_step) on each engine with decoding slots;
                            hand each job its new tokens }  --events--> job's asyncio queue
+
+A long prompt enters its slot chunk by chunk between decode steps (`SlotEngine.prefill`),
+so the other slots' streams pause for one chunk at a time, not for its whole prefill.
 
 A job's events are `("tokens", [ids])` and finally `("done", finish_reason)` with
 finish_reason "stop" (EOS / end of turn), "length" (max_tokens) or "cancelled".
@@ -75,14 +81,21 @@ class Scheduler:
       engines: {True: the greedy SlotEngine, False: the sampling SlotEngine}.
       rounds_per_step: speculation rounds per `generate` call (1: a new request waits at
         most one round for a slot to be looked at).
+      prefill_chunks_per_step: prefill chunks per engine between two `generate` calls
+        while some of its slots decode (with none decoding, the oldest admitted prompt is
+        prefilled whole: it holds up no stream).
       warmup: None (`ready` from the start), or a callable the engine thread runs (with
         `engines`) before it takes requests; `ready` is set when it returns.
     """
 
     def __init__(self, engines: dict[bool, slots_lib.SlotEngine], rounds_per_step: int = 1,
-                 warmup=None):
+                 warmup=None, prefill_chunks_per_step: int = 1):
+        if not isinstance(prefill_chunks_per_step, int) or prefill_chunks_per_step < 1:
+            raise ValueError("prefill_chunks_per_step must be an integer >= 1, got "
+                             f"{prefill_chunks_per_step!r}")
         self.engines = engines
         self.rounds_per_step = rounds_per_step
+        self.prefill_chunks_per_step = prefill_chunks_per_step
         self._warmup = warmup
         self.ready = threading.Event()
         if warmup is None:  # nothing to wait for: ready from the start
@@ -163,8 +176,8 @@ class Scheduler:
                 if not waiting:
                     break
                 job = waiting.popleft()
-                engine.insert(slot, slots_lib.SlotRequest(tuple(job.prompt_ids),
-                                                          job.max_new_tokens, job.sampling))
+                engine.admit(slot, slots_lib.SlotRequest(tuple(job.prompt_ids),
+                                                         job.max_new_tokens, job.sampling))
                 running[slot] = job
                 self.stats.admitted(len(job.prompt_ids))
             busy |= bool(running)
@@ -202,6 +215,10 @@ class Scheduler:
                 for greedy, engine in self.engines.items():
                     if not self._running[greedy]:
                         continue
+                    if engine.decoding:
+                        engine.prefill(self.prefill_chunks_per_step)
+                    while engine.prefilling and not engine.decoding:  # it holds up no stream
+                        engine.prefill(1)
                     updates = engine.generate(self.rounds_per_step)
                     self.stats.engine_counters(greedy, engine.counters())
                     now = time.perf_counter()

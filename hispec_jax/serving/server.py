@@ -8,11 +8,11 @@ With no method the app runs the model's default plan (`recommended.default_plan`
 recommended HiSpec plan, or prompt lookup), and /health says which and why.
 
 Two slot engines share the slots' shapes: one greedy (temperature 0), one sampling. With
-`warmup=True` (the default) the engine thread compiles every program serving can need
-(one insert program per prompt bucket 16, 32, ... up to the cache capacity, the rounds
-loop, cancel) before it takes a request, and /health answers 503 "loading" until then;
-afterwards serving compiles nothing (`slots.backend_compiles`). With `warmup=False` each
-program compiles at its first use.
+`warmup=True` (the default) the engine thread compiles every program serving can need (per
+engine a fixed set whatever the prompts: the empty state, the two prefill chunks, finish,
+the rounds loop, cancel: `SlotEngine.warm_up`) before it takes a request, and /health answers
+503 "loading" until then; afterwards serving compiles nothing (`slots.backend_compiles`).
+With `warmup=False` each program compiles at its first use.
 """
 
 from __future__ import annotations
@@ -22,8 +22,7 @@ import signal
 import sys
 
 from hispec_jax.decoding import recommended
-from hispec_jax.decoding.generate import MIN_PROMPT_BLOCK, model_name
-from hispec_jax.decoding.sampling import SamplingParams
+from hispec_jax.decoding.generate import model_name
 from hispec_jax.serving import api_server
 from hispec_jax.serving import prompts as prompts_lib
 from hispec_jax.serving import slots as slots_lib
@@ -35,9 +34,11 @@ DEFAULT_CACHE_LEN = 1024
 
 
 def build_engines(model, method="ar", *, slots: int = 8, max_cache_len: int | None = None,
+                  prefill_chunk: int = slots_lib.PREFILL_CHUNK,
                   **method_options) -> dict[bool, slots_lib.SlotEngine]:
     """{greedy: SlotEngine} for greedy (True) and sampling (False) requests. Every request
-    stops at EOS and at the chat template's end-of-turn markers."""
+    stops at EOS and at the chat template's end-of-turn markers; prompts enter their slots
+    in chunks of `prefill_chunk` positions."""
     if not isinstance(slots, int) or slots < 1:
         raise ValueError(f"slots must be an integer >= 1, got {slots!r}")
     capacity = max_cache_len or min(DEFAULT_CACHE_LEN, model.cfg.max_position_embeddings)
@@ -54,26 +55,15 @@ def build_engines(model, method="ar", *, slots: int = 8, max_cache_len: int | No
             raise ValueError(f"max_cache_len={capacity} leaves no room for a prompt and a "
                              f"token with the method's lookahead {decoder.lookahead()}")
         engines[greedy] = slots_lib.SlotEngine(model, decoder, slots=slots, capacity=capacity,
-                                               greedy=greedy, eos_ids=eos)
+                                               greedy=greedy, eos_ids=eos,
+                                               prefill_chunk=prefill_chunk)
     return engines
 
 
 def warm_up(engines: dict[bool, slots_lib.SlotEngine]) -> None:
-    """Compiles every program serving can need: an insert per prompt bucket, the rounds
-    loop and cancel, for both engines."""
-    for greedy, engine in engines.items():
-        sampling = SamplingParams() if greedy else SamplingParams(temperature=1.0)
-        block = MIN_PROMPT_BLOCK
-        while True:
-            n = min(block, engine.capacity - engine.lookahead - 1)
-            engine.insert(0, slots_lib.SlotRequest((0,) * n, 1, sampling))
-            while engine.busy[0]:
-                engine.generate(1)
-            if block >= engine.capacity:
-                break
-            block = min(2 * block, engine.capacity)
-        engine.insert(0, slots_lib.SlotRequest((0,), 1, sampling))
-        engine.cancel(0)
+    """Compiles every program serving can need (`SlotEngine.warm_up`), for both engines."""
+    for engine in engines.values():
+        engine.warm_up()
 
 
 def choose_plan(model, method, method_options: dict,
@@ -105,19 +95,23 @@ def describe(engine: slots_lib.SlotEngine, method) -> str:
 
 def build_app(model, method=None, *, slots: int = 8, max_cache_len: int | None = None,
               warmup: bool = True, rounds_per_step: int = 1, served_name: str | None = None,
-              plan_reason: str = "given", **method_options):
+              plan_reason: str = "given", prefill_chunk: int = slots_lib.PREFILL_CHUNK,
+              prefill_chunks_per_step: int = 1, **method_options):
     """The ASGI app serving `model` with `method` (None: the model's default plan) over
     `slots` slots per engine; with `warmup`, its engine thread compiles everything before
     it takes requests (/health: 503 "loading" until then). `plan_reason`: why a given
-    method runs (/health shows it)."""
+    method runs (/health shows it). Prompts enter their slots in chunks of
+    `prefill_chunk` positions, at most `prefill_chunks_per_step` chunks between two
+    `rounds_per_step` steps of the decoding slots (`scheduler.Scheduler`)."""
     method, method_options, reason = choose_plan(model, method, method_options, plan_reason)
     engines = build_engines(model, method, slots=slots, max_cache_len=max_cache_len,
-                            **method_options)
+                            prefill_chunk=prefill_chunk, **method_options)
     plan = {"method": method if isinstance(method, str) else "custom",
             "plan": describe(engines[True], method), "reason": reason}
     log.info("plan: %s (%s)%s", plan["plan"], reason,
              "; warming up (compiling every program) before taking requests" if warmup else "")
     scheduler = Scheduler(engines, rounds_per_step=rounds_per_step,
+                          prefill_chunks_per_step=prefill_chunks_per_step,
                           warmup=warm_up if warmup else None)
     name = served_name or model_name(model)
     return api_server.create_app(model, scheduler, name, plan)

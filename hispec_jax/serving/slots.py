@@ -1,22 +1,31 @@
 """Slots: one compiled engine whose B sequences take requests independently (the prefill /
 insert / generate split of JetStream-style engines, on top of `decoding.engine.Engine`).
 
-    insert     one prompt -> its slot's cache rows and per-sequence state: the prompt is
-               prefilled as a batch of one (`Engine.init_state`, one compilation per prompt
-               block bucket) and every [B, ...] leaf of the state takes it at the slot's row
-    generate   `Engine.run_rounds`: at most R speculation rounds for the busy slots (R is an
-               array: one compilation for every R)
+    admit      a prompt claims a free slot; it waits there to be prefilled
+    prefill    one chunk of a waiting prompt goes into its slot's cache rows (C positions,
+               or t = C / 4 for the last ones, as offline prefill: `prefill.chunk_counts`;
+               `prefill.prefill_chunk` with the chunk's start as an array: two compilations
+               for every prompt length and chunk); after its last chunk, "finish" builds the
+               slot's per-sequence state (`Engine.state_from_prefill`: first token, output
+               buffer, c_k, rings, windows, drafter state) and writes it at the slot's row
+    generate   `Engine.run_rounds`: at most R speculation rounds for the decoding slots (R
+               is an array: one compilation for every R)
     cancel     a slot stops at once (its client went away, a stop string matched)
 
-    slot 0  [prompt A | A A A A A done]   [prompt D | D D D D ...
-    slot 1  [prompt B | B B B B B B B B B B B B B B B B B B B B B B ...
-    slot 2  [prompt C | C C C done] (free)
-            time ->     D enters slot 0 while B keeps decoding; C's slot waits
+    slot 0  [A A A A A done]   [D1 | D2 | D3 + finish] D D D D ...
+    slot 1  [B B B B B B B B B B B B B B B B B B B B B B B B B B B B ...
+    slot 2  [C C C done] (free)
+            time ->   D's chunks run between B's rounds; C's slot waits
 
-A free or finished slot is a done sequence: it takes part in nothing. Every draw is keyed
-by the request's own key and its own pass count, and a slot's rows are rewritten whole at
-insertion, so a request's tokens do not depend on the other slots (greedy: the tokens of
-offline `generate`; sampling: those of `generate` with the same seed).
+A free slot, and a slot whose prompt is still being prefilled, is a done sequence: it takes
+part in no round, so the other slots' tokens do not change. Every draw is keyed by the
+request's own key and its own pass count, and the finish step rewrites every per-sequence
+leaf of the slot's row, so a request's tokens do not depend on the other slots (greedy: the
+tokens of offline `generate`; sampling: those of `generate` with the same seed).
+
+The compiled programs of an engine are a fixed set, whatever the prompts: the empty state,
+the two prefill chunks, finish, the rounds loop and cancel (`SlotEngine.warm_up` compiles
+them).
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ import numpy as np
 from hispec_jax.decoding import engine as engine_lib
 from hispec_jax.decoding import methods as methods_lib
 from hispec_jax.decoding.generate import MIN_PROMPT_BLOCK
+from hispec_jax.decoding.prefill import MAX_SMALL, prefill_chunk, small_chunk
 from hispec_jax.decoding.request import Request
 from hispec_jax.decoding.sampling import SamplingArrays, SamplingParams, sequence_keys
 
@@ -55,6 +65,12 @@ def backend_compiles() -> int:
     return _backend_compiles
 
 
+# Prompt positions per prefill chunk. The longest pause a prompt entering a slot puts
+# between two rounds of the other slots is one chunk's pass; a chunk still spreads its read
+# of every weight over many positions.
+PREFILL_CHUNK = 64
+
+
 @dataclasses.dataclass(frozen=True)
 class SlotRequest:
     """One request as a slot takes it.
@@ -73,11 +89,6 @@ class SlotRequest:
     sequence_index: int = 0
 
 
-def prompt_block(prompt_len: int, capacity: int) -> int:
-    """The prefill bucket of a prompt (as offline `generate`: a power of two >= 16)."""
-    return min(max(MIN_PROMPT_BLOCK, 1 << (prompt_len - 1).bit_length()), capacity)
-
-
 def _merge_row(big, small, slot, batch: int):
     """`big` with its batch row `slot` replaced by `small`'s only row. The batch axis of a
     leaf is the one axis where the shapes differ (B against 1); leaves of equal shape are
@@ -89,22 +100,38 @@ def _merge_row(big, small, slot, batch: int):
     return jax.lax.dynamic_update_slice_in_dim(big, small.astype(big.dtype), slot, axis)
 
 
-def _insert(engine: engine_lib.Engine, params, heads, state: engine_lib.EngineState,
-            req: Request, slot, prompt_1xT, prompt_len_1, max_new_1, key_1x2,
+def _cache_batch_axis(cache) -> int:
+    return 0 if cache.per_layer else 1  # [B, K, S, H] per layer, or [L', B, K, S, H]
+
+
+def _chunk(cfg, stop: int, params, cache, slot, tokens_1xC, start, prompt_len_1):
+    """Caches layers [0, stop) of positions [start, start + C) of one prompt in row `slot`
+    of the cache; returns the cache and the layer-`stop` hidden state [1, D] at the
+    prompt's last position (valid when that position is in this chunk). Static: the model
+    architecture and `stop` only, so the greedy and sampling engines of one model share it."""
+    axis = _cache_batch_axis(cache)
+    row = jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, slot, 1, axis), cache)
+    h_1xD, _, row = prefill_chunk(params, cfg, tokens_1xC, start, prompt_len_1, row, stop)
+    cache = jax.tree.map(lambda x, r: jax.lax.dynamic_update_slice_in_dim(x, r, slot, axis),
+                         cache, row)
+    return cache, h_1xD
+
+
+def _finish(engine: engine_lib.Engine, params, heads, state: engine_lib.EngineState,
+            req: Request, slot, h_1xD, prompt_1xS, prompt_len_1, max_new_1, key_1x2,
             sampling_1: SamplingArrays, windows_K1):
-    """Prefills one prompt (block T = its bucket) and writes it into row `slot` of the
-    state and of the request (cache rows, output buffer, c_k, rings, windows, keys...)."""
-    S, T = engine.shapes.capacity, prompt_1xT.shape[1]
-    one = dataclasses.replace(engine, shapes=dataclasses.replace(
-        engine.shapes, batch=1, prompt_block=T))
-    tokens_1xS = jnp.zeros((1, S), jnp.int32).at[:, :T].set(prompt_1xT)
-    req_1 = Request(tokens_BxS=tokens_1xS, prompt_lens_B=prompt_len_1, max_new_B=max_new_1,
-                    eos_ids_E=req.eos_ids_E, sequence_keys_Bx2=key_1x2, sampling=sampling_1)
-    fresh = one.init_state(params, heads, req_1, one.empty_cache(), windows_K1)
+    """Writes the per-sequence state of a prefilled prompt (`Engine.state_from_prefill`
+    as a batch of one) into row `slot` of the state and of the request (output buffer,
+    c_k, rings, windows, drafter state, keys...); the cache rows are the chunks'."""
+    one = dataclasses.replace(engine, shapes=dataclasses.replace(engine.shapes, batch=1))
+    req_1 = Request(tokens_BxS=prompt_1xS, prompt_lens_B=prompt_len_1, max_new_B=max_new_1,
+                    eos_ids_E=req.eos_ids_E, sequence_keys_Bx2=key_1x2, sampling=sampling_1,
+                    lookup_cost=req.lookup_cost)
+    fresh = one.state_from_prefill(params, heads, req_1, h_1xD, None, windows_K1)
     B = engine.shapes.batch
     merged = jax.tree.map(lambda b, s: _merge_row(b, s, slot, B),
-                          state.replace(counters=()), fresh.replace(counters=()))
-    merged = merged.replace(counters=state.counters)
+                          state.replace(counters=(), cache=None), fresh.replace(counters=()))
+    merged = merged.replace(counters=state.counters, cache=state.cache)
     req = req.replace(
         max_new_B=req.max_new_B.at[slot].set(max_new_1[0]),
         prompt_lens_B=req.prompt_lens_B.at[slot].set(prompt_len_1[0]),
@@ -127,16 +154,30 @@ def _empty(engine: engine_lib.Engine, params, heads, eos_ids_E, windows_K1):
                   sampling=SamplingArrays(temperature=jnp.ones((B,), jnp.float32),
                                           top_k=jnp.zeros((B,), jnp.int32),
                                           top_p=jnp.ones((B,), jnp.float32)))
-    state = engine.init_state(params, heads, req, engine.empty_cache(), windows_K1)
+    h_BxD = jnp.zeros((B, engine.cfg.hidden_size), params["embed"].dtype)
+    state = engine.state_from_prefill(params, heads, req, h_BxD, engine.empty_cache(),
+                                      windows_K1)
     return state, req.replace(tokens_BxS=jnp.zeros((B, T), jnp.int32))
 
 
-_insert_jit = jax.jit(_insert, static_argnums=(0,), donate_argnums=(3, 4))
+_chunk_jit = jax.jit(_chunk, static_argnums=(0, 1), donate_argnums=(3,))
+_finish_jit = jax.jit(_finish, static_argnums=(0,), donate_argnums=(3, 4))
 _cancel_jit = jax.jit(_cancel, donate_argnums=(0,))
 _empty_jit = jax.jit(_empty, static_argnums=(0,))
 _rounds_jit = jax.jit(lambda engine, params, heads, req, state, rounds:
                       engine.run_rounds(params, heads, req, state, rounds),
                       static_argnums=(0,), donate_argnums=(4,))
+
+
+@dataclasses.dataclass
+class _Prefill:
+    """A prompt waiting in its slot: the next chunk's start and, after the chunk that
+    holds its last position, the hidden state there."""
+
+    slot: int
+    request: SlotRequest
+    start: int = 0
+    h_1xD: Any = None
 
 
 @dataclasses.dataclass
@@ -169,12 +210,23 @@ class SlotEngine:
       capacity: S, cache positions per slot (prompt + budget + the method's lookahead).
       greedy: argmax decoding (static); False: every slot samples with its own settings.
       eos_ids: token ids that end a request (EOS, end-of-turn markers).
+      prefill_chunk: C, prompt positions per full prefill chunk (at most S). As offline
+        `generate`'s prefill (`prefill.chunk_counts`), a prompt runs full chunks while more
+        than two small chunks of t = C / 4 positions (at least 16) are left, then small
+        ones, the last one padded: two compiled chunk programs, and a short prompt costs
+        t positions, not C.
     """
 
     def __init__(self, model, decoder: methods_lib.Decoder, *, slots: int, capacity: int,
-                 greedy: bool, eos_ids: tuple[int, ...]):
+                 greedy: bool, eos_ids: tuple[int, ...], prefill_chunk: int = PREFILL_CHUNK):
+        if not isinstance(prefill_chunk, int) or prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be an integer >= 1, got {prefill_chunk!r}")
         self.model, self.decoder = model, decoder
         self.eos_ids = tuple(eos_ids)
+        self.prefill_chunk = min(prefill_chunk, capacity)
+        small = small_chunk(self.prefill_chunk)
+        self._small_chunk = small
+        self._small_tail = min(MAX_SMALL, (self.prefill_chunk - 1) // small) * small
         shapes = engine_lib.Shapes(batch=slots, capacity=capacity, prompt_block=MIN_PROMPT_BLOCK,
                                    num_eos=max(1, len(self.eos_ids)))
         self.engine = engine_lib.Engine.for_model(model, decoder.hierarchy, shapes, greedy)
@@ -184,6 +236,7 @@ class SlotEngine:
                                           self._eos_ids_E, self._windows_K1)
         self._prompt_len = np.zeros((slots,), np.int64)
         self._reported = np.zeros((slots,), np.int64)  # new tokens already handed out
+        self._prefills: list[_Prefill] = []  # admitted prompts not yet prefilled, oldest first
         self.busy = [False] * slots
 
     @property
@@ -209,9 +262,20 @@ class SlotEngine:
     def free_slots(self) -> list[int]:
         return [b for b, busy in enumerate(self.busy) if not busy]
 
-    def insert(self, slot: int, request: SlotRequest) -> None:
-        """Prefills `request` into `slot` (which must be free); its first token is emitted
-        by the prefill and handed out by the next `generate`."""
+    @property
+    def prefilling(self) -> list[int]:
+        """Slots whose prompt waits to be prefilled (admitted, not yet decoding)."""
+        return [p.slot for p in self._prefills]
+
+    @property
+    def decoding(self) -> list[int]:
+        """Busy slots past their prefill (those a `generate` call advances)."""
+        waiting = set(self.prefilling)
+        return [b for b, busy in enumerate(self.busy) if busy and b not in waiting]
+
+    def admit(self, slot: int, request: SlotRequest) -> None:
+        """Gives `slot` (which must be free) to `request`; its prompt enters the slot's
+        cache chunk by chunk in `prefill` calls, and the slot decodes after the last."""
         n = len(request.prompt_ids)
         if self.busy[slot]:
             raise ValueError(f"slot {slot} is busy")
@@ -222,40 +286,88 @@ class SlotEngine:
         if request.sampling.greedy != self.greedy:
             raise ValueError(f"a {'greedy' if request.sampling.greedy else 'sampling'} request "
                              f"on a {'greedy' if self.greedy else 'sampling'} engine")
-        T = prompt_block(n, self.capacity)
-        prompt = np.zeros((1, T), np.int32)
+        self._prefills.append(_Prefill(slot, request))
+        self.busy[slot] = True
+
+    def prefill(self, max_chunks: int | None = None) -> int:
+        """Runs at most `max_chunks` prefill chunks (None: every waiting prompt whole), of
+        the oldest waiting prompt first; a prompt whose last chunk ran starts decoding (its
+        first token is emitted here and handed out by the next `generate`). Returns the
+        chunks run."""
+        ran = 0
+        while self._prefills and (max_chunks is None or ran < max_chunks):
+            p = self._prefills[0]
+            if p.start < len(p.request.prompt_ids):
+                self._run_chunk(p)
+                ran += 1
+            if p.start >= len(p.request.prompt_ids):
+                self._finish(self._prefills.pop(0))
+        return ran
+
+    def insert(self, slot: int, request: SlotRequest) -> None:
+        """Admits `request` into `slot` and prefills it (with any prompt admitted before
+        it) at once."""
+        self.admit(slot, request)
+        self.prefill()
+
+    def chunk_size(self, rest: int) -> int:
+        """The size of the next chunk of a prompt with `rest` positions left: C while
+        more than the small chunks' tail is left, else t."""
+        return self.prefill_chunk if rest > self._small_tail else self._small_chunk
+
+    def _run_chunk(self, p: _Prefill) -> None:
+        ids = p.request.prompt_ids
+        C = self.chunk_size(len(ids) - p.start)
+        tokens = np.zeros((1, C), np.int32)
+        piece = ids[p.start:p.start + C]
+        tokens[0, :len(piece)] = piece
+        cache, h_1xD = _chunk_jit(self.engine.cfg, self.engine.cache_layers, self.model.params,
+                                  self.state.cache, np.int32(p.slot), tokens,
+                                  np.int32(p.start), np.asarray([len(ids)], np.int32))
+        self.state = self.state.replace(cache=cache)
+        p.start += C
+        if p.start >= len(ids):
+            p.h_1xD = h_1xD
+
+    def _finish(self, p: _Prefill) -> None:
+        request, n = p.request, len(p.request.prompt_ids)
+        prompt = np.zeros((1, self.capacity), np.int32)
         prompt[0, :n] = request.prompt_ids
         s = request.sampling
         sampling_1 = SamplingArrays(
             temperature=np.asarray([max(s.temperature, 1e-6)], np.float32),
             top_k=np.asarray([s.top_k], np.int32), top_p=np.asarray([s.top_p], np.float32))
         key_1x2 = np.asarray(sequence_keys(s.seed, [request.sequence_index]))
-        self.state, self.req = _insert_jit(
+        self.state, self.req = _finish_jit(
             self.engine, self.model.params, self.model.heads, self.state, self.req,
-            np.int32(slot), prompt, np.asarray([n], np.int32),
+            np.int32(p.slot), p.h_1xD, prompt, np.asarray([n], np.int32),
             np.asarray([request.max_new_tokens], np.int32), key_1x2, sampling_1,
             self._windows_K1)
-        self._prompt_len[slot], self._reported[slot] = n, 0
-        self.busy[slot] = True
+        self._prompt_len[p.slot], self._reported[p.slot] = n, 0
 
     def cancel(self, slot: int) -> None:
-        """Stops `slot` now and frees it (its unreported tokens are dropped)."""
-        if self.busy[slot]:
+        """Stops `slot` now and frees it (its unreported tokens, or the rest of its
+        prefill, are dropped)."""
+        if slot in self.prefilling:  # its row is still a done sequence
+            self._prefills = [p for p in self._prefills if p.slot != slot]
+            self.busy[slot] = False
+        elif self.busy[slot]:
             self.state = _cancel_jit(self.state, np.int32(slot))
             self.busy[slot] = False
 
     def generate(self, max_rounds: int) -> list[SlotUpdate]:
         """Runs at most `max_rounds` rounds (fewer when every slot finishes) and returns the
-        busy slots' new tokens; finished slots become free."""
-        if any(self.busy):
-            self.state = _rounds_jit(self.engine, self.model.params, self.model.heads, self.req,
-                                     self.state, np.int32(max_rounds))
+        decoding slots' new tokens; finished slots become free. Slots still prefilling take
+        no part."""
+        decoding = self.decoding
+        if not decoding:
+            return []
+        self.state = _rounds_jit(self.engine, self.model.params, self.model.heads, self.req,
+                                 self.state, np.int32(max_rounds))
         tokens_BxS, num_new_B, done_B = jax.device_get(
             (self.state.out.tokens_BxS, self.state.out.num_new_B, self.state.out.done_B))
         updates = []
-        for b in range(self.slots):
-            if not self.busy[b]:
-                continue
+        for b in decoding:
             p, seen, n = self._prompt_len[b], self._reported[b], int(num_new_B[b])
             new = tokens_BxS[b, p + seen:p + n].tolist()
             self._reported[b] = n
@@ -265,6 +377,23 @@ class SlotEngine:
                 self.busy[b] = False
             updates.append(SlotUpdate(slot=b, new_token_ids=new, done=done, hit_eos=hit_eos))
         return updates
+
+    def warm_up(self) -> int:
+        """Compiles every program this engine runs (the small and the full prefill chunk,
+        finish, the rounds loop, cancel) on two short requests in slot 0, which must be
+        free; returns the compilations it ran. Afterwards no prompt of any length compiles
+        anything."""
+        before = backend_compiles()
+        sampling = SamplingParams() if self.greedy else SamplingParams(temperature=1.0)
+        self.insert(0, SlotRequest((0,), 1, sampling))  # a small chunk
+        self.cancel(0)  # decoding: its first token is out, its budget not yet seen
+        longest = self.capacity - self.lookahead - 1  # the longest prompt that fits
+        full = self._small_tail + 1  # the shortest prompt that runs a full chunk
+        self.insert(0, SlotRequest((0,) * (full if full <= longest else 1), 1, sampling))
+        while self.busy[0]:
+            self.generate(1)
+        self.counters()
+        return backend_compiles() - before
 
     def counters(self) -> Any:
         """The engine's counters (summed over every request so far), on the host."""

@@ -22,8 +22,8 @@ from typing import Iterator
 
 from hispec_jax.decoding import chat as chat_lib
 from hispec_jax.decoding import methods as methods_lib
-from hispec_jax.decoding.generate import (MIN_PROMPT_BLOCK, GenerationResult, _is_int,
-                                          model_name, plan_shapes, tokenize)
+from hispec_jax.decoding.generate import (GenerationResult, _is_int, model_name, plan_shapes,
+                                          tokenize)
 from hispec_jax.decoding.sampling import SamplingParams
 from hispec_jax.planner import tune as tune_lib
 from hispec_jax.serving import detok as detok_lib
@@ -104,16 +104,15 @@ def _setup(model, prompt, *, method, max_new_tokens, ignore_eos, temperature, to
                   method if isinstance(method, str) else "custom")
 
 
-def warm_up_stream(model, prompt, *, prompt_blocks: tuple[int, ...] = (MIN_PROMPT_BLOCK,),
-                   on_phase=None, method="ar", max_new_tokens: int = 64,
+def warm_up_stream(model, prompt, *, on_phase=None, method="ar", max_new_tokens: int = 64,
                    ignore_eos: bool = False, temperature: float = 0.0, top_k: int = 0,
                    top_p: float = 1.0, seed: int = 0, max_cache_len: int | None = None,
                    chat: bool = False, **method_options) -> int:
-    """Compiles the programs `generate_stream` with these arguments runs, for prompts of
-    every bucket in `prompt_blocks`, by decoding two tokens of a dummy prompt of each;
-    returns the compilations it ran. With a fixed `max_cache_len` the engine's shapes do
-    not depend on the prompt, so a later `generate_stream` of a prompt in one of those
-    buckets compiles nothing. `on_phase(text)` hears what it is doing."""
+    """Compiles the programs `generate_stream` with these arguments runs (the slot
+    engine's fixed set: `SlotEngine.warm_up`); returns the compilations it ran. With a
+    fixed `max_cache_len` the engine's shapes do not depend on the prompt, so a later
+    `generate_stream` of any prompt that fits compiles nothing. `on_phase(text)` hears
+    what it is doing."""
     phase = on_phase or (lambda text: None)
     before = slots_lib.backend_compiles()
     phase("preparing the decoding state")
@@ -121,16 +120,8 @@ def warm_up_stream(model, prompt, *, prompt_blocks: tuple[int, ...] = (MIN_PROMP
                    ignore_eos=ignore_eos, temperature=temperature, top_k=top_k, top_p=top_p,
                    seed=seed, max_cache_len=max_cache_len, chat=chat,
                    method_options=method_options)
-    engine = setup.engine
-    for i, block in enumerate(prompt_blocks):
-        n = min(block, engine.capacity - engine.lookahead - 2)
-        phase(f"compiling prefill (prompts up to {block} tokens)")
-        engine.insert(0, dataclasses.replace(setup.request, prompt_ids=(0,) * n,
-                                             max_new_tokens=2))
-        if i == 0:
-            phase("compiling the decode loop")
-        while engine.busy[0]:
-            engine.generate(1)
+    phase("compiling the prefill and the decode loop")
+    setup.engine.warm_up()
     return slots_lib.backend_compiles() - before
 
 

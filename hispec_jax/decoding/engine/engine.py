@@ -107,23 +107,39 @@ class Engine:
     # ---- the loop, as pure functions -----------------------------------------------------
     def init_state(self, params, heads, req: Request, cache: KVCache,
                    windows_K1: jax.Array) -> EngineState:
-        """Prefill the prompts, emit each sequence's first token, build the loop state.
+        """Prefill the prompts, emit each sequence's first token, build the loop state
+        (`prefill_prompts`, then `state_from_prefill`).
 
         Args:
           req: the batch (prompts, budgets, EOS ids, PRNG keys, sampling settings).
           cache: an empty cache with at least `hierarchy.exits[-1]` layers.
           windows_K1: [K - 1] int32 initial windows (draft_len, then verify windows).
         """
+        h_BxD, cache = self.prefill_prompts(params, req, cache)
+        return self.state_from_prefill(params, heads, req, h_BxD, cache, windows_K1)
+
+    def prefill_prompts(self, params, req: Request, cache: KVCache) -> tuple[jax.Array, KVCache]:
+        """Caches layers [0, top) of every prompt position (`prefill.prefill`, in chunks of
+        `shapes.prompt_block`); returns the layer-top hidden states [B, D] at each prompt's
+        last position and the cache."""
+        with jax.named_scope("prefill"):
+            return prefill(params, self.cfg, req.tokens_BxS, req.prompt_lens_B, cache,
+                           self.hierarchy.exits[-1], chunk=self.shapes.prompt_block)
+
+    def state_from_prefill(self, params, heads, req: Request, h_BxD: jax.Array, cache,
+                           windows_K1: jax.Array) -> EngineState:
+        """The loop state of prompts whose cache is written: each sequence's first token
+        (drawn from `h_BxD`, the layer-top hidden state at its last prompt position), the
+        output buffer holding the prompt (the lookup drafter's history), every level at c_k
+        = the prompt length, empty rings and the policies' initial states. `cache` goes
+        into the state as it is (any pytree: the slots pass a placeholder)."""
         h, cfg, greedy = self.hierarchy, self.cfg, self.greedy
         K, top = h.num_levels, h.exits[-1]
         B = req.prompt_lens_B.shape[0]
         if not greedy and K > 1 and not h.rule.needs_proposal_dists:
             raise ValueError("sampling with a speculative hierarchy needs a sampling acceptance rule")
-        with jax.named_scope("prefill"):
-            h_BxD, cache = prefill(params, cfg, req.tokens_BxS, req.prompt_lens_B, cache, top,
-                                   chunk=self.shapes.prompt_block)
-            with jax.named_scope("head"):
-                logits_BxV = exit_logits(params, heads, cfg, h_BxD[:, None], top)[:, 0]
+        with jax.named_scope("first_token"):
+            logits_BxV = exit_logits(params, heads, cfg, h_BxD[:, None], top)[:, 0]
             first_keys = jax.vmap(jax.random.fold_in)(req.sequence_keys_Bx2, jnp.full((B,), -1))
             first_B = choose_tokens(logits_BxV, greedy, req.sampling, first_keys)
             out = emit.start_output(req.tokens_BxS, req.prompt_lens_B, req.max_new_B)
