@@ -5,7 +5,7 @@ insert / generate split of JetStream-style engines, on top of `decoding.engine.E
     prefill    one chunk of a waiting prompt goes into its slot's cache rows (C positions,
                or t = C / 4 for the last ones, as offline prefill: `prefill.chunk_counts`;
                `prefill.prefill_chunk` with the chunk's start as an array: two compilations
-               for every prompt length and chunk); after its last chunk, "finish" builds the
+               serve every prompt length and chunk); after its last chunk, "finish" builds the
                slot's per-sequence state (`Engine.state_from_prefill`: first token, output
                buffer, c_k, rings, windows, drafter state) and writes it at the slot's row
     generate   `Engine.run_rounds`: at most R speculation rounds for the decoding slots (R
