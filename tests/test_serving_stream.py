@@ -60,8 +60,9 @@ def test_cli_generate_stream_prints_the_generated_text(model, capsys):
     assert cli.main(["generate", "--stream", "--max-new-tokens", "12", "Once upon a time"]) == 0
     out, err = capsys.readouterr()
     want = hispec_jax.generate(model, "Once upon a time", max_new_tokens=12).texts[0]
-    assert out == "Once upon a time" + want + "\n\n"
-    assert "[ar] default_model: 12 tokens" in err
+    assert out == "Once upon a time" + want + "\n\n"  # the default plan's text is AR's
+    assert err.startswith("plan: hispec (the model's recommended plan")
+    assert "[hispec] default_model: 12 tokens" in err
 
 
 @pytest.mark.parametrize("argv,message", [
