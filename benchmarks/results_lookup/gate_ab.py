@@ -9,30 +9,11 @@ every output checked against AR's).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 
-from hispec_jax.decoding import methods
+from hispec_jax.bench import suite
 from hispec_jax.models.model import load_model
 
 from schedule_ab import compare_tasks, print_header, task_arguments  # this folder (the script's own)
-
-
-@dataclasses.dataclass(frozen=True)
-class GateSpec:
-    """`suite.MethodSpec` with the lookup drafter's gate set."""
-
-    name: str
-    method: str
-    gate: bool | None = None
-    options: tuple = ()
-
-    def decoder(self, model):
-        decoder = methods.make_method(model, self.method)
-        if self.gate is None:
-            return decoder
-        lookup = dataclasses.replace(decoder.hierarchy.lookup, gate=self.gate)
-        return dataclasses.replace(decoder,
-                                   hierarchy=dataclasses.replace(decoder.hierarchy, lookup=lookup))
 
 
 def main() -> None:
@@ -41,8 +22,9 @@ def main() -> None:
     a = p.parse_args()
     print_header(a)
     model = load_model(a.model)
-    specs = [GateSpec("ar", "ar"), GateSpec("lookup, gate on (default)", "lookup", True),
-             GateSpec("lookup, gate off", "lookup", False)]
+    specs = [suite.MethodSpec.of("ar", "ar"),
+             suite.MethodSpec.of("lookup, gate on (default)", "lookup", lookup_gate=True),
+             suite.MethodSpec.of("lookup, gate off", "lookup", lookup_gate=False)]
     compare_tasks(model, specs, a)
 
 
