@@ -92,6 +92,9 @@ def test_hispec_bench_tool_is_the_same_dispatcher(capsys):
     (["accelerator", "--rounds", "0"], "--rounds must be >= 1"),
     (["accelerator", "--default-model", "/nonexistent"], "--default-model /nonexistent does "
                                                         "not exist"),
+    (["serve", "--task", "poems"], "--task poems: expected sharegpt or one of chat, summarize"),
+    (["serve", "--chat"], "--chat renders --task prompts; give a --task"),
+    (["serve", "--repeats", "0"], "--repeats must be >= 1"),
 ])
 def test_bad_flags_fail_before_anything_runs(argv, message, capsys):
     with pytest.raises(SystemExit) as info:
@@ -209,3 +212,25 @@ def test_specbound_sweep_stage_two_searches_depth_and_width_at_stage_ones_best(m
                         "width": [2, 4, 8]}
     assert set(report) == {"specbound_sweep_stage1", "specbound_sweep_stage2", "specbound_best"}
     assert len(saves) == 2
+
+
+def test_serve_load_rows_are_medians_over_repeats():
+    from hispec_jax.bench import serve_load
+
+    def run(alone, load, ratio, mismatches):
+        lat = {"p50": 0.01, "p90": 0.02, "p99": 0.03}
+        part = {"ttft": lat, "ttft_short_prompts": lat, "tpot": lat, "itl": lat}
+        return {"method": "default", "plan": "lookup", "alone": {**part, "tokens_per_second": alone},
+                "load": {**part, "tokens_per_second": load}, "alone_x_first": ratio,
+                "load_x_first": ratio / 2, "recompiles_after_warmup": 0,
+                "greedy_mismatches": mismatches, "checked_outputs": 24}
+
+    row = serve_load.combine([run(30.0, 90.0, 1.6, 0), run(10.0, 50.0, 1.2, 1),
+                              run(20.0, 70.0, 1.4, 0)])
+    assert row["alone"]["tokens_per_second"] == 20.0
+    assert row["load"]["tokens_per_second"] == 70.0
+    assert row["alone_x_first"] == 1.4 and row["load_x_first"] == 0.7
+    assert (row["greedy_mismatches"], row["checked_outputs"]) == (1, 72)
+    line = serve_load.table([row], clients=8).split("\n")[-1]
+    assert line.startswith("| default (lookup) | 20.0 | 1.40x | 70.0 | 0.70x |")
+    assert line.endswith("| 0 | 71/72 |")

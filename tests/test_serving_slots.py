@@ -11,7 +11,7 @@ from hispec_jax.decoding import engine as engine_lib
 from hispec_jax.decoding import methods as methods_lib
 from hispec_jax.decoding.generate import make_request, plan_shapes
 from hispec_jax.decoding.sampling import SamplingParams
-from hispec_jax.serving.slots import SlotEngine, SlotRequest
+from hispec_jax.serving.slots import SlotEngine, SlotRequest, active_rows
 
 PROMPTS = ["Once upon a time", "The cat sat on the mat and", "Hello",
            "In the beginning the world was dark and cold, and people",
@@ -83,6 +83,34 @@ def test_cancel_frees_the_slot_and_leaves_the_others(model):
         for u in eng.generate(3):
             got[u.slot] += u.new_token_ids
     assert got[0] == _offline(model, "layerskip")[0]
+
+
+def test_the_rounds_run_only_the_rows_up_to_the_last_decoding_slot(model):
+    """With slots 0 and 2 of 4 decoding, the rounds loop runs rows [0, 4); once slot 2 is
+    done, row 0 alone. The tokens stay offline generate's (the lookup gate prices the rows
+    the loop runs), and every row count was compiled by the warm-up."""
+    from hispec_jax.serving.slots import backend_compiles
+
+    assert [active_rows(b) for b in (1, 3, 4, 8)] == [(1,), (1, 2, 3), (1, 2, 4),
+                                                      (1, 2, 4, 8)]
+    decoder = methods_lib.make_method(model, "lookup", lookup=4)
+    eng = SlotEngine(model, decoder, slots=4, capacity=128, greedy=True,
+                     eos_ids=model.eos_token_ids)
+    eng.warm_up()
+    compiled = backend_compiles()
+    ids = [tuple(model.tokenizer(p)["input_ids"]) for p in PROMPTS]
+    eng.insert(0, SlotRequest(ids[0], 24))  # at most 5 tokens a round: 5 rounds or more
+    eng.insert(2, SlotRequest(ids[3], 2))
+    rows, got = [], {0: [], 2: []}
+    while any(eng.busy):
+        for u in eng.generate(1):
+            got[u.slot] += u.new_token_ids
+        rows.append(eng.last_rows)
+    assert rows[0] == 4 and rows[-1] == 1, rows
+    assert backend_compiles() == compiled
+    want = [hispec_jax.generate(model, PROMPTS[i], method="lookup", lookup=4,
+                                max_new_tokens=n).token_ids[0] for i, n in [(0, 24), (3, 2)]]
+    assert [got[0], got[2]] == want
 
 
 def test_run_rounds_resumes_to_the_uninterrupted_run(model):
@@ -161,8 +189,8 @@ def test_a_long_prompt_enters_in_chunks_while_the_other_slots_decode(method, opt
     while owner:
         step()
     compiled = backend_compiles()
-    eng.insert(0, request(3))
-    owner[0] = 3
+    eng.insert(2, request(3))  # rows [0, 3), as the rounds of the long prompt: compiled
+    owner[2] = 3
     while owner:
         step()
     assert backend_compiles() == compiled

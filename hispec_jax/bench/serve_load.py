@@ -7,15 +7,25 @@ compiled before it listens) on a free localhost port; then
     alone   one client sends the first K requests of the mix, one after another
     load    N clients at once, each sending its share of the mix, one after another
 
-Requests are ShareGPT evaluation prompts (`datasets.load_prompts`, mixed lengths) sent as token
-ids to /v1/completions with stream=True, temperature 0 and max_tokens cycling through
---max-tokens (mixed output lengths). Per request: time to first token (TTFT: first text
-chunk), time per output token after the first (TPOT = (last - first) / (tokens - 1)) and
-the gaps between chunks (ITL; a speculative round delivers several tokens per chunk).
-Recompilations: the server's own count of XLA compilations (/health) after warm-up.
-Every output is compared with offline `generate` of the same prompt and budget.
+Requests are ShareGPT evaluation prompts (`datasets.load_prompts`, mixed lengths; or, with
+--task, the prompts of one `hispec bench --tasks` task, rendered with the model's chat
+template under --chat) sent as token ids to /v1/completions with stream=True, temperature 0
+and max_tokens cycling through --max-tokens (mixed output lengths). Per request: time to
+first token (TTFT: first text chunk), time per output token after the first (TPOT = (last -
+first) / (tokens - 1)) and the gaps between chunks (ITL; a speculative round delivers several
+tokens per chunk). Recompilations: the server's own count of XLA compilations (/health)
+after warm-up. Every output is compared with offline greedy AR (`generate` with
+method="ar") of the same prompt and budget: a greedy method must give AR's text.
+
+The method `default` starts the server without --method: the model's default plan
+(`recommended.default_plan`, what a user who names no method gets). With --repeats R the
+methods' servers run R times in turn (A B A B ...) and each figure is the median over the
+repeats; the `x first` columns divide by the first method's throughput in the same repeat
+(median of the R ratios), alone and under load.
 
     python -m hispec_jax.bench serve --methods ar,layerskip,hispec --clients 8
+    hispec bench-tool serve --model SmolLM2.gguf --task extract --chat --methods ar,default \
+        --clients 8 --requests 16 --alone-requests 8 --max-tokens 128 --repeats 2
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import statistics
 import socket
 import subprocess
 import sys
@@ -33,6 +44,9 @@ import urllib.request
 import numpy as np
 
 from hispec_jax.bench import args as args_lib
+
+
+DEFAULT_METHOD = "default"  # the server without --method: the model's default plan
 
 
 def _free_port() -> int:
@@ -47,9 +61,11 @@ def _health(url: str) -> dict:
 
 
 def start_server(method: str, args) -> tuple[subprocess.Popen, str]:
+    """A `hispec serve` subprocess of `method` (`default`: no --method), warmed up and
+    answering /health with "ok"."""
     port = _free_port()
     cmd = [sys.executable, "-c", "import sys; from hispec_jax.cli import main; sys.exit(main())",
-           "serve", "--method", method, "--port",
+           "serve", *([] if method == DEFAULT_METHOD else ["--method", method]), "--port",
            str(port), "--slots", str(args.slots), "--max-cache-len", str(args.max_cache_len),
            "--warmup", "--rounds-per-step", str(args.rounds_per_step)]
     if args.model:
@@ -139,24 +155,27 @@ def summarize(results: list[dict], seconds: float, short_prompt: int) -> dict:
             "itl": percentiles([x for r in results for x in r["itl"]])}
 
 
-def offline_texts(model, method: str, requests: list[tuple]) -> dict:
-    """Request index -> offline greedy text (one `generate` batch per budget)."""
+def offline_texts(model, requests: list[tuple]) -> dict:
+    """Request index -> offline greedy AR text (one `generate` batch per budget)."""
     import hispec_jax
 
     out = {}
     for budget in sorted({m for _, _, m in requests}):
         batch = [(i, p) for i, p, m in requests if m == budget]
-        texts = hispec_jax.generate(model, [p for _, p in batch], method=method,
+        texts = hispec_jax.generate(model, [p for _, p in batch], method="ar",
                                     max_new_tokens=budget).texts
         out.update({i: t for (i, _), t in zip(batch, texts)})
     return out
 
 
-def bench_method(method: str, args, requests: list[tuple], model) -> dict:
+def bench_method(method: str, args, requests: list[tuple], want: dict) -> dict:
+    """One server of `method`: the lone client, then the clients at once; every output
+    checked against `want` (request index -> AR's text)."""
     proc, url = start_server(method, args)
     try:
         health = _health(url)
         name = health["model"]
+        plan = health.get("plan", method)  # what runs, as the server says it
         compiles_ready = health["compiles"]
         run_clients(url, name, [requests[:2]])  # the HTTP path, not measured
         alone, alone_s = run_clients(url, name, [requests[:args.alone_requests]])
@@ -168,11 +187,10 @@ def bench_method(method: str, args, requests: list[tuple], model) -> dict:
     finally:
         if proc.poll() is None:
             proc.kill()
-    want = offline_texts(model, method, requests)
     mismatches = sum(r["text"] != want[r["index"]] for r in load + alone)
     a = summarize(alone, alone_s, args.short_prompt)
     b = summarize(load, load_s, args.short_prompt)
-    return {"method": method, "alone": a, "load": b,
+    return {"method": method, "plan": plan, "alone": a, "load": b,
             "speedup": b["tokens_per_second"] / a["tokens_per_second"],
             "recompiles_after_warmup": recompiles, "greedy_mismatches": mismatches,
             "checked_outputs": len(load) + len(alone), "sigterm_exit_code": exit_code}
@@ -183,14 +201,16 @@ def _ms(x) -> str:
 
 
 def table(rows: list[dict], clients: int) -> str:
-    lines = [f"| method | 1 client tok/s | {clients} clients tok/s | ratio | TTFT p50/p90 ms "
-             "(short prompts p90) | TPOT p50/p90 ms | ITL p50/p99 ms | recompiles | "
-             "greedy == offline |", "|" + "---|" * 9]
+    """One row per method (medians over its repeats when `rows` hold several)."""
+    lines = [f"| method (plan) | 1 client tok/s | x first | {clients} clients tok/s | x first | "
+             "TTFT p50/p90 ms (short prompts p90) | TPOT p50/p90 ms | ITL p50/p99 ms | "
+             "recompiles | same as AR |", "|" + "---|" * 10]
     for r in rows:
         b = r["load"]
         lines.append(
-            f"| {r['method']} | {r['alone']['tokens_per_second']:.1f} | "
-            f"{b['tokens_per_second']:.1f} | {r['speedup']:.2f}x | "
+            f"| {r['method']} ({r['plan']}) | {r['alone']['tokens_per_second']:.1f} | "
+            f"{_ratio(r.get('alone_x_first'))} | {b['tokens_per_second']:.1f} | "
+            f"{_ratio(r.get('load_x_first'))} | "
             f"{_ms(b['ttft']['p50'])}/{_ms(b['ttft']['p90'])} "
             f"({_ms(b['ttft_short_prompts']['p90'])}) | "
             f"{_ms(b['tpot']['p50'])}/{_ms(b['tpot']['p90'])} | "
@@ -199,10 +219,39 @@ def table(rows: list[dict], clients: int) -> str:
     return "\n".join(lines)
 
 
+def _ratio(x) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
+def combine(runs: list[dict]) -> dict:
+    """One method's repeats -> one row: median throughputs and latencies (the percentiles of
+    the median repeat by throughput under load), mismatches and recompiles summed."""
+    runs = sorted(runs, key=lambda r: r["load"]["tokens_per_second"])
+    row = dict(runs[len(runs) // 2])
+    for part in ("alone", "load"):
+        row[part] = {**row[part], "tokens_per_second": statistics.median(
+            r[part]["tokens_per_second"] for r in runs)}
+        ratios = [r.get(f"{part}_x_first") for r in runs]
+        row[f"{part}_x_first"] = (statistics.median(ratios) if None not in ratios else None)
+    for key in ("recompiles_after_warmup", "greedy_mismatches", "checked_outputs"):
+        row[key] = sum(r[key] for r in runs)
+    row["repeats"] = runs
+    return row
+
+
 def parse_args(argv):
     p = args_lib.Parser(prog="hispec bench-tool serve", description=__doc__.split("\n")[0])
     p.add_argument("--model", default=None, help="model (default: the shipped one)")
-    p.add_argument("--methods", default="ar,layerskip,hispec", help="comma-separated methods")
+    p.add_argument("--methods", default="ar,layerskip,hispec",
+                   help=f"comma-separated methods ({DEFAULT_METHOD!r}: the server without "
+                        "--method, the model's default plan)")
+    p.add_argument("--task", default="sharegpt",
+                   help="the prompts: sharegpt (ShareGPT evaluation prompts as they are) or one "
+                        "task of `hispec bench --tasks` (chat, summarize, extract, code)")
+    p.add_argument("--chat", action="store_true",
+                   help="render --task prompts with the model's chat template")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="run the methods' servers this many times in turn; medians")
     p.add_argument("--clients", type=int, default=8, help="concurrent clients under load")
     p.add_argument("--requests", type=int, default=32, help="requests in the mix")
     p.add_argument("--alone-requests", type=int, default=8,
@@ -219,7 +268,13 @@ def parse_args(argv):
     p.add_argument("--log-dir", default=".", help="where the servers' logs go")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the results here")
     args = p.parse_args(argv)
-    for name in ("clients", "requests", "alone_requests", "slots", "max_cache_len"):
+    from hispec_jax.bench import tasks
+
+    if args.task != "sharegpt" and args.task not in tasks.TASKS:
+        p.error(f"--task {args.task}: expected sharegpt or one of {', '.join(tasks.TASKS)}")
+    if args.chat and args.task == "sharegpt":
+        p.error("--chat renders --task prompts; give a --task")
+    for name in ("clients", "requests", "alone_requests", "slots", "max_cache_len", "repeats"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     if not args.max_tokens:
@@ -230,25 +285,44 @@ def parse_args(argv):
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     import hispec_jax
+    from hispec_jax.bench import tasks
     from hispec_jax.datasets import load_prompts
 
     model = hispec_jax.load_model(args.model or hispec_jax.DEFAULT_MODEL_DIR)
-    prompts = load_prompts("sharegpt", model.tokenizer, args.requests, args.max_prompt_tokens)
+    if args.task == "sharegpt":
+        prompts = load_prompts("sharegpt", model.tokenizer, args.requests, args.max_prompt_tokens)
+    else:
+        prompts = tasks.task_prompts(model, args.task, args.requests, args.max_prompt_tokens,
+                                     args.chat)
     requests = [(i, p, args.max_tokens[i % len(args.max_tokens)]) for i, p in enumerate(prompts)]
+    want = offline_texts(model, requests)
     with open("/proc/loadavg") as f:
         load_before = f.read().split()[:3]
-    rows = []
-    for method in args.methods.split(","):
-        rows.append(bench_method(method, args, requests, model))
-        print(table(rows[-1:], args.clients).split("\n")[-1], flush=True)
+    methods = args.methods.split(",")
+    runs: dict[str, list[dict]] = {m: [] for m in methods}
+    for repeat in range(args.repeats):
+        for method in methods:
+            run = bench_method(method, args, requests, want)
+            first = runs[methods[0]][repeat] if method != methods[0] else run
+            for part in ("alone", "load"):
+                run[f"{part}_x_first"] = (run[part]["tokens_per_second"]
+                                          / first[part]["tokens_per_second"])
+            runs[method].append(run)
+            print(f"repeat {repeat + 1}: " + table([run], args.clients).split("\n")[-1],
+                  flush=True)
     with open("/proc/loadavg") as f:
         load_after = f.read().split()[:3]
+    rows = [combine(runs[m]) for m in methods]
+    print(f"task {args.task}{' (chat template)' if args.chat else ''}: {len(requests)} "
+          f"requests, prompts of {min(map(len, prompts))}-{max(map(len, prompts))} tokens, "
+          f"max_tokens {','.join(map(str, args.max_tokens))}, {args.slots} slots, "
+          f"{args.repeats} repeat(s), medians")
     print(table(rows, args.clients))
     print(f"load average before {' '.join(load_before)}, after {' '.join(load_after)}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "load_before": load_before, "load_after": load_after,
-                       "results": [{k: v for k, v in r.items()} for r in rows]}, f, indent=1)
+                       "results": rows}, f, indent=1)
     return 0
 
 

@@ -9,7 +9,9 @@ insert / generate split of JetStream-style engines, on top of `decoding.engine.E
                slot's per-sequence state (`Engine.state_from_prefill`: first token, output
                buffer, c_k, rings, windows, drafter state) and writes it at the slot's row
     generate   `Engine.run_rounds`: at most R speculation rounds for the decoding slots (R
-               is an array: one compilation for every R)
+               is an array: one compilation for every R), over the first r rows of the
+               batch only: r the smallest of `active_rows(B)` (1, 2, 4, ..., B) that holds
+               every decoding slot (a request takes the lowest free slot)
     cancel     a slot stops at once (its client went away, a stop string matched)
 
     slot 0  [A A A A A done]   [D1 | D2 | D3 + finish] D D D D ...
@@ -23,9 +25,19 @@ request's own key and its own pass count, and the finish step rewrites every per
 leaf of the slot's row, so a request's tokens do not depend on the other slots (greedy: the
 tokens of offline `generate`; sampling: those of `generate` with the same seed).
 
+Why only the first r rows: every row of a pass costs compute whether its slot is busy or
+not (the shapes are fixed), so a server with one client among 8 slots would decode 8 rows
+for one answer. The rounds loop of r < B rows slices rows [0, r) of the state (the cache
+included), runs an engine of batch r on them and writes them back: r / B of the cache is
+copied in and out per call, against the B - r rows of every pass it saves. The speculation
+gates then price the pass the round really runs (`gate.choose`: a batch of r), so
+speculation shrinks towards AR steps as slots fill and comes back as they empty, with no
+recompilation. Outputs do not change: a greedy sequence's tokens are AR's whatever the
+batch, and a sampling sequence's draws and gate never depend on the rest of the batch.
+
 The compiled programs of an engine are a fixed set, whatever the prompts: the empty state,
-the two prefill chunks, finish, the rounds loop and cancel (`SlotEngine.warm_up` compiles
-them).
+the two prefill chunks, finish, a rounds loop per row count and cancel (`SlotEngine.warm_up`
+compiles them).
 """
 
 from __future__ import annotations
@@ -100,6 +112,55 @@ def _merge_row(big, small, slot, batch: int):
     return jax.lax.dynamic_update_slice_in_dim(big, small.astype(big.dtype), slot, axis)
 
 
+def active_rows(slots: int) -> tuple[int, ...]:
+    """The row counts the rounds loop is compiled for: the powers of two below B, and B."""
+    rows = [1]
+    while rows[-1] * 2 < slots:
+        rows.append(rows[-1] * 2)
+    return tuple(r for r in rows if r < slots) + (slots,)
+
+
+def batch_layout(big, one) -> tuple[tuple[int, int] | None, ...]:
+    """Per leaf of the pytree `big` (batch B > 1): (its batch axis, that axis's size per
+    sequence), read from `one`, the same pytree's shapes at batch 1; None for a batch-wide
+    leaf (the counters, the EOS ids). Static: the argument `_first_rows` slices with."""
+    layout = []
+    for b, o in zip(jax.tree.leaves(big), jax.tree.leaves(one), strict=True):
+        diff = [a for a, (m, n) in enumerate(zip(b.shape, o.shape)) if m != n]
+        layout.append((diff[0], o.shape[diff[0]]) if diff else None)
+    return tuple(layout)
+
+
+def _first_rows(tree, layout, rows: int):
+    """`tree` cut to its first `rows` sequences (`layout`: `batch_layout`)."""
+    leaves, treedef = jax.tree.flatten(tree)
+    return treedef.unflatten([
+        x if where is None else jax.lax.slice_in_dim(x, 0, rows * where[1], axis=where[0])
+        for x, where in zip(leaves, layout, strict=True)])
+
+
+def _put_first_rows(tree, small, layout):
+    """`tree` with its first sequences replaced by `small` (batch-wide leaves: `small`'s)."""
+    leaves, treedef = jax.tree.flatten(tree)
+    return treedef.unflatten([
+        s if where is None else jax.lax.dynamic_update_slice_in_dim(x, s, 0, where[0])
+        for x, s, where in zip(leaves, jax.tree.leaves(small), layout, strict=True)])
+
+
+def _rounds_rows(engine: engine_lib.Engine, rows: int, layout, params, heads, req: Request,
+                 state: engine_lib.EngineState, rounds):
+    """`Engine.run_rounds` over rows [0, `rows`) of the batch, as an engine of batch `rows`;
+    the other rows (free or prefilling slots: done sequences) stay as they are. `layout`:
+    `batch_layout` of (state, req)."""
+    if rows == engine.shapes.batch:
+        return engine.run_rounds(params, heads, req, state, rounds)
+    small = dataclasses.replace(engine, shapes=dataclasses.replace(engine.shapes, batch=rows))
+    state_r, req_r = _first_rows((state, req), layout, rows)
+    state_r = small.run_rounds(params, heads, req_r, state_r, rounds)
+    state_layout = layout[:len(jax.tree.leaves(state))]
+    return _put_first_rows(state, state_r, state_layout)
+
+
 def _cache_batch_axis(cache) -> int:
     return 0 if cache.per_layer else 1  # [B, K, S, H] per layer, or [L', B, K, S, H]
 
@@ -164,9 +225,7 @@ _chunk_jit = jax.jit(_chunk, static_argnums=(0, 1), donate_argnums=(3,))
 _finish_jit = jax.jit(_finish, static_argnums=(0,), donate_argnums=(3, 4))
 _cancel_jit = jax.jit(_cancel, donate_argnums=(0,))
 _empty_jit = jax.jit(_empty, static_argnums=(0,))
-_rounds_jit = jax.jit(lambda engine, params, heads, req, state, rounds:
-                      engine.run_rounds(params, heads, req, state, rounds),
-                      static_argnums=(0,), donate_argnums=(4,))
+_rounds_jit = jax.jit(_rounds_rows, static_argnums=(0, 1, 2), donate_argnums=(6,))
 
 
 @dataclasses.dataclass
@@ -234,6 +293,14 @@ class SlotEngine:
         self._windows_K1 = decoder.windows_array()
         self.state, self.req = _empty_jit(self.engine, model.params, model.heads,
                                           self._eos_ids_E, self._windows_K1)
+        self.active_rows = active_rows(slots)
+        self._layout = None
+        if slots > 1:  # the batch axis of every leaf, from the shapes of a one-slot state
+            one = dataclasses.replace(self.engine, shapes=dataclasses.replace(shapes, batch=1))
+            self._layout = batch_layout((self.state, self.req), jax.eval_shape(
+                lambda: _empty(one, model.params, model.heads, self._eos_ids_E,
+                               self._windows_K1)))
+        self.last_rows = slots  # the rows the last `generate` ran
         self._prompt_len = np.zeros((slots,), np.int64)
         self._reported = np.zeros((slots,), np.int64)  # new tokens already handed out
         self._prefills: list[_Prefill] = []  # admitted prompts not yet prefilled, oldest first
@@ -362,8 +429,7 @@ class SlotEngine:
         decoding = self.decoding
         if not decoding:
             return []
-        self.state = _rounds_jit(self.engine, self.model.params, self.model.heads, self.req,
-                                 self.state, np.int32(max_rounds))
+        self._run_rounds(self.rows_for(max(decoding)), max_rounds)
         tokens_BxS, num_new_B, done_B = jax.device_get(
             (self.state.out.tokens_BxS, self.state.out.num_new_B, self.state.out.done_B))
         updates = []
@@ -378,11 +444,21 @@ class SlotEngine:
             updates.append(SlotUpdate(slot=b, new_token_ids=new, done=done, hit_eos=hit_eos))
         return updates
 
+    def rows_for(self, last_slot: int) -> int:
+        """The rows the rounds loop runs to reach slot `last_slot`: the smallest of
+        `active_rows` above it."""
+        return next(r for r in self.active_rows if r > last_slot)
+
+    def _run_rounds(self, rows: int, max_rounds: int) -> None:
+        self.state = _rounds_jit(self.engine, rows, self._layout, self.model.params,
+                                 self.model.heads, self.req, self.state, np.int32(max_rounds))
+        self.last_rows = rows
+
     def warm_up(self) -> int:
         """Compiles every program this engine runs (the small and the full prefill chunk,
-        finish, the rounds loop, cancel) on two short requests in slot 0, which must be
-        free; returns the compilations it ran. Afterwards no prompt of any length compiles
-        anything."""
+        finish, the rounds loop of every row count, cancel) on two short requests in slot 0,
+        which must be free; returns the compilations it ran. Afterwards no prompt of any
+        length, in any slot, compiles anything."""
         before = backend_compiles()
         sampling = SamplingParams() if self.greedy else SamplingParams(temperature=1.0)
         self.insert(0, SlotRequest((0,), 1, sampling))  # a small chunk
@@ -390,6 +466,8 @@ class SlotEngine:
         longest = self.capacity - self.lookahead - 1  # the longest prompt that fits
         full = self._small_tail + 1  # the shortest prompt that runs a full chunk
         self.insert(0, SlotRequest((0,) * (full if full <= longest else 1), 1, sampling))
+        for rows in self.active_rows:  # slot 0's budget is spent after the first round
+            self._run_rounds(rows, 1)
         while self.busy[0]:
             self.generate(1)
         self.counters()
