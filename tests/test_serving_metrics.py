@@ -98,6 +98,8 @@ def served():
         if len(seen) == 1:  # /metrics answers while the engine thread is busy compiling
             seen.append((_get(url + "/metrics")[0], {"scrape": True}))
         time.sleep(0.2)
+    while any(e["rows_to_compile"] for e in _health(url)[1]["engines"].values()):
+        time.sleep(0.2)  # the rounds loops over fewer slots compile after readiness
     logging.getLogger("hispec.serve").removeHandler(lines)
     yield url, seen, lines.lines
     srv.should_exit = True
@@ -119,6 +121,10 @@ def test_health_is_loading_until_the_warm_up_ends_and_names_the_plan(served):
         assert body["method"] == "hispec" and body["reason"] == PLAN_REASON
         assert body["plan"] == "hispec exits 4,12,24 windows 3,6"
     assert ok["warmup_compiles"] > 0 and ok["warmup_seconds"] > 0
+    # ready with the loop over both slots; the loop over slot 0 alone compiles afterwards
+    assert ok["engines"]["greedy"]["rows_compiled"] in ([2], [1, 2])
+    assert _health(url)[1]["engines"]["greedy"]["rows_compiled"] == [1, 2]
+    assert sum("rounds loop over 1 of 2 slots" in line for line in lines) == 2
 
 
 def test_after_readiness_the_first_requests_compile_nothing(served):

@@ -255,3 +255,41 @@ def test_the_scheduler_runs_a_long_prompt_between_the_rounds_of_a_stream():
     want = tuple(hispec_jax.generate(model, [p], max_new_tokens=n, ignore_eos=True).token_ids[0]
                  for p, n in ((short, 40), (long_, 8)))
     assert (got["a"], got["b"]) == want
+
+
+def test_without_compile_on_demand_a_slot_runs_the_smallest_compiled_rows():
+    """A server's engine (`compile_on_demand` False) warmed up with the loop over all B slots
+    runs B rows until the loop over fewer rows is compiled ahead of time (from another
+    thread, as the server does), then that one; nothing compiles on a request, and the
+    tokens are offline generate's."""
+    import threading
+
+    from test_engine import tiny_model
+
+    from hispec_jax.serving.slots import backend_compiles
+
+    model = tiny_model(4, 2, max_len=128)
+    decoder = methods_lib.make_method(model, "lookup", lookup=4)
+    eng = SlotEngine(model, decoder, slots=4, capacity=96, greedy=True,
+                     eos_ids=model.eos_token_ids)
+    eng.compile_on_demand = False
+    eng.warm_up(rows=(4,))
+    assert eng.compiled_rows == (4,)
+    prompt = list(range(4, 20))
+    compiled = backend_compiles()
+    eng.insert(0, SlotRequest(tuple(prompt), 12))
+    got = []
+    got += eng.generate(1)[0].new_token_ids
+    assert eng.last_rows == 4 and backend_compiles() == compiled
+    thread = threading.Thread(target=eng.compile_rounds, args=(1,))
+    thread.start()
+    thread.join()
+    assert eng.compiled_rows == (1, 4)
+    compiled = backend_compiles()
+    while eng.busy[0]:
+        got += eng.generate(1)[0].new_token_ids
+        assert eng.last_rows == 1
+    assert backend_compiles() == compiled
+    want = hispec_jax.generate(model, [prompt], method="lookup", lookup=4,
+                               max_new_tokens=12).token_ids[0]
+    assert got == want

@@ -61,8 +61,8 @@ def _health(url: str) -> dict:
 
 
 def start_server(method: str, args) -> tuple[subprocess.Popen, str]:
-    """A `hispec serve` subprocess of `method` (`default`: no --method), warmed up and
-    answering /health with "ok"."""
+    """A `hispec serve` subprocess of `method` (`default`: no --method), warmed up,
+    answering /health with "ok", its rounds loops over fewer slots compiled."""
     port = _free_port()
     cmd = [sys.executable, "-c", "import sys; from hispec_jax.cli import main; sys.exit(main())",
            "serve", *([] if method == DEFAULT_METHOD else ["--method", method]), "--port",
@@ -78,7 +78,10 @@ def start_server(method: str, args) -> tuple[subprocess.Popen, str]:
         if proc.poll() is not None:
             raise RuntimeError(f"the server exited with {proc.returncode}: see {log.name}")
         try:
-            if _health(url)["status"] == "ok":
+            health = _health(url)
+            # ready, and the background compilations (rounds over fewer rows) done
+            if health["status"] == "ok" and not any(
+                    e.get("rows_to_compile") for e in health["engines"].values()):
                 return proc, url
         except OSError:
             pass

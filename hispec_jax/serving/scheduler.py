@@ -152,7 +152,11 @@ class Scheduler:
         process's compilations (for /health). Reads without waiting for a step."""
         engines = {metrics_lib.engine_label(g): {
             "slots": self.engines[g].slots, "busy": len(self._running[g]),
-            "waiting": len(self._waiting[g])} for g in self.engines}
+            "waiting": len(self._waiting[g]),
+            "rows_compiled": list(self.engines[g].compiled_rows),
+            "rows_to_compile": [r for r in self.engines[g].active_rows
+                               if r not in self.engines[g].compiled_rows]}
+            for g in self.engines}
         return {"engines": engines, **self.stats.snapshot(),
                 "compiles": slots_lib.backend_compiles()}
 

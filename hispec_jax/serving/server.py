@@ -20,6 +20,8 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+import threading
+import time
 
 from hispec_jax.decoding import recommended
 from hispec_jax.decoding.generate import model_name
@@ -60,10 +62,34 @@ def build_engines(model, method="ar", *, slots: int = 8, max_cache_len: int | No
     return engines
 
 
-def warm_up(engines: dict[bool, slots_lib.SlotEngine]) -> None:
-    """Compiles every program serving can need (`SlotEngine.warm_up`), for both engines."""
+def warm_up(engines: dict[bool, slots_lib.SlotEngine]) -> threading.Thread:
+    """Compiles every program serving can need before the first request (`SlotEngine.warm_up`,
+    both engines) with the rounds loop over all B slots; then starts a background thread
+    that compiles the loops over fewer rows (`slots.active_rows`: 1, 2, 4, ...), smallest
+    first, each serving from the moment it is compiled. Until then a request runs the
+    smallest compiled loop that holds its slot, so none waits for a compilation. Returns
+    the thread."""
     for engine in engines.values():
-        engine.warm_up()
+        engine.compile_on_demand = False
+        engine.warm_up(rows=(engine.slots,))
+    pending = [(engine, rows) for rows in max(e.active_rows for e in engines.values())
+               for engine in engines.values()
+               if rows in engine.active_rows and rows not in engine.compiled_rows]
+
+    def compile_rest():
+        for engine, rows in pending:
+            try:
+                t0 = time.perf_counter()
+                engine.compile_rounds(rows)
+                log.info("compiled the %s rounds loop over %d of %d slots in %.1f s",
+                         "greedy" if engine.greedy else "sampling", rows, engine.slots,
+                         time.perf_counter() - t0)
+            except Exception:  # noqa: BLE001 - the loop over all slots still serves
+                log.exception("compiling the rounds loop over %d slots failed", rows)
+
+    thread = threading.Thread(target=compile_rest, name="hispec-compile-rows", daemon=True)
+    thread.start()
+    return thread
 
 
 def choose_plan(model, method, method_options: dict,

@@ -301,6 +301,16 @@ class SlotEngine:
                 lambda: _empty(one, model.params, model.heads, self._eos_ids_E,
                                self._windows_K1)))
         self.last_rows = slots  # the rows the last `generate` ran
+        # the rounds loops compiled so far, by row count: jitted ones (None: `_rounds_jit`
+        # holds them) and ahead-of-time ones (`compile_rounds`, from any thread)
+        self._rounds: dict[int, Any] = {}
+        # rows whose loop is not compiled yet: compile at first use (True), or run the
+        # smallest compiled row count above instead (False: a server, where nothing compiles
+        # on a request)
+        self.compile_on_demand = True
+        self._abstract = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+            (self.req, self.state))
         self._prompt_len = np.zeros((slots,), np.int64)
         self._reported = np.zeros((slots,), np.int64)  # new tokens already handed out
         self._prefills: list[_Prefill] = []  # admitted prompts not yet prefilled, oldest first
@@ -444,21 +454,44 @@ class SlotEngine:
             updates.append(SlotUpdate(slot=b, new_token_ids=new, done=done, hit_eos=hit_eos))
         return updates
 
+    @property
+    def compiled_rows(self) -> tuple[int, ...]:
+        """The row counts whose rounds loop is compiled."""
+        return tuple(sorted(self._rounds))
+
     def rows_for(self, last_slot: int) -> int:
         """The rows the rounds loop runs to reach slot `last_slot`: the smallest of
-        `active_rows` above it."""
-        return next(r for r in self.active_rows if r > last_slot)
+        `active_rows` above it (without `compile_on_demand`: the smallest compiled one, B
+        if none)."""
+        return next(r for r in self.active_rows if r > last_slot and (
+            self.compile_on_demand or r in self._rounds or r == self.slots))
 
     def _run_rounds(self, rows: int, max_rounds: int) -> None:
-        self.state = _rounds_jit(self.engine, rows, self._layout, self.model.params,
-                                 self.model.heads, self.req, self.state, np.int32(max_rounds))
+        args = (self.model.params, self.model.heads, self.req, self.state, np.int32(max_rounds))
+        program = self._rounds.get(rows)
+        if program is None:
+            self.state = _rounds_jit(self.engine, rows, self._layout, *args)
+            self._rounds[rows] = None
+        else:
+            self.state = program(*args)
         self.last_rows = rows
 
-    def warm_up(self) -> int:
+    def compile_rounds(self, rows: int) -> None:
+        """Compiles the rounds loop over `rows` rows ahead of time (from any thread: it reads
+        only the state's shapes); `generate` uses it from then on."""
+        if rows not in self._rounds:
+            req, state = self._abstract
+            program = _rounds_jit.lower(self.engine, rows, self._layout, self.model.params,
+                                        self.model.heads, req, state,
+                                        jax.ShapeDtypeStruct((), jnp.int32)).compile()
+            self._rounds.setdefault(rows, program)
+
+    def warm_up(self, rows: tuple[int, ...] | None = None) -> int:
         """Compiles every program this engine runs (the small and the full prefill chunk,
-        finish, the rounds loop of every row count, cancel) on two short requests in slot 0,
-        which must be free; returns the compilations it ran. Afterwards no prompt of any
-        length, in any slot, compiles anything."""
+        finish, the rounds loop over each of `rows` rows (None: every count of
+        `active_rows`), cancel) on two short requests in slot 0, which must be free;
+        returns the compilations it ran. Afterwards no prompt of any length compiles
+        anything, nor does any slot where `rows` are all of `active_rows`."""
         before = backend_compiles()
         sampling = SamplingParams() if self.greedy else SamplingParams(temperature=1.0)
         self.insert(0, SlotRequest((0,), 1, sampling))  # a small chunk
@@ -466,8 +499,8 @@ class SlotEngine:
         longest = self.capacity - self.lookahead - 1  # the longest prompt that fits
         full = self._small_tail + 1  # the shortest prompt that runs a full chunk
         self.insert(0, SlotRequest((0,) * (full if full <= longest else 1), 1, sampling))
-        for rows in self.active_rows:  # slot 0's budget is spent after the first round
-            self._run_rounds(rows, 1)
+        for r in self.active_rows if rows is None else rows:  # slot 0 is done after a round
+            self._run_rounds(r, 1)
         while self.busy[0]:
             self.generate(1)
         self.counters()
