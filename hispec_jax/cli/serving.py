@@ -83,6 +83,11 @@ def add_parsers(subparsers) -> None:
                             "its first use)")
     serve.add_argument("--rounds-per-step", type=int, default=1, metavar="R",
                        help="speculation rounds between two looks at the request queue")
+    serve.add_argument("--prefill-chunk", type=int, default=None, metavar="C",
+                       help="prompt positions per prefill chunk: a prompt enters its slot in "
+                            "chunks between the other slots' rounds (default: 64, at most "
+                            "--max-cache-len); smaller: shorter pauses for the streams, "
+                            "larger: faster prompts")
 
 
 def _check(args, sampling: bool) -> None:
@@ -133,11 +138,17 @@ def run_serve(args) -> int:
     _check(args, sampling=False)
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port {args.port}: must be in [0, 65535]")
-    for name in ("slots", "rounds_per_step"):
+    for name in ("slots", "rounds_per_step", "prefill_chunk"):
+        if getattr(args, name) is None:
+            continue
         try:
             options_lib.check_positive_int(name, getattr(args, name))
         except options_lib.OptionError as e:
             raise ValueError(f"--{name.replace('_', '-')} {e.value}: {e.allowed}") from None
+    if (args.prefill_chunk is not None and args.max_cache_len is not None
+            and args.prefill_chunk > args.max_cache_len):
+        raise ValueError(f"--prefill-chunk {args.prefill_chunk}: must be at most --max-cache-len "
+                         f"{args.max_cache_len}")
     import logging
 
     from hispec_jax.serving import server
@@ -147,6 +158,8 @@ def run_serve(args) -> int:
     app = server.build_app(model, args.method, slots=args.slots, max_cache_len=args.max_cache_len,
                            warmup=args.warmup, rounds_per_step=args.rounds_per_step,
                            served_name=args.served_model_name, plan_reason=args.plan_reason,
+                           **({} if args.prefill_chunk is None
+                              else {"prefill_chunk": args.prefill_chunk}),
                            **generate_cli.method_options(args))
     server.serve(app, host=args.host, port=args.port)
     return 0
