@@ -289,6 +289,11 @@ def test_without_compile_on_demand_a_slot_runs_the_smallest_compiled_rows():
     while eng.busy[0]:
         got += eng.generate(1)[0].new_token_ids
         assert eng.last_rows == 1
+    # the state the ahead-of-time loop returned feeds the jitted programs as theirs did
+    eng.insert(1, SlotRequest(tuple(prompt), 3))
+    while eng.busy[1]:
+        eng.generate(1)
+        assert eng.last_rows == 4
     assert backend_compiles() == compiled
     want = hispec_jax.generate(model, [prompt], method="lookup", lookup=4,
                                max_new_tokens=12).token_ids[0]

@@ -308,9 +308,10 @@ class SlotEngine:
         # smallest compiled row count above instead (False: a server, where nothing compiles
         # on a request)
         self.compile_on_demand = True
-        self._abstract = jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-            (self.req, self.state))
+        # shapes only: with the state's sharding the ahead-of-time loop would return
+        # committed arrays, which the jitted programs see as new arguments (a recompile)
+        self._abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                      (self.req, self.state))
         self._prompt_len = np.zeros((slots,), np.int64)
         self._reported = np.zeros((slots,), np.int64)  # new tokens already handed out
         self._prefills: list[_Prefill] = []  # admitted prompts not yet prefilled, oldest first
