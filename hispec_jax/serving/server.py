@@ -72,9 +72,9 @@ def warm_up(engines: dict[bool, slots_lib.SlotEngine]) -> threading.Thread:
     for engine in engines.values():
         engine.compile_on_demand = False
         engine.warm_up(rows=(engine.slots,))
-    pending = [(engine, rows) for rows in max(e.active_rows for e in engines.values())
-               for engine in engines.values()
-               if rows in engine.active_rows and rows not in engine.compiled_rows]
+    row_counts = next(iter(engines.values())).active_rows  # the engines share their slots
+    pending = [(engine, rows) for rows in row_counts for engine in engines.values()
+               if rows not in engine.compiled_rows]
 
     def compile_rest():
         for engine, rows in pending:
