@@ -85,22 +85,27 @@ def test_cancel_frees_the_slot_and_leaves_the_others(model):
     assert got[0] == _offline(model, "layerskip")[0]
 
 
-def test_the_rounds_run_only_the_rows_up_to_the_last_decoding_slot(model):
+def test_the_rounds_run_only_the_rows_up_to_the_last_decoding_slot():
     """With slots 0 and 2 of 4 decoding, the rounds loop runs rows [0, 4); once slot 2 is
     done, row 0 alone. The tokens stay offline generate's (the lookup gate prices the rows
     the loop runs), and every row count was compiled by the warm-up."""
+    from test_engine import tiny_model
+
     from hispec_jax.serving.slots import backend_compiles
 
     assert [active_rows(b) for b in (1, 3, 4, 8)] == [(1,), (1, 2, 3), (1, 2, 4),
                                                       (1, 2, 4, 8)]
+    model = tiny_model(4, 1, max_len=128)
+    rng, V = np.random.RandomState(1), model.cfg.vocab_size
+    motif = rng.randint(4, V, 5).tolist()
+    prompts = [(motif * 4)[:18], rng.randint(4, V, 7).tolist()]
     decoder = methods_lib.make_method(model, "lookup", lookup=4)
-    eng = SlotEngine(model, decoder, slots=4, capacity=128, greedy=True,
+    eng = SlotEngine(model, decoder, slots=4, capacity=96, greedy=True,
                      eos_ids=model.eos_token_ids)
     eng.warm_up()
     compiled = backend_compiles()
-    ids = [tuple(model.tokenizer(p)["input_ids"]) for p in PROMPTS]
-    eng.insert(0, SlotRequest(ids[0], 24))  # at most 5 tokens a round: 5 rounds or more
-    eng.insert(2, SlotRequest(ids[3], 2))
+    eng.insert(0, SlotRequest(tuple(prompts[0]), 24))  # at most 5 tokens a round: 5 or more
+    eng.insert(2, SlotRequest(tuple(prompts[1]), 2))
     rows, got = [], {0: [], 2: []}
     while any(eng.busy):
         for u in eng.generate(1):
@@ -108,8 +113,8 @@ def test_the_rounds_run_only_the_rows_up_to_the_last_decoding_slot(model):
         rows.append(eng.last_rows)
     assert rows[0] == 4 and rows[-1] == 1, rows
     assert backend_compiles() == compiled
-    want = [hispec_jax.generate(model, PROMPTS[i], method="lookup", lookup=4,
-                                max_new_tokens=n).token_ids[0] for i, n in [(0, 24), (3, 2)]]
+    want = [hispec_jax.generate(model, [p], method="lookup", lookup=4, max_new_tokens=n
+                                ).token_ids[0] for p, n in [(prompts[0], 24), (prompts[1], 2)]]
     assert [got[0], got[2]] == want
 
 
