@@ -32,10 +32,14 @@ def arguments(batch=4):
             jnp.ones((batch, 3), jnp.float32), jnp.full((batch,), 2.0, jnp.float32))
 
 
-def compile_step(tmp_path, key="step", batch=4):
+def compile_step(tmp_path, key="step", batch=4, new_process=True):
+    """`step` through the program cache; `new_process`: as a new process would (JAX's
+    in-memory caches cleared first, so nothing compiled before in this one is reused)."""
+    if new_process:
+        jax.clear_caches()
     return program_cache.compile_cached(jax.jit(step, donate_argnums=(0,)),
                                         jax.eval_shape(lambda: arguments(batch)), key=key,
-                                        donate_argnums=(0,), directory=tmp_path)
+                                        directory=tmp_path)
 
 
 def entries(directory):
@@ -46,7 +50,7 @@ def test_round_trip_gives_the_same_outputs_and_donates(tmp_path):
     expected = jax.jit(step)(*arguments())
     first = compile_step(tmp_path)
     second = compile_step(tmp_path)  # a later process: read, not traced
-    assert (first.source, second.source) == ("export", "cache")
+    assert (first.source, second.source) == ("stored", "cache")
     assert len(entries(tmp_path)) == 1
     shapes = lambda tree: jax.tree.map(lambda x: (x.shape, x.dtype), tree)
     assert shapes(second.out_info) == shapes(jax.eval_shape(step, *arguments()))
@@ -58,10 +62,48 @@ def test_round_trip_gives_the_same_outputs_and_donates(tmp_path):
         assert args[0].x_B.is_deleted()  # the donated state backs the output
 
 
+XLA_CACHE_SCRIPT = """
+import sys, jax, numpy as np
+sys.path.insert(0, sys.argv[2])
+from test_program_cache import arguments, compile_step, step
+from pathlib import Path
+if sys.argv[3] == "fill":  # JAX's persistent cache gets the program, the program cache not
+    jax.jit(step, donate_argnums=(0,)).lower(*jax.eval_shape(arguments)).compile()
+program = compile_step(Path(sys.argv[1]), key="in-xla-cache", new_process=False)
+jax.tree.map(np.testing.assert_array_equal, program(*arguments()), jax.jit(step)(*arguments()))
+print("RESULT", program.source, jax.config.jax_enable_compilation_cache)
+"""
+
+
+def test_a_program_in_xlas_cache_is_stored_runnable(tmp_path):
+    """XLA:CPU cannot serialize again an executable loaded from JAX's persistent cache:
+    the program cache compiles the program it stores anew, so the stored copy runs in the
+    next process; one compiled earlier in the same process is not stored."""
+    import os
+    import subprocess
+    import sys
+
+    def run(mode):
+        env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(tmp_path / "xla"),
+                   JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+        proc = subprocess.run([sys.executable, "-c", XLA_CACHE_SCRIPT, str(tmp_path / "p"),
+                               os.path.dirname(__file__), mode], env=env, capture_output=True,
+                              text=True, timeout=600)
+        line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+        assert line, proc.stderr[-3000:]
+        return line[0].split()[1:]
+
+    run("fill")  # the XLA cache holds `step`; in-process, it was compiled before: not stored
+    assert not entries(tmp_path / "p")
+    assert run("fill") == ["jit", "True"]  # loaded from XLA's cache first: still not stored
+    assert run("") == ["stored", "True"]  # compiled anew, though XLA's cache holds it
+    assert run("") == ["cache", "True"]  # and the stored copy runs
+
+
 def test_another_key_or_shape_misses(tmp_path):
-    assert compile_step(tmp_path).source == "export"
-    assert compile_step(tmp_path, key="other").source == "export"
-    assert compile_step(tmp_path, batch=8).source == "export"
+    assert compile_step(tmp_path).source == "stored"
+    assert compile_step(tmp_path, key="other").source == "stored"
+    assert compile_step(tmp_path, batch=8).source == "stored"
     assert len(entries(tmp_path)) == 3
     assert compile_step(tmp_path, batch=8).source == "cache"
 
@@ -96,7 +138,7 @@ def test_a_bad_entry_warns_once_and_compiles_again(tmp_path, caplog, damage):
         path.write_bytes(program_cache.MAGIC + hashlib.sha256(body).digest() + body)
     with caplog.at_level(logging.WARNING, logger="hispec.program_cache"):
         program = compile_step(tmp_path)
-    assert program.source == "export"
+    assert program.source == "stored"
     warnings = [r for r in caplog.records if r.name == "hispec.program_cache"]
     assert len(warnings) == 1
     assert ("stale" if damage == "stale" else "corrupted") in warnings[0].getMessage()
@@ -110,7 +152,7 @@ def test_an_unwritable_directory_warns_and_starts_normally(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="hispec.program_cache"):
         first = compile_step(blocker / "programs")
         second = compile_step(blocker / "programs")
-    assert (first.source, second.source) == ("export", "export")
+    assert (first.source, second.source) == ("jit", "jit")
     warnings = [r for r in caplog.records if r.name == "hispec.program_cache"]
     assert len(warnings) == 1 and "cannot write" in warnings[0].getMessage()
     jax.tree.map(np.testing.assert_array_equal, second(*arguments()), jax.jit(step)(*arguments()))
@@ -125,7 +167,7 @@ def test_hispec_compilation_cache_0_turns_it_off(tmp_path, monkeypatch):
     assert program.source == "jit" and not list(tmp_path.rglob("*" + program_cache.SUFFIX))
 
 
-def test_a_program_that_cannot_be_exported_compiles_the_normal_way(tmp_path, caplog):
+def test_a_program_that_cannot_be_serialized_compiles_the_normal_way(tmp_path, caplog):
     def with_callback(x):
         jax.experimental.io_callback(lambda v: None, None, x, ordered=True)
         return x + 1
@@ -137,7 +179,7 @@ def test_a_program_that_cannot_be_exported_compiles_the_normal_way(tmp_path, cap
             jax.jit(with_callback), (jax.ShapeDtypeStruct((2,), jnp.float32),), key="cb",
             directory=tmp_path)
     assert program.source == "jit" and not entries(tmp_path)
-    assert any("not exportable" in r.getMessage() for r in caplog.records)
+    assert any("does not serialize" in r.getMessage() for r in caplog.records)
     np.testing.assert_array_equal(program(jnp.ones(2)), 2 * np.ones(2))
 
 
@@ -153,8 +195,8 @@ jitted = jax.jit(f, in_shardings=(s, s), out_shardings=(s, s), donate_argnums=(1
 structs = (jax.ShapeDtypeStruct((4, 3), jnp.float32),) * 2
 rows = []
 for _ in range(2):
-    program = program_cache.compile_cached(jitted, structs, key="f", donate_argnums=(1,),
-                                           mesh=mesh, directory=sys.argv[1])
+    program = program_cache.compile_cached(jitted, structs, key="f", mesh=mesh,
+                                           directory=sys.argv[1])
     x, c = (jax.device_put(jnp.arange(12.0).reshape(4, 3), s), jax.device_put(jnp.ones((4, 3)), s))
     out = program(x, c)
     rows.append({"source": program.source, "spec": str(out[0].sharding.spec),
@@ -178,7 +220,7 @@ def test_a_sharded_program_keeps_its_shardings_and_donation(tmp_path):
     line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
     assert line, proc.stderr[-3000:]
     rows = json.loads(line[0][len("RESULT "):])
-    assert [r["source"] for r in rows] == ["export", "cache"]
+    assert [r["source"] for r in rows] == ["stored", "cache"]
     expected = (np.arange(12.0).reshape(4, 3) * 2 + 12).tolist()
     for r in rows:
         assert r["out"] == expected and r["donated"] and "data" in r["spec"]
@@ -221,12 +263,12 @@ def run_engine_script(directory, **env):
 
 
 def test_engines_read_their_loops_in_a_later_process(tmp_path):
-    """Two processes decode the same requests: the first exports each loop, the second reads
-    it (no tracing) and gives the same tokens; the engines' keys are equal across processes
+    """Two processes decode the same requests: the first stores each loop, the second loads
+    it (no tracing, no compiling) and gives the same tokens; the engines' keys are equal across processes
     and hold no object address."""
     first = run_engine_script(tmp_path)
     second = run_engine_script(tmp_path)
-    assert [r["source"] for r in first] == ["export", "export"]
+    assert [r["source"] for r in first] == ["stored", "stored"]
     assert [r["source"] for r in second] == ["cache", "cache"]
     assert len(entries(tmp_path)) == 2
     for a, b in zip(first, second):

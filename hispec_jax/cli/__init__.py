@@ -72,6 +72,7 @@ def main(argv=None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.extra = extra
     common.use_compilation_cache()
+    common.use_cpu_codegen()
     try:
         return args.run(args)
     except ValueError as e:

@@ -136,6 +136,22 @@ COMPILATION_CACHE_MAX_BYTES = 4 * 2**30  # a run that finds `hispec`'s cache abo
 COMPILATION_CACHE_KEEP_BYTES = 3 * 2**30  # ... drops its least recently used entries to this
 
 
+CPU_XLA_FLAGS = "--xla_cpu_experimental_ynn_fusion_type="
+
+
+def use_cpu_codegen() -> None:
+    """Every program a `hispec` command compiles for a CPU is compiled as the decoding loops
+    are (`engine.COMPILER_OPTIONS["cpu"]`: XLA's YNNPACK fusions off, for speed and fast
+    executable loads), so the planner's and the gates' timed passes price the kernels the
+    loops run: `CPU_XLA_FLAGS` joins XLA_FLAGS unless XLA_FLAGS already names the option
+    (yours wins). Must run before JAX starts its backend. Flags XLA:CPU reads only."""
+    import os
+
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_cpu_experimental_ynn_fusion_type" not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} {CPU_XLA_FLAGS}".strip()
+
+
 def use_compilation_cache() -> str | None:
     """Keeps the compiled decoding loops between runs of `hispec`: JAX's persistent
     compilation cache in `$HISPEC_CACHE/jax` (`pull.default_cache_dir()`, next to the pulled

@@ -47,7 +47,7 @@ class GenerationResult:
       prompt_token_ids: the tokenized prompts.
       stats: model (its directory or file name), model_path, num_layers, method,
         tokens_per_second (new tokens / wall time of the compiled runs, compilation
-        excluded), compile_seconds, compile_count, program_source ("cache", "export" or
+        excluded), compile_seconds, compile_count, program_source ("cache", "stored" or
         "jit": how the loop is made, docs/statistics.md), decode_seconds, new_tokens, and
         the method's own counters.
     """

@@ -1,42 +1,44 @@
-"""Compiled programs kept across processes: a start skips tracing and lowering as well as
-XLA's compile.
+"""Compiled programs kept across processes: a start skips tracing, lowering and XLA's
+compile.
 
 JAX's persistent compilation cache (`cli.common.use_compilation_cache`) keeps XLA's
 executables, but every process still traces the Python loop into a jaxpr and lowers it to
 StableHLO before it can look the executable up: seconds per decoding loop on a CPU
-(docs/startup.md). This cache keeps the lowered program itself, a `jax.export.Exported`,
-so a later process only unpickles it, wraps it in a one-primitive `jax.jit` and compiles
-that, which XLA's persistent cache answers from disk.
+(docs/startup.md). This cache keeps the compiled executable itself, serialized with
+`jax.experimental.serialize_executable`, so a later process only reads it and loads it: no
+Python tracing, no StableHLO, no cache-key hashing of a module.
 
     program = program_cache.compile_cached(jax.jit(fn, donate_argnums=(3,)), abstract_args,
-                                           key=engine.program_key(), donate_argnums=(3,))
+                                           key=engine.program_key())
     outputs = program(*args)            # the pytrees `fn` takes and returns
-    program.source                      # "cache" (read), "export" (written) or "jit"
+    program.source                      # "cache" (read), "stored" (compiled and written) or "jit"
 
 An entry is keyed by a digest of the caller's key (what the program computes: the model
 architecture, parameter layout, method and shapes; never the weights' values, which are
-arguments), the arguments' shapes, dtypes and shardings, the compiler options, the JAX
-settings that change a trace (x64, default matmul precision), the backend and its devices,
-and the versions of jax, jaxlib and this library's own source (a digest of its files, so
+arguments), the arguments' shapes, dtypes and shardings, the compiler options and
+`XLA_FLAGS`, the JAX settings that change a trace (x64, default matmul precision), the
+backend and its devices, and the versions of jax, jaxlib and this library's own source (a digest of its files, so
 an edited checkout never runs a stale program). A corrupted entry, one written under other
-versions, or a key collision is ignored with one warning line and the program is exported
-again; a directory that cannot be written gives one warning and a normal start.
+versions, or a key collision is ignored with one warning line and the program is compiled
+and stored again; a directory that cannot be written gives one warning and a normal start.
 `HISPEC_COMPILATION_CACHE=0` turns it off, whatever the directory (as it turns off XLA's
 cache).
 
-What the export carries: donation (the wrapping `jax.jit` donates the same arguments, and
-XLA aliases them as before), shardings (the exported module keeps its HLO shardings, and on
-a mesh the wrapper takes and returns them, so donated buffers still alias; it runs on as
-many devices as it was exported for, part of the key) and unordered effects. Ordered effects (`io_callback(ordered=True)`) and host callbacks are not
-exportable: such a program compiles the normal way (`source` "jit"), with a warning.
+What the executable carries: donation (XLA's input/output aliasing is part of it, so the
+donated buffers are consumed as in the process that compiled it), shardings (on a mesh it
+runs on the mesh's devices, whose number is part of the key) and custom pytrees in and out
+(their tree definitions are pickled with it). Programs with host callbacks or ordered
+effects do not serialize: such a program compiles the normal way (`source` "jit"), with a
+warning.
 
-Entries are pickles of the `Exported` fields (`jax.export`'s own serialization needs the
-optional flatbuffers package and a registration per custom pytree node): they are read only
-by the jax and jaxlib that wrote them, and each file carries a SHA-256 of its contents.
+Entries are pickles: they are read only by the jax and jaxlib that wrote them (part of the
+key), each file carries a SHA-256 of its contents, and, like XLA's own cache, the directory
+is trusted (loading an executable runs its code).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -44,15 +46,18 @@ import logging
 import os
 import pickle
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
 import jax
 import jaxlib
+from jax.experimental import serialize_executable
+from jax.experimental.compilation_cache import compilation_cache as xla_cache
 
 log = logging.getLogger("hispec.program_cache")
 
-MAGIC = b"hispec-program-1\n"
+MAGIC = b"hispec-executable-1\n"
 SUFFIX = ".program"
 MAX_BYTES = 2 * 2**30  # a process that finds the directory above this ...
 KEEP_BYTES = 3 * 2**29  # ... drops its least recently used entries down to this
@@ -94,6 +99,7 @@ def entry_key(key: str, args, compiler_options: dict | None = None) -> str:
         f"args={treedef}",
         *(f"arg={_describe(x)}" for x in leaves),
         f"compiler_options={sorted((compiler_options or {}).items())}",
+        f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')}",
         f"x64={jax.config.jax_enable_x64} "
         f"matmul_precision={jax.config.jax_default_matmul_precision}",
         f"backend={jax.default_backend()}:{devices[0].device_kind}:{len(devices)}",
@@ -108,8 +114,9 @@ class Program:
 
     Attributes:
       executable: the `jax.stages.Compiled`.
-      source: "cache" (read from the directory), "export" (exported now and written) or
-        "jit" (compiled the normal way: the cache is off, or the program is not exportable).
+      source: "cache" (read from the directory), "stored" (compiled now and written) or
+        "jit" (compiled the normal way: the cache is off, or the program does not
+        serialize).
     """
 
     executable: Any
@@ -124,16 +131,15 @@ class Program:
         return self.executable.out_info
 
 
-def compile_cached(jitted, args, *, key: str, donate_argnums=(), compiler_options=None,
-                   mesh=None, directory: str | Path | None | bool = True) -> Program:
-    """`jitted` (a `jax.jit`-wrapped function) compiled for `args` (arrays or
-    `jax.ShapeDtypeStruct`s), through the program cache.
+def compile_cached(jitted, args, *, key: str, compiler_options=None, mesh=None,
+                   directory: str | Path | None | bool = True) -> Program:
+    """`jitted` (a `jax.jit`-wrapped function, with its donation) compiled for `args`
+    (arrays or `jax.ShapeDtypeStruct`s), through the program cache.
 
     Args:
       key: what the program computes, as text that is equal across processes exactly when
         the program is (e.g. the repr of a frozen dataclass of static settings). A key that
         holds an object address (" at 0x") is not cached.
-      donate_argnums: the arguments `jitted` donates (the cached program donates them too).
       compiler_options: XLA options, as `jax.stages.Lowered.compile` takes them.
       mesh: a `jax.sharding.Mesh` to lower under (`jax.set_mesh`), or None. On a mesh,
         pass `args` as structs with their shardings: the program takes them in every process.
@@ -145,68 +151,92 @@ def compile_cached(jitted, args, *, key: str, donate_argnums=(), compiler_option
     elif directory is True:
         directory = default_directory()
     if not directory or " at 0x" in key:
-        return Program(_lower(jitted, args, mesh).compile(compiler_options=compiler_options),
-                       "jit")
+        return Program(_compile(jitted, args, compiler_options, mesh), "jit")
     text = entry_key(key, args, compiler_options)
     path = Path(directory) / (hashlib.sha256(text.encode()).hexdigest()[:40] + SUFFIX)
-    exported = _read(path, text)
-    if exported is not None:
+    entry = _read(path, text)
+    if entry is not None:
         try:
-            return Program(_compile_exported(exported, args, donate_argnums, compiler_options,
-                                             mesh), "cache")
-        except Exception as e:  # read whole, yet not a program this JAX can compile: stale
+            return Program(_load(entry, mesh), "cache")
+        except Exception as e:  # read whole, yet not an executable this jaxlib loads: stale
             log.warning("program cache: %s is stale (%s); compiling again", path,
                         type(e).__name__)
+    compiles = _backend_compiles()
+    with _xla_cache_off():
+        executable = _compile(jitted, args, compiler_options, mesh)
+    if _backend_compiles() == compiles:  # this process's copy, perhaps loaded: not stored
+        log.info("program cache: %s was compiled earlier in this process; not stored",
+                 getattr(jitted, "__name__", "the program"))
+        return Program(executable, "jit")
     try:
-        exported = _export(jitted, args, mesh)
-    except Exception as e:  # not exportable (ordered effects, host callbacks, ...)
-        log.warning("program cache: %s is not exportable (%s: %s); compiling it the "
-                    "normal way", getattr(jitted, "__name__", "the program"),
+        payload, in_tree, out_tree = serialize_executable.serialize(executable)
+    except Exception as e:  # host callbacks, ordered effects, constants: not serializable
+        log.warning("program cache: %s does not serialize (%s: %s); it compiles again in "
+                    "the next process", getattr(jitted, "__name__", "the program"),
                     type(e).__name__, str(e).splitlines()[0] if str(e) else "")
-        return Program(_lower(jitted, args, mesh).compile(compiler_options=compiler_options),
-                       "jit")
-    _write(path, text, exported)
-    return Program(_compile_exported(exported, args, donate_argnums, compiler_options, mesh),
-                   "export")
+        return Program(executable, "jit")
+    stored = _write(path, text, {"executable": payload, "in_tree": in_tree,
+                                 "out_tree": out_tree})
+    return Program(executable, "stored" if stored else "jit")
 
 
-def _compile_exported(exported, args, donate_argnums, compiler_options, mesh):
-    """`exported` wrapped in a `jax.jit` that donates `donate_argnums` and, on a mesh,
-    takes and returns the exported shardings (so donated buffers alias their outputs).
-    An argument's own sharding (a sharded `jax.ShapeDtypeStruct`) wins: the export keeps
-    none for an argument the program does not read (a greedy loop's PRNG keys)."""
+def _compile(jitted, args, compiler_options, mesh):
     if mesh is None:
-        wrapper = jax.jit(exported.call, donate_argnums=donate_argnums)
-    else:
-        exported_in = jax.tree.unflatten(exported.in_tree, exported.in_shardings_jax(mesh))[0]
-        in_shardings = jax.tree.map(lambda x, s: getattr(x, "sharding", None) or s,
-                                    tuple(args), exported_in)
-        out_shardings = jax.tree.unflatten(exported.out_tree, exported.out_shardings_jax(mesh))
-        wrapper = jax.jit(exported.call, in_shardings=in_shardings, out_shardings=out_shardings,
-                          donate_argnums=donate_argnums)
-    return _lower(wrapper, args, mesh).compile(compiler_options=compiler_options)
-
-
-def _lower(jitted, args, mesh):
-    if mesh is None:
-        return jitted.lower(*args)
+        return jitted.lower(*args).compile(compiler_options=compiler_options)
     with jax.set_mesh(mesh):
-        return jitted.lower(*args)
+        return jitted.lower(*args).compile(compiler_options=compiler_options)
 
 
-def _export(jitted, args, mesh):
-    structs = jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
-        args)
-    if mesh is None:
-        return jax.export.export(jitted)(*structs)
-    with jax.set_mesh(mesh):
-        return jax.export.export(jitted)(*structs)
+_compiles = threading.local()
 
 
-def _read(path: Path, text: str):
-    """The `Exported` stored at `path` for `text`, or None (absent, or ignored with one
-    warning line: unreadable, corrupted, another key)."""
+def _count_backend_compile(event: str, duration: float, **kwargs) -> None:
+    if event == "/jax/core/compile/backend_compile_duration":
+        _compiles.count = getattr(_compiles, "count", 0) + 1
+
+
+@functools.cache
+def _listen() -> None:
+    jax.monitoring.register_event_duration_secs_listener(_count_backend_compile)
+
+
+def _backend_compiles() -> int:
+    """XLA compiles this thread has run (`jax.monitoring` reports each one in the thread
+    that runs it; a program JAX finds in its in-memory cache reports none)."""
+    _listen()
+    return getattr(_compiles, "count", 0)
+
+
+@contextlib.contextmanager
+def _xla_cache_off():
+    """JAX's persistent compilation cache off for one compile. XLA:CPU cannot serialize again
+    an executable it loaded from that cache (the loaded one keeps no object code: running a
+    copy fails with "Function ... not found"), so a program this cache stores is compiled
+    anew, once per key; and one found in JAX's in-memory cache (compiled earlier in this
+    process, perhaps loaded) is not stored (`_backend_compiles`)."""
+    if not jax.config.jax_enable_compilation_cache:
+        yield
+        return
+    jax.config.update("jax_enable_compilation_cache", False)
+    xla_cache.reset_cache()  # JAX decides once per process whether its cache is used
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_compilation_cache", True)
+        xla_cache.reset_cache()
+
+
+def _load(entry: dict, mesh):
+    """The `jax.stages.Compiled` an entry holds, loaded onto this process's devices (the
+    mesh's, on a mesh)."""
+    devices = None if mesh is None else list(mesh.devices.flat)
+    return serialize_executable.deserialize_and_load(
+        entry["executable"], entry["in_tree"], entry["out_tree"], execution_devices=devices)
+
+
+def _read(path: Path, text: str) -> dict | None:
+    """The entry stored at `path` for `text`, or None (absent, or ignored with one warning
+    line: unreadable, corrupted, another key)."""
     try:
         blob = path.read_bytes()
     except (FileNotFoundError, NotADirectoryError):  # absent (a bad directory: `_write` says)
@@ -219,12 +249,13 @@ def _read(path: Path, text: str):
         log.warning("program cache: %s is corrupted; ignoring it and compiling again", path)
         return None
     try:
-        stored_text, fields = pickle.loads(body)
+        stored_text, entry = pickle.loads(body)
         if stored_text != text:
             log.warning("program cache: %s holds another program (a digest collision); "
                         "compiling again", path)
             return None
-        exported = jax.export.Exported(**fields, _get_vjp=None)
+        if set(entry) != {"executable", "in_tree", "out_tree"}:
+            raise ValueError("unknown fields")
     except Exception as e:  # written by other library versions: stale
         log.warning("program cache: %s is stale (%s); compiling again", path, type(e).__name__)
         return None
@@ -232,23 +263,21 @@ def _read(path: Path, text: str):
         os.utime(path)  # recently used: pruned last
     except OSError:
         pass
-    return exported
+    return entry
 
 
 _unwritable: set[str] = set()  # directories already warned about (one warning each)
 
 
-def _write(path: Path, text: str, exported) -> None:
-    """Writes an entry atomically (a temporary file renamed into place); a directory that
-    cannot be written is warned about once and left alone."""
-    fields = {f.name: getattr(exported, f.name) for f in dataclasses.fields(exported)
-              if f.name != "_get_vjp"}
+def _write(path: Path, text: str, entry: dict) -> bool:
+    """Writes an entry atomically (a temporary file renamed into place); whether it was
+    written. A directory that cannot be written is warned about once and left alone."""
     try:
-        body = pickle.dumps((text, fields), protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as e:  # something in the program that does not pickle
+        body = pickle.dumps((text, entry), protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as e:  # a tree definition that does not pickle
         log.warning("program cache: cannot store the program (%s); it compiles again in the "
                     "next process", type(e).__name__)
-        return
+        return False
     directory = path.parent
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -266,6 +295,8 @@ def _write(path: Path, text: str, exported) -> None:
             _unwritable.add(str(directory))
             log.warning("program cache: cannot write to %s (%s); programs compile again in "
                         "the next process", directory, e.strerror or e)
+        return False
+    return True
 
 
 @functools.cache

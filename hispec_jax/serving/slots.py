@@ -43,6 +43,7 @@ compiles them).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 from typing import Any
 
@@ -52,6 +53,7 @@ import numpy as np
 
 from hispec_jax.decoding import engine as engine_lib
 from hispec_jax.decoding import methods as methods_lib
+from hispec_jax.decoding.engine import compile_cache
 from hispec_jax.decoding.generate import MIN_PROMPT_BLOCK
 from hispec_jax.decoding.prefill import MAX_SMALL, prefill_chunk, small_chunk
 from hispec_jax.decoding.request import Request
@@ -221,11 +223,22 @@ def _empty(engine: engine_lib.Engine, params, heads, eos_ids_E, windows_K1):
     return state, req.replace(tokens_BxS=jnp.zeros((B, T), jnp.int32))
 
 
-_chunk_jit = jax.jit(_chunk, static_argnums=(0, 1), donate_argnums=(3,))
-_finish_jit = jax.jit(_finish, static_argnums=(0,), donate_argnums=(3, 4))
-_cancel_jit = jax.jit(_cancel, donate_argnums=(0,))
-_empty_jit = jax.jit(_empty, static_argnums=(0,))
-_rounds_jit = jax.jit(_rounds_rows, static_argnums=(0, 1, 2), donate_argnums=(6,))
+def _jit(fn, **jit_args):
+    """`jax.jit(fn, **jit_args)` with the decoding loops' XLA options for this process's
+    platform (`compile_cache.compiler_options`), made at first use: the platform is known
+    only once JAX has started."""
+    @functools.cache
+    def jitted(options: tuple):
+        return jax.jit(fn, compiler_options=dict(options) or None, **jit_args)
+
+    return lambda: jitted(tuple(sorted(compile_cache.compiler_options().items())))
+
+
+_chunk_jit = _jit(_chunk, static_argnums=(0, 1), donate_argnums=(3,))
+_finish_jit = _jit(_finish, static_argnums=(0,), donate_argnums=(3, 4))
+_cancel_jit = _jit(_cancel, donate_argnums=(0,))
+_empty_jit = _jit(_empty, static_argnums=(0,))
+_rounds_jit = _jit(_rounds_rows, static_argnums=(0, 1, 2), donate_argnums=(6,))
 
 
 @dataclasses.dataclass
@@ -291,8 +304,8 @@ class SlotEngine:
         self.engine = engine_lib.Engine.for_model(model, decoder.hierarchy, shapes, greedy)
         self._eos_ids_E = jnp.asarray(list(self.eos_ids) or [-1], jnp.int32)
         self._windows_K1 = decoder.windows_array()
-        self.state, self.req = _empty_jit(self.engine, model.params, model.heads,
-                                          self._eos_ids_E, self._windows_K1)
+        self.state, self.req = _empty_jit()(self.engine, model.params, model.heads,
+                                            self._eos_ids_E, self._windows_K1)
         self.active_rows = active_rows(slots)
         self._layout = None
         if slots > 1:  # the batch axis of every leaf, from the shapes of a one-slot state
@@ -399,9 +412,9 @@ class SlotEngine:
         tokens = np.zeros((1, C), np.int32)
         piece = ids[p.start:p.start + C]
         tokens[0, :len(piece)] = piece
-        cache, h_1xD = _chunk_jit(self.engine.cfg, self.engine.cache_layers, self.model.params,
-                                  self.state.cache, np.int32(p.slot), tokens,
-                                  np.int32(p.start), np.asarray([len(ids)], np.int32))
+        cache, h_1xD = _chunk_jit()(self.engine.cfg, self.engine.cache_layers,
+                                    self.model.params, self.state.cache, np.int32(p.slot),
+                                    tokens, np.int32(p.start), np.asarray([len(ids)], np.int32))
         self.state = self.state.replace(cache=cache)
         p.start += C
         if p.start >= len(ids):
@@ -416,7 +429,7 @@ class SlotEngine:
             temperature=np.asarray([max(s.temperature, 1e-6)], np.float32),
             top_k=np.asarray([s.top_k], np.int32), top_p=np.asarray([s.top_p], np.float32))
         key_1x2 = np.asarray(sequence_keys(s.seed, [request.sequence_index]))
-        self.state, self.req = _finish_jit(
+        self.state, self.req = _finish_jit()(
             self.engine, self.model.params, self.model.heads, self.state, self.req,
             np.int32(p.slot), p.h_1xD, prompt, np.asarray([n], np.int32),
             np.asarray([request.max_new_tokens], np.int32), key_1x2, sampling_1,
@@ -430,7 +443,7 @@ class SlotEngine:
             self._prefills = [p for p in self._prefills if p.slot != slot]
             self.busy[slot] = False
         elif self.busy[slot]:
-            self.state = _cancel_jit(self.state, np.int32(slot))
+            self.state = _cancel_jit()(self.state, np.int32(slot))
             self.busy[slot] = False
 
     def generate(self, max_rounds: int) -> list[SlotUpdate]:
@@ -471,7 +484,7 @@ class SlotEngine:
         args = (self.model.params, self.model.heads, self.req, self.state, np.int32(max_rounds))
         program = self._rounds.get(rows)
         if program is None:
-            self.state = _rounds_jit(self.engine, rows, self._layout, *args)
+            self.state = _rounds_jit()(self.engine, rows, self._layout, *args)
             self._rounds[rows] = None
         else:
             self.state = program(*args)
@@ -482,9 +495,9 @@ class SlotEngine:
         only the state's shapes); `generate` uses it from then on."""
         if rows not in self._rounds:
             req, state = self._abstract
-            program = _rounds_jit.lower(self.engine, rows, self._layout, self.model.params,
-                                        self.model.heads, req, state,
-                                        jax.ShapeDtypeStruct((), jnp.int32)).compile()
+            program = _rounds_jit().lower(self.engine, rows, self._layout, self.model.params,
+                                          self.model.heads, req, state,
+                                          jax.ShapeDtypeStruct((), jnp.int32)).compile()
             self._rounds.setdefault(rows, program)
 
     def warm_up(self, rows: tuple[int, ...] | None = None) -> int:

@@ -9,9 +9,8 @@ Linux refuses a process more than `vm.max_map_count` (65,530 by default), which 
 as "Unable to allocate section memory". A dropped loop compiles again when next used.
 
 A loop this process has not compiled yet comes through the cross-process program cache
-(`decoding/program_cache.py`, directory `PROGRAM_CACHE`): a later process reads the lowered
-loop instead of tracing and lowering it again, and XLA's persistent cache answers its
-compile (docs/startup.md).
+(`decoding/program_cache.py`, directory `PROGRAM_CACHE`): a later process loads the compiled
+loop instead of tracing, lowering and compiling it again (docs/startup.md).
 """
 
 from __future__ import annotations
@@ -32,7 +31,7 @@ _SOURCES: dict[Any, str] = {}
 MAX_COMPILED = 32
 MAP_BUDGET = 0.5  # the share of the memory-mapping limit compiled loops may keep held
 compilations = 0  # loops compiled by this process (tests check that bad input compiles none)
-# Where lowered loops are kept across processes (`program_cache.compile_cached`'s
+# Where compiled loops are kept across processes (`program_cache.compile_cached`'s
 # `directory`): True for `$HISPEC_CACHE/programs` (off with HISPEC_COMPILATION_CACHE=0),
 # None for off. An entry is keyed by the engine and this library's source files, not by
 # code replaced at run time: a process that patches a function the loop traces (a test's
@@ -44,8 +43,17 @@ PROGRAM_CACHE: Any = True
 # field names; values as the `XLA_FLAGS` parser reads them). Per-compile options rather
 # than `XLA_FLAGS`, so a library import changes nothing else in the process, and a probe
 # can compile the same loop under several. Compiled loops are not keyed by the options:
-# `clear_compiled()` after a change.
-COMPILER_OPTIONS: dict[str, dict[str, Any]] = {}
+# `clear_compiled()` after a change. The serving slots' programs take them too.
+#
+# On CPU, XLA's YNNPACK fusions (dots and their neighbours handed to the YNNPACK library,
+# on by default in jaxlib 0.10) are off: on the 2-core CPU of BENCHMARKS.md the decoding
+# loops run 1.5-2.4x faster without them (shipped model: ar 57-70 -> 90-97 tok/s, hispec
+# 82-88 -> 155-202; SmolLM2 lookup 15-17 -> 18), and XLA:CPU loads an executable with N of
+# them in time quadratic in N (each looks its HLO instruction up by id): 15-22 s for a
+# cached SmolLM2 lookup loop, 5-6 s without (docs/startup.md).
+COMPILER_OPTIONS: dict[str, dict[str, Any]] = {
+    "cpu": {"xla_cpu_experimental_ynn_fusion_type": ""},
+}
 
 
 def compiler_options() -> dict[str, Any]:
@@ -68,7 +76,7 @@ def compiled(engine) -> tuple[Any, float]:
                             args, shardings.in_shardings())
     program = program_cache.compile_cached(
         engine.jitted(), args, key=engine.program_key(),
-        donate_argnums=engine.DONATED, compiler_options=compiler_options() or None,
+        compiler_options=compiler_options() or None,
         mesh=None if shardings is None else shardings.mesh, directory=PROGRAM_CACHE)
     seconds = time.perf_counter() - t0
     compilations += 1
@@ -87,9 +95,9 @@ def compile_seconds(engine) -> float | None:
 
 
 def program_source(engine) -> str | None:
-    """How `engine`'s loop is made: "cache" (read from the program cache), "export"
-    (traced, lowered and written to it) or "jit" (traced and lowered, the program cache off
-    or the loop not exportable); None: not compiled, or dropped."""
+    """How `engine`'s loop is made: "cache" (read from the program cache), "stored"
+    (traced, compiled and written to it) or "jit" (traced and compiled, the program cache
+    off or unwritable, or the loop not serializable); None: not compiled, or dropped."""
     return _SOURCES.get(engine) if engine in _COMPILED else None
 
 

@@ -247,7 +247,7 @@ class Engine:
         return compile_cache.compiled(self)
 
     def program_source(self) -> str | None:
-        """How this process got this engine's loop: "cache", "export" or "jit"
+        """How this process got this engine's loop: "cache", "stored" or "jit"
         (`compile_cache.program_source`); None: not compiled, or dropped."""
         return compile_cache.program_source(self)
 
