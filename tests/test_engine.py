@@ -408,8 +408,8 @@ def test_exit_without_head_is_rejected():
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_unrolled_layer_layout_gives_the_same_tokens(temperature, out_major):
     """The "unrolled" layout (per-layer weights, the CPU default of load_model), with its
-    projections canonical or out-major (`name_T`, the CPU default: blocks of several rows
-    multiply as `w_T @ x^T`), runs the same math as the scanned stacked weights: same tokens
+    projections canonical or out-major (`name_T`: blocks of several rows multiply as
+    `w_T @ x^T`), runs the same math as the scanned stacked weights: same tokens
     for every method, greedy and sampled (blocks of 1, 2 and more rows: drafts, lookup,
     verification, prefill)."""
     model = tiny_model(4, 0, 0.1)

@@ -189,11 +189,11 @@ def test_llama3_rope_freqs(tmp_path, vocab):
 def test_layouts_and_bfloat16(gguf_paths):
     path = gguf_paths["llama_q4_0"]
     scan = hispec_jax.load_model(path, layer_layout="scan")
-    unrolled = hispec_jax.load_model(path, layer_layout="unrolled")
+    unrolled = hispec_jax.load_model(path, layer_layout="unrolled", out_major=True)
     bf16 = hispec_jax.load_model(path, dtype="bfloat16", layer_layout="scan")
-    canonical = hispec_jax.load_model(path, layer_layout="unrolled", out_major=False)
+    canonical = hispec_jax.load_model(path, layer_layout="unrolled")  # the default order
     assert isinstance(unrolled.params["layers"], tuple) and bf16.cfg.dtype == "bfloat16"
-    # on CPU the unrolled layout holds the projections out-major: [out..., in...]
+    # out-major: the projections [out..., in...]
     assert set(unrolled.params["layers"][0]) == {
         k + "_T" if k in PROJECTIONS else k for k in scan.params["layers"]}
     assert not any(k.endswith("_T") for k in canonical.params["layers"][0])

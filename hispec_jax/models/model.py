@@ -77,8 +77,8 @@ def load_model(path, dtype: str | None = None, layer_layout: str | None = None,
         `params.default_layer_layout`). Training code that scans the stacked weights asks
         for "scan".
       out_major: whether the "unrolled" layout stores the layer projections transposed,
-        [out..., in...] (`transformer.project`); None: on CPU only
-        (`params.default_out_major`). The math is the same; only the matmul kernel differs.
+        [out..., in...] (`transformer.project`); None: `params.default_out_major`
+        (off). The math is the same; only the matmul kernel differs.
       matmul_precision: "highest" (exact float32 matmuls on every backend: speculative
         greedy output equals AR), "high" or "default" (TF32/bfloat16 passes on GPUs/TPUs:
         faster, not exact); see `ModelConfig`.

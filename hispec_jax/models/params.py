@@ -294,12 +294,14 @@ def default_layer_layout() -> str:
 
 
 def default_out_major() -> bool:
-    """Whether the unrolled layout stores the layer projections out-major on this backend:
-    on XLA:CPU, where a block of several rows then multiplies with the weight as the left
-    operand instead of YNNPACK repacking it on every call (`transformer.project`): on
-    SmolLM2-135M a verify pass over 4-8 positions costs 10 % less, a decoding step the same
-    (docs/layer_layouts.md). Accelerators are not measured and keep the canonical order."""
-    return jax.default_backend() == "cpu"
+    """Whether the unrolled layout stores the layer projections out-major (the weight as a
+    block's left operand, `transformer.project`): no backend, as measured. It paid on XLA:CPU
+    while YNNPACK served its dots (a verify pass over 4-8 positions 10 % cheaper on
+    SmolLM2-135M, since YNNPACK repacked a right-hand weight on every call); with the
+    YNNPACK fusions off (`engine.COMPILER_OPTIONS["cpu"]`) a verify pass over 2-4 positions
+    costs 1.3x canonical and 0.96x at 8 (docs/layer_layouts.md). Accelerators are not
+    measured and keep the canonical order. `out_major=True` still selects it."""
+    return False
 
 
 def is_out_major(params: Params) -> bool:
@@ -328,7 +330,7 @@ def with_layer_layout(params: Params, layout: str, out_major: bool | None = None
     """`params` in `layout` ("scan": stacked arrays; "unrolled": a tuple of per-layer dicts).
 
     The unrolled layout holds the layer projections out-major when `out_major` (None:
-    `default_out_major()`, i.e. on XLA:CPU); the scan layout always holds them canonical,
+    `default_out_major()`: off); the scan layout always holds them canonical,
     so every consumer that needs the canonical weights (training, export, calibration) gets
     them from `with_layer_layout(params, "scan")`.
 

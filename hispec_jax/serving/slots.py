@@ -500,13 +500,16 @@ class SlotEngine:
                                           jax.ShapeDtypeStruct((), jnp.int32)).compile()
             self._rounds.setdefault(rows, program)
 
-    def warm_up(self, rows: tuple[int, ...] | None = None) -> int:
+    def warm_up(self, rows: tuple[int, ...] | None = None, on_phase=None) -> int:
         """Compiles every program this engine runs (the small and the full prefill chunk,
         finish, the rounds loop over each of `rows` rows (None: every count of
         `active_rows`), cancel) on two short requests in slot 0, which must be free;
         returns the compilations it ran. Afterwards no prompt of any length compiles
-        anything, nor does any slot where `rows` are all of `active_rows`."""
+        anything, nor does any slot where `rows` are all of `active_rows`. `on_phase(text)`
+        hears which programs it compiles (a progress line)."""
+        phase = on_phase or (lambda text: None)
         before = backend_compiles()
+        phase("compiling the prefill")
         sampling = SamplingParams() if self.greedy else SamplingParams(temperature=1.0)
         self.insert(0, SlotRequest((0,), 1, sampling))  # a small chunk
         self.cancel(0)  # decoding: its first token is out, its budget not yet seen
@@ -514,6 +517,8 @@ class SlotEngine:
         full = self._small_tail + 1  # the shortest prompt that runs a full chunk
         self.insert(0, SlotRequest((0,) * (full if full <= longest else 1), 1, sampling))
         for r in self.active_rows if rows is None else rows:  # slot 0 is done after a round
+            phase(f"compiling the decode loop ({r} of {self.slots} slots)" if self.slots > 1
+                  else "compiling the decode loop")
             self._run_rounds(r, 1)
         while self.busy[0]:
             self.generate(1)

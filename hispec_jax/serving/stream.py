@@ -120,8 +120,7 @@ def warm_up_stream(model, prompt, *, on_phase=None, method="ar", max_new_tokens:
                    ignore_eos=ignore_eos, temperature=temperature, top_k=top_k, top_p=top_p,
                    seed=seed, max_cache_len=max_cache_len, chat=chat,
                    method_options=method_options)
-    phase("compiling the prefill and the decode loop")
-    setup.engine.warm_up()
+    setup.engine.warm_up(on_phase=phase)
     return slots_lib.backend_compiles() - before
 
 
