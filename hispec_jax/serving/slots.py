@@ -53,6 +53,7 @@ import numpy as np
 
 from hispec_jax.decoding import engine as engine_lib
 from hispec_jax.decoding import methods as methods_lib
+from hispec_jax.decoding import program_cache
 from hispec_jax.decoding.engine import compile_cache
 from hispec_jax.decoding.generate import MIN_PROMPT_BLOCK
 from hispec_jax.decoding.prefill import MAX_SMALL, prefill_chunk, small_chunk
@@ -223,22 +224,40 @@ def _empty(engine: engine_lib.Engine, params, heads, eos_ids_E, windows_K1):
     return state, req.replace(tokens_BxS=jnp.zeros((B, T), jnp.int32))
 
 
-def _jit(fn, **jit_args):
-    """`jax.jit(fn, **jit_args)` with the decoding loops' XLA options for this process's
-    platform (`compile_cache.compiler_options`), made at first use: the platform is known
-    only once JAX has started."""
-    @functools.cache
-    def jitted(options: tuple):
-        return jax.jit(fn, compiler_options=dict(options) or None, **jit_args)
-
-    return lambda: jitted(tuple(sorted(compile_cache.compiler_options().items())))
+# The slot engine's programs in this process, by (function, static arguments, argument
+# tree and shapes): each compiled once (`_program`).
+_PROGRAMS: dict[Any, Any] = {}
+_PROGRAMS_LOCK = threading.Lock()
 
 
-_chunk_jit = _jit(_chunk, static_argnums=(0, 1), donate_argnums=(3,))
-_finish_jit = _jit(_finish, static_argnums=(0,), donate_argnums=(3, 4))
-_cancel_jit = _jit(_cancel, donate_argnums=(0,))
-_empty_jit = _jit(_empty, static_argnums=(0,))
-_rounds_jit = _jit(_rounds_rows, static_argnums=(0, 1, 2), donate_argnums=(6,))
+def _program(fn, static: tuple, donate: tuple[int, ...], args):
+    """`fn(*static, *args)` compiled for the shapes and dtypes of `args` (arrays or
+    `jax.ShapeDtypeStruct`s), donating `args[i]` for i in `donate`: once per process, with
+    the decoding loops' XLA options, and through the program cache
+    (`program_cache.compile_cached`), so a later process loads the executable instead of
+    tracing, lowering and compiling it. Any thread may call it."""
+    leaves, treedef = jax.tree.flatten(args)
+    key = (fn.__name__, static, treedef,
+           tuple((tuple(x.shape), jnp.dtype(x.dtype).name) for x in leaves))
+    with _PROGRAMS_LOCK:
+        program = _PROGRAMS.get(key)
+    if program is None:
+        structs = treedef.unflatten([jax.ShapeDtypeStruct(x.shape, x.dtype) for x in leaves])
+        described = ", ".join(s.program_key() if isinstance(s, engine_lib.Engine) else repr(s)
+                              for s in static)
+        program = program_cache.compile_cached(
+            jax.jit(functools.partial(fn, *static), donate_argnums=donate), structs,
+            key=f"serving.slots.{fn.__name__}({described})",
+            compiler_options=compile_cache.compiler_options() or None,
+            directory=compile_cache.PROGRAM_CACHE)
+        with _PROGRAMS_LOCK:
+            program = _PROGRAMS.setdefault(key, program)
+    return program
+
+
+def _run(fn, static: tuple, donate: tuple[int, ...], *args):
+    """`fn(*static, *args)`, compiled by `_program`."""
+    return _program(fn, static, donate, args)(*args)
 
 
 @dataclasses.dataclass
@@ -304,8 +323,8 @@ class SlotEngine:
         self.engine = engine_lib.Engine.for_model(model, decoder.hierarchy, shapes, greedy)
         self._eos_ids_E = jnp.asarray(list(self.eos_ids) or [-1], jnp.int32)
         self._windows_K1 = decoder.windows_array()
-        self.state, self.req = _empty_jit()(self.engine, model.params, model.heads,
-                                            self._eos_ids_E, self._windows_K1)
+        self.state, self.req = _run(_empty, (self.engine,), (), model.params, model.heads,
+                                    self._eos_ids_E, self._windows_K1)
         self.active_rows = active_rows(slots)
         self._layout = None
         if slots > 1:  # the batch axis of every leaf, from the shapes of a one-slot state
@@ -314,15 +333,14 @@ class SlotEngine:
                 lambda: _empty(one, model.params, model.heads, self._eos_ids_E,
                                self._windows_K1)))
         self.last_rows = slots  # the rows the last `generate` ran
-        # the rounds loops compiled so far, by row count: jitted ones (None: `_rounds_jit`
-        # holds them) and ahead-of-time ones (`compile_rounds`, from any thread)
+        # the rounds loops compiled so far, by row count (`_program`s: at first use, or ahead
+        # of time by `compile_rounds`, from any thread)
         self._rounds: dict[int, Any] = {}
         # rows whose loop is not compiled yet: compile at first use (True), or run the
         # smallest compiled row count above instead (False: a server, where nothing compiles
         # on a request)
         self.compile_on_demand = True
-        # shapes only: with the state's sharding the ahead-of-time loop would return
-        # committed arrays, which the jitted programs see as new arguments (a recompile)
+        # shapes only: `compile_rounds` may run in another thread while this one decodes
         self._abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
                                       (self.req, self.state))
         self._prompt_len = np.zeros((slots,), np.int64)
@@ -412,9 +430,9 @@ class SlotEngine:
         tokens = np.zeros((1, C), np.int32)
         piece = ids[p.start:p.start + C]
         tokens[0, :len(piece)] = piece
-        cache, h_1xD = _chunk_jit()(self.engine.cfg, self.engine.cache_layers,
-                                    self.model.params, self.state.cache, np.int32(p.slot),
-                                    tokens, np.int32(p.start), np.asarray([len(ids)], np.int32))
+        cache, h_1xD = _run(_chunk, (self.engine.cfg, self.engine.cache_layers), (1,),
+                            self.model.params, self.state.cache, np.int32(p.slot), tokens,
+                            np.int32(p.start), np.asarray([len(ids)], np.int32))
         self.state = self.state.replace(cache=cache)
         p.start += C
         if p.start >= len(ids):
@@ -429,8 +447,8 @@ class SlotEngine:
             temperature=np.asarray([max(s.temperature, 1e-6)], np.float32),
             top_k=np.asarray([s.top_k], np.int32), top_p=np.asarray([s.top_p], np.float32))
         key_1x2 = np.asarray(sequence_keys(s.seed, [request.sequence_index]))
-        self.state, self.req = _finish_jit()(
-            self.engine, self.model.params, self.model.heads, self.state, self.req,
+        self.state, self.req = _run(
+            _finish, (self.engine,), (2, 3), self.model.params, self.model.heads, self.state, self.req,
             np.int32(p.slot), p.h_1xD, prompt, np.asarray([n], np.int32),
             np.asarray([request.max_new_tokens], np.int32), key_1x2, sampling_1,
             self._windows_K1)
@@ -443,7 +461,7 @@ class SlotEngine:
             self._prefills = [p for p in self._prefills if p.slot != slot]
             self.busy[slot] = False
         elif self.busy[slot]:
-            self.state = _cancel_jit()(self.state, np.int32(slot))
+            self.state = _run(_cancel, (), (0,), self.state, np.int32(slot))
             self.busy[slot] = False
 
     def generate(self, max_rounds: int) -> list[SlotUpdate]:
@@ -482,12 +500,9 @@ class SlotEngine:
 
     def _run_rounds(self, rows: int, max_rounds: int) -> None:
         args = (self.model.params, self.model.heads, self.req, self.state, np.int32(max_rounds))
-        program = self._rounds.get(rows)
-        if program is None:
-            self.state = _rounds_jit()(self.engine, rows, self._layout, *args)
-            self._rounds[rows] = None
-        else:
-            self.state = program(*args)
+        program = self._rounds.get(rows) or self._rounds.setdefault(
+            rows, _program(_rounds_rows, (self.engine, rows, self._layout), (3,), args))
+        self.state = program(*args)
         self.last_rows = rows
 
     def compile_rounds(self, rows: int) -> None:
@@ -495,10 +510,10 @@ class SlotEngine:
         only the state's shapes); `generate` uses it from then on."""
         if rows not in self._rounds:
             req, state = self._abstract
-            program = _rounds_jit().lower(self.engine, rows, self._layout, self.model.params,
-                                          self.model.heads, req, state,
-                                          jax.ShapeDtypeStruct((), jnp.int32)).compile()
-            self._rounds.setdefault(rows, program)
+            args = (self.model.params, self.model.heads, req, state,
+                    jax.ShapeDtypeStruct((), jnp.int32))
+            self._rounds.setdefault(
+                rows, _program(_rounds_rows, (self.engine, rows, self._layout), (3,), args))
 
     def warm_up(self, rows: tuple[int, ...] | None = None, on_phase=None) -> int:
         """Compiles every program this engine runs (the small and the full prefill chunk,
