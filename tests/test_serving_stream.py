@@ -115,3 +115,29 @@ def test_cli_chat_without_a_method_runs_the_default_plan(monkeypatch, capsys):
     assert capsys.readouterr().err.startswith(
         "plan: hispec (the model's recommended plan (recommended_plan.json): hispec exits "
         "4,12,24, windows 3,6)\n")
+
+
+def test_chat_startup_progress_counts_the_seconds_of_a_step_on_a_terminal():
+    """A long compile still changes the line: the spinner's text carries the step's
+    seconds so far (on a terminal; a pipe gets one plain line per step)."""
+    import io
+    import time
+
+    from rich.console import Console
+
+    from hispec_jax.serving.chat_loop import StartupProgress
+
+    buffer = io.StringIO()
+    progress = StartupProgress(buffer)
+    progress.console = Console(file=buffer, force_terminal=True, width=80)
+    progress.update("compiling the decode loop")
+    time.sleep(1.3)
+    progress.done("ready")
+    screen = buffer.getvalue()
+    assert "compiling the decode loop (0 s)" in screen
+    assert "compiling the decode loop (1 s)" in screen and "ready in " in screen
+
+    piped = io.StringIO()
+    plain = StartupProgress(piped)
+    plain.update("compiling the prefill")
+    assert piped.getvalue() == "compiling the prefill...\n"

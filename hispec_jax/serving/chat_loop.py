@@ -1,6 +1,6 @@
 """`hispec chat`: a multi-turn conversation on the terminal, streamed as it is decoded.
 
-    ⠋ compiling the decode loop                                (while it starts, stderr)
+    ⠋ compiling the decode loop (3 s)                          (while it starts, stderr)
     ready: compiled 9 programs in 21.4 s
     > Hello
     Hi! How can I help?
@@ -30,9 +30,20 @@ COMMANDS = ("/reset", "/quit")
 WARMUP_QUESTION = "Hello"
 
 
+class _Elapsed:
+    """A step's text with the seconds it has taken so far, rendered afresh at every refresh
+    of the spinner: a long compile still changes the line every second."""
+
+    def __init__(self, text: str):
+        self.text, self.t0 = text, time.perf_counter()
+
+    def __rich__(self) -> str:
+        return f"{self.text} ({time.perf_counter() - self.t0:.0f} s)"
+
+
 class StartupProgress:
     """One line on `stream` saying what `hispec chat` does while it starts: a rich spinner
-    on a terminal, a plain line per step otherwise."""
+    with the step's seconds on a terminal, a plain line per step otherwise."""
 
     def __init__(self, stream):
         from rich.console import Console
@@ -46,10 +57,10 @@ class StartupProgress:
         if not self.console.is_terminal:
             print(f"{text}...", file=self.stream, flush=True)
         elif self._status is None:
-            self._status = self.console.status(text)
+            self._status = self.console.status(_Elapsed(text))
             self._status.start()
         else:
-            self._status.update(text)
+            self._status.update(_Elapsed(text))
 
     def done(self, text: str | None = None) -> None:
         if self._status is not None:
