@@ -17,8 +17,8 @@ An entry is keyed by a digest of the caller's key (what the program computes: th
 architecture, parameter layout, method and shapes; never the weights' values, which are
 arguments), the arguments' shapes, dtypes and shardings, the compiler options and
 `XLA_FLAGS`, the JAX settings that change a trace (x64, default matmul precision), the
-backend and its devices, and the versions of jax, jaxlib and this library's own source (a digest of its files, so
-an edited checkout never runs a stale program). A corrupted entry, one written under other
+backend and its devices, and the versions of jax, jaxlib and this library's own source (a
+digest of its files, so an edited checkout never runs a stale program). A corrupted entry, one written under other
 versions, or a key collision is ignored with one warning line and the program is compiled
 and stored again; a directory that cannot be written gives one warning and a normal start.
 `HISPEC_COMPILATION_CACHE=0` turns it off, whatever the directory (as it turns off XLA's
@@ -161,11 +161,12 @@ def compile_cached(jitted, args, *, key: str, compiler_options=None, mesh=None,
         except Exception as e:  # read whole, yet not an executable this jaxlib loads: stale
             log.warning("program cache: %s is stale (%s); compiling again", path,
                         type(e).__name__)
-    compiles = _backend_compiles()
-    with _xla_cache_off():
+    with _STORE_LOCK, _xla_cache_off():
+        before = _compile_events()
         executable = _compile(jitted, args, compiler_options, mesh)
-    if _backend_compiles() == compiles:  # this process's copy, perhaps loaded: not stored
-        log.info("program cache: %s was compiled earlier in this process; not stored",
+        compiles, hits = (a - b for a, b in zip(_compile_events(), before))
+    if compiles == 0 or hits > 0:  # this process's copy or XLA's cache's: perhaps loaded
+        log.info("program cache: %s was not compiled afresh; not stored",
                  getattr(jitted, "__name__", "the program"))
         return Program(executable, "jit")
     try:
@@ -187,24 +188,32 @@ def _compile(jitted, args, compiler_options, mesh):
         return jitted.lower(*args).compile(compiler_options=compiler_options)
 
 
-_compiles = threading.local()
+_STORE_LOCK = threading.Lock()  # one storing compile at a time (`_xla_cache_off` is global)
+_events = threading.local()
 
 
-def _count_backend_compile(event: str, duration: float, **kwargs) -> None:
+def _count_compile(event: str, duration: float, **kwargs) -> None:
     if event == "/jax/core/compile/backend_compile_duration":
-        _compiles.count = getattr(_compiles, "count", 0) + 1
+        _events.compiles = getattr(_events, "compiles", 0) + 1
+
+
+def _count_hit(event: str, **kwargs) -> None:
+    if event == "/jax/compilation_cache/cache_hits":
+        _events.hits = getattr(_events, "hits", 0) + 1
 
 
 @functools.cache
 def _listen() -> None:
-    jax.monitoring.register_event_duration_secs_listener(_count_backend_compile)
+    jax.monitoring.register_event_duration_secs_listener(_count_compile)
+    jax.monitoring.register_event_listener(_count_hit)
 
 
-def _backend_compiles() -> int:
-    """XLA compiles this thread has run (`jax.monitoring` reports each one in the thread
-    that runs it; a program JAX finds in its in-memory cache reports none)."""
+def _compile_events() -> tuple[int, int]:
+    """(XLA compiles, of them answered by JAX's persistent cache) this thread has run:
+    `jax.monitoring` reports each in the thread that runs it, and a program JAX finds in its
+    in-memory cache reports neither."""
     _listen()
-    return getattr(_compiles, "count", 0)
+    return getattr(_events, "compiles", 0), getattr(_events, "hits", 0)
 
 
 @contextlib.contextmanager
@@ -212,8 +221,9 @@ def _xla_cache_off():
     """JAX's persistent compilation cache off for one compile. XLA:CPU cannot serialize again
     an executable it loaded from that cache (the loaded one keeps no object code: running a
     copy fails with "Function ... not found"), so a program this cache stores is compiled
-    anew, once per key; and one found in JAX's in-memory cache (compiled earlier in this
-    process, perhaps loaded) is not stored (`_backend_compiles`)."""
+    anew, once per key; one found in JAX's in-memory cache (compiled earlier in this
+    process, perhaps loaded) or, should another thread have turned the cache back on, in
+    the persistent cache, is not stored (`_compile_events`)."""
     if not jax.config.jax_enable_compilation_cache:
         yield
         return
