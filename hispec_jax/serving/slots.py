@@ -448,8 +448,8 @@ class SlotEngine:
             top_k=np.asarray([s.top_k], np.int32), top_p=np.asarray([s.top_p], np.float32))
         key_1x2 = np.asarray(sequence_keys(s.seed, [request.sequence_index]))
         self.state, self.req = _run(
-            _finish, (self.engine,), (2, 3), self.model.params, self.model.heads, self.state, self.req,
-            np.int32(p.slot), p.h_1xD, prompt, np.asarray([n], np.int32),
+            _finish, (self.engine,), (2, 3), self.model.params, self.model.heads, self.state,
+            self.req, np.int32(p.slot), p.h_1xD, prompt, np.asarray([n], np.int32),
             np.asarray([request.max_new_tokens], np.int32), key_1x2, sampling_1,
             self._windows_K1)
         self._prompt_len[p.slot], self._reported[p.slot] = n, 0
