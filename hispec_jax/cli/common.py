@@ -136,20 +136,20 @@ COMPILATION_CACHE_MAX_BYTES = 4 * 2**30  # a run that finds `hispec`'s cache abo
 COMPILATION_CACHE_KEEP_BYTES = 3 * 2**30  # ... drops its least recently used entries to this
 
 
-CPU_XLA_FLAGS = "--xla_cpu_experimental_ynn_fusion_type="
-
-
 def use_cpu_codegen() -> None:
     """Every program a `hispec` command compiles for a CPU is compiled as the decoding loops
-    are (`engine.COMPILER_OPTIONS["cpu"]`: XLA's YNNPACK fusions off, for speed and fast
-    executable loads), so the planner's and the gates' timed passes price the kernels the
-    loops run: `CPU_XLA_FLAGS` joins XLA_FLAGS unless XLA_FLAGS already names the option
-    (yours wins). Must run before JAX starts its backend. Flags XLA:CPU reads only."""
+    are (`xla_options.PLATFORM_OPTIONS["cpu"]`: XLA's YNNPACK fusions off, for speed and
+    fast executable loads), so the planner's and the gates' timed passes price the kernels
+    the loops run: each option joins XLA_FLAGS unless XLA_FLAGS already names it (yours
+    wins). Must run before JAX starts its backend. Flags XLA:CPU reads only."""
     import os
 
+    from hispec_jax.decoding.xla_options import PLATFORM_OPTIONS, as_flags  # imports no JAX
+
     flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_cpu_experimental_ynn_fusion_type" not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} {CPU_XLA_FLAGS}".strip()
+    missing = {k: v for k, v in PLATFORM_OPTIONS["cpu"].items() if k not in flags}
+    if missing:
+        os.environ["XLA_FLAGS"] = f"{flags} {as_flags(missing)}".strip()
 
 
 def use_compilation_cache() -> str | None:

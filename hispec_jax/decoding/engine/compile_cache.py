@@ -22,7 +22,7 @@ from typing import Any
 
 import jax
 
-from hispec_jax.decoding import program_cache
+from hispec_jax.decoding import program_cache, xla_options
 
 # Engine -> (compiled executable, seconds it took), least recently used first.
 _COMPILED: collections.OrderedDict[Any, tuple[Any, float]] = collections.OrderedDict()
@@ -43,17 +43,10 @@ PROGRAM_CACHE: Any = True
 # field names; values as the `XLA_FLAGS` parser reads them). Per-compile options rather
 # than `XLA_FLAGS`, so a library import changes nothing else in the process, and a probe
 # can compile the same loop under several. Compiled loops are not keyed by the options:
-# `clear_compiled()` after a change. The serving slots' programs take them too.
-#
-# On CPU, XLA's YNNPACK fusions (dots and their neighbours handed to the YNNPACK library,
-# on by default in jaxlib 0.10) are off: on the 2-core CPU of BENCHMARKS.md the decoding
-# loops run 1.5-2.4x faster without them (shipped model: ar 57-70 -> 90-97 tok/s, hispec
-# 82-88 -> 155-202; SmolLM2 lookup 15-17 -> 18), and XLA:CPU loads an executable with N of
-# them in time quadratic in N (each looks its HLO instruction up by id): 15-22 s for a
-# cached SmolLM2 lookup loop, 5-6 s without (docs/startup.md).
+# `clear_compiled()` after a change. The serving slots' programs take them too. On CPU:
+# XLA's YNNPACK fusions off (`xla_options`, where the measurement is).
 COMPILER_OPTIONS: dict[str, dict[str, Any]] = {
-    "cpu": {"xla_cpu_experimental_ynn_fusion_type": ""},
-}
+    platform: dict(options) for platform, options in xla_options.PLATFORM_OPTIONS.items()}
 
 
 def compiler_options() -> dict[str, Any]:
