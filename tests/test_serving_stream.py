@@ -103,7 +103,8 @@ def test_cli_chat_from_stdin(model, monkeypatch, capsys):
     # compiled while it started, whatever the conversation's length: no answer compiles
     # anything
     assert err.startswith("plan: layerskip (--method given)\nloading the shipped model...\n")
-    assert "compiling the prefill...\n" in err and "compiling the decode loop...\n" in err
+    assert "compiling the prefill and the decode loop...\n" in err
+    assert "compiling the prefill and the decode loop: 5 of 5 programs ready...\n" in err
     assert "ready: compiled " in err
     answers = [line for line in err.splitlines() if line.startswith("[layerskip]")]
     assert len(answers) == 3 and not any("compiled" in line for line in answers)

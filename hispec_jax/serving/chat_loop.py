@@ -1,6 +1,6 @@
 """`hispec chat`: a multi-turn conversation on the terminal, streamed as it is decoded.
 
-    ⠋ compiling the decode loop (3 s)                          (while it starts, stderr)
+    ⠋ compiling the prefill and the decode loop (3 s)          (while it starts, stderr)
     ready: compiled 9 programs in 21.4 s
     > Hello
     Hi! How can I help?

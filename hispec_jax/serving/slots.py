@@ -42,8 +42,10 @@ compiles them).
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
+import os
 import threading
 from typing import Any
 
@@ -255,7 +257,7 @@ def _program(fn, static: tuple, donate: tuple[int, ...], args):
     return program
 
 
-def _run(fn, static: tuple, donate: tuple[int, ...], *args):
+def _run(fn, static: tuple, donate: tuple[int, ...], args: tuple):
     """`fn(*static, *args)`, compiled by `_program`."""
     return _program(fn, static, donate, args)(*args)
 
@@ -323,8 +325,8 @@ class SlotEngine:
         self.engine = engine_lib.Engine.for_model(model, decoder.hierarchy, shapes, greedy)
         self._eos_ids_E = jnp.asarray(list(self.eos_ids) or [-1], jnp.int32)
         self._windows_K1 = decoder.windows_array()
-        self.state, self.req = _run(_empty, (self.engine,), (), model.params, model.heads,
-                                    self._eos_ids_E, self._windows_K1)
+        self.state, self.req = _run(_empty, (self.engine,), (), (
+            model.params, model.heads, self._eos_ids_E, self._windows_K1))
         self.active_rows = active_rows(slots)
         self._layout = None
         if slots > 1:  # the batch axis of every leaf, from the shapes of a one-slot state
@@ -430,16 +432,25 @@ class SlotEngine:
         tokens = np.zeros((1, C), np.int32)
         piece = ids[p.start:p.start + C]
         tokens[0, :len(piece)] = piece
-        cache, h_1xD = _run(_chunk, (self.engine.cfg, self.engine.cache_layers), (1,),
-                            self.model.params, self.state.cache, np.int32(p.slot), tokens,
-                            np.int32(p.start), np.asarray([len(ids)], np.int32))
+        cache, h_1xD = _run(*self._chunk_call(p.slot, tokens, p.start, len(ids)))
         self.state = self.state.replace(cache=cache)
         p.start += C
         if p.start >= len(ids):
             p.h_1xD = h_1xD
 
+    def _chunk_call(self, slot: int, tokens_1xC, start: int, prompt_len: int):
+        """(fn, static, donate, args) of the prefill chunk `_run_chunk` runs."""
+        return (_chunk, (self.engine.cfg, self.engine.cache_layers), (1,),
+                (self.model.params, self.state.cache, np.int32(slot), tokens_1xC,
+                 np.int32(start), np.asarray([prompt_len], np.int32)))
+
     def _finish(self, p: _Prefill) -> None:
-        request, n = p.request, len(p.request.prompt_ids)
+        self.state, self.req = _run(*self._finish_call(p.slot, p.request, p.h_1xD))
+        self._prompt_len[p.slot], self._reported[p.slot] = len(p.request.prompt_ids), 0
+
+    def _finish_call(self, slot: int, request: SlotRequest, h_1xD):
+        """(fn, static, donate, args) of the finish step `_finish` runs."""
+        n = len(request.prompt_ids)
         prompt = np.zeros((1, self.capacity), np.int32)
         prompt[0, :n] = request.prompt_ids
         s = request.sampling
@@ -447,12 +458,11 @@ class SlotEngine:
             temperature=np.asarray([max(s.temperature, 1e-6)], np.float32),
             top_k=np.asarray([s.top_k], np.int32), top_p=np.asarray([s.top_p], np.float32))
         key_1x2 = np.asarray(sequence_keys(s.seed, [request.sequence_index]))
-        self.state, self.req = _run(
-            _finish, (self.engine,), (2, 3), self.model.params, self.model.heads, self.state,
-            self.req, np.int32(p.slot), p.h_1xD, prompt, np.asarray([n], np.int32),
-            np.asarray([request.max_new_tokens], np.int32), key_1x2, sampling_1,
-            self._windows_K1)
-        self._prompt_len[p.slot], self._reported[p.slot] = n, 0
+        return (_finish, (self.engine,), (2, 3),
+                (self.model.params, self.model.heads, self.state, self.req, np.int32(slot),
+                 h_1xD, prompt, np.asarray([n], np.int32),
+                 np.asarray([request.max_new_tokens], np.int32), key_1x2, sampling_1,
+                 self._windows_K1))
 
     def cancel(self, slot: int) -> None:
         """Stops `slot` now and frees it (its unreported tokens, or the rest of its
@@ -461,8 +471,12 @@ class SlotEngine:
             self._prefills = [p for p in self._prefills if p.slot != slot]
             self.busy[slot] = False
         elif self.busy[slot]:
-            self.state = _run(_cancel, (), (0,), self.state, np.int32(slot))
+            self.state = _run(*self._cancel_call(slot))
             self.busy[slot] = False
+
+    def _cancel_call(self, slot: int):
+        """(fn, static, donate, args) of the cancel step."""
+        return _cancel, (), (0,), (self.state, np.int32(slot))
 
     def generate(self, max_rounds: int) -> list[SlotUpdate]:
         """Runs at most `max_rounds` rounds (fewer when every slot finishes) and returns the
@@ -515,25 +529,62 @@ class SlotEngine:
             self._rounds.setdefault(
                 rows, _program(_rounds_rows, (self.engine, rows, self._layout), (3,), args))
 
+    def _chunks(self) -> tuple[int, ...]:
+        """The chunk sizes prompts run: the small chunk, and the full one where a prompt
+        longer than the small chunks' tail fits the slot."""
+        longest = self.capacity - self.lookahead - 1  # the longest prompt that fits
+        full = self._small_tail + 1  # the shortest prompt that runs a full chunk
+        return ((self.prefill_chunk,) if full <= longest and self.prefill_chunk != self._small_chunk
+                else ()) + (self._small_chunk,)
+
+    def prepare(self, rows: tuple[int, ...] | None = None, on_ready=None) -> None:
+        """Loads from the program cache, or compiles, every program `warm_up` runs, all at
+        once in a thread pool, from their argument shapes (nothing runs). Loading an
+        executable releases the GIL, so on two cores the programs of a later start load in
+        about half the time one after another takes (docs/startup.md); compiles that store
+        an executable still take turns (`program_cache.compile_cached`). `on_ready(k, n)`
+        hears, in this thread, that k of the n programs are ready."""
+        sampling = SamplingParams() if self.greedy else SamplingParams(temperature=1.0)
+        calls = [self._chunk_call(0, np.zeros((1, C), np.int32), 0, 1) for C in self._chunks()]
+        rows = self.active_rows if rows is None else rows
+        workers = max(1, min(len(calls) + len(rows) + 2, os.cpu_count() or 1))
+        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+            # the rounds loops first: the largest programs, the longest to load
+            futures = [pool.submit(self.compile_rounds, r) for r in sorted(rows, reverse=True)]
+            chunks = [pool.submit(_program, fn, static, donate, args)
+                      for fn, static, donate, args in calls]
+
+            def finish():  # its hidden-state argument is the chunk's output
+                h_1xD = chunks[0].result().out_info[1]
+                return _program(*self._finish_call(0, SlotRequest((0,), 1, sampling), h_1xD))
+
+            futures += chunks + [pool.submit(finish), pool.submit(_program, *self._cancel_call(0))]
+            for k, future in enumerate(concurrent.futures.as_completed(futures), 1):
+                future.result()
+                if on_ready is not None:
+                    on_ready(k, len(futures))
+
     def warm_up(self, rows: tuple[int, ...] | None = None, on_phase=None) -> int:
         """Compiles every program this engine runs (the small and the full prefill chunk,
         finish, the rounds loop over each of `rows` rows (None: every count of
-        `active_rows`), cancel) on two short requests in slot 0, which must be free;
-        returns the compilations it ran. Afterwards no prompt of any length compiles
-        anything, nor does any slot where `rows` are all of `active_rows`. `on_phase(text)`
-        hears which programs it compiles (a progress line)."""
+        `active_rows`), cancel): `prepare`, then runs them on two short requests in slot 0,
+        which must be free; returns the compilations it ran. Afterwards no prompt of any
+        length compiles anything, nor does any slot where `rows` are all of `active_rows`.
+        `on_phase(text)` hears what it is doing (a progress line)."""
         phase = on_phase or (lambda text: None)
         before = backend_compiles()
-        phase("compiling the prefill")
+        rows = self.active_rows if rows is None else rows
+        what = "the prefill and the decode loop" + (
+            f" ({', '.join(map(str, rows))} of {self.slots} slots)" if self.slots > 1 else "")
+        phase(f"compiling {what}")
+        self.prepare(rows, lambda k, n: phase(f"compiling {what}: {k} of {n} programs ready"))
+        phase("running the programs once")
         sampling = SamplingParams() if self.greedy else SamplingParams(temperature=1.0)
         self.insert(0, SlotRequest((0,), 1, sampling))  # a small chunk
         self.cancel(0)  # decoding: its first token is out, its budget not yet seen
-        longest = self.capacity - self.lookahead - 1  # the longest prompt that fits
         full = self._small_tail + 1  # the shortest prompt that runs a full chunk
-        self.insert(0, SlotRequest((0,) * (full if full <= longest else 1), 1, sampling))
-        for r in self.active_rows if rows is None else rows:  # slot 0 is done after a round
-            phase(f"compiling the decode loop ({r} of {self.slots} slots)" if self.slots > 1
-                  else "compiling the decode loop")
+        self.insert(0, SlotRequest((0,) * (full if len(self._chunks()) > 1 else 1), 1, sampling))
+        for r in rows:  # slot 0 is done after a round
             self._run_rounds(r, 1)
         while self.busy[0]:
             self.generate(1)
