@@ -118,6 +118,29 @@ def test_the_rounds_run_only_the_rows_up_to_the_last_decoding_slot():
     assert [got[0], got[2]] == want
 
 
+def test_prepare_loads_every_program_the_warm_up_runs():
+    """`SlotEngine.prepare` compiles (in a thread pool, from shapes alone) the whole fixed
+    set: each prefill chunk, finish, cancel and a rounds loop per row count; the warm-up
+    that runs them afterwards adds no program."""
+    from test_engine import tiny_model
+
+    from hispec_jax.serving import slots as slots_lib
+
+    model = tiny_model(4, 1, max_len=128)
+    eng = SlotEngine(model, methods_lib.make_method(model, "ar"), slots=2, capacity=88,
+                     greedy=True, eos_ids=model.eos_token_ids)  # a capacity no test shares
+    assert len(eng._chunks()) == 2  # the small chunk and the full one
+    before = len(slots_lib._PROGRAMS)
+    ready = []
+    eng.prepare(on_ready=lambda k, n: ready.append((k, n)))
+    assert ready == [(k, 6) for k in range(1, 7)]
+    assert len(slots_lib._PROGRAMS) - before == 2 + 1 + 1 + 2  # chunks, finish, cancel, rounds
+    assert eng.compiled_rows == (1, 2)
+    after = len(slots_lib._PROGRAMS)
+    eng.warm_up()
+    assert len(slots_lib._PROGRAMS) == after
+
+
 def test_run_rounds_resumes_to_the_uninterrupted_run(model):
     """Engine.run_rounds, one bound at a time, ends where Engine.run ends (sampling:
     the same tokens for the same seed), with one compilation for every bound."""
