@@ -228,6 +228,43 @@ def test_a_long_prompt_enters_in_chunks_while_the_other_slots_decode(method, opt
     assert [got[i] for i in range(len(prompts))] == want
 
 
+def test_the_server_warm_up_loads_stored_row_counts_and_compiles_the_rest_when_quiet(
+        tmp_path, monkeypatch):
+    """`server.warm_up` compiles the loop over all B slots before readiness, and the smaller
+    row counts in a background thread that waits for a quiet server; a later server (here:
+    an engine of the same description) finds them in the program cache and loads every
+    one before readiness, leaving nothing to compile beside its first requests."""
+    import time
+
+    from test_engine import tiny_model
+
+    from hispec_jax.decoding.engine import compile_cache
+    from hispec_jax.serving import server as server_lib
+
+    monkeypatch.setattr(compile_cache, "PROGRAM_CACHE", str(tmp_path))
+    monkeypatch.setattr(server_lib, "QUIET_SECONDS", 0.3)
+    model = tiny_model(2, 0, max_len=128)
+
+    def engines():
+        return {True: SlotEngine(model, methods_lib.make_method(model, "ar"), slots=2,
+                                 capacity=80, greedy=True, eos_ids=())}
+
+    first, busy = engines(), [True]
+    assert not first[True].rounds_stored(1)
+    thread = server_lib.warm_up(first, idle=lambda: not busy[0])
+    assert first[True].compiled_rows == (2,)
+    time.sleep(1.0)  # busy: the background compile waits
+    assert first[True].compiled_rows == (2,) and thread.is_alive()
+    busy[0] = False
+    thread.join(120)
+    assert first[True].compiled_rows == (1, 2)
+    later = engines()
+    assert later[True].rounds_stored(1)
+    server_lib.warm_up(later).join(120)
+    assert later[True].compiled_rows == (1, 2)
+    assert sorted(p.suffix for p in tmp_path.iterdir()).count(".program") >= 2
+
+
 def test_the_scheduler_runs_a_long_prompt_between_the_rounds_of_a_stream():
     """The engine thread prefills a prompt of 4 chunks one chunk per step: a stream already
     decoding keeps receiving tokens until the long prompt's first token, and both get

@@ -146,14 +146,10 @@ def compile_cached(jitted, args, *, key: str, compiler_options=None, mesh=None,
       directory: where entries live; True: `default_directory()`; None or False: off.
         HISPEC_COMPILATION_CACHE=0 turns it off whatever the directory.
     """
-    if os.environ.get("HISPEC_COMPILATION_CACHE") == "0":
-        directory = None
-    elif directory is True:
-        directory = default_directory()
-    if not directory or " at 0x" in key:
+    located = entry_path(key, args, compiler_options, directory)
+    if located is None:
         return Program(_compile(jitted, args, compiler_options, mesh), "jit")
-    text = entry_key(key, args, compiler_options)
-    path = Path(directory) / (hashlib.sha256(text.encode()).hexdigest()[:40] + SUFFIX)
+    path, text = located
     entry = _read(path, text)
     if entry is not None:
         try:
@@ -179,6 +175,29 @@ def compile_cached(jitted, args, *, key: str, compiler_options=None, mesh=None,
     stored = _write(path, text, {"executable": payload, "in_tree": in_tree,
                                  "out_tree": out_tree})
     return Program(executable, "stored" if stored else "jit")
+
+
+def entry_path(key: str, args, compiler_options=None,
+               directory: str | Path | None | bool = True) -> tuple[Path, str] | None:
+    """(the file, the full key text) of the entry `compile_cached` reads and writes for
+    these arguments; None where the cache is off for it (no directory,
+    HISPEC_COMPILATION_CACHE=0, a key holding an object address)."""
+    if os.environ.get("HISPEC_COMPILATION_CACHE") == "0":
+        directory = None
+    elif directory is True:
+        directory = default_directory()
+    if not directory or " at 0x" in key:
+        return None
+    text = entry_key(key, args, compiler_options)
+    return Path(directory) / (hashlib.sha256(text.encode()).hexdigest()[:40] + SUFFIX), text
+
+
+def is_stored(key: str, args, compiler_options=None,
+              directory: str | Path | None | bool = True) -> bool:
+    """Whether `compile_cached` with these arguments would find an entry to load (a file
+    is there; whether it loads is known only by loading it)."""
+    located = entry_path(key, args, compiler_options, directory)
+    return located is not None and located[0].is_file()
 
 
 def _compile(jitted, args, compiler_options, mesh):

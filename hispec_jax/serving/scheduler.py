@@ -85,7 +85,8 @@ class Scheduler:
         while some of its slots decode (with none decoding, the oldest admitted prompt is
         prefilled whole: it holds up no stream).
       warmup: None (`ready` from the start), or a callable the engine thread runs (with
-        `engines`) before it takes requests; `ready` is set when it returns.
+        `engines` and `idle`, `server.warm_up`) before it takes requests; `ready` is set
+        when it returns.
     """
 
     def __init__(self, engines: dict[bool, slots_lib.SlotEngine], rounds_per_step: int = 1,
@@ -126,6 +127,10 @@ class Scheduler:
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
+
+    def idle(self) -> bool:
+        """No request runs or waits (read from any thread without locking: a hint)."""
+        return not any(self._running.values()) and not any(self._waiting.values())
 
     def engine_for(self, sampling: SamplingParams) -> slots_lib.SlotEngine:
         return self.engines[sampling.greedy]
@@ -191,7 +196,7 @@ class Scheduler:
         """Runs the warm-up, then takes the engines' counters as the metrics' baseline."""
         if self._warmup is not None:
             t0, before = time.perf_counter(), slots_lib.backend_compiles()
-            self._warmup(self.engines)
+            self._warmup(self.engines, self.idle)
             self.warmup_seconds = time.perf_counter() - t0
             self.warmup_compiles = slots_lib.backend_compiles() - before
             log.info("warm-up compiled %d programs in %.1f s; ready", self.warmup_compiles,

@@ -62,22 +62,37 @@ def build_engines(model, method="ar", *, slots: int = 8, max_cache_len: int | No
     return engines
 
 
-def warm_up(engines: dict[bool, slots_lib.SlotEngine]) -> threading.Thread:
+# The quiet a background compile of a rounds loop waits for (`warm_up`).
+QUIET_SECONDS = 1.0
+
+
+def warm_up(engines: dict[bool, slots_lib.SlotEngine], idle=None) -> threading.Thread:
     """Compiles every program serving can need before the first request (`SlotEngine.warm_up`,
-    both engines) with the rounds loop over all B slots; then starts a background thread
-    that compiles the loops over fewer rows (`slots.active_rows`: 1, 2, 4, ...), smallest
-    first, each serving from the moment it is compiled. Until then a request runs the
-    smallest compiled loop that holds its slot, so none waits for a compilation. Returns
+    both engines) with the rounds loop over all B slots and over every smaller row count
+    (`slots.active_rows`: 1, 2, 4, ...) the program cache holds (loading takes a second or
+    two; compiling one takes many). Then starts a background thread that compiles the
+    other row counts, smallest first, each serving from the moment it is compiled; until
+    then a request runs the smallest compiled loop that holds its slot, so none waits for
+    a compilation. `idle()` (the scheduler's: no request running or waiting) holds each of
+    those compiles back until the server has been quiet for `QUIET_SECONDS`: a compile
+    holds the GIL for seconds of tracing, which a request beside it would wait on. Returns
     the thread."""
+    pending = []
     for engine in engines.values():
         engine.compile_on_demand = False
-        engine.warm_up(rows=(engine.slots,))
-    row_counts = next(iter(engines.values())).active_rows  # the engines share their slots
-    pending = [(engine, rows) for rows in row_counts for engine in engines.values()
-               if rows not in engine.compiled_rows]
+        stored = tuple(r for r in engine.active_rows
+                       if r == engine.slots or engine.rounds_stored(r))
+        engine.warm_up(rows=stored)
+        pending += [(engine, r) for r in engine.active_rows if r not in stored]
+    pending.sort(key=lambda job: job[1])  # the loops a lone client runs first
 
     def compile_rest():
         for engine, rows in pending:
+            quiet_since = time.perf_counter()
+            while idle is not None and time.perf_counter() - quiet_since < QUIET_SECONDS:
+                time.sleep(0.1)
+                if not idle():
+                    quiet_since = time.perf_counter()
             try:
                 t0 = time.perf_counter()
                 engine.compile_rounds(rows)

@@ -244,17 +244,25 @@ def _program(fn, static: tuple, donate: tuple[int, ...], args):
     with _PROGRAMS_LOCK:
         program = _PROGRAMS.get(key)
     if program is None:
-        structs = treedef.unflatten([jax.ShapeDtypeStruct(x.shape, x.dtype) for x in leaves])
-        described = ", ".join(s.program_key() if isinstance(s, engine_lib.Engine) else repr(s)
-                              for s in static)
         program = program_cache.compile_cached(
-            jax.jit(functools.partial(fn, *static), donate_argnums=donate), structs,
-            key=f"serving.slots.{fn.__name__}({described})",
-            compiler_options=compile_cache.compiler_options() or None,
-            directory=compile_cache.PROGRAM_CACHE)
+            jax.jit(functools.partial(fn, *static), donate_argnums=donate),
+            _structs(args), **_cache_entry(fn, static))
         with _PROGRAMS_LOCK:
             program = _PROGRAMS.setdefault(key, program)
     return program
+
+
+def _structs(args):
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), args)
+
+
+def _cache_entry(fn, static: tuple) -> dict:
+    """The program cache's key, XLA options and directory for `fn(*static, ...)`."""
+    described = ", ".join(s.program_key() if isinstance(s, engine_lib.Engine) else repr(s)
+                          for s in static)
+    return {"key": f"serving.slots.{fn.__name__}({described})",
+            "compiler_options": compile_cache.compiler_options() or None,
+            "directory": compile_cache.PROGRAM_CACHE}
 
 
 def _run(fn, static: tuple, donate: tuple[int, ...], args: tuple):
@@ -515,7 +523,7 @@ class SlotEngine:
     def _run_rounds(self, rows: int, max_rounds: int) -> None:
         args = (self.model.params, self.model.heads, self.req, self.state, np.int32(max_rounds))
         program = self._rounds.get(rows) or self._rounds.setdefault(
-            rows, _program(_rounds_rows, (self.engine, rows, self._layout), (3,), args))
+            rows, _program(_rounds_rows, self._rounds_static(rows), (3,), args))
         self.state = program(*args)
         self.last_rows = rows
 
@@ -523,11 +531,17 @@ class SlotEngine:
         """Compiles the rounds loop over `rows` rows ahead of time (from any thread: it reads
         only the state's shapes); `generate` uses it from then on."""
         if rows not in self._rounds:
-            req, state = self._abstract
-            args = (self.model.params, self.model.heads, req, state,
-                    jax.ShapeDtypeStruct((), jnp.int32))
-            self._rounds.setdefault(
-                rows, _program(_rounds_rows, (self.engine, rows, self._layout), (3,), args))
+            self._rounds.setdefault(rows, _program(_rounds_rows, self._rounds_static(rows), (3,),
+                                                   self._rounds_structs()))
+
+    def _rounds_static(self, rows: int) -> tuple:
+        return self.engine, rows, self._layout
+
+    def _rounds_structs(self) -> tuple:
+        """The rounds loop's arguments as shapes (params, heads, request, state, rounds)."""
+        req, state = self._abstract
+        return (_structs(self.model.params), _structs(self.model.heads), req, state,
+                jax.ShapeDtypeStruct((), jnp.int32))
 
     def _chunks(self) -> tuple[int, ...]:
         """The chunk sizes prompts run: the small chunk, and the full one where a prompt
@@ -563,6 +577,12 @@ class SlotEngine:
                 future.result()
                 if on_ready is not None:
                     on_ready(k, len(futures))
+
+    def rounds_stored(self, rows: int) -> bool:
+        """Whether the rounds loop over `rows` rows is compiled in this process or stored in
+        the program cache (compiling it is then a load of about a second, not a compile)."""
+        return rows in self._rounds or program_cache.is_stored(
+            args=self._rounds_structs(), **_cache_entry(_rounds_rows, self._rounds_static(rows)))
 
     def warm_up(self, rows: tuple[int, ...] | None = None, on_phase=None) -> int:
         """Compiles every program this engine runs (the small and the full prefill chunk,
