@@ -54,11 +54,18 @@ def test_expected_tokens():
     assert float(gate.expected_tokens(0.0, 16)) == 1.0
 
 
-def test_pass_cost_from_seconds_recovers_the_model():
+def test_fit_pass_cost_recovers_the_model():
+    """Seconds made by cost(R) = F + R + J [R > 1] (times a row's seconds) fit back to
+    (F, J), whatever the batches measured; a table without an AR step is refused."""
     F, J, row = 17.0, 3.0, 0.002
-    seconds = lambda rows: row * (F + rows + J * (rows > 1))
-    got = gate.pass_cost_from_seconds(seconds(1), seconds(2), seconds(16), 16)
-    assert abs(float(got.fixed) - F) < 1e-3 and abs(float(got.jump) - J) < 1e-3
+    seconds = {(b, T): row * (F + b * T + J * (b * T > 1)) for b, T in gate.MEASURED_PASSES}
+    got = gate.fit_pass_cost(seconds)
+    assert abs(float(got.fixed) - F) < 0.3 and abs(float(got.jump) - J) < 0.3
+    only_one = {k: v for k, v in seconds.items() if k[0] == 1}
+    got = gate.fit_pass_cost(only_one)
+    assert abs(float(got.fixed) - F) < 0.3 and abs(float(got.jump) - J) < 0.3
+    with pytest.raises(ValueError, match="AR step"):
+        gate.fit_pass_cost({(1, 2): 1.0, (1, 4): 1.5})
 
 
 # ------------------------------------------------------------------ 2. the choice
@@ -98,11 +105,11 @@ def test_a_fuller_batch_proposes_no_more(cost, a, length):
 
 def test_choice_at_the_default_cpu_cost():
     """At this CPU's default cost: a 10 % match proposes 1 token, a coin flip 4 at batch 1
-    and 2 at a batch of 8, a 90 % one all 16 (batch 1) or 8 (batch 8); a no-match is 1."""
+    and 2 at a batch of 8, a 90 % one all 16 (batch 1) or 4 (batch 8); a no-match is 1."""
     cpu = gate.default_pass_cost("cpu")
     assert pick(0.1, 16, cpu) == 1
     assert pick(0.5, 16, cpu) == 4 and pick(0.5, 16, cpu, batch=8, joint=True) == 2
-    assert pick(0.9, 16, cpu) == 16 and pick(0.9, 16, cpu, batch=8, joint=True) == 8
+    assert pick(0.9, 16, cpu) == 16 and pick(0.9, 16, cpu, batch=8, joint=True) == 4
     assert pick(0.9, 16, cpu, matched=False) == 1
 
 
@@ -282,6 +289,7 @@ def test_a_new_pass_cost_compiles_nothing():
 
 def test_measure_pass_cost_fits_a_model():
     """`measure_pass_cost` times a real model's pass: finite, non-negative F and J."""
-    cost = gate.measure_pass_cost(tiny_model(2, 0), context=8, capacity=32, repeats=2, calls=2)
+    cost = gate.measure_pass_cost(tiny_model(2, 0), context=8, capacity=32, repeats=2, calls=2,
+                                  shapes=((1, 1), (1, 2), (2, 1), (2, 2)))
     F, J = float(cost.fixed), float(cost.jump)
     assert np.isfinite(F) and np.isfinite(J) and F >= 0 and J >= 0

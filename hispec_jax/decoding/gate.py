@@ -50,12 +50,13 @@ PRIOR_KEPT = 1.0  # a fresh bucket's estimate: a = 1 / 2
 PRIOR_REJECTED = 1.0
 DECAY = 0.9  # each new proposal of a bucket weighs its counts by this: about the last 10
 
-# Default (F, J) per backend, in units of one row of the verification pass. CPU: SmolLM2-135M
-# on 2 cores, batch 1, where 2 / 4 / 8 / 16 positions cost 1.18 / 1.24 / 1.45 / 1.92x one
-# position (docs/lookup.md, "How many tokens"). Accelerators: a decode pass is memory-bound
+# Default (F, J) per backend, in units of one row of the verification pass. CPU: fitted
+# (`fit_pass_cost`) to SmolLM2-135M's passes on 2 cores without XLA's YNNPACK fusions, one
+# sequence's blocks of 2-16 positions and batches of 2-8 at 2-4 positions
+# (benchmarks/results_lookup/pass_cost_fit.py). Accelerators: a decode pass is memory-bound
 # up to a few hundred rows (the ridge point of an H100 in bf16 is about 300 flops per byte,
 # one row of a pass about 1 flop per weight byte). `measure_pass_cost` measures a model.
-DEFAULT_PASS_COST = {"cpu": (18.0, 2.4), "gpu": (256.0, 0.0), "tpu": (256.0, 0.0)}
+DEFAULT_PASS_COST = {"cpu": (10.75, 2.5), "gpu": (256.0, 0.0), "tpu": (256.0, 0.0)}
 
 
 @flax.struct.dataclass
@@ -241,27 +242,40 @@ def choose_window(accept_B: jax.Array, limit_B: jax.Array, part_B: jax.Array,
 
 
 # ------------------------------------------------------------------------ measuring F, J
-def pass_cost_from_seconds(one: float, two: float, many: float, many_rows: int) -> PassCost:
-    """(F, J) from a pass's seconds over 1, 2 and `many_rows` rows (one sequence): the rows
-    beyond two give the cost of one row, the one-row pass F, the two-row pass J."""
-    row = max((many - two) / (many_rows - 2), 1e-12)
-    fixed = max(one / row - 1.0, 0.0)
-    jump = max(two / row - 2.0 - fixed, 0.0)
-    return PassCost.of(fixed, jump)
+def fit_pass_cost(seconds: dict[tuple[int, int], float]) -> PassCost:
+    """(F, J) whose relative costs C(b, T) best match measured ones, from the seconds of a
+    pass over T positions of b sequences, `seconds[b, T]` (each b with T = 1, the AR step
+    of b sequences, and at least one T > 1): least squares of log C over every measured
+    (b, T > 1), on a grid of F in [0, 64] and J in [0, 32] in steps of 1/4. The model
+    cannot follow every measurement (on a CPU a block of T positions of one sequence costs
+    less than T sequences' AR steps, attention reads one cache), so the fit weighs the
+    batches the gate prices."""
+    pairs = [(b, T) for (b, T) in seconds if T > 1 and (b, 1) in seconds]
+    if not pairs:
+        raise ValueError("fit_pass_cost needs a pass over T > 1 positions and the AR step "
+                         "of the same batch")
+    b = np.asarray([p[0] for p in pairs], np.float64)
+    T = np.asarray([p[1] for p in pairs], np.float64)
+    want = np.log([seconds[p] / seconds[(p[0], 1)] for p in pairs])
+    F = np.arange(0.0, 64.0 + 1e-9, 0.25)[:, None, None]
+    J = np.arange(0.0, 32.0 + 1e-9, 0.25)[None, :, None]
+    cost = lambda rows: F + rows + J * (rows > 1)  # noqa: E731
+    err = ((np.log(cost(b * T) / cost(b)) - want) ** 2).sum(-1)
+    i, j = np.unravel_index(np.argmin(err), err.shape)
+    return PassCost.of(float(F[i, 0, 0]), float(J[0, j, 0]))
 
 
-def measure_pass_cost(model, context: int = 256, capacity: int = 512, many: int = 16,
-                      repeats: int = 5, calls: int = 10) -> PassCost:
-    """Times `model`'s verification pass (every layer, the final head, argmax) over 1, 2 and
-    `many` positions of one sequence with `context` cached positions, and fits (F, J)
-    (`pass_cost_from_seconds`). Interleaved repeats, the fastest of each: contention only
-    ever adds time. Run once per device and model; the result goes with the request."""
+def time_passes(model, shapes, context: int = 256, capacity: int = 512, repeats: int = 5,
+                calls: int = 10) -> dict[tuple[int, int], float]:
+    """Seconds of `model`'s verification pass (every layer, the final head, argmax) over T
+    positions of b sequences with `context` cached positions, for every (b, T) of `shapes`.
+    Interleaved repeats, the fastest of each: contention only ever adds time."""
     cfg, params = model.cfg, model.params
     L = cfg.num_layers
     per_layer = isinstance(params["layers"], (tuple, list))
 
-    def program(T):
-        positions = context + jnp.arange(T, dtype=jnp.int32)[None, :]
+    def program(b, T):
+        positions = context + jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (b, T))
 
         def f(params, tokens, cache):
             h, cache = run_layers_cached(params, cfg, embed(params, tokens), positions, cache,
@@ -269,22 +283,36 @@ def measure_pass_cost(model, context: int = 256, capacity: int = 512, many: int 
             return jnp.argmax(exit_logits(params, {}, cfg, h, L), -1), cache
         return jax.jit(f, donate_argnums=(2,))
 
-    sizes = (1, 2, many)
-    progs = {T: program(T) for T in sizes}
-    caches = {T: KVCache.zeros(cfg, 1, capacity, per_layer=per_layer) for T in sizes}
-    tokens = {T: jnp.zeros((1, T), jnp.int32) for T in sizes}
+    shapes = tuple(dict.fromkeys(shapes))
+    progs = {s: program(*s) for s in shapes}
+    caches = {s: KVCache.zeros(cfg, s[0], capacity, per_layer=per_layer) for s in shapes}
+    tokens = {s: jnp.zeros(s, jnp.int32) for s in shapes}
 
-    def timed(T):
+    def timed(s):
         t0 = time.perf_counter()
         for _ in range(calls):
-            out, caches[T] = progs[T](params, tokens[T], caches[T])
+            out, caches[s] = progs[s](params, tokens[s], caches[s])
         jax.block_until_ready(out)
         return (time.perf_counter() - t0) / calls
 
-    for T in sizes:  # compile and warm
-        timed(T)
-    best = {T: np.inf for T in sizes}
+    for s in shapes:  # compile and warm
+        timed(s)
+    best = {s: np.inf for s in shapes}
     for _ in range(repeats):
-        for T in sizes:
-            best[T] = min(best[T], timed(T))
-    return pass_cost_from_seconds(best[1], best[2], best[many], many)
+        for s in shapes:
+            best[s] = min(best[s], timed(s))
+    return best
+
+
+# The (b, T) `measure_pass_cost` times: one sequence's blocks, and the batches of a server's
+# busy rows (`slots.active_rows`) at short blocks.
+MEASURED_PASSES = ((1, 1), (1, 2), (1, 4), (1, 8), (1, 16), (2, 1), (2, 2), (4, 1), (4, 2),
+                   (4, 4), (8, 1), (8, 2), (8, 4))
+
+
+def measure_pass_cost(model, context: int = 256, capacity: int = 512, repeats: int = 5,
+                      calls: int = 10, shapes=MEASURED_PASSES) -> PassCost:
+    """(F, J) fitted (`fit_pass_cost`) to `model`'s passes timed on this device
+    (`time_passes` over `shapes`). Run once per device and model; the result goes with the
+    request (`Request.lookup_cost`)."""
+    return fit_pass_cost(time_passes(model, shapes, context, capacity, repeats, calls))
