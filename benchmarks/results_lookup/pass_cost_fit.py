@@ -1,8 +1,8 @@
 """The CPU default of the lookup gate's pass costs (`gate.DEFAULT_PASS_COST["cpu"]`): SmolLM2-135M's
 verification pass timed over T positions of b sequences (`gate.MEASURED_PASSES`: one
 sequence's blocks and a server's busy-row batches), the relative costs C(b, T) against the
-AR step of the same b, and the (F, J) that fits them (`gate.fit_pass_cost`), beside what
-the current default and the fit predict.
+AR step of the same b, and the (F, J) that fits them (`gate.fit_pass_cost`), with what the
+fit and the library's current default predict.
 
     python benchmarks/results_lookup/pass_cost_fit.py > benchmarks/results_lookup/pass_cost_fit.txt
 
@@ -38,8 +38,8 @@ def main():
     print(f"# SmolLM2-135M-Instruct, {CONTEXT} cached positions, capacity {CAPACITY}, "
           f"XLA_FLAGS={os.environ['XLA_FLAGS']!r}; fastest of {REPEATS} interleaved rounds\n")
     print(f"fit: F = {float(fit.fixed):.2f}, J = {float(fit.jump):.2f}  "
-          f"(default before: F = {float(old.fixed):.2f}, J = {float(old.jump):.2f})\n")
-    print("| b | T | ms | C(b, T) measured | fit | default before |")
+          f"(the default: F = {float(old.fixed):.2f}, J = {float(old.jump):.2f})\n")
+    print("| b | T | ms | C(b, T) measured | fit | default |")
     print("|---|---|---|---|---|---|")
     for (b, T), s in seconds.items():
         print(f"| {b} | {T} | {s * 1e3:.1f} | {s / seconds[(b, 1)]:.2f} | "

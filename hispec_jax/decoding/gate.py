@@ -9,10 +9,11 @@ numbers decide whether it pays:
     expected tokens   E(m) = 1 + a + ... + a^(m-1) = (1 - a^m) / (1 - a)
                       (per-token acceptance a, geometric; every pass emits at least one
                       token: the accepted prefix, then the correction)
-    relative cost     C(b, T) = cost(b * T) / cost(b),  cost(R) = F + R + J * [R > 1]
-                      (a pass over R = b * T rows of a batch of b sequences, in units of
-                      one row: a fixed part F, one unit per row, and the jump J from a
-                      one-row pass to a several-row one that a CPU shows)
+    relative cost     C(b, T) = cost(b, T) / cost(b, 1),  cost(b, T) = F + b T + J [T > 1]
+                      (a pass over T positions of b sequences, in units of one row, a
+                      position of a sequence: a fixed part F, one unit per row, and the
+                      jump J from the AR step, one position per sequence, to a block pass,
+                      the verification's own code path, that a CPU shows)
 
 `choose` picks each round's block T* maximising expected tokens per unit of cost, so a
 sequence whose drafts do not pay proposes 1 token: an AR step that still checks the match's
@@ -56,7 +57,7 @@ DECAY = 0.9  # each new proposal of a bucket weighs its counts by this: about th
 # (benchmarks/results_lookup/pass_cost_fit.py). Accelerators: a decode pass is memory-bound
 # up to a few hundred rows (the ridge point of an H100 in bf16 is about 300 flops per byte,
 # one row of a pass about 1 flop per weight byte). `measure_pass_cost` measures a model.
-DEFAULT_PASS_COST = {"cpu": (10.75, 2.5), "gpu": (256.0, 0.0), "tpu": (256.0, 0.0)}
+DEFAULT_PASS_COST = {"cpu": (15.75, 4.25), "gpu": (256.0, 0.0), "tpu": (256.0, 0.0)}
 
 
 @flax.struct.dataclass
@@ -67,8 +68,8 @@ class PassCost:
     Attributes:
       fixed: [] float32, F: the part of a pass that does not grow with its rows (weights
         read, dispatch, the loop's own work).
-      jump: [] float32, J: what a pass over several rows costs beyond F + rows, against a
-        one-row pass (0 on an accelerator).
+      jump: [] float32, J: what a block pass (several positions per sequence) costs beyond
+        F + rows, against the AR step (0 on an accelerator).
     """
 
     fixed: jax.Array
@@ -85,17 +86,18 @@ def default_pass_cost(backend: str | None = None) -> PassCost:
     return PassCost.of(*DEFAULT_PASS_COST.get(backend, DEFAULT_PASS_COST["gpu"]))
 
 
-def pass_rows_cost(rows, cost: PassCost):
-    """cost(R) = F + R + J * [R > 1]: a pass over R rows in units of one row."""
-    rows = jnp.asarray(rows, jnp.float32)
-    return cost.fixed + rows + cost.jump * (rows > 1)
+def pass_cost(batch, block, cost: PassCost):
+    """cost(b, T) = F + b T + J [T > 1]: a pass over T positions of b sequences, in units
+    of one row."""
+    batch = jnp.asarray(batch, jnp.float32)
+    block = jnp.asarray(block, jnp.float32)
+    return cost.fixed + batch * block + cost.jump * (block > 1)
 
 
 def relative_cost(batch, block, cost: PassCost):
-    """C(b, T) = cost(b * T) / cost(b): a pass over a block of T positions of b sequences
+    """C(b, T) = cost(b, T) / cost(b, 1): a pass over a block of T positions of b sequences
     against the AR step of the same b sequences (C(b, 1) = 1)."""
-    batch = jnp.asarray(batch, jnp.float32)
-    return pass_rows_cost(batch * block, cost) / pass_rows_cost(batch, cost)
+    return pass_cost(batch, block, cost) / pass_cost(batch, 1, cost)
 
 
 def expected_tokens(accept, length):
@@ -178,11 +180,11 @@ def choose(accept_B: jax.Array, length_B: jax.Array, matched_B: jax.Array, part_
     tokens_BxJ = expected_tokens(accept_B[:, None], m_BxJ)
     if joint:
         # rows of the pass: all B (done and idle rows run too), at the block T
-        score_J = jnp.sum(jnp.where(part_B[:, None], tokens_BxJ, 0.0), axis=0) / pass_rows_cost(
-            B * T_J, cost)
+        score_J = jnp.sum(jnp.where(part_B[:, None], tokens_BxJ, 0.0), axis=0) / pass_cost(
+            B, T_J, cost)
         score_BxJ = jnp.broadcast_to(score_J[None, :], tokens_BxJ.shape)
     else:
-        score_BxJ = tokens_BxJ / pass_rows_cost(T_J, cost)[None, :]
+        score_BxJ = tokens_BxJ / pass_cost(1, T_J, cost)[None, :]
     # the longest block among equals: equal scores mean the longer block costs no more
     best_B = len(blocks) - 1 - jnp.argmax(score_BxJ[:, ::-1], axis=1)
     return jnp.where(matched_B, m_BxJ[jnp.arange(B), best_B], 1).astype(jnp.int32)
@@ -194,12 +196,12 @@ def exit_round_cost(batch, window, draft_fraction, verify_fraction, cost: PassCo
     pass: W + 1 draft steps over the b rows of the batch through the draft exit's share
     f_0 of the model, then level 1's pass over b (W + 1) rows through its share f_1:
 
-        cost(W) = (W + 1) f_0 cost(b) + f_1 cost(b (W + 1))
+        cost(W) = (W + 1) f_0 cost(b, 1) + f_1 cost(b, W + 1)
     """
     n = jnp.asarray(window, jnp.float32) + 1.0
     b = jnp.asarray(batch, jnp.float32)
-    return (n * draft_fraction * pass_rows_cost(b, cost)
-            + verify_fraction * pass_rows_cost(b * n, cost))
+    return (n * draft_fraction * pass_cost(b, 1, cost)
+            + verify_fraction * pass_cost(b, n, cost))
 
 
 def choose_window(accept_B: jax.Array, limit_B: jax.Array, part_B: jax.Array,
@@ -246,10 +248,7 @@ def fit_pass_cost(seconds: dict[tuple[int, int], float]) -> PassCost:
     """(F, J) whose relative costs C(b, T) best match measured ones, from the seconds of a
     pass over T positions of b sequences, `seconds[b, T]` (each b with T = 1, the AR step
     of b sequences, and at least one T > 1): least squares of log C over every measured
-    (b, T > 1), on a grid of F in [0, 64] and J in [0, 32] in steps of 1/4. The model
-    cannot follow every measurement (on a CPU a block of T positions of one sequence costs
-    less than T sequences' AR steps, attention reads one cache), so the fit weighs the
-    batches the gate prices."""
+    (b, T > 1), on a grid of F in [0, 64] and J in [0, 32] in steps of 1/4."""
     pairs = [(b, T) for (b, T) in seconds if T > 1 and (b, 1) in seconds]
     if not pairs:
         raise ValueError("fit_pass_cost needs a pass over T > 1 positions and the AR step "
@@ -259,8 +258,8 @@ def fit_pass_cost(seconds: dict[tuple[int, int], float]) -> PassCost:
     want = np.log([seconds[p] / seconds[(p[0], 1)] for p in pairs])
     F = np.arange(0.0, 64.0 + 1e-9, 0.25)[:, None, None]
     J = np.arange(0.0, 32.0 + 1e-9, 0.25)[None, :, None]
-    cost = lambda rows: F + rows + J * (rows > 1)  # noqa: E731
-    err = ((np.log(cost(b * T) / cost(b)) - want) ** 2).sum(-1)
+    cost = lambda b, T: F + b * T + J * (T > 1)  # noqa: E731
+    err = ((np.log(cost(b, T) / cost(b, 1)) - want) ** 2).sum(-1)
     i, j = np.unravel_index(np.argmin(err), err.shape)
     return PassCost.of(float(F[i, 0, 0]), float(J[0, j, 0]))
 
