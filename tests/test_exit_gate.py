@@ -31,10 +31,11 @@ def pick(accept, limit=8, max_window=8, cost=CPU, *, f0=0.25, f1=0.75, joint=Fal
 
 # ------------------------------------------------------------------ 1. the window choice
 def test_exit_round_cost():
-    """(W + 1) draft steps of f_0 over b rows and one pass of f_1 over b (W + 1) rows."""
+    """(W + 1) draft steps of f_0, each an AR step of b sequences (no jump), and one block
+    pass of f_1 over W + 1 positions of the b sequences (the jump)."""
     cost = gate.PassCost.of(10.0, 2.0)
     got = float(gate.exit_round_cost(2, 3, 0.25, 0.75, cost))
-    assert got == pytest.approx(4 * 0.25 * (10 + 2 + 2) + 0.75 * (10 + 8 + 2))
+    assert got == pytest.approx(4 * 0.25 * (10 + 2) + 0.75 * (10 + 8 + 2))
 
 
 @pytest.mark.parametrize("joint", [False, True])

@@ -53,8 +53,8 @@ DECAY = 0.9  # each new proposal of a bucket weighs its counts by this: about th
 
 # Default (F, J) per backend, in units of one row of the verification pass. CPU: fitted
 # (`fit_pass_cost`) to SmolLM2-135M's passes on 2 cores without XLA's YNNPACK fusions, one
-# sequence's blocks of 2-16 positions and batches of 2-8 at 2-4 positions
-# (benchmarks/results_lookup/pass_cost_fit.py). Accelerators: a decode pass is memory-bound
+# sequence's blocks of 2-16 positions and batches of 2-8 at 2-4 positions (docs/lookup.md,
+# "The acceptance gate"). Accelerators: a decode pass is memory-bound
 # up to a few hundred rows (the ridge point of an H100 in bf16 is about 300 flops per byte,
 # one row of a pass about 1 flop per weight byte). `measure_pass_cost` measures a model.
 DEFAULT_PASS_COST = {"cpu": (15.75, 4.25), "gpu": (256.0, 0.0), "tpu": (256.0, 0.0)}
