@@ -201,12 +201,18 @@ for _ in range(2):
     out = program(x, c)
     rows.append({"source": program.source, "spec": str(out[0].sharding.spec),
                  "donated": c.is_deleted(), "out": np.asarray(out[0]).tolist()})
+# An unsharded program in the same 2-device process runs on one device when loaded.
+for _ in range(2):
+    program = program_cache.compile_cached(jax.jit(lambda x: x + 1), structs[:1], key="g",
+                                           directory=sys.argv[1])
+    rows.append({"source": program.source, "out": np.asarray(program(jnp.ones((4, 3)))).tolist()})
 print("RESULT " + json.dumps(rows))
 """
 
 
 def test_a_sharded_program_keeps_its_shardings_and_donation(tmp_path):
-    """On 2 fake CPU devices (its own process: the device count is fixed at JAX's start)."""
+    """On 2 fake CPU devices (its own process: the device count is fixed at JAX's start);
+    an unsharded program there loads onto one device, as it was compiled."""
     import json
     import os
     import subprocess
@@ -220,10 +226,11 @@ def test_a_sharded_program_keeps_its_shardings_and_donation(tmp_path):
     line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
     assert line, proc.stderr[-3000:]
     rows = json.loads(line[0][len("RESULT "):])
-    assert [r["source"] for r in rows] == ["stored", "cache"]
+    assert [r["source"] for r in rows] == ["stored", "cache"] * 2
     expected = (np.arange(12.0).reshape(4, 3) * 2 + 12).tolist()
-    for r in rows:
+    for r in rows[:2]:
         assert r["out"] == expected and r["donated"] and "data" in r["spec"]
+    assert rows[2]["out"] == rows[3]["out"] == (2 * np.ones((4, 3))).tolist()
     assert "donated buffers were not usable" not in proc.stderr
 
 

@@ -256,11 +256,19 @@ def _xla_cache_off():
 
 
 def _load(entry: dict, mesh):
-    """The `jax.stages.Compiled` an entry holds, loaded onto this process's devices (the
-    mesh's, on a mesh)."""
-    devices = None if mesh is None else list(mesh.devices.flat)
+    """The `jax.stages.Compiled` an entry holds, loaded onto the devices it was compiled
+    for: the mesh's, on a mesh; else the one default device an unsharded program runs on
+    (JAX would otherwise load it onto every device of the process, and a process with
+    several runs it expecting one shard per device)."""
+    devices = [_default_device()] if mesh is None else list(mesh.devices.flat)
     return serialize_executable.deserialize_and_load(
         entry["executable"], entry["in_tree"], entry["out_tree"], execution_devices=devices)
+
+
+def _default_device():
+    """The device `jax.jit` places an unsharded program on."""
+    device = jax.config.jax_default_device
+    return device if isinstance(device, jax.Device) else jax.devices()[0]
 
 
 def _read(path: Path, text: str) -> dict | None:
