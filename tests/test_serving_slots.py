@@ -165,18 +165,23 @@ def test_run_rounds_resumes_to_the_uninterrupted_run(model):
 
 
 # ---- chunked prefill on tiny random models ------------------------------------------------
-CHUNKED = [("ar", {}, SamplingParams()),
-           ("lookup", dict(lookup=4), SamplingParams()),
-           ("hispec", dict(draft_exit=1, verify_exits=(2,), verify_window=2), SamplingParams()),
-           ("layerskip", dict(draft_exit=2), SamplingParams(temperature=0.9, top_k=20, seed=7))]
+# (method, options, sampling, small chunks only: as the server prefills beside decoding slots)
+CHUNKED = [("ar", {}, SamplingParams(), False),
+           ("lookup", dict(lookup=4), SamplingParams(), True),
+           ("hispec", dict(draft_exit=1, verify_exits=(2,), verify_window=2), SamplingParams(),
+            False),
+           ("layerskip", dict(draft_exit=2), SamplingParams(temperature=0.9, top_k=20, seed=7),
+            True)]
 
 
-@pytest.mark.parametrize("method,options,sampling", CHUNKED, ids=[c[0] for c in CHUNKED])
-def test_a_long_prompt_enters_in_chunks_while_the_other_slots_decode(method, options, sampling):
-    """A prompt of 3 chunks (two full ones of 32 positions, a small one of 16) is prefilled
-    one chunk per step between the rounds of two decoding slots: every request gets its
-    offline `generate` tokens (sampling: with the same seed), the decoding slots emit
-    tokens during the prefill, and a prompt of another length compiles nothing more."""
+@pytest.mark.parametrize("method,options,sampling,small", CHUNKED, ids=[c[0] for c in CHUNKED])
+def test_a_long_prompt_enters_in_chunks_while_the_other_slots_decode(method, options, sampling,
+                                                                    small):
+    """A prompt of 70 positions is prefilled one chunk per step between the rounds of two
+    decoding slots, in 3 chunks (two full ones of 32 positions, a small one of 16) or, with
+    `small`, 5 small ones (other chunk boundaries than offline prefill's): every request
+    gets its offline `generate` tokens (sampling: with the same seed), the decoding slots
+    emit tokens during the prefill, and a prompt of another length compiles nothing more."""
     from test_engine import tiny_model
 
     from hispec_jax.serving.slots import backend_compiles
@@ -211,9 +216,9 @@ def test_a_long_prompt_enters_in_chunks_while_the_other_slots_decode(method, opt
     before = {i: len(got[i]) for i in (0, 1)}
     chunks = 0
     while eng.prefilling:
-        chunks += eng.prefill(1)
+        chunks += eng.prefill(1, small=small)
         step()
-    assert chunks == 3 and all(len(got[i]) > before[i] for i in (0, 1))
+    assert chunks == (5 if small else 3) and all(len(got[i]) > before[i] for i in (0, 1))
     while owner:
         step()
     compiled = backend_compiles()

@@ -84,10 +84,11 @@ def add_parsers(subparsers) -> None:
     serve.add_argument("--rounds-per-step", type=int, default=1, metavar="R",
                        help="speculation rounds between two looks at the request queue")
     serve.add_argument("--prefill-chunk", type=int, default=None, metavar="C",
-                       help="prompt positions per prefill chunk: a prompt enters its slot in "
-                            "chunks between the other slots' rounds (default: 64, at most "
-                            "--max-cache-len); smaller: shorter pauses for the streams, "
-                            "larger: faster prompts")
+                       help="prompt positions per prefill chunk (default: 64, at most "
+                            "--max-cache-len): a prompt enters its slot in chunks of C "
+                            "positions while no slot decodes, and of C/4 (at least 16) "
+                            "between the decoding slots' rounds; smaller: shorter pauses "
+                            "for the streams, larger: faster prompts")
 
 
 def _check(args, sampling: bool) -> None:

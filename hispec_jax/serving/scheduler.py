@@ -6,14 +6,17 @@ property of a compiled loop).
                                       |  a slot is free: admit (the prompt waits in it)
                                       v
     engine thread:  loop { admit waiting jobs into free slots; cancel abandoned ones;
-                           prefill at most prefill_chunks_per_step chunks of admitted
-                           prompts on each engine (with no slot decoding, the oldest
-                           admitted prompt whole);
+                           prefill at most prefill_chunks_per_step small chunks of
+                           admitted prompts on each engine (with no slot decoding, the
+                           oldest admitted prompt whole, in full chunks);
                            generate(rounds_per_step) on each engine with decoding slots;
                            hand each job its new tokens }  --events--> job's asyncio queue
 
 A long prompt enters its slot chunk by chunk between decode steps (`SlotEngine.prefill`),
-so the other slots' streams pause for one chunk at a time, not for its whole prefill.
+so the other slots' streams pause for one chunk at a time, not for its whole prefill; while
+slots decode, the chunks are the small ones (t = C / 4 positions, at least 16), so a pause
+costs about one round, not the two or three a full chunk of C positions takes, and the
+prompt's first token comes after more (cheaper per pass, dearer per position) chunks.
 
 A job's events are `("tokens", [ids])` and finally `("done", finish_reason)` with
 finish_reason "stop" (EOS / end of turn), "length" (max_tokens) or "cancelled".
@@ -81,9 +84,9 @@ class Scheduler:
       engines: {True: the greedy SlotEngine, False: the sampling SlotEngine}.
       rounds_per_step: speculation rounds per `generate` call (1: a new request waits at
         most one round for a slot to be looked at).
-      prefill_chunks_per_step: prefill chunks per engine between two `generate` calls
-        while some of its slots decode (with none decoding, the oldest admitted prompt is
-        prefilled whole: it holds up no stream).
+      prefill_chunks_per_step: small prefill chunks per engine between two `generate`
+        calls while some of its slots decode (with none decoding, the oldest admitted
+        prompt is prefilled whole: it holds up no stream).
       warmup: None (`ready` from the start), or a callable the engine thread runs (with
         `engines` and `idle`, `server.warm_up`) before it takes requests; `ready` is set
         when it returns.
@@ -224,8 +227,8 @@ class Scheduler:
                 for greedy, engine in self.engines.items():
                     if not self._running[greedy]:
                         continue
-                    if engine.decoding:
-                        engine.prefill(self.prefill_chunks_per_step)
+                    if engine.decoding:  # small chunks: the streams pause least
+                        engine.prefill(self.prefill_chunks_per_step, small=True)
                     while engine.prefilling and not engine.decoding:  # it holds up no stream
                         engine.prefill(1)
                     updates = engine.generate(self.rounds_per_step)

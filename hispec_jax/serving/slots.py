@@ -408,16 +408,22 @@ class SlotEngine:
         self._prefills.append(_Prefill(slot, request))
         self.busy[slot] = True
 
-    def prefill(self, max_chunks: int | None = None) -> int:
+    def prefill(self, max_chunks: int | None = None, small: bool = False) -> int:
         """Runs at most `max_chunks` prefill chunks (None: every waiting prompt whole), of
         the oldest waiting prompt first; a prompt whose last chunk ran starts decoding (its
         first token is emitted here and handed out by the next `generate`). Returns the
-        chunks run."""
+        chunks run.
+
+        `small`: every chunk of t positions (the small chunk program), not C: a chunk
+        between two rounds of decoding slots then pauses their streams for a pass of t
+        positions, at the price of more passes for the prompt (a longer time to its first
+        token). The chunk boundaries do not change the prompt's cache beyond float
+        rounding (each position attends to the same cached keys)."""
         ran = 0
         while self._prefills and (max_chunks is None or ran < max_chunks):
             p = self._prefills[0]
             if p.start < len(p.request.prompt_ids):
-                self._run_chunk(p)
+                self._run_chunk(p, small)
                 ran += 1
             if p.start >= len(p.request.prompt_ids):
                 self._finish(self._prefills.pop(0))
@@ -429,14 +435,15 @@ class SlotEngine:
         self.admit(slot, request)
         self.prefill()
 
-    def chunk_size(self, rest: int) -> int:
+    def chunk_size(self, rest: int, small: bool = False) -> int:
         """The size of the next chunk of a prompt with `rest` positions left: C while
-        more than the small chunks' tail is left, else t."""
-        return self.prefill_chunk if rest > self._small_tail else self._small_chunk
+        more than the small chunks' tail is left, else (or when `small`) t."""
+        return (self.prefill_chunk if rest > self._small_tail and not small
+                else self._small_chunk)
 
-    def _run_chunk(self, p: _Prefill) -> None:
+    def _run_chunk(self, p: _Prefill, small: bool = False) -> None:
         ids = p.request.prompt_ids
-        C = self.chunk_size(len(ids) - p.start)
+        C = self.chunk_size(len(ids) - p.start, small)
         tokens = np.zeros((1, C), np.int32)
         piece = ids[p.start:p.start + C]
         tokens[0, :len(piece)] = piece
