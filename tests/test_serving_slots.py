@@ -3,6 +3,8 @@ inserted into a slot while other slots decode gets exactly its offline `generate
 
 from __future__ import annotations
 
+import types
+
 import numpy as np
 import pytest
 
@@ -271,9 +273,10 @@ def test_the_server_warm_up_loads_stored_row_counts_and_compiles_the_rest_when_q
 
 
 def test_the_scheduler_runs_a_long_prompt_between_the_rounds_of_a_stream():
-    """The engine thread prefills a prompt of 4 chunks one chunk per step: a stream already
-    decoding keeps receiving tokens until the long prompt's first token, and both get
-    their offline `generate` tokens."""
+    """The engine thread prefills a prompt of 4 chunks one chunk per step (a prefill share
+    of 0: one chunk, whatever the rounds cost): a stream already decoding keeps receiving
+    tokens until the long prompt's first token, and both get their offline `generate`
+    tokens."""
     import asyncio
 
     from test_engine import tiny_model
@@ -286,7 +289,7 @@ def test_the_scheduler_runs_a_long_prompt_between_the_rounds_of_a_stream():
     short, long_ = rng.randint(4, V, 6).tolist(), rng.randint(4, V, 60).tolist()
     engines = {True: SlotEngine(model, methods_lib.make_method(model, "ar"), slots=2,
                                 capacity=128, greedy=True, eos_ids=(), prefill_chunk=16)}
-    scheduler = Scheduler(engines, warmup=server_lib.warm_up)
+    scheduler = Scheduler(engines, warmup=server_lib.warm_up, prefill_share=0.0)
     scheduler.start()
 
     async def run():
@@ -325,6 +328,66 @@ def test_the_scheduler_runs_a_long_prompt_between_the_rounds_of_a_stream():
     want = tuple(hispec_jax.generate(model, [p], max_new_tokens=n, ignore_eos=True).token_ids[0]
                  for p, n in ((short, 40), (long_, 8)))
     assert (got["a"], got["b"]) == want
+
+
+class _ChunkClock:
+    """A fake clock and a fake slot engine whose prefill chunks take `seconds[size]`: one
+    waiting prompt of `rest` positions, full chunks of 64, small ones of 16."""
+
+    def __init__(self, rest: int, seconds: dict[int, float]):
+        self.now, self.rest, self.seconds, self.ran = 0.0, rest, seconds, []
+        self.state = types.SimpleNamespace(cache=None)
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    @property
+    def prefilling(self) -> list[int]:
+        return [0] if self.rest > 0 else []
+
+    def next_chunk(self, small: bool = False):
+        return None if self.rest <= 0 else (16 if small or self.rest <= 32 else 64)
+
+    def prefill(self, max_chunks, small=False):
+        size = self.next_chunk(small)
+        self.now += self.seconds[size]
+        self.rest -= size
+        self.ran.append(size)
+        return 1
+
+
+@pytest.mark.parametrize("round_seconds,share,known,want", [
+    (0.08, 1.0, {}, [16]),  # nothing measured yet: a small chunk; a second would not fit
+    (0.12, 1.0, {}, [16, 16]),  # it fits
+    (0.08, 1.0, {64: 0.15}, [16]),  # a full chunk does not fit one round
+    (0.16, 1.0, {64: 0.15}, [64]),  # it does: one, then 0.01 left (no small chunk fits)
+    (0.30, 1.0, {64: 0.15}, [64, 64]),  # two
+    (0.08, 0.0, {64: 0.15}, [16]),  # no budget: still one chunk a step
+    (0.02, 1.0, {}, [16]),  # a chunk dearer than the budget: one, and stop
+])
+def test_the_prefill_beside_decoding_slots_takes_a_share_of_the_round_time(
+        monkeypatch, round_seconds, share, known, want):
+    """Between two rounds the scheduler runs chunks until their time reaches
+    `prefill_share` times the last round's: a full chunk where its last measured time fits
+    what is left, else a small one, and always at least one."""
+    from hispec_jax.serving import scheduler as scheduler_lib
+
+    fake = _ChunkClock(rest=500, seconds={64: 0.15, 16: 0.05})
+    monkeypatch.setattr(scheduler_lib.time, "perf_counter", fake.perf_counter)
+    scheduler = scheduler_lib.Scheduler({}, prefill_share=share)
+    scheduler._round_seconds[True] = round_seconds
+    scheduler._chunk_seconds.update({(True, size): t for size, t in known.items()})
+    scheduler._prefill_beside_rounds(True, fake)
+    assert fake.ran == want
+    assert scheduler._chunk_seconds[True, want[-1]] == fake.seconds[want[-1]]
+
+
+@pytest.mark.parametrize("share", [-1, "1", float("nan")])
+def test_a_bad_prefill_share_is_refused(share):
+    from hispec_jax.serving.scheduler import Scheduler
+
+    with pytest.raises(ValueError, match="prefill_share"):
+        Scheduler({}, prefill_share=share)
 
 
 def test_without_compile_on_demand_a_slot_runs_the_smallest_compiled_rows():

@@ -85,10 +85,11 @@ def add_parsers(subparsers) -> None:
                        help="speculation rounds between two looks at the request queue")
     serve.add_argument("--prefill-chunk", type=int, default=None, metavar="C",
                        help="prompt positions per prefill chunk (default: 64, at most "
-                            "--max-cache-len): a prompt enters its slot in chunks of C "
-                            "positions while no slot decodes, and of C/4 (at least 16) "
-                            "between the decoding slots' rounds; smaller: shorter pauses "
-                            "for the streams, larger: faster prompts")
+                            "--max-cache-len): between the decoding slots' rounds a prompt "
+                            "enters its slot for about a round's time at a time, in chunks "
+                            "of C positions where one fits that time, else of C/4 (at "
+                            "least 16); smaller: shorter pauses for the streams, larger: "
+                            "faster prompts")
 
 
 def _check(args, sampling: bool) -> None:

@@ -6,17 +6,23 @@ property of a compiled loop).
                                       |  a slot is free: admit (the prompt waits in it)
                                       v
     engine thread:  loop { admit waiting jobs into free slots; cancel abandoned ones;
-                           prefill at most prefill_chunks_per_step small chunks of
-                           admitted prompts on each engine (with no slot decoding, the
-                           oldest admitted prompt whole, in full chunks);
+                           prefill chunks of admitted prompts on each engine for
+                           about prefill_share of its last round's time (with no slot
+                           decoding, the oldest admitted prompt whole, in full chunks);
                            generate(rounds_per_step) on each engine with decoding slots;
                            hand each job its new tokens }  --events--> job's asyncio queue
 
 A long prompt enters its slot chunk by chunk between decode steps (`SlotEngine.prefill`),
-so the other slots' streams pause for one chunk at a time, not for its whole prefill; while
-slots decode, the chunks are the small ones (t = C / 4 positions, at least 16), so a pause
-costs about one round, not the two or three a full chunk of C positions takes, and the
-prompt's first token comes after more (cheaper per pass, dearer per position) chunks.
+so the other slots' streams pause for a few chunks at a time, not for its whole prefill.
+The pause is a time budget: chunks run until their time reaches `prefill_share` times the
+engine's last round (at least one chunk a step), each a full chunk of C positions where
+the last one measured fits what is left of the budget, else a small one (t = C / 4, at
+least 16). So the gap between two of a stream's token deliveries stays within (1 +
+prefill_share) rounds (one small chunk more at most), and the waiting prompts get a share
+of the time that grows with the rounds: speculation's longer rounds do not starve them.
+
+    step:  | chunk | chunk |  round of the decoding slots  | chunk | ...
+           |<-- <= prefill_share x last round -->|
 
 A job's events are `("tokens", [ids])` and finally `("done", finish_reason)` with
 finish_reason "stop" (EOS / end of turn), "length" (max_tokens) or "cancelled".
@@ -37,6 +43,8 @@ import itertools
 import logging
 import threading
 import time
+
+import jax
 
 from hispec_jax.decoding.sampling import SamplingParams
 from hispec_jax.serving import metrics as metrics_lib
@@ -84,22 +92,26 @@ class Scheduler:
       engines: {True: the greedy SlotEngine, False: the sampling SlotEngine}.
       rounds_per_step: speculation rounds per `generate` call (1: a new request waits at
         most one round for a slot to be looked at).
-      prefill_chunks_per_step: small prefill chunks per engine between two `generate`
-        calls while some of its slots decode (with none decoding, the oldest admitted
-        prompt is prefilled whole: it holds up no stream).
+      prefill_share: the prefill time per engine between two `generate` calls while
+        some of its slots decode, as a multiple of its last `generate` call's time (at
+        least one chunk; with no slot decoding, the oldest admitted prompt is prefilled
+        whole: it holds up no stream). Larger: the waiting prompts' first tokens sooner,
+        longer pauses in the streams.
       warmup: None (`ready` from the start), or a callable the engine thread runs (with
         `engines` and `idle`, `server.warm_up`) before it takes requests; `ready` is set
         when it returns.
     """
 
     def __init__(self, engines: dict[bool, slots_lib.SlotEngine], rounds_per_step: int = 1,
-                 warmup=None, prefill_chunks_per_step: int = 1):
-        if not isinstance(prefill_chunks_per_step, int) or prefill_chunks_per_step < 1:
-            raise ValueError("prefill_chunks_per_step must be an integer >= 1, got "
-                             f"{prefill_chunks_per_step!r}")
+                 warmup=None, prefill_share: float = 1.0):
+        if not isinstance(prefill_share, (int, float)) or not prefill_share >= 0:
+            raise ValueError(f"prefill_share must be a number >= 0, got {prefill_share!r}")
         self.engines = engines
         self.rounds_per_step = rounds_per_step
-        self.prefill_chunks_per_step = prefill_chunks_per_step
+        self.prefill_share = float(prefill_share)
+        # seconds of each engine's last `generate` call, and of its last chunk of each size
+        self._round_seconds = {g: 0.0 for g in engines}
+        self._chunk_seconds: dict[tuple[bool, int], float] = {}
         self._warmup = warmup
         self.ready = threading.Event()
         if warmup is None:  # nothing to wait for: ready from the start
@@ -208,6 +220,36 @@ class Scheduler:
             self.stats.engine_counters(greedy, engine.counters())
         self.ready.set()
 
+    def _prefill_chunk(self, greedy: bool, engine: slots_lib.SlotEngine, small: bool) -> float:
+        """Runs the next prefill chunk to completion; returns its seconds (also kept, by
+        chunk size, for `_prefill_beside_rounds`)."""
+        size = engine.next_chunk(small)
+        t0 = time.perf_counter()
+        engine.prefill(1, small=small)
+        jax.block_until_ready(engine.state.cache)
+        seconds = time.perf_counter() - t0
+        if size is not None:
+            self._chunk_seconds[greedy, size] = seconds
+        return seconds
+
+    def _prefill_beside_rounds(self, greedy: bool, engine: slots_lib.SlotEngine) -> None:
+        """Prefill chunks while `engine`'s slots decode, until their time reaches
+        `prefill_share` times its last round's: a full chunk where its last measured time
+        fits what is left, else a small one; at least one chunk."""
+        budget = self.prefill_share * self._round_seconds[greedy]
+        spent = 0.0
+        while engine.prefilling:
+            left = budget - spent
+            full = self._chunk_seconds.get((greedy, engine.next_chunk(small=False)))
+            small = full is None or full > left
+            if spent > 0 and small:
+                guess = self._chunk_seconds.get((greedy, engine.next_chunk(small=True)))
+                if guess is None or guess > left:
+                    break
+            spent += self._prefill_chunk(greedy, engine, small)
+            if spent >= budget:
+                break
+
     def _drop(self, job: Job) -> None:
         """A job cancelled while it waited."""
         self.stats.finish(job.cancel_reason)
@@ -227,11 +269,13 @@ class Scheduler:
                 for greedy, engine in self.engines.items():
                     if not self._running[greedy]:
                         continue
-                    if engine.decoding:  # small chunks: the streams pause least
-                        engine.prefill(self.prefill_chunks_per_step, small=True)
+                    if engine.decoding:
+                        self._prefill_beside_rounds(greedy, engine)
                     while engine.prefilling and not engine.decoding:  # it holds up no stream
-                        engine.prefill(1)
+                        self._prefill_chunk(greedy, engine, small=False)
+                    t0 = time.perf_counter()
                     updates = engine.generate(self.rounds_per_step)
+                    self._round_seconds[greedy] = time.perf_counter() - t0
                     self.stats.engine_counters(greedy, engine.counters())
                     now = time.perf_counter()
                     for update in updates:

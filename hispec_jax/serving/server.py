@@ -137,12 +137,12 @@ def describe(engine: slots_lib.SlotEngine, method) -> str:
 def build_app(model, method=None, *, slots: int = 8, max_cache_len: int | None = None,
               warmup: bool = True, rounds_per_step: int = 1, served_name: str | None = None,
               plan_reason: str = "given", prefill_chunk: int = slots_lib.PREFILL_CHUNK,
-              prefill_chunks_per_step: int = 1, **method_options):
+              prefill_share: float = 1.0, **method_options):
     """The ASGI app serving `model` with `method` (None: the model's default plan) over
     `slots` slots per engine; with `warmup`, its engine thread compiles everything before
     it takes requests (/health: 503 "loading" until then). `plan_reason`: why a given
     method runs (/health shows it). Prompts enter their slots in chunks of
-    `prefill_chunk` positions, at most `prefill_chunks_per_step` chunks between two
+    `prefill_chunk` positions, for about `prefill_share` times a step's time between two
     `rounds_per_step` steps of the decoding slots (`scheduler.Scheduler`)."""
     method, method_options, reason = choose_plan(model, method, method_options, plan_reason)
     engines = build_engines(model, method, slots=slots, max_cache_len=max_cache_len,
@@ -152,7 +152,7 @@ def build_app(model, method=None, *, slots: int = 8, max_cache_len: int | None =
     log.info("plan: %s (%s)%s", plan["plan"], reason,
              "; warming up (compiling every program) before taking requests" if warmup else "")
     scheduler = Scheduler(engines, rounds_per_step=rounds_per_step,
-                          prefill_chunks_per_step=prefill_chunks_per_step,
+                          prefill_share=prefill_share,
                           warmup=warm_up if warmup else None)
     name = served_name or model_name(model)
     return api_server.create_app(model, scheduler, name, plan)

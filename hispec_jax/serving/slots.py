@@ -435,6 +435,14 @@ class SlotEngine:
         self.admit(slot, request)
         self.prefill()
 
+    def next_chunk(self, small: bool = False) -> int | None:
+        """Positions of the chunk the next `prefill(1, small)` runs (None: no prompt waits)."""
+        for p in self._prefills:
+            rest = len(p.request.prompt_ids) - p.start
+            if rest > 0:
+                return self.chunk_size(rest, small)
+        return None
+
     def chunk_size(self, rest: int, small: bool = False) -> int:
         """The size of the next chunk of a prompt with `rest` positions left: C while
         more than the small chunks' tail is left, else (or when `small`) t."""
