@@ -90,6 +90,11 @@ def add_parsers(subparsers) -> None:
                             "of C positions where one fits that time, else of C/4 (at "
                             "least 16); smaller: shorter pauses for the streams, larger: "
                             "faster prompts")
+    serve.add_argument("--prefill-share", type=float, default=1.0, metavar="X",
+                       help="prefill time between two rounds of the decoding slots, as a "
+                            "multiple of a round's (default: 1; at least one chunk each "
+                            "time): larger, the waiting prompts' first tokens sooner and "
+                            "longer pauses in the streams; 0, one chunk a round")
 
 
 def _check(args, sampling: bool) -> None:
@@ -147,6 +152,8 @@ def run_serve(args) -> int:
             options_lib.check_positive_int(name, getattr(args, name))
         except options_lib.OptionError as e:
             raise ValueError(f"--{name.replace('_', '-')} {e.value}: {e.allowed}") from None
+    if not 0 <= args.prefill_share <= 100:  # (NaN fails too)
+        raise ValueError(f"--prefill-share {args.prefill_share}: must be a number in [0, 100]")
     if (args.prefill_chunk is not None and args.max_cache_len is not None
             and args.prefill_chunk > args.max_cache_len):
         raise ValueError(f"--prefill-chunk {args.prefill_chunk}: must be at most --max-cache-len "
@@ -160,6 +167,7 @@ def run_serve(args) -> int:
     app = server.build_app(model, args.method, slots=args.slots, max_cache_len=args.max_cache_len,
                            warmup=args.warmup, rounds_per_step=args.rounds_per_step,
                            served_name=args.served_model_name, plan_reason=args.plan_reason,
+                           prefill_share=args.prefill_share,
                            **({} if args.prefill_chunk is None
                               else {"prefill_chunk": args.prefill_chunk}),
                            **generate_cli.method_options(args))
