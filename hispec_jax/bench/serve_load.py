@@ -37,6 +37,7 @@ import statistics
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -70,6 +71,7 @@ def start_server(method: str, args) -> tuple[subprocess.Popen, str]:
            "--warmup", "--rounds-per-step", str(args.rounds_per_step)]
     if args.model:
         cmd += ["--model", args.model]
+    os.makedirs(args.log_dir, exist_ok=True)
     log = open(os.path.join(args.log_dir, f"serve-{method}.log"), "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -267,7 +269,9 @@ def parse_args(argv):
     p.add_argument("--max-cache-len", type=int, default=512)
     p.add_argument("--rounds-per-step", type=int, default=1)
     p.add_argument("--startup-timeout", type=float, default=600)
-    p.add_argument("--log-dir", default=".", help="where the servers' logs go")
+    p.add_argument("--log-dir", default=os.path.join(tempfile.gettempdir(), "hispec-bench-serve"),
+                   help="where the servers' logs go, serve-METHOD.log (created; default: "
+                        "hispec-bench-serve in the temporary directory)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the results here")
     args = p.parse_args(argv)
     from hispec_jax.bench import tasks
