@@ -226,6 +226,8 @@ class Scheduler:
         size = engine.next_chunk(small)
         t0 = time.perf_counter()
         engine.prefill(1, small=small)
+        # wait for it, to time it: the round after it would wait for it anyway (one
+        # device, one cache), so only the next round's dispatch overlaps less
         jax.block_until_ready(engine.state.cache)
         seconds = time.perf_counter() - t0
         if size is not None:
