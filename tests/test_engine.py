@@ -448,8 +448,8 @@ def test_layer_layout_round_trip_and_errors():
 
 
 def test_attention_spans_keep_every_method_equal_to_whole_cache_ar(monkeypatch, fresh_compiles):
-    """With a cache of several attention spans (`transformer.attention_spans`: S = 320 here,
-    spans 128 / 256 / 320) and sequences crossing slot 128, AR, lookup, HiSpec with lookup
+    """With a cache of several attention spans (`transformer.attention_spans`: S = 384 here,
+    spans 128 / 256 / 384) and sequences crossing slot 128, AR, lookup, HiSpec with lookup
     below it, LayerSkip and SpecBound (dynamic-exit drafts) give the tokens of AR whose every
     attention reads the whole cache (the spans patched away, loops compiled afresh). A span
     one step too short fails it."""
@@ -461,7 +461,7 @@ def test_attention_spans_keep_every_method_equal_to_whole_cache_ar(monkeypatch, 
     prompts = [rng.randint(0, VOCAB, 100).tolist(),
                rng.randint(0, VOCAB, 30).tolist() + passage + rng.randint(0, VOCAB, 40).tolist()
                + passage[:20]]
-    common = dict(max_new_tokens=48, ignore_eos=True)
+    common = dict(max_new_tokens=48, ignore_eos=True, max_cache_len=384)
     spans = transformer.attention_spans
     monkeypatch.setattr(transformer, "attention_spans", lambda capacity: (capacity,))
     whole = generate(model, prompts, **common)

@@ -17,10 +17,10 @@ ones.
                  full chunk 0      small 0, 1
 
 Both trip counts are traced values: for one cache capacity, prompts of any length share one
-compilation (two compiled chunk passes: T and t positions), and a prompt costs the
-positions it fills rounded up to t (or to T where the rest needs more than two small
-chunks), not the next power of two of its length (at T = 128, a 272-token prompt runs 288
-positions, not the 384 of whole chunks or the 512 of one block).
+compilation (two compiled chunk passes: T and t positions; one where t == T), and a
+prompt costs the positions it fills rounded up to t (or to T where the rest needs more than
+two small chunks), not the next power of two of its length (at T = 128, a 272-token prompt
+runs 288 positions, not the 384 of whole chunks or the 512 of one block).
 A small chunk reads every weight as a full one does, so on a CPU it costs more per
 position: two of them cost less than a full chunk, three about as much, hence `MAX_SMALL`
 (what a block of T positions costs on XLA:CPU: docs/layer_layouts.md).
@@ -99,6 +99,8 @@ def prefill(params: Params, cfg: ModelConfig, tokens_BxS: jax.Array, lengths_B: 
     num_full, num_small = chunk_counts(jnp.max(lengths_B), T)
     carry = (jnp.zeros((B, cfg.hidden_size), params["embed"].dtype), cache)
     carry = jax.lax.fori_loop(0, num_full, lambda i, c: run(T, i * T, *c), carry)
+    if t == T:  # no small chunks (num_small is 0): not a second compiled copy of the model
+        return carry
     return jax.lax.fori_loop(0, num_small, lambda i, c: run(t, num_full * T + i * t, *c),
                              carry)
 
