@@ -225,6 +225,27 @@ def test_engine_is_the_compile_key(model):
     assert engine_lib.compilations == before + 1 and seconds == 0.0
 
 
+def test_engines_of_other_methods_share_the_prefill_program(model):
+    """A loop is two programs (`Engine.programs`): the prefill reads the model, the top exit
+    and the shapes, not the method, so engines that differ only in their method run one
+    prefill program and their own rounds; dropping one loop keeps the prefill the other
+    still runs, and only that."""
+    shapes = Shapes(batch=1, capacity=CAPACITY, prompt_block=BLOCK)
+    ar, layerskip = (Engine.for_model(model, methods.make_method(model, m, **o).hierarchy, shapes)
+                     for m, o in (("ar", {}), ("layerskip", dict(draft_exit=1))))
+    assert ar.prefill_key() == layerskip.prefill_key() and ar.program_key() != layerskip.program_key()
+    engine_lib.clear_compiled()
+    a, _ = ar.compiled()
+    b, _ = layerskip.compiled()
+    assert a.prefill is b.prefill and a.rounds is not b.rounds
+    compile_cache._drop_oldest()  # ar's loop
+    assert ar.compile_seconds() is None and layerskip.compile_seconds() is not None
+    assert set(compile_cache._PROGRAMS) == {p.key for p in layerskip.programs()}
+    compile_cache._drop_oldest()
+    assert not compile_cache._PROGRAMS
+    engine_lib.clear_compiled()
+
+
 def test_compiled_loops_give_way_when_the_process_nears_its_mapping_limit(model, monkeypatch):
     """XLA:CPU's JIT holds 1,000-3,000 memory mappings per loop; near `vm.max_map_count` LLVM
     aborts the process. Before a compilation the least recently used loops are dropped

@@ -1,5 +1,7 @@
 """The process-wide cache of compiled decoding loops, keyed by `Engine` (a frozen, hashable
-description: two equal engines share one executable).
+description: two equal engines share one loop). A loop is two programs
+(`Engine.programs`, run in turn by `CompiledLoop`): the prefill, shared by engines that
+differ only in their method, and the rounds.
 
 Least recently used loops are dropped beyond `MAX_COMPILED`, and before each compilation
 while the process holds more than `MAP_BUDGET` of its memory-mapping limit: XLA:CPU's JIT
@@ -9,15 +11,18 @@ Linux refuses a process more than `vm.max_map_count` (65,530 by default), which 
 as "Unable to allocate section memory". A dropped loop compiles again when next used.
 
 A loop this process has not compiled yet comes through the cross-process program cache
-(`decoding/program_cache.py`, directory `PROGRAM_CACHE`): a later process loads the compiled
-loop instead of tracing, lowering and compiling it again (docs/startup.md).
+(`decoding/program_cache.py`, directory `PROGRAM_CACHE`): a later process loads its two
+programs, side by side, instead of tracing, lowering and compiling them again
+(docs/startup.md).
 """
 
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 import time
+import types
 from typing import Any
 
 import jax
@@ -28,6 +33,9 @@ from hispec_jax.decoding import program_cache, xla_options
 _COMPILED: collections.OrderedDict[Any, tuple[Any, float]] = collections.OrderedDict()
 # Engine -> how its executable is made (`program_cache.Program.source`), for `_COMPILED`'s keys.
 _SOURCES: dict[Any, str] = {}
+# Program key (`engine.Program.key`) -> `program_cache.Program`: the programs of
+# `_COMPILED`'s loops, found by key, so engines share a prefill program.
+_PROGRAMS: dict[str, Any] = {}
 MAX_COMPILED = 32
 MAP_BUDGET = 0.5  # the share of the memory-mapping limit compiled loops may keep held
 compilations = 0  # loops compiled by this process (tests check that bad input compiles none)
@@ -54,30 +62,68 @@ def compiler_options() -> dict[str, Any]:
     return dict(COMPILER_OPTIONS.get(jax.default_backend(), {}))
 
 
-def compiled(engine) -> tuple[Any, float]:
+@dataclasses.dataclass(frozen=True)
+class CompiledLoop:
+    """An engine's `run` as its two compiled programs (`Engine.programs`), called as `run`
+    is: `loop(params, heads, request, cache, windows)` -> (output, counters, cache)."""
+
+    prefill: Any  # (params, request, cache) -> (h [B, D], cache)
+    rounds: Any  # (params, heads, request, h, cache, windows) -> (output, counters, cache)
+
+    def __call__(self, params, heads, req, cache, windows_K1):
+        h_BxD, cache = self.prefill(params, req, cache)
+        return self.rounds(params, heads, req, h_BxD, cache, windows_K1)
+
+    def memory_analysis(self) -> types.SimpleNamespace:
+        """Per field of XLA's memory analysis, the larger of the two programs' (the weights
+        and the cache are arguments of both): the loop's peak."""
+        a, b = self.prefill.memory_analysis(), self.rounds.memory_analysis()
+        return types.SimpleNamespace(**{f: max(getattr(a, f), getattr(b, f)) for f in (
+            "argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
+            "temp_size_in_bytes", "generated_code_size_in_bytes")})
+
+    def as_text(self) -> str:
+        return "\n".join(p.as_text() or "" for p in (self.prefill, self.rounds))
+
+
+def compiled(engine) -> tuple[CompiledLoop, float]:
     """(`engine`'s compiled `run`, seconds spent compiling: 0 when this process already
-    compiled an equal engine)."""
+    compiled an equal engine). Both programs come through the program cache; where both
+    are stored they load side by side."""
     global compilations
     if engine in _COMPILED:
         _COMPILED.move_to_end(engine)
         return _COMPILED[engine][0], 0.0
     make_room()
     t0 = time.perf_counter()
-    shardings, args = engine.shardings, engine.abstract_arguments()
-    if shardings is not None:  # the structs carry the loop's input shardings
-        args = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                            args, shardings.in_shardings())
-    program = program_cache.compile_cached(
-        engine.jitted(), args, key=engine.program_key(),
-        compiler_options=compiler_options() or None,
-        mesh=None if shardings is None else shardings.mesh, directory=PROGRAM_CACHE)
+    mesh = None if engine.shardings is None else engine.shardings.mesh
+    options = compiler_options() or None
+
+    def get(program) -> program_cache.Program:
+        if program.key in _PROGRAMS:  # another engine's (a prefill other methods share)
+            return _PROGRAMS[program.key]
+        return program_cache.compile_cached(program.jitted, program.args, key=program.key,
+                                            compiler_options=options, mesh=mesh,
+                                            directory=PROGRAM_CACHE)
+
+    programs = engine.programs()
+    if all(p.key in _PROGRAMS or program_cache.is_stored(p.key, p.args, options, PROGRAM_CACHE)
+           for p in programs):
+        with concurrent.futures.ThreadPoolExecutor(len(programs)) as pool:
+            loaded = list(pool.map(get, programs))
+    else:  # compiles (tracing holds the GIL; a storing compile takes its turn anyway)
+        loaded = [get(p) for p in programs]
     seconds = time.perf_counter() - t0
     compilations += 1
-    _COMPILED[engine] = (program.executable, seconds)
-    _SOURCES[engine] = program.source
+    for p, program in zip(programs, loaded):
+        _PROGRAMS[p.key] = program
+    loop = CompiledLoop(*(p.executable for p in loaded))
+    _COMPILED[engine] = (loop, seconds)
+    sources = {p.source for p in loaded}
+    _SOURCES[engine] = next(s for s in ("jit", "stored", "cache") if s in sources)
     while len(_COMPILED) > MAX_COMPILED:
         _drop_oldest()
-    return program.executable, seconds
+    return loop, seconds
 
 
 def compile_seconds(engine) -> float | None:
@@ -88,9 +134,10 @@ def compile_seconds(engine) -> float | None:
 
 
 def program_source(engine) -> str | None:
-    """How `engine`'s loop is made: "cache" (read from the program cache), "stored"
-    (traced, compiled and written to it) or "jit" (traced and compiled, the program cache
-    off or unwritable, or the loop not serializable); None: not compiled, or dropped."""
+    """How `engine`'s loop is made: "cache" (both programs read from the program cache),
+    "stored" (at least one traced, compiled and written to it) or "jit" (at least one traced
+    and compiled without it: the program cache off or unwritable, or a program not
+    serializable); None: not compiled, or dropped."""
     return _SOURCES.get(engine) if engine in _COMPILED else None
 
 
@@ -133,8 +180,12 @@ def clear_compiled() -> None:
     """Drops every compiled loop of this process."""
     _COMPILED.clear()
     _SOURCES.clear()
+    _PROGRAMS.clear()
 
 
 def _drop_oldest() -> None:
     engine, _ = _COMPILED.popitem(last=False)
     _SOURCES.pop(engine, None)
+    held = {id(x) for loop, _ in _COMPILED.values() for x in (loop.prefill, loop.rounds)}
+    for key in [k for k, p in _PROGRAMS.items() if id(p.executable) not in held]:
+        del _PROGRAMS[key]  # no loop left runs it

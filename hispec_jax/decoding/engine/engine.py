@@ -47,6 +47,23 @@ class Shapes:
     num_eos: int = 1
 
 
+@dataclasses.dataclass(frozen=True)
+class Program:
+    """One of the programs an engine runs (`Engine.programs`): its key (text equal across
+    processes, and across engines, exactly when the program is), the jitted function and
+    its arguments as `jax.ShapeDtypeStruct`s."""
+
+    key: str
+    jitted: Any
+    args: tuple
+
+
+def _trace_settings() -> str:
+    """The module settings a trace reads, for the program keys."""
+    return (f"flat_attention_output={sorted(transformer.FLAT_ATTENTION_OUTPUT)}"
+            f"\nsharding_rules={sorted(sharding.RULES.items())}")
+
+
 def _signature(tree) -> tuple:
     """A hashable description of a pytree of arrays: structure, shapes and dtypes."""
     leaves, treedef = jax.tree.flatten(tree)
@@ -121,10 +138,11 @@ class Engine:
     def prefill_prompts(self, params, req: Request, cache: KVCache) -> tuple[jax.Array, KVCache]:
         """Caches layers [0, top) of every prompt position (`prefill.prefill`, in chunks of
         `shapes.prompt_block`); returns the layer-top hidden states [B, D] at each prompt's
-        last position and the cache."""
+        last position (in the embeddings' dtype, the residual stream's) and the cache."""
         with jax.named_scope("prefill"):
-            return prefill(params, self.cfg, req.tokens_BxS, req.prompt_lens_B, cache,
-                           self.hierarchy.exits[-1], chunk=self.shapes.prompt_block)
+            h_BxD, cache = prefill(params, self.cfg, req.tokens_BxS, req.prompt_lens_B, cache,
+                                   self.hierarchy.exits[-1], chunk=self.shapes.prompt_block)
+        return h_BxD.astype(params["embed"].dtype), cache
 
     def state_from_prefill(self, params, heads, req: Request, h_BxD: jax.Array, cache,
                            windows_K1: jax.Array) -> EngineState:
@@ -168,14 +186,22 @@ class Engine:
         return Round(params, heads, req, self.cfg, self.hierarchy, self.greedy)(state)
 
     def run(self, params, heads, req: Request, cache: KVCache, windows_K1: jax.Array):
-        """Prefill, then rounds until every sequence is done.
+        """Prefill, then rounds until every sequence is done (`prefill_prompts`, then
+        `rounds_from_prefill`: the two programs `compiled()` runs in turn).
 
         Returns (output, counters, final cache); the cache is returned so that a donated
         input cache backs the loop's cache in place.
         """
+        h_BxD, cache = self.prefill_prompts(params, req, cache)
+        return self.rounds_from_prefill(params, heads, req, h_BxD, cache, windows_K1)
+
+    def rounds_from_prefill(self, params, heads, req: Request, h_BxD: jax.Array, cache: KVCache,
+                            windows_K1: jax.Array):
+        """`state_from_prefill`, then rounds until every sequence is done; returns (output,
+        counters, final cache), as `run`."""
         # On a mesh, every [B, ...] state array splits over "data" (a no-op on one device).
         on_mesh = functools.partial(sharding.constrain_state, batch=self.shapes.batch)
-        state = on_mesh(self.init_state(params, heads, req, cache, windows_K1))
+        state = on_mesh(self.state_from_prefill(params, heads, req, h_BxD, cache, windows_K1))
         state = jax.lax.while_loop(lambda s: jnp.any(~s.out.done_B),
                                    lambda s: on_mesh(self.step(params, heads, req, s)), state)
         return state.out, state.counters, state.cache
@@ -226,6 +252,34 @@ class Engine:
             return self.shardings.jit(self.run, donate_argnums=self.DONATED)
         return jax.jit(self.run, donate_argnums=self.DONATED)
 
+    def programs(self) -> tuple["Program", "Program"]:
+        """`run` as the two programs `compiled()` runs: the prefill (`prefill_prompts`) and
+        the rounds (`rounds_from_prefill`), each donating the cache it takes.
+
+        Two programs rather than one: the prefill depends on the model, the top exit and
+        the shapes only, so engines of other methods with those share it (`prefill_key`:
+        `hispec bench` compiles it once for every method); and a later process loads both
+        side by side from the program cache (loading an executable is single-threaded and
+        releases the GIL). Each is jitted and given its arguments as
+        `jax.ShapeDtypeStruct`s (over a mesh, with their shardings)."""
+        params, heads, req, cache, windows = self.abstract_arguments()
+        # prefill_prompts' hidden states (not traced for their shape: a second of tracing)
+        h_BxD = jax.ShapeDtypeStruct((self.shapes.batch, self.cfg.hidden_size),
+                                     params["embed"].dtype)
+        prefill_args, rounds_args = (params, req, cache), (params, heads, req, h_BxD, cache, windows)
+        if self.shardings is None:
+            return (Program(self.prefill_key(),
+                            jax.jit(self.prefill_prompts, donate_argnums=(2,)), prefill_args),
+                    Program(self.program_key() + "\nprogram=rounds",
+                            jax.jit(self.rounds_from_prefill, donate_argnums=(4,)), rounds_args))
+        (prefill_jit, prefill_in), (rounds_jit, rounds_in) = self.shardings.split(
+            self.prefill_prompts, self.rounds_from_prefill)
+        placed = lambda args, shardings: jax.tree.map(
+            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), args, shardings)
+        return (Program(self.prefill_key(), prefill_jit, placed(prefill_args, prefill_in)),
+                Program(self.program_key() + "\nprogram=rounds", rounds_jit,
+                        placed(rounds_args, rounds_in)))
+
     def lower(self) -> jax.stages.Lowered:
         """`run` lowered on abstract arguments (the cache argument is donated)."""
         if self.shardings is not None:
@@ -238,8 +292,14 @@ class Engine:
         are frozen dataclasses, tuples, tree definitions and shardings: equal text across
         processes exactly when the engines are equal) and the module settings the trace
         reads (`transformer.FLAT_ATTENTION_OUTPUT`, `sharding.RULES`)."""
-        return (f"{self!r}\nflat_attention_output={sorted(transformer.FLAT_ATTENTION_OUTPUT)}"
-                f"\nsharding_rules={sorted(sharding.RULES.items())}")
+        return f"{self!r}\n{_trace_settings()}"
+
+    def prefill_key(self) -> str:
+        """The prefill program's key: what `prefill_prompts` reads (the architecture, the
+        parameter layout, the top exit, the shapes, the shardings), not the method."""
+        return (f"prefill cfg={self.cfg!r} params={self.params_signature!r} "
+                f"top={self.hierarchy.exits[-1]} shapes={self.shapes!r} "
+                f"shardings={self.shardings!r}\n{_trace_settings()}")
 
     def compiled(self):
         """(the compiled `run`, seconds spent compiling: 0 when this process already
