@@ -268,17 +268,16 @@ class Engine:
                                      params["embed"].dtype)
         prefill_args, rounds_args = (params, req, cache), (params, heads, req, h_BxD, cache, windows)
         if self.shardings is None:
-            return (Program(self.prefill_key(),
-                            jax.jit(self.prefill_prompts, donate_argnums=(2,)), prefill_args),
-                    Program(self.program_key() + "\nprogram=rounds",
-                            jax.jit(self.rounds_from_prefill, donate_argnums=(4,)), rounds_args))
-        (prefill_jit, prefill_in), (rounds_jit, rounds_in) = self.shardings.split(
-            self.prefill_prompts, self.rounds_from_prefill)
-        placed = lambda args, shardings: jax.tree.map(
-            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), args, shardings)
-        return (Program(self.prefill_key(), prefill_jit, placed(prefill_args, prefill_in)),
-                Program(self.program_key() + "\nprogram=rounds", rounds_jit,
-                        placed(rounds_args, rounds_in)))
+            prefill_jit = jax.jit(self.prefill_prompts, donate_argnums=(2,))
+            rounds_jit = jax.jit(self.rounds_from_prefill, donate_argnums=(4,))
+        else:  # the structs carry each program's input shardings
+            (prefill_jit, prefill_in), (rounds_jit, rounds_in) = self.shardings.split(
+                self.prefill_prompts, self.rounds_from_prefill)
+            placed = lambda args, shardings: jax.tree.map(
+                lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), args, shardings)
+            prefill_args, rounds_args = placed(prefill_args, prefill_in), placed(rounds_args, rounds_in)
+        return (Program(self.prefill_key(), prefill_jit, prefill_args),
+                Program(self.program_key() + "\nprogram=rounds", rounds_jit, rounds_args))
 
     def lower(self) -> jax.stages.Lowered:
         """`run` lowered on abstract arguments (the cache argument is donated)."""
