@@ -291,6 +291,25 @@ def test_decoding_loops_compile_with_the_platforms_compiler_options(model, monke
     engine_lib.clear_compiled()
 
 
+def test_rounds_over_one_attention_span_add_the_one_span_options(model, monkeypatch):
+    """A rounds program whose cache one attention span reads whole (capacity below 256 on
+    CPU) compiles with `ONE_SPAN_OPTIONS` added (XLA:CPU's YNNPACK reductions); its prefill,
+    and the rounds over a cache read in spans, with the platform's options only."""
+    base = {"xla_cpu_experimental_ynn_fusion_type": ""}
+    one_span = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_REDUCE"}
+    platform = jax.default_backend()
+    monkeypatch.setattr(compile_cache, "COMPILER_OPTIONS", {platform: base})
+    monkeypatch.setattr(compile_cache, "ONE_SPAN_OPTIONS", {platform: one_span})
+    hierarchy = methods.make_method(model, "layerskip", draft_exit=2).hierarchy
+    for capacity, rounds_options in ((CAPACITY, one_span), (512, base)):
+        engine = Engine.for_model(model, hierarchy, Shapes(batch=1, capacity=capacity,
+                                                           prompt_block=BLOCK))
+        prefill, rounds = engine.programs()
+        assert prefill.options == base
+        assert rounds.options == rounds_options, capacity
+    assert compile_cache.compiler_options() == base
+
+
 def test_flat_attention_output_barrier_changes_no_token(model, monkeypatch):
     """`transformer.FLAT_ATTENTION_OUTPUT` (a GPU candidate: the o projection's input behind
     an optimization barrier) puts one barrier per layer into the loop and leaves greedy

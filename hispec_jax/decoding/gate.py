@@ -43,6 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hispec_jax.decoding import xla_options
 from hispec_jax.models.heads import exit_logits
 from hispec_jax.models.kv_cache import KVCache
 from hispec_jax.models.transformer import embed, run_layers_cached
@@ -283,9 +284,11 @@ def time_passes(model, shapes, context: int = 256, capacity: int = 512, repeats:
         return jax.jit(f, donate_argnums=(2,))
 
     shapes = tuple(dict.fromkeys(shapes))
-    progs = {s: program(*s) for s in shapes}
     caches = {s: KVCache.zeros(cfg, s[0], capacity, per_layer=per_layer) for s in shapes}
     tokens = {s: jnp.zeros(s, jnp.int32) for s in shapes}
+    options = xla_options.PLATFORM_OPTIONS.get(jax.default_backend()) or None
+    progs = {s: program(*s).lower(params, tokens[s], caches[s]).compile(
+        compiler_options=options) for s in shapes}  # the decoding loops' options
 
     def timed(s):
         t0 = time.perf_counter()

@@ -140,7 +140,8 @@ def plan_memory(cfg: ModelConfig, mesh_shape: dict[str, int] | str, *, method: s
                               greedy)
     engine = mesh_lib.sharded(engine, mesh)
     t0 = time.perf_counter()
-    compiled = engine.lower().compile(compiler_options=compiler_options() or None)
+    compiled = engine.lower().compile(
+        compiler_options=compiler_options(engine.shapes.capacity) or None)
     seconds = time.perf_counter() - t0
     m = compiled.memory_analysis()
 

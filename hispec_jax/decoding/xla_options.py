@@ -1,18 +1,31 @@
 """XLA options the library compiles with, by platform, importable without JAX (the CLI sets
 `XLA_FLAGS` from them before JAX starts: `cli.common.use_cpu_codegen`).
 
-On CPU, XLA's YNNPACK fusions (dots and their neighbours handed to the YNNPACK library, on
-by default in jaxlib 0.10) are off: XLA:CPU loads an executable with N of them in time
-quadratic in N (each looks its HLO instruction up by id: 15-22 s for a cached SmolLM2
-lookup loop, 2.5 s without), and with the out-major projections the library used then, the
-decoding loops ran 1.5-2.4x faster without them. With today's canonical projection order
-that speed finding is reversed for the shipped model (AR 1.8x, HiSpec 1.4x faster with
-them; prompt lookup equal): whether to turn them back on, trading start time for speed, is
-open (BENCHMARKS.md, docs/startup.md).
+On CPU, XLA's YNNPACK fusions (dots, elementwise ops and reductions handed to the YNNPACK
+library, on by default in jaxlib 0.10) are off (`PLATFORM_OPTIONS`): XLA:CPU loads an
+executable with N of them in time quadratic in N (each looks its HLO instruction up by id:
+15-22 s for a cached SmolLM2 lookup loop with 2,466 of them, 2.5 s without), and the
+decoding loops run no faster with them, but in one case.
+
+That case is a loop whose attention reads the whole cache, with no span branch
+(`transformer.attention_spans` gives one span: capacities below 256, e.g. 128 and 192, a
+short chat). There a decoding step's attention of one query (products and reductions,
+`transformer._attend_single_query`) reads the layer it just updated inline, and XLA:CPU's
+own reduction loops make the step twice as slow; YNNPACK's reductions do not (AR 1.9x
+faster on the shipped model, 1.4x on SmolLM2, at capacity 192). A loop of that kind adds
+`ONE_SPAN_OPTIONS`: the reductions only (a few hundred fusions, a fast load). With span
+branches the reductions run as fast without YNNPACK, and at 1024 slots 10 % slower with it
+(docs/startup.md).
 """
 
+YNN_FUSION_TYPES = "xla_cpu_experimental_ynn_fusion_type"
+
 PLATFORM_OPTIONS: dict[str, dict[str, str]] = {
-    "cpu": {"xla_cpu_experimental_ynn_fusion_type": ""},
+    "cpu": {YNN_FUSION_TYPES: ""},
+}
+
+ONE_SPAN_OPTIONS: dict[str, dict[str, str]] = {
+    "cpu": {YNN_FUSION_TYPES: "LIBRARY_FUSION_TYPE_REDUCE"},
 }
 
 

@@ -260,8 +260,10 @@ def _cache_entry(fn, static: tuple) -> dict:
     """The program cache's key, XLA options and directory for `fn(*static, ...)`."""
     described = ", ".join(s.program_key() if isinstance(s, engine_lib.Engine) else repr(s)
                           for s in static)
+    capacity = next((s.shapes.capacity for s in static if isinstance(s, engine_lib.Engine)),
+                    None)  # a program of decoding steps
     return {"key": f"serving.slots.{fn.__name__}({described})",
-            "compiler_options": compile_cache.compiler_options() or None,
+            "compiler_options": compile_cache.compiler_options(capacity) or None,
             "directory": compile_cache.PROGRAM_CACHE}
 
 

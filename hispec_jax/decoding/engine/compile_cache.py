@@ -28,6 +28,7 @@ from typing import Any
 import jax
 
 from hispec_jax.decoding import program_cache, xla_options
+from hispec_jax.models import transformer
 
 # Engine -> (compiled executable, seconds it took), least recently used first.
 _COMPILED: collections.OrderedDict[Any, tuple[Any, float]] = collections.OrderedDict()
@@ -52,14 +53,23 @@ PROGRAM_CACHE: Any = True
 # than `XLA_FLAGS`, so a library import changes nothing else in the process, and a probe
 # can compile the same loop under several. Compiled loops are not keyed by the options:
 # `clear_compiled()` after a change. The serving slots' programs take them too. On CPU:
-# XLA's YNNPACK fusions off (`xla_options`, where the measurement is).
+# XLA's YNNPACK fusions off, but for the reductions in the decoding steps of a cache read
+# in one attention span (`ONE_SPAN_OPTIONS`; `xla_options`, where the measurement is).
 COMPILER_OPTIONS: dict[str, dict[str, Any]] = {
     platform: dict(options) for platform, options in xla_options.PLATFORM_OPTIONS.items()}
+ONE_SPAN_OPTIONS: dict[str, dict[str, Any]] = {
+    platform: dict(options) for platform, options in xla_options.ONE_SPAN_OPTIONS.items()}
 
 
-def compiler_options() -> dict[str, Any]:
-    """`COMPILER_OPTIONS` for the platform this process computes on."""
-    return dict(COMPILER_OPTIONS.get(jax.default_backend(), {}))
+def compiler_options(capacity: int | None = None) -> dict[str, Any]:
+    """`COMPILER_OPTIONS` for the platform this process computes on; for a program of
+    decoding steps over a cache of `capacity` slots that one attention span reads whole
+    (`transformer.attention_spans`), with `ONE_SPAN_OPTIONS` too."""
+    platform = jax.default_backend()
+    options = dict(COMPILER_OPTIONS.get(platform, {}))
+    if capacity is not None and len(transformer.attention_spans(capacity)) == 1:
+        options.update(ONE_SPAN_OPTIONS.get(platform, {}))
+    return options
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,17 +107,16 @@ def compiled(engine) -> tuple[CompiledLoop, float]:
     make_room()
     t0 = time.perf_counter()
     mesh = None if engine.shardings is None else engine.shardings.mesh
-    options = compiler_options() or None
 
     def get(program) -> program_cache.Program:
         if program.key in _PROGRAMS:  # another engine's (a prefill other methods share)
             return _PROGRAMS[program.key]
         return program_cache.compile_cached(program.jitted, program.args, key=program.key,
-                                            compiler_options=options, mesh=mesh,
+                                            compiler_options=program.options, mesh=mesh,
                                             directory=PROGRAM_CACHE)
 
     programs = engine.programs()
-    if all(p.key in _PROGRAMS or program_cache.is_stored(p.key, p.args, options, PROGRAM_CACHE)
+    if all(p.key in _PROGRAMS or program_cache.is_stored(p.key, p.args, p.options, PROGRAM_CACHE)
            for p in programs):
         with concurrent.futures.ThreadPoolExecutor(len(programs)) as pool:
             loaded = list(pool.map(get, programs))

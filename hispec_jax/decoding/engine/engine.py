@@ -50,12 +50,13 @@ class Shapes:
 @dataclasses.dataclass(frozen=True)
 class Program:
     """One of the programs an engine runs (`Engine.programs`): its key (text equal across
-    processes, and across engines, exactly when the program is), the jitted function and
-    its arguments as `jax.ShapeDtypeStruct`s."""
+    processes, and across engines, exactly when the program is), the jitted function, its
+    arguments as `jax.ShapeDtypeStruct`s and the XLA options it compiles with."""
 
     key: str
     jitted: Any
     args: tuple
+    options: dict | None = None  # `compile_cache.compiler_options`
 
 
 def _trace_settings() -> str:
@@ -276,8 +277,10 @@ class Engine:
             placed = lambda args, shardings: jax.tree.map(
                 lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), args, shardings)
             prefill_args, rounds_args = placed(prefill_args, prefill_in), placed(rounds_args, rounds_in)
-        return (Program(self.prefill_key(), prefill_jit, prefill_args),
-                Program(self.program_key() + "\nprogram=rounds", rounds_jit, rounds_args))
+        return (Program(self.prefill_key(), prefill_jit, prefill_args,
+                        compile_cache.compiler_options() or None),
+                Program(self.program_key() + "\nprogram=rounds", rounds_jit, rounds_args,
+                        compile_cache.compiler_options(self.shapes.capacity) or None))
 
     def lower(self) -> jax.stages.Lowered:
         """`run` lowered on abstract arguments (the cache argument is donated)."""
