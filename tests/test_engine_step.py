@@ -292,21 +292,24 @@ def test_decoding_loops_compile_with_the_platforms_compiler_options(model, monke
 
 
 def test_rounds_over_one_attention_span_add_the_one_span_options(model, monkeypatch):
-    """A rounds program whose cache one attention span reads whole (capacity below 256 on
-    CPU) compiles with `ONE_SPAN_OPTIONS` added (XLA:CPU's YNNPACK reductions); its prefill,
-    and the rounds over a cache read in spans, with the platform's options only."""
+    """A rounds program of single-position drafts whose cache one attention span reads
+    whole (capacity below 256 on CPU) compiles with `ONE_SPAN_OPTIONS` added (XLA:CPU's
+    YNNPACK reductions); its prefill, the rounds over a cache read in spans and prompt
+    lookup's rounds with the platform's options only."""
     base = {"xla_cpu_experimental_ynn_fusion_type": ""}
     one_span = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_REDUCE"}
     platform = jax.default_backend()
     monkeypatch.setattr(compile_cache, "COMPILER_OPTIONS", {platform: base})
     monkeypatch.setattr(compile_cache, "ONE_SPAN_OPTIONS", {platform: one_span})
     hierarchy = methods.make_method(model, "layerskip", draft_exit=2).hierarchy
-    for capacity, rounds_options in ((CAPACITY, one_span), (512, base)):
+    lookup = methods.make_method(model, "lookup").hierarchy
+    for hierarchy, capacity, rounds_options in ((hierarchy, CAPACITY, one_span),
+                                                (hierarchy, 512, base), (lookup, CAPACITY, base)):
         engine = Engine.for_model(model, hierarchy, Shapes(batch=1, capacity=capacity,
                                                            prompt_block=BLOCK))
         prefill, rounds = engine.programs()
         assert prefill.options == base
-        assert rounds.options == rounds_options, capacity
+        assert rounds.options == rounds_options, (hierarchy, capacity)
     assert compile_cache.compiler_options() == base
 
 

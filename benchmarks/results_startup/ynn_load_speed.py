@@ -37,6 +37,7 @@ dirs = {v: tempfile.mkdtemp(prefix=f"ynn_{v}_") for v in variants}
 
 def use(variant):
     compile_cache.COMPILER_OPTIONS["cpu"] = dict(variants[variant])
+    compile_cache.ONE_SPAN_OPTIONS["cpu"] = {}  # the variant's options, whatever the capacity
     compile_cache._COMPILED, compile_cache._PROGRAMS = state[variant]
     compile_cache.PROGRAM_CACHE = dirs[variant]
 

@@ -30,7 +30,8 @@ import jax.numpy as jnp
 
 from hispec_jax.decoding import mesh as mesh_lib
 from hispec_jax.decoding import methods as methods_lib
-from hispec_jax.decoding.engine import Engine, Shapes, compiler_options
+from hispec_jax.decoding.engine import Engine, Shapes
+from hispec_jax.decoding.engine.compile_cache import rounds_options
 from hispec_jax.decoding.generate import _round_up, plan_shapes
 from hispec_jax.models import mesh_spec, sharding
 from hispec_jax.models.config import ModelConfig
@@ -140,8 +141,7 @@ def plan_memory(cfg: ModelConfig, mesh_shape: dict[str, int] | str, *, method: s
                               greedy)
     engine = mesh_lib.sharded(engine, mesh)
     t0 = time.perf_counter()
-    compiled = engine.lower().compile(
-        compiler_options=compiler_options(engine.shapes.capacity) or None)
+    compiled = engine.lower().compile(compiler_options=rounds_options(engine) or None)
     seconds = time.perf_counter() - t0
     m = compiled.memory_analysis()
 

@@ -260,10 +260,11 @@ def _cache_entry(fn, static: tuple) -> dict:
     """The program cache's key, XLA options and directory for `fn(*static, ...)`."""
     described = ", ".join(s.program_key() if isinstance(s, engine_lib.Engine) else repr(s)
                           for s in static)
-    capacity = next((s.shapes.capacity for s in static if isinstance(s, engine_lib.Engine)),
-                    None)  # a program of decoding steps
+    engine = next((s for s in static if isinstance(s, engine_lib.Engine)), None)
+    options = (compile_cache.compiler_options() if engine is None
+               else compile_cache.rounds_options(engine))  # a program of decoding rounds
     return {"key": f"serving.slots.{fn.__name__}({described})",
-            "compiler_options": compile_cache.compiler_options(capacity) or None,
+            "compiler_options": options or None,
             "directory": compile_cache.PROGRAM_CACHE}
 
 

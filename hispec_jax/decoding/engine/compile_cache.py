@@ -72,6 +72,14 @@ def compiler_options(capacity: int | None = None) -> dict[str, Any]:
     return options
 
 
+def rounds_options(engine) -> dict[str, Any]:
+    """The XLA options of `engine`'s rounds program: `compiler_options(capacity)` where its
+    drafts are single-position steps (AR, exit drafters), the platform's only for prompt
+    lookup (block passes: YNNPACK's reductions made its one-span loops no faster, 0.90-1.00x,
+    and, at four times the fusions of an AR loop, slower to load)."""
+    return compiler_options(engine.shapes.capacity if engine.hierarchy.lookup is None else None)
+
+
 @dataclasses.dataclass(frozen=True)
 class CompiledLoop:
     """An engine's `run` as its two compiled programs (`Engine.programs`), called as `run`

@@ -280,7 +280,7 @@ class Engine:
         return (Program(self.prefill_key(), prefill_jit, prefill_args,
                         compile_cache.compiler_options() or None),
                 Program(self.program_key() + "\nprogram=rounds", rounds_jit, rounds_args,
-                        compile_cache.compiler_options(self.shapes.capacity) or None))
+                        compile_cache.rounds_options(self) or None))
 
     def lower(self) -> jax.stages.Lowered:
         """`run` lowered on abstract arguments (the cache argument is donated)."""
