@@ -301,10 +301,10 @@ def test_rounds_over_one_attention_span_add_the_one_span_options(model, monkeypa
     platform = jax.default_backend()
     monkeypatch.setattr(compile_cache, "COMPILER_OPTIONS", {platform: base})
     monkeypatch.setattr(compile_cache, "ONE_SPAN_OPTIONS", {platform: one_span})
-    hierarchy = methods.make_method(model, "layerskip", draft_exit=2).hierarchy
+    exits = methods.make_method(model, "layerskip", draft_exit=2).hierarchy
     lookup = methods.make_method(model, "lookup").hierarchy
-    for hierarchy, capacity, rounds_options in ((hierarchy, CAPACITY, one_span),
-                                                (hierarchy, 512, base), (lookup, CAPACITY, base)):
+    for hierarchy, capacity, rounds_options in ((exits, CAPACITY, one_span), (exits, 512, base),
+                                                (lookup, CAPACITY, base)):
         engine = Engine.for_model(model, hierarchy, Shapes(batch=1, capacity=capacity,
                                                            prompt_block=BLOCK))
         prefill, rounds = engine.programs()
