@@ -55,18 +55,20 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 
 def _fast_cpu_codegen() -> None:
-    """Test programs are tiny, so a run of the suite is mostly XLA:CPU compiling them, and
-    most of a compile is LLVM optimising the generated kernels. Without LLVM's expensive
-    passes a compile takes ~1/3 less (a random normal draw: 0.25 s instead of 1.3 s) while
-    the HLO, its cost analysis and the dot kernels (library calls) stay the same. (XLA:CPU's
-    classic emitters, `--xla_cpu_use_fusion_emitters=false`, compile a fifth faster again
-    but change the fused HLO that tests/test_engine_step.py and tests/test_roofline.py
-    inspect: a test run compiles as users do.) The
-    tests compare programs compiled the same way with each other, and with torch within
-    tolerances. Set XLA_FLAGS yourself (even to "") to test other code generation."""
+    """Test programs are tiny, so a run of the suite is mostly XLA:CPU compiling them. Three
+    flags halve a compile while the HLO and the dot kernels (library calls) stay the same:
+    without LLVM's expensive passes (a random normal draw: 0.25 s instead of 1.3 s), and with
+    XLA:CPU's classic emitters instead of its MLIR fusion emitters (a HiSpec-over-lookup
+    rounds program of a 4-layer test model: 2.7-2.9 s instead of 5.0-5.3 s; the fusion
+    emitters build an MLIR pipeline per fusion). The tests compare programs compiled the same
+    way with each other, and with torch within tolerances. What the users' code generation
+    alone decides (the optimized HLO's copies and scatters, its cost analysis) is checked
+    under it: the `users_codegen` fixture. Set XLA_FLAGS yourself (even to "") to test other
+    code generation."""
     if "XLA_FLAGS" not in os.environ:
         os.environ["XLA_FLAGS"] = ("--xla_backend_optimization_level=0 "
-                                   "--xla_llvm_disable_expensive_passes=true")
+                                   "--xla_llvm_disable_expensive_passes=true "
+                                   "--xla_cpu_use_fusion_emitters=false")
 
 
 _fast_cpu_codegen()
@@ -79,6 +81,64 @@ def pytest_sessionfinish(session):
 
 
 import pytest  # noqa: E402
+
+COMPILE_LOG = "HISPEC_TESTS_COMPILE_LOG"
+
+
+class _CompileLog:
+    """Where a run's compile time goes, per test: with `HISPEC_TESTS_COMPILE_LOG=<dir>`, each
+    pytest process appends one JSON line per test to <dir>/<worker>.jsonl with the programs
+    XLA built for it in this process (count, seconds, the slowest by name; a build compiles,
+    or loads from the compilation cache, and "cache_hits" counts the loads). A module's fixtures count
+    with its first test; subprocesses (CLI, notebooks) show only in the test's duration.
+    `python tests/compile_log.py <dir>` sums it per file."""
+
+    def __init__(self, directory: str):
+        import jax
+
+        os.makedirs(directory, exist_ok=True)
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        self.path = os.path.join(directory, f"{worker}.jsonl")
+        self.reset()
+        jax.monitoring.register_event_duration_secs_listener(self._on_duration)
+        jax.monitoring.register_event_listener(self._on_event)
+
+    def reset(self):
+        self.compiles, self.compile_s, self.cache_hits, self.programs = 0, 0.0, 0, []
+
+    def _on_duration(self, event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            self.compiles += 1
+            self.compile_s += duration
+            self.programs.append((round(duration, 2), str(kwargs.get("fun_name", "?"))))
+
+    def _on_event(self, event, **kwargs):
+        if event == "/jax/compilation_cache/cache_hits":
+            self.cache_hits += 1
+
+    def write(self, nodeid: str, seconds: float):
+        import json
+
+        slowest = sorted(self.programs, reverse=True)[:5]
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"test": nodeid, "seconds": round(seconds, 2),
+                                "compiles": self.compiles,
+                                "compile_s": round(self.compile_s, 2),
+                                "cache_hits": self.cache_hits, "slowest": slowest}) + "\n")
+        self.reset()
+
+
+_COMPILE_LOG = _CompileLog(os.environ[COMPILE_LOG]) if os.environ.get(COMPILE_LOG) else None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    import time
+
+    start = time.perf_counter()
+    yield
+    if _COMPILE_LOG is not None:
+        _COMPILE_LOG.write(item.nodeid, time.perf_counter() - start)
 
 VOCAB = 97
 WORDS = ["the", "a", "cat", "dog", "sat", "on", "mat", "ran", "big", "small", "red", "blue",
@@ -159,6 +219,40 @@ def _release_compiled_programs():
 
     engine_lib.clear_compiled()
     jax.clear_caches()
+
+
+# What `_fast_cpu_codegen` turns off for the tests, as users compile (XLA's defaults).
+USERS_CODEGEN = {"xla_cpu_use_fusion_emitters": True}
+
+
+@pytest.fixture
+def users_codegen(monkeypatch):
+    """Every program this test compiles, compiled with the users' fusion emitters
+    (`USERS_CODEGEN` over each compile's own options): for tests that read the optimized
+    HLO or its cost analysis, which the emitters shape."""
+    import jax
+
+    compile_lowered = jax.stages.Lowered.compile
+
+    def compile_as_users(self, compiler_options=None, **kwargs):
+        return compile_lowered(self, compiler_options={**(compiler_options or {}),
+                                                       **USERS_CODEGEN}, **kwargs)
+
+    monkeypatch.setattr(jax.stages.Lowered, "compile", compile_as_users)
+    jax.clear_caches()  # no executable compiled otherwise may be reused
+    yield
+    jax.clear_caches()
+
+
+def shipped_model_scanned():
+    """The shipped default model in the scanned layer layout. Serving and streaming do not
+    depend on the layout (every method's tokens are the same in both: test_engine.py), and
+    its 24 layers compile 3-6x faster scanned than unrolled (the CPU default): a lookup loop
+    4.0 s instead of 23.4 s. Tests that compare with the CLI, which loads the default
+    layout, load that instead."""
+    import hispec_jax
+
+    return hispec_jax.load_model(hispec_jax.DEFAULT_MODEL_DIR, layer_layout="scan")
 
 
 @pytest.fixture(scope="session")

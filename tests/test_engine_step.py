@@ -191,7 +191,7 @@ def test_compiled_loop_reuse_never_crosses_models(model):
 
 
 @pytest.mark.parametrize("layout", ["scan", "unrolled"])
-def test_compiled_loop_never_copies_the_cache(model, layout):
+def test_compiled_loop_never_copies_the_cache(model, layout, users_codegen):
     """KV entries are written in place: the optimized HLO of a HiSpec loop (draft steps and
     the top level under `lax.cond`, each running several layers) holds no copy of a cache
     buffer, in either layer layout."""

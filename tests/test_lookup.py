@@ -392,7 +392,7 @@ def _cache_copies(model, k=4) -> int:
     return len(re.findall(r"= f32\[[0-9,]*64,8\]\{[0-9,]*\} copy\(", engine.lower().compile().as_text()))
 
 
-def test_lookup_loop_copies_no_cache(monkeypatch):
+def test_lookup_loop_copies_no_cache(monkeypatch, users_codegen):
     """The `lax.switch` over block lengths only reads the cache (keys/values are written
     after it): a branch that writes the cache makes XLA copy all of it every round."""
     import functools

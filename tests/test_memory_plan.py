@@ -17,7 +17,6 @@ REPO = Path(__file__).resolve().parents[1]
 def plan(*argv) -> dict:
     env = {**os.environ, "JAX_PLATFORMS": "cpu",
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    env.pop("XLA_FLAGS", None)
     proc = subprocess.run([sys.executable, "-m", "hispec_jax.cli", "plan-memory", "--config",
                            "tiny", "--max-len", "256", "--prompt-len", "16", "--dtype", "float32",
                            "--json", *argv], capture_output=True, text=True, timeout=300, env=env)

@@ -88,7 +88,7 @@ def test_the_replay_of_lookup_alone_is_the_measured_profile():
 # Synthetic calibrations (L = 24, exits 4 and 8): a continuation that copies its prompt in
 # runs of 12 tokens (one new token between runs) or one that copies nothing; exits whose
 # choices are the continuation's (agree) or random (disagree).
-def _synthetic_trace(copy: bool, agree: bool, prompts: int = 4, new_tokens: int = 48):
+def _synthetic_trace(copy: bool, agree: bool, prompts: int = 2, new_tokens: int = 48):
     rng = np.random.default_rng(0)
     sequences, starts = [], []
     for _ in range(prompts):

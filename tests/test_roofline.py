@@ -18,7 +18,7 @@ def model(layout: str) -> Model:
 
 @pytest.mark.parametrize("batch,capacity,tolerance", [(1, 64, 0.10), (1, 1024, 0.10),
                                                       (2, 1024, 0.15)])
-def test_ar_step_bytes_at_the_roofline(batch, capacity, tolerance, monkeypatch):
+def test_ar_step_bytes_at_the_roofline(batch, capacity, tolerance, monkeypatch, users_codegen):
     """The default layout on this backend (unrolled on CPU). At capacity 1024 the KV cache
     is a third of the bytes, so a single copy of a cache layer per step would show. Batch
     > 1 adds XLA's charge for in-place scatters (whole operand + output per KV write) and
@@ -47,7 +47,7 @@ def test_cpu_default_layout_is_unrolled():
 
 
 @pytest.mark.parametrize("batch", [1, 4])
-def test_engine_ar_round_is_the_minimal_step_plus_bookkeeping(batch):
+def test_engine_ar_round_is_the_minimal_step_plus_bookkeeping(batch, users_codegen):
     """The engine's AR round compiles to what a hand-written AR step does (embed, layers
     with KV writes, LM head, argmax) plus a fixed handful of small integer ops (budgets,
     positions, the token buffer: 25 here, whatever the model's size) and no copy of

@@ -20,6 +20,8 @@ import pytest
 
 import hispec_jax
 
+from conftest import shipped_model_scanned
+
 openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
 
@@ -36,7 +38,7 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def model():
-    return hispec_jax.load_model(hispec_jax.DEFAULT_MODEL_DIR)
+    return shipped_model_scanned()
 
 
 @pytest.fixture(scope="module")

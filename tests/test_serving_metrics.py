@@ -17,6 +17,8 @@ import pytest
 import hispec_jax
 from hispec_jax import cli
 
+from conftest import shipped_model_scanned
+
 uvicorn = pytest.importorskip("uvicorn")
 parser = pytest.importorskip("prometheus_client.parser")
 
@@ -72,7 +74,7 @@ def served():
     warm-up on."""
     from hispec_jax.serving import server as server_lib
 
-    model = hispec_jax.load_model(hispec_jax.DEFAULT_MODEL_DIR)
+    model = shipped_model_scanned()
     lines = _LogLines()
     logging.getLogger("hispec.serve").addHandler(lines)
     logging.getLogger("hispec.serve").setLevel(logging.INFO)

@@ -15,6 +15,8 @@ from hispec_jax.decoding.generate import make_request, plan_shapes
 from hispec_jax.decoding.sampling import SamplingParams
 from hispec_jax.serving.slots import SlotEngine, SlotRequest, active_rows
 
+from conftest import shipped_model_scanned
+
 PROMPTS = ["Once upon a time", "The cat sat on the mat and", "Hello",
            "In the beginning the world was dark and cold, and people",
            "Why is the sky blue?"]
@@ -23,7 +25,7 @@ BUDGETS = [12, 5, 9, 3, 7]
 
 @pytest.fixture(scope="module")
 def model():
-    return hispec_jax.load_model(hispec_jax.DEFAULT_MODEL_DIR)
+    return shipped_model_scanned()
 
 
 def _offline(model, method, **kw):

@@ -12,9 +12,18 @@ from hispec_jax import cli
 from hispec_jax.serving import prompts as prompts_lib
 from hispec_jax.serving import stream as stream_lib
 
+from conftest import shipped_model_scanned
+
 
 @pytest.fixture(scope="module")
 def model():
+    return shipped_model_scanned()
+
+
+@pytest.fixture(scope="module")
+def cli_model():
+    """The shipped model as the CLI loads it (the platform's default layout): the CLI's
+    text is compared with generate's on the same program."""
     return hispec_jax.load_model(hispec_jax.DEFAULT_MODEL_DIR)
 
 
@@ -56,10 +65,10 @@ def test_generate_stream_checks_its_arguments_before_decoding(model):
         hispec_jax.generate_stream(model, "x", chat=True)
 
 
-def test_cli_generate_stream_prints_the_generated_text(model, capsys):
+def test_cli_generate_stream_prints_the_generated_text(cli_model, capsys):
     assert cli.main(["generate", "--stream", "--max-new-tokens", "12", "Once upon a time"]) == 0
     out, err = capsys.readouterr()
-    want = hispec_jax.generate(model, "Once upon a time", max_new_tokens=12).texts[0]
+    want = hispec_jax.generate(cli_model, "Once upon a time", max_new_tokens=12).texts[0]
     assert out == "Once upon a time" + want + "\n\n"  # the default plan's text is AR's
     assert err.startswith("plan: hispec (the model's recommended plan")
     assert "[hispec] default_model: 12 tokens" in err
@@ -80,7 +89,7 @@ def test_cli_serving_flags_fail_with_one_line(argv, message, capsys):
     assert err.startswith("hispec: error: ") and message in err and err.count("\n") == 1
 
 
-def test_cli_chat_from_stdin(model, monkeypatch, capsys):
+def test_cli_chat_from_stdin(cli_model, monkeypatch, capsys):
     """Two turns, a /reset, an unknown command, /quit; each answer is the continuation of
     the whole conversation so far (the transcript, this model has no chat template)."""
     monkeypatch.setattr("sys.stdin", io.StringIO(
@@ -90,8 +99,8 @@ def test_cli_chat_from_stdin(model, monkeypatch, capsys):
     out, err = capsys.readouterr()
 
     def answer(history):
-        prompt, chat = prompts_lib.conversation_prompt(model, history)
-        return hispec_jax.generate(model, prompt, max_new_tokens=6, chat=chat).texts[0]
+        prompt, chat = prompts_lib.conversation_prompt(cli_model, history)
+        return hispec_jax.generate(cli_model, prompt, max_new_tokens=6, chat=chat).texts[0]
 
     first = answer([{"role": "user", "content": "Hello"}])
     second = answer([{"role": "user", "content": "Hello"},
