@@ -25,9 +25,9 @@ def main() -> None:
     for row in rows:
         total = files[row["test"].split("::")[0]]
         total[0] += row["seconds"]
-        total[1] += row["compiles"]
-        total[2] += row["compile_s"]
-        total[3] += row["cache_hits"]
+        total[1] += row["programs"]
+        total[2] += row["build_s"]
+        total[3] += row["loads"]
         total[4] += 1
     print(f"{'file':44s} {'tests':>5s} {'wall s':>8s} {'programs':>8s} {'build s':>9s} "
           f"{'loads':>6s}")
@@ -39,7 +39,7 @@ def main() -> None:
           f"{comp:9.1f} {sum(v[3] for v in files.values()):6d}")
     print(f"\nslowest {args.tests} tests (wall s, programs, build s, slowest programs):")
     for row in sorted(rows, key=lambda r: -r["seconds"])[:args.tests]:
-        print(f"{row['seconds']:7.1f} {row['compiles']:4d} {row['compile_s']:6.1f}  "
+        print(f"{row['seconds']:7.1f} {row['programs']:4d} {row['build_s']:6.1f}  "
               f"{row['test']}  {row['slowest'][:3]}")
 
 

@@ -88,11 +88,11 @@ COMPILE_LOG = "HISPEC_TESTS_COMPILE_LOG"
 
 class _CompileLog:
     """Where a run's compile time goes, per test: with `HISPEC_TESTS_COMPILE_LOG=<dir>`, each
-    pytest process appends one JSON line per test to <dir>/<worker>.jsonl with the programs
-    XLA built for it in this process (count, seconds, the slowest by name; a build compiles,
-    or loads from the compilation cache, and "cache_hits" counts the loads). A module's fixtures count
-    with its first test; subprocesses (CLI, notebooks) show only in the test's duration.
-    `python tests/compile_log.py <dir>` sums it per file."""
+    pytest process appends one JSON line per test to <dir>/<worker>.jsonl: the programs XLA
+    built for it in this process ("programs": compiled, or loaded from the compilation
+    cache, "loads" of them; "build_s": their seconds; "slowest": the slowest by name). A
+    module's fixtures count with its first test; subprocesses (CLI, notebooks) show only in
+    the test's "seconds". `python tests/compile_log.py <dir>` sums it per file."""
 
     def __init__(self, directory: str):
         import jax
@@ -105,27 +105,26 @@ class _CompileLog:
         jax.monitoring.register_event_listener(self._on_event)
 
     def reset(self):
-        self.compiles, self.compile_s, self.cache_hits, self.programs = 0, 0.0, 0, []
+        self.programs, self.build_s, self.loads, self.named = 0, 0.0, 0, []
 
     def _on_duration(self, event, duration, **kwargs):
         if event == "/jax/core/compile/backend_compile_duration":
-            self.compiles += 1
-            self.compile_s += duration
-            self.programs.append((round(duration, 2), str(kwargs.get("fun_name", "?"))))
+            self.programs += 1
+            self.build_s += duration
+            self.named.append((round(duration, 2), str(kwargs.get("fun_name", "?"))))
 
     def _on_event(self, event, **kwargs):
         if event == "/jax/compilation_cache/cache_hits":
-            self.cache_hits += 1
+            self.loads += 1
 
     def write(self, nodeid: str, seconds: float):
         import json
 
-        slowest = sorted(self.programs, reverse=True)[:5]
         with open(self.path, "a") as f:
             f.write(json.dumps({"test": nodeid, "seconds": round(seconds, 2),
-                                "compiles": self.compiles,
-                                "compile_s": round(self.compile_s, 2),
-                                "cache_hits": self.cache_hits, "slowest": slowest}) + "\n")
+                                "programs": self.programs, "build_s": round(self.build_s, 2),
+                                "loads": self.loads,
+                                "slowest": sorted(self.named, reverse=True)[:5]}) + "\n")
         self.reset()
 
 
