@@ -234,3 +234,26 @@ def test_serve_load_rows_are_medians_over_repeats():
     line = serve_load.table([row], clients=8).split("\n")[-1]
     assert line.startswith("| default (lookup) | 20.0 | 1.40x | 70.0 | 0.70x |")
     assert line.endswith("| 0 | 71/72 |")
+
+
+def test_serve_load_passes_the_prefill_share_to_every_server(monkeypatch, tmp_path):
+    """`--prefill-share X` reaches each server's command line; without it the server keeps
+    its own default."""
+    from hispec_jax.bench import serve_load
+
+    commands = []
+
+    class Started(Exception):
+        pass
+
+    def popen(cmd, **kwargs):
+        commands.append(cmd)
+        raise Started
+
+    monkeypatch.setattr(serve_load.subprocess, "Popen", popen)
+    for extra in ([], ["--prefill-share", "0.5"]):
+        args = serve_load.parse_args(["--log-dir", str(tmp_path), *extra])
+        with pytest.raises(Started):
+            serve_load.start_server("ar", args)
+    assert "--prefill-share" not in commands[0]
+    assert commands[1][commands[1].index("--prefill-share") + 1] == "0.5"

@@ -71,6 +71,8 @@ def start_server(method: str, args) -> tuple[subprocess.Popen, str]:
            "--warmup", "--rounds-per-step", str(args.rounds_per_step)]
     if args.model:
         cmd += ["--model", args.model]
+    if args.prefill_share is not None:
+        cmd += ["--prefill-share", str(args.prefill_share)]
     os.makedirs(args.log_dir, exist_ok=True)
     log = open(os.path.join(args.log_dir, f"serve-{method}.log"), "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
@@ -268,6 +270,8 @@ def parse_args(argv):
     p.add_argument("--slots", type=int, default=8)
     p.add_argument("--max-cache-len", type=int, default=512)
     p.add_argument("--rounds-per-step", type=int, default=1)
+    p.add_argument("--prefill-share", type=float, default=None, metavar="X",
+                   help="every server's --prefill-share (default: the server's)")
     p.add_argument("--startup-timeout", type=float, default=600)
     p.add_argument("--log-dir", default=os.path.join(tempfile.gettempdir(), "hispec-bench-serve"),
                    help="where the servers' logs go, serve-METHOD.log (created; default: "
