@@ -150,7 +150,7 @@ def test_record_updates_only_the_match_bucket():
     assert rej.tolist() == [[0, 0, 0, 0], [0, 0, 0, 1], [0, 0, 0, 0]]  # row 2: no proposal
     a = np.asarray(s.acceptance())
     assert a[0, 1] == 7 / 8 and a[1, 3] == 3 / 5 and a[2, 0] == 2 / 3  # the prior: 2 / 3
-    assert np.asarray(s.of_match(jnp.asarray([2, 4, 0]))).tolist() == [a[0, 1], a[1, 3], a[0, 0]]
+    assert np.asarray(s.of_match(jnp.asarray([2, 4, 0]))).tolist() == [a[0, 1], a[1, 3], a[2, 0]]
 
 
 @settings(max_examples=20, **PROPERTY_SETTINGS)
