@@ -28,9 +28,9 @@ def use(v):
     compile_cache._COMPILED, compile_cache._PROGRAMS = state[v]
 
 def run(method, p):
-    return G.generate(model, [p], method=method, lookup=16 if method == "lookup" else None,
-                      max_new_tokens=NEW, ignore_eos=True, max_cache_len=cap) if method == "lookup" else \
-        G.generate(model, [p], method=method, max_new_tokens=NEW, ignore_eos=True, max_cache_len=cap)
+    options = {"lookup": 16} if method == "lookup" else {}
+    return G.generate(model, [p], method=method, max_new_tokens=NEW, ignore_eos=True,
+                      max_cache_len=cap, **options)
 
 for method in ("lookup", "ar"):
     for v in variants:
