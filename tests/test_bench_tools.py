@@ -238,7 +238,7 @@ def test_serve_load_rows_are_medians_over_repeats():
 
 def test_serve_load_passes_the_prefill_share_to_every_server(monkeypatch, tmp_path):
     """`--prefill-share X` reaches each server's command line; without it the server keeps
-    its own default."""
+    its own default. Every server writes its step log in the log directory."""
     from hispec_jax.bench import serve_load
 
     commands = []
@@ -257,3 +257,34 @@ def test_serve_load_passes_the_prefill_share_to_every_server(monkeypatch, tmp_pa
             serve_load.start_server("ar", args)
     assert "--prefill-share" not in commands[0]
     assert commands[1][commands[1].index("--prefill-share") + 1] == "0.5"
+    assert commands[0][commands[0].index("--step-log") + 1] == str(tmp_path / "steps-ar.jsonl")
+
+
+def test_serve_load_step_summary_reads_the_load_phase_steps():
+    """Only the steps that started in the load window and had a slot decoding count; the
+    share with chunks and the percentiles come from those."""
+    from hispec_jax.bench import serve_load
+
+    def step(time, chunks, prefill, round_, decoding=8):
+        return {"time": time, "engine": "greedy", "decoding": decoding, "prompts": 1,
+                "rows": 8, "chunks": chunks, "prefill_seconds": prefill,
+                "round_seconds": round_, "tokens": decoding}
+
+    records = [step(0.5, [64], 0.3, 0.1),                   # before the window
+               step(1.0, [16], 0.05, 0.06), step(1.1, [], 0.0, 0.06),
+               step(1.2, [], 0.0, 0.06), step(1.3, [], 0.0, 0.12),
+               step(1.4, [64], 0.2, 0.0, decoding=0),        # nothing decoding
+               step(9.0, [], 0.0, 1.0)]                      # after it
+    got = serve_load.step_summary(records, 1.0, 2.0)
+    assert got["steps"] == 4 and got["with_chunks"] == 0.25
+    assert got["round"]["p50"] == pytest.approx(0.06)
+    assert got["step"]["p50"] == pytest.approx(0.085)
+    assert got["step"]["p99"] == pytest.approx(0.12, abs=0.01)
+    assert got["prefill"]["p50"] == pytest.approx(0.05)
+    line = serve_load.steps_lines([{"method": "ar", "load_steps": got}])
+    assert line.startswith("ar: 4 steps under load, 25 % with prefill chunks (their prefill "
+                           "p50 50 ms)")
+    assert serve_load.step_summary([], 0, 1) == {
+        "steps": 0, "with_chunks": None, "round": {"p50": None, "p90": None, "p99": None},
+        "step": {"p50": None, "p90": None, "p99": None},
+        "prefill": {"p50": None, "p90": None, "p99": None}}

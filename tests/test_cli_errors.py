@@ -50,6 +50,8 @@ CASES = [
     ("serve --prefill-chunk 0", "--prefill-chunk 0: must be an integer >= 1"),
     ("serve --prefill-share -1", "--prefill-share -1.0: must be a number in [0, 100]"),
     ("serve --prefill-share nan", "--prefill-share nan: must be a number in [0, 100]"),
+    ("serve --step-log {tmp}/none/steps.jsonl",
+     "--step-log {tmp}/none/steps.jsonl: no such file or directory"),
     ("serve --prefill-chunk 96 --max-cache-len 64",
      "--prefill-chunk 96: must be at most --max-cache-len 64"),
     ("serve --method ar --draft-len 2", "--draft-len 2: method 'ar' does not take it"),

@@ -278,20 +278,25 @@ def test_the_scheduler_runs_a_long_prompt_between_the_rounds_of_a_stream():
     """The engine thread prefills a prompt of 4 chunks one chunk per step (a prefill share
     of 0: one chunk, whatever the rounds cost): a stream already decoding keeps receiving
     tokens until the long prompt's first token, and both get their offline `generate`
-    tokens."""
+    tokens. The step log has every step: one chunk beside a decoding stream, every prompt
+    position in some chunk, every token handed out in some round."""
     import asyncio
+    import io
+    import json
 
     from test_engine import tiny_model
 
     from hispec_jax.serving import server as server_lib
-    from hispec_jax.serving.scheduler import Job, Scheduler
+    from hispec_jax.serving.scheduler import Job, Scheduler, StepLog
 
     model = tiny_model(2, 0, max_len=128)
     rng, V = np.random.RandomState(1), model.cfg.vocab_size
     short, long_ = rng.randint(4, V, 6).tolist(), rng.randint(4, V, 60).tolist()
     engines = {True: SlotEngine(model, methods_lib.make_method(model, "ar"), slots=2,
                                 capacity=128, greedy=True, eos_ids=(), prefill_chunk=16)}
-    scheduler = Scheduler(engines, warmup=server_lib.warm_up, prefill_share=0.0)
+    log = io.StringIO()
+    scheduler = Scheduler(engines, warmup=server_lib.warm_up, prefill_share=0.0,
+                          step_log=StepLog(log))
     scheduler.start()
 
     async def run():
@@ -330,6 +335,15 @@ def test_the_scheduler_runs_a_long_prompt_between_the_rounds_of_a_stream():
     want = tuple(hispec_jax.generate(model, [p], max_new_tokens=n, ignore_eos=True).token_ids[0]
                  for p, n in ((short, 40), (long_, 8)))
     assert (got["a"], got["b"]) == want
+    steps = [json.loads(line) for line in log.getvalue().splitlines()]
+    assert {k for r in steps for k in r} == {
+        "time", "engine", "decoding", "prompts", "rows", "chunks", "prefill_seconds",
+        "round_seconds", "tokens"}
+    assert sum(r["tokens"] for r in steps) == 40 + 8
+    assert sum(sum(r["chunks"]) for r in steps) >= len(short) + len(long_)
+    beside = [r for r in steps if r["chunks"] and r["decoding"] and r["prompts"]]
+    assert len(beside) >= 3 and all(len(r["chunks"]) == 1 for r in beside)
+    assert all(r["engine"] == "greedy" and r["round_seconds"] > 0 for r in steps)
 
 
 class _ChunkClock:

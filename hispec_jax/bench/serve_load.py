@@ -15,7 +15,11 @@ first token (TTFT: first text chunk), time per output token after the first (TPO
 first) / (tokens - 1)) and the gaps between chunks (ITL; a speculative round delivers several
 tokens per chunk). Recompilations: the server's own count of XLA compilations (/health)
 after warm-up. Every output is compared with offline greedy AR (`generate` with
-method="ar") of the same prompt and budget: a greedy method must give AR's text.
+method="ar") of the same prompt and budget: a greedy method must give AR's text. Each
+server writes its step log (`hispec serve --step-log`, in --log-dir), and the steps of the
+load phase are summarised under the table (`step_summary`): how many ran a prompt's
+prefill chunks, and the rounds' and steps' medians and 99th percentiles, which say what
+the inter-token latency's tail is made of.
 
 The method `default` starts the server without --method: the model's default plan
 (`recommended.default_plan`, what a user who names no method gets). With --repeats R the
@@ -74,6 +78,7 @@ def start_server(method: str, args) -> tuple[subprocess.Popen, str]:
     if args.prefill_share is not None:
         cmd += ["--prefill-share", str(args.prefill_share)]
     os.makedirs(args.log_dir, exist_ok=True)
+    cmd += ["--step-log", step_log_path(method, args)]
     log = open(os.path.join(args.log_dir, f"serve-{method}.log"), "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -93,6 +98,32 @@ def start_server(method: str, args) -> tuple[subprocess.Popen, str]:
             proc.kill()
             raise RuntimeError(f"the server did not start in {args.startup_timeout} s")
         time.sleep(0.5)
+
+
+def step_log_path(method: str, args) -> str:
+    return os.path.join(args.log_dir, f"steps-{method}.jsonl")
+
+
+def step_summary(records: list[dict], start: float, end: float) -> dict:
+    """The engine steps (`scheduler.StepLog` records) that started in [start, end]: their
+    number, the share that ran prefill chunks before their round, and percentiles of their
+    rounds' seconds, of their whole seconds (prefill + round: a stream's gap), and of the
+    prefill seconds of those with chunks."""
+    steps = [r for r in records if start <= r["time"] <= end and r["decoding"] > 0]
+    chunked = [r for r in steps if r["chunks"]]
+    return {"steps": len(steps),
+            "with_chunks": len(chunked) / len(steps) if steps else None,
+            "round": percentiles([r["round_seconds"] for r in steps]),
+            "step": percentiles([r["prefill_seconds"] + r["round_seconds"] for r in steps]),
+            "prefill": percentiles([r["prefill_seconds"] for r in chunked])}
+
+
+def _read_steps(path: str) -> list[dict]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except (OSError, ValueError):
+        return []
 
 
 def stream_request(client, model_name: str, prompt_ids: list[int], max_tokens: int) -> dict:
@@ -187,7 +218,9 @@ def bench_method(method: str, args, requests: list[tuple], want: dict) -> dict:
         run_clients(url, name, [requests[:2]])  # the HTTP path, not measured
         alone, alone_s = run_clients(url, name, [requests[:args.alone_requests]])
         work = [requests[c::args.clients] for c in range(args.clients)]
+        load_start = time.time()
         load, load_s = run_clients(url, name, work)
+        steps = step_summary(_read_steps(step_log_path(method, args)), load_start, time.time())
         recompiles = _health(url)["compiles"] - compiles_ready
         proc.send_signal(signal.SIGTERM)
         exit_code = proc.wait(timeout=60)
@@ -197,7 +230,7 @@ def bench_method(method: str, args, requests: list[tuple], want: dict) -> dict:
     mismatches = sum(r["text"] != want[r["index"]] for r in load + alone)
     a = summarize(alone, alone_s, args.short_prompt)
     b = summarize(load, load_s, args.short_prompt)
-    return {"method": method, "plan": plan, "alone": a, "load": b,
+    return {"method": method, "plan": plan, "alone": a, "load": b, "load_steps": steps,
             "recompiles_after_warmup": recompiles, "greedy_mismatches": mismatches,
             "checked_outputs": len(load) + len(alone), "sigterm_exit_code": exit_code}
 
@@ -222,6 +255,21 @@ def table(rows: list[dict], clients: int) -> str:
             f"{_ms(b['tpot']['p50'])}/{_ms(b['tpot']['p90'])} | "
             f"{_ms(b['itl']['p50'])}/{_ms(b['itl']['p99'])} | {r['recompiles_after_warmup']} | "
             f"{r['checked_outputs'] - r['greedy_mismatches']}/{r['checked_outputs']} |")
+    return "\n".join(lines)
+
+
+def steps_lines(rows: list[dict]) -> str:
+    """One line per method: what its server's steps under load were made of."""
+    lines = []
+    for r in rows:
+        st = r.get("load_steps")
+        if not st or not st["steps"]:
+            continue
+        lines.append(
+            f"{r['method']}: {st['steps']} steps under load, {100 * st['with_chunks']:.0f} % "
+            f"with prefill chunks (their prefill p50 {_ms(st['prefill']['p50'])} ms); rounds "
+            f"p50/p99 {_ms(st['round']['p50'])}/{_ms(st['round']['p99'])} ms, whole steps "
+            f"p50/p99 {_ms(st['step']['p50'])}/{_ms(st['step']['p99'])} ms")
     return "\n".join(lines)
 
 
@@ -328,6 +376,7 @@ def main(argv=None) -> int:
           f"max_tokens {','.join(map(str, args.max_tokens))}, {args.slots} slots, "
           f"{args.repeats} repeat(s), medians")
     print(table(rows, args.clients))
+    print(steps_lines(rows))
     print(f"load average before {' '.join(load_before)}, after {' '.join(load_after)}")
     if args.json:
         with open(args.json, "w") as f:

@@ -95,6 +95,11 @@ def add_parsers(subparsers) -> None:
                             "multiple of a round's (default: 1; at least one chunk each "
                             "time): larger, the waiting prompts' first tokens sooner and "
                             "longer pauses in the streams; 0, one chunk a round")
+    serve.add_argument("--step-log", default=None, metavar="PATH",
+                       help="write each engine step to PATH as one JSON line (its prefill "
+                            "chunks and seconds, its round's rows, seconds and tokens): "
+                            "which of the two made a gap in the streams long "
+                            "(docs/serving.md)")
 
 
 def _check(args, sampling: bool) -> None:
@@ -158,6 +163,11 @@ def run_serve(args) -> int:
             and args.prefill_chunk > args.max_cache_len):
         raise ValueError(f"--prefill-chunk {args.prefill_chunk}: must be at most --max-cache-len "
                          f"{args.max_cache_len}")
+    if args.step_log is not None:
+        try:
+            open(args.step_log, "w").close()
+        except OSError as e:
+            raise ValueError(f"--step-log {args.step_log}: {e.strerror.lower()}") from None
     import logging
 
     from hispec_jax.serving import server
@@ -167,7 +177,7 @@ def run_serve(args) -> int:
     app = server.build_app(model, args.method, slots=args.slots, max_cache_len=args.max_cache_len,
                            warmup=args.warmup, rounds_per_step=args.rounds_per_step,
                            served_name=args.served_model_name, plan_reason=args.plan_reason,
-                           prefill_share=args.prefill_share,
+                           prefill_share=args.prefill_share, step_log=args.step_log,
                            **({} if args.prefill_chunk is None
                               else {"prefill_chunk": args.prefill_chunk}),
                            **generate_cli.method_options(args))

@@ -31,7 +31,9 @@ is freed before the next round.
 
 With a warm-up, the engine thread runs it first and only then takes requests (`ready`):
 requests submitted meanwhile wait in the queue. The thread records what it hands out in
-`stats` (`metrics.ServingStats`, read by /health and /metrics without waiting for a step).
+`stats` (`metrics.ServingStats`, read by /health and /metrics without waiting for a step),
+and with a step log each engine step as one JSON line (`StepLog`): what made a gap in the
+streams long, a prompt's chunks or a slow round.
 """
 
 from __future__ import annotations
@@ -40,9 +42,11 @@ import asyncio
 import collections
 import dataclasses
 import itertools
+import json
 import logging
 import threading
 import time
+from typing import TextIO
 
 import jax
 
@@ -85,6 +89,30 @@ class Job:
             pass
 
 
+class StepLog:
+    """Each engine step as one JSON line of `stream` (`hispec serve --step-log`):
+
+        {"time": 1764388800.12, "engine": "greedy", "decoding": 7, "prompts": 2, "rows": 8,
+         "chunks": [64, 16], "prefill_seconds": 0.061, "round_seconds": 0.066, "tokens": 9}
+
+    time: wall-clock seconds (`time.time()`) at the step's start; decoding: slots decoding
+    in its round; prompts: prompts admitted and not yet prefilled when it started; rows:
+    the batch rows its round ran (`SlotEngine.rows_for`); chunks: the positions of each
+    prefill chunk it ran before the round; tokens: the new tokens the round handed out.
+    A gap between two tokens of a stream is the prefill and the round of one step, so a
+    log read beside a client's latencies says which of the two made a gap long
+    (`bench.serve_load.step_summary`)."""
+
+    def __init__(self, stream: TextIO):
+        self.stream = stream
+        self._lock = threading.Lock()
+
+    def write(self, record: dict) -> None:
+        with self._lock:
+            self.stream.write(json.dumps(record) + "\n")
+            self.stream.flush()
+
+
 class Scheduler:
     """The engine thread and its two slot engines.
 
@@ -100,10 +128,11 @@ class Scheduler:
       warmup: None (`ready` from the start), or a callable the engine thread runs (with
         `engines` and `idle`, `server.warm_up`) before it takes requests; `ready` is set
         when it returns.
+      step_log: None, or a `StepLog` that gets every engine step after the warm-up.
     """
 
     def __init__(self, engines: dict[bool, slots_lib.SlotEngine], rounds_per_step: int = 1,
-                 warmup=None, prefill_share: float = 1.0):
+                 warmup=None, prefill_share: float = 1.0, step_log: StepLog | None = None):
         if not isinstance(prefill_share, (int, float)) or not prefill_share >= 0:
             raise ValueError(f"prefill_share must be a number >= 0, got {prefill_share!r}")
         self.engines = engines
@@ -112,6 +141,8 @@ class Scheduler:
         # seconds of each engine's last `generate` call, and of its last chunk of each size
         self._round_seconds = {g: 0.0 for g in engines}
         self._chunk_seconds: dict[tuple[bool, int], float] = {}
+        self._step_chunks: list[int] = []  # the chunks of the step under way, for step_log
+        self.step_log = step_log
         self._warmup = warmup
         self.ready = threading.Event()
         if warmup is None:  # nothing to wait for: ready from the start
@@ -232,6 +263,7 @@ class Scheduler:
         seconds = time.perf_counter() - t0
         if size is not None:
             self._chunk_seconds[greedy, size] = seconds
+            self._step_chunks.append(size)
         return seconds
 
     def _prefill_beside_rounds(self, greedy: bool, engine: slots_lib.SlotEngine) -> None:
@@ -271,13 +303,24 @@ class Scheduler:
                 for greedy, engine in self.engines.items():
                     if not self._running[greedy]:
                         continue
+                    started, prompts = time.time(), len(engine.prefilling)
+                    self._step_chunks = []
+                    t_prefill = time.perf_counter()
                     if engine.decoding:
                         self._prefill_beside_rounds(greedy, engine)
                     while engine.prefilling and not engine.decoding:  # it holds up no stream
                         self._prefill_chunk(greedy, engine, small=False)
+                    decoding = len(engine.decoding)
                     t0 = time.perf_counter()
                     updates = engine.generate(self.rounds_per_step)
                     self._round_seconds[greedy] = time.perf_counter() - t0
+                    if self.step_log is not None:
+                        self.step_log.write({
+                            "time": started, "engine": "greedy" if greedy else "sampling",
+                            "decoding": decoding, "prompts": prompts, "rows": engine.last_rows,
+                            "chunks": self._step_chunks, "prefill_seconds": t0 - t_prefill,
+                            "round_seconds": self._round_seconds[greedy],
+                            "tokens": sum(len(u.new_token_ids) for u in updates)})
                     self.stats.engine_counters(greedy, engine.counters())
                     now = time.perf_counter()
                     for update in updates:

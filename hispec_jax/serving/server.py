@@ -18,6 +18,7 @@ With `warmup=False` each program compiles at its first use.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
@@ -28,7 +29,7 @@ from hispec_jax.decoding.generate import model_name
 from hispec_jax.serving import api_server
 from hispec_jax.serving import prompts as prompts_lib
 from hispec_jax.serving import slots as slots_lib
-from hispec_jax.serving.scheduler import Scheduler
+from hispec_jax.serving.scheduler import Scheduler, StepLog
 from hispec_jax.serving.stream import make_decoder
 
 log = logging.getLogger("hispec.serve")
@@ -137,13 +138,15 @@ def describe(engine: slots_lib.SlotEngine, method) -> str:
 def build_app(model, method=None, *, slots: int = 8, max_cache_len: int | None = None,
               warmup: bool = True, rounds_per_step: int = 1, served_name: str | None = None,
               plan_reason: str = "given", prefill_chunk: int = slots_lib.PREFILL_CHUNK,
-              prefill_share: float = 1.0, **method_options):
+              prefill_share: float = 1.0, step_log: str | os.PathLike | None = None,
+              **method_options):
     """The ASGI app serving `model` with `method` (None: the model's default plan) over
     `slots` slots per engine; with `warmup`, its engine thread compiles everything before
     it takes requests (/health: 503 "loading" until then). `plan_reason`: why a given
     method runs (/health shows it). Prompts enter their slots in chunks of
     `prefill_chunk` positions, for about `prefill_share` times a step's time between two
-    `rounds_per_step` steps of the decoding slots (`scheduler.Scheduler`)."""
+    `rounds_per_step` steps of the decoding slots (`scheduler.Scheduler`). `step_log`: a
+    file that gets each engine step as a JSON line (`scheduler.StepLog`)."""
     method, method_options, reason = choose_plan(model, method, method_options, plan_reason)
     engines = build_engines(model, method, slots=slots, max_cache_len=max_cache_len,
                             prefill_chunk=prefill_chunk, **method_options)
@@ -153,7 +156,9 @@ def build_app(model, method=None, *, slots: int = 8, max_cache_len: int | None =
              "; warming up (compiling every program) before taking requests" if warmup else "")
     scheduler = Scheduler(engines, rounds_per_step=rounds_per_step,
                           prefill_share=prefill_share,
-                          warmup=warm_up if warmup else None)
+                          warmup=warm_up if warmup else None,
+                          step_log=(None if step_log is None
+                                    else StepLog(open(step_log, "w", encoding="utf-8"))))
     name = served_name or model_name(model)
     return api_server.create_app(model, scheduler, name, plan)
 
