@@ -338,7 +338,8 @@ def test_the_scheduler_runs_a_long_prompt_between_the_rounds_of_a_stream():
     steps = [json.loads(line) for line in log.getvalue().splitlines()]
     assert {k for r in steps for k in r} == {
         "time", "engine", "decoding", "prompts", "rows", "chunks", "prefill_seconds",
-        "round_seconds", "tokens"}
+        "round_seconds", "tokens", "proposed", "accepted"}
+    assert all(r["proposed"] == r["accepted"] == [] for r in steps)  # AR: no verifying level
     assert sum(r["tokens"] for r in steps) == 40 + 8
     assert sum(sum(r["chunks"]) for r in steps) >= len(short) + len(long_)
     beside = [r for r in steps if r["chunks"] and r["decoding"] and r["prompts"]]

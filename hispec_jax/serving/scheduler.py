@@ -93,12 +93,15 @@ class StepLog:
     """Each engine step as one JSON line of `stream` (`hispec serve --step-log`):
 
         {"time": 1764388800.12, "engine": "greedy", "decoding": 7, "prompts": 2, "rows": 8,
-         "chunks": [64, 16], "prefill_seconds": 0.061, "round_seconds": 0.066, "tokens": 9}
+         "chunks": [64, 16], "prefill_seconds": 0.061, "round_seconds": 0.066, "tokens": 9,
+         "proposed": [11], "accepted": [4]}
 
     time: wall-clock seconds (`time.time()`) at the step's start; decoding: slots decoding
     in its round; prompts: prompts admitted and not yet prefilled when it started; rows:
     the batch rows its round ran (`SlotEngine.rows_for`); chunks: the positions of each
-    prefill chunk it ran before the round; tokens: the new tokens the round handed out.
+    prefill chunk it ran before the round; tokens: the new tokens the round handed out;
+    proposed, accepted: per verifying level (1 .. K-1; none for AR), the tokens submitted
+    to it in the round and those it accepted (the engine's `proposed_K`, `accepted_K`).
     A gap between two tokens of a stream is the prefill and the round of one step, so a
     log read beside a client's latencies says which of the two made a gap long
     (`bench.serve_load.step_summary`)."""
@@ -142,6 +145,7 @@ class Scheduler:
         self._round_seconds = {g: 0.0 for g in engines}
         self._chunk_seconds: dict[tuple[bool, int], float] = {}
         self._step_chunks: list[int] = []  # the chunks of the step under way, for step_log
+        self._step_counters: dict = {g: None for g in engines}  # each engine's, last step
         self.step_log = step_log
         self._warmup = warmup
         self.ready = threading.Event()
@@ -248,7 +252,8 @@ class Scheduler:
             log.info("warm-up compiled %d programs in %.1f s; ready", self.warmup_compiles,
                      self.warmup_seconds)
         for greedy, engine in self.engines.items():
-            self.stats.engine_counters(greedy, engine.counters())
+            self._step_counters[greedy] = engine.counters()
+            self.stats.engine_counters(greedy, self._step_counters[greedy])
         self.ready.set()
 
     def _prefill_chunk(self, greedy: bool, engine: slots_lib.SlotEngine, small: bool) -> float:
@@ -314,14 +319,21 @@ class Scheduler:
                     t0 = time.perf_counter()
                     updates = engine.generate(self.rounds_per_step)
                     self._round_seconds[greedy] = time.perf_counter() - t0
+                    counters = engine.counters()
+                    self.stats.engine_counters(greedy, counters)
                     if self.step_log is not None:
+                        last, self._step_counters[greedy] = self._step_counters[greedy], counters
+                        # tokens submitted to / accepted by each verifying level this step
+                        proposed, accepted = (
+                            [int(x) for x in (getattr(counters, f) - getattr(last, f))[1:]]
+                            for f in ("proposed_K", "accepted_K"))
                         self.step_log.write({
                             "time": started, "engine": "greedy" if greedy else "sampling",
                             "decoding": decoding, "prompts": prompts, "rows": engine.last_rows,
                             "chunks": self._step_chunks, "prefill_seconds": t0 - t_prefill,
                             "round_seconds": self._round_seconds[greedy],
-                            "tokens": sum(len(u.new_token_ids) for u in updates)})
-                    self.stats.engine_counters(greedy, engine.counters())
+                            "tokens": sum(len(u.new_token_ids) for u in updates),
+                            "proposed": proposed, "accepted": accepted})
                     now = time.perf_counter()
                     for update in updates:
                         with self._wake:
