@@ -97,8 +97,9 @@ def add_parsers(subparsers) -> None:
                             "longer pauses in the streams; 0, one chunk a round")
     serve.add_argument("--step-log", default=None, metavar="PATH",
                        help="write each engine step to PATH as one JSON line (its prefill "
-                            "chunks and seconds, its round's rows, seconds and tokens): "
-                            "which of the two made a gap in the streams long "
+                            "chunks and seconds; its round's rows, seconds and tokens, and "
+                            "the tokens each level verified and kept): which of the two made "
+                            "a gap in the streams long, and which rounds paid "
                             "(docs/serving.md)")
 
 
