@@ -240,9 +240,11 @@ def test_a_long_prompt_enters_in_chunks_while_the_other_slots_decode(method, opt
 def test_the_server_warm_up_loads_stored_row_counts_and_compiles_the_rest_when_quiet(
         tmp_path, monkeypatch):
     """`server.warm_up` compiles the loop over all B slots before readiness, and the smaller
-    row counts in a background thread that waits for a quiet server; a later server (here:
-    an engine of the same description) finds them in the program cache and loads every
-    one before readiness, leaving nothing to compile beside its first requests."""
+    row counts in a background thread that waits for a quiet server and ends, compiling
+    nothing more, when the server stops; a later server (here: an engine of the same
+    description) finds them in the program cache and loads every one before readiness,
+    leaving nothing to compile beside its first requests."""
+    import threading
     import time
 
     from test_engine import tiny_model
@@ -267,6 +269,11 @@ def test_the_server_warm_up_loads_stored_row_counts_and_compiles_the_rest_when_q
     busy[0] = False
     thread.join(120)
     assert first[True].compiled_rows == (1, 2)
+    stopped, stop = engines(), threading.Event()  # a server stopping before it was quiet
+    thread = server_lib.warm_up(stopped, idle=lambda: False, stop=stop)
+    stop.set()
+    thread.join(5)
+    assert not thread.is_alive() and stopped[True].compiled_rows == (2,)
     later = engines()
     assert later[True].rounds_stored(1)
     server_lib.warm_up(later).join(120)
@@ -279,10 +286,12 @@ def test_the_scheduler_runs_a_long_prompt_between_the_rounds_of_a_stream():
     of 0: one chunk, whatever the rounds cost): a stream already decoding keeps receiving
     tokens until the long prompt's first token, and both get their offline `generate`
     tokens. The step log has every step: one chunk beside a decoding stream, every prompt
-    position in some chunk, every token handed out in some round."""
+    position in some chunk, every token handed out in some round. Stopping the scheduler
+    ends the warm-up's background compiles."""
     import asyncio
     import io
     import json
+    import threading
 
     from test_engine import tiny_model
 
@@ -325,8 +334,10 @@ def test_the_scheduler_runs_a_long_prompt_between_the_rounds_of_a_stream():
     try:
         events = asyncio.run(run())
     finally:
-        scheduler.stop()
+        scheduler.stop(timeout=120)  # a background compile under way finishes first
     assert scheduler.error is None
+    # the warm-up's background compile (the loop over 1 of 2 slots) ended with the scheduler
+    assert not any(t.name == "hispec-compile-rows" and t.is_alive() for t in threading.enumerate())
     start = events.index(("b", "submitted", None))
     first_b = next(i for i, e in enumerate(events) if e[0] == "b" and e[1] == "tokens")
     assert sum(e[:2] == ("a", "tokens") for e in events[start:first_b]) >= 3

@@ -129,8 +129,9 @@ class Scheduler:
         whole: it holds up no stream). Larger: the waiting prompts' first tokens sooner,
         longer pauses in the streams.
       warmup: None (`ready` from the start), or a callable the engine thread runs (with
-        `engines` and `idle`, `server.warm_up`) before it takes requests; `ready` is set
-        when it returns.
+        `engines`, `idle` and `stop=` the scheduler's stop event: `server.warm_up`) before
+        it takes requests; `ready` is set when it returns. If it returns a thread (work
+        it left running, the background compiles), `stop` joins that thread too.
       step_log: None, or a `StepLog` that gets every engine step after the warm-up.
     """
 
@@ -157,6 +158,8 @@ class Scheduler:
         self._running: dict[bool, dict[int, Job]] = {g: {} for g in engines}
         self._wake = threading.Condition()
         self._stop = False
+        self._stopped = threading.Event()  # set by `stop`: background work ends too
+        self._background: threading.Thread | None = None  # what the warm-up left running
         self._thread = threading.Thread(target=self._run, name="hispec-engine", daemon=True)
         self.error: BaseException | None = None
         self.stats = metrics_lib.ServingStats(
@@ -169,10 +172,15 @@ class Scheduler:
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
+        """Stops the engine thread and whatever the warm-up left running (a compile under
+        way finishes first), so a stopped scheduler leaves no work behind."""
+        self._stopped.set()
         with self._wake:
             self._stop = True
             self._wake.notify()
         self._thread.join(timeout)
+        if self._background is not None:
+            self._background.join(timeout)
 
     @property
     def alive(self) -> bool:
@@ -246,7 +254,9 @@ class Scheduler:
         """Runs the warm-up, then takes the engines' counters as the metrics' baseline."""
         if self._warmup is not None:
             t0, before = time.perf_counter(), slots_lib.backend_compiles()
-            self._warmup(self.engines, self.idle)
+            left = self._warmup(self.engines, self.idle, stop=self._stopped)
+            if isinstance(left, threading.Thread):
+                self._background = left
             self.warmup_seconds = time.perf_counter() - t0
             self.warmup_compiles = slots_lib.backend_compiles() - before
             log.info("warm-up compiled %d programs in %.1f s; ready", self.warmup_compiles,

@@ -67,7 +67,8 @@ def build_engines(model, method="ar", *, slots: int = 8, max_cache_len: int | No
 QUIET_SECONDS = 1.0
 
 
-def warm_up(engines: dict[bool, slots_lib.SlotEngine], idle=None) -> threading.Thread:
+def warm_up(engines: dict[bool, slots_lib.SlotEngine], idle=None,
+            stop: threading.Event | None = None) -> threading.Thread:
     """Compiles every program serving can need before the first request (`SlotEngine.warm_up`,
     both engines) with the rounds loop over all B slots and over every smaller row count
     (`slots.active_rows`: 1, 2, 4, ...) the program cache holds (loading takes a second or
@@ -76,8 +77,9 @@ def warm_up(engines: dict[bool, slots_lib.SlotEngine], idle=None) -> threading.T
     then a request runs the smallest compiled loop that holds its slot, so none waits for
     a compilation. `idle()` (the scheduler's: no request running or waiting) holds each of
     those compiles back until the server has been quiet for `QUIET_SECONDS`: a compile
-    holds the GIL for seconds of tracing, which a request beside it would wait on. Returns
-    the thread."""
+    holds the GIL for seconds of tracing, which a request beside it would wait on. Once
+    `stop` is set (the server stops) the thread compiles nothing more. Returns the
+    thread."""
     pending = []
     for engine in engines.values():
         engine.compile_on_demand = False
@@ -87,13 +89,18 @@ def warm_up(engines: dict[bool, slots_lib.SlotEngine], idle=None) -> threading.T
         pending += [(engine, r) for r in engine.active_rows if r not in stored]
     pending.sort(key=lambda job: job[1])  # the loops a lone client runs first
 
+    stop = stop or threading.Event()
+
     def compile_rest():
         for engine, rows in pending:
             quiet_since = time.perf_counter()
             while idle is not None and time.perf_counter() - quiet_since < QUIET_SECONDS:
-                time.sleep(0.1)
+                if stop.wait(0.1):
+                    return
                 if not idle():
                     quiet_since = time.perf_counter()
+            if stop.is_set():
+                return
             try:
                 t0 = time.perf_counter()
                 engine.compile_rounds(rows)
