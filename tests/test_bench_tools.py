@@ -258,11 +258,17 @@ def test_serve_load_passes_the_prefill_share_to_every_server(monkeypatch, tmp_pa
     assert "--prefill-share" not in commands[0]
     assert commands[1][commands[1].index("--prefill-share") + 1] == "0.5"
     assert commands[0][commands[0].index("--step-log") + 1] == str(tmp_path / "steps-ar.jsonl")
+    args = serve_load.parse_args(["--log-dir", str(tmp_path), "--repeats", "2"])
+    with pytest.raises(Started):  # each repeat keeps its own log
+        serve_load.start_server("default", args, repeat=1)
+    assert commands[2][commands[2].index("--step-log") + 1] == str(
+        tmp_path / "steps-default-r2.jsonl")
 
 
 def test_serve_load_step_summary_reads_the_load_phase_steps():
     """Only the steps that started in the load window and had a slot decoding count; the
-    share with chunks and the percentiles come from those."""
+    share with chunks and the percentiles come from those; a speculative server's rounds
+    are split by level 1's block."""
     from hispec_jax.bench import serve_load
 
     def step(time, chunks, prefill, round_, decoding=8):
@@ -284,6 +290,23 @@ def test_serve_load_step_summary_reads_the_load_phase_steps():
     line = serve_load.steps_lines([{"method": "ar", "load_steps": got}])
     assert line.startswith("ar: 4 steps under load, 25 % with prefill chunks (their prefill "
                            "p50 50 ms)")
+    assert "blocks" not in got  # AR's records propose nothing
+    # a speculative server's rounds, split by level 1's block: two one-position rounds (8
+    # sequences, 8 proposed), one longer (8 sequences, 20 proposed, 10 kept, 18 tokens)
+    spec = [dict(step(1.0, [], 0.0, 0.06), proposed=[8], accepted=[3]),
+            dict(step(1.1, [], 0.0, 0.07), proposed=[8], accepted=[2]),
+            dict(step(1.2, [], 0.0, 0.12), proposed=[20], accepted=[10], tokens=18)]
+    blocks = serve_load.step_summary(spec, 1.0, 2.0)["blocks"]
+    assert blocks["one"]["rounds"] == 2 and blocks["one"]["seconds"] == pytest.approx(0.065)
+    assert blocks["one"]["tokens_per_sequence"] == 1.0
+    assert blocks["one"]["kept"] == pytest.approx(5 / 16)
+    assert blocks["longer"] == {"rounds": 1, "seconds": pytest.approx(0.12), "rows": 8.0,
+                                "tokens_per_sequence": 2.25, "kept": 0.5}
+    line = serve_load.steps_lines([{"method": "default", "load_steps": {
+        **serve_load.step_summary(spec, 1.0, 2.0)}}]).splitlines()[1]
+    assert line == ("default: rounds by level 1's block: one 2 rounds, 65 ms on 8.0 rows, 1.00 "
+                    "tokens per sequence, 31 % of proposed kept; longer 1 rounds, 120 ms on "
+                    "8.0 rows, 2.25 tokens per sequence, 50 % of proposed kept")
     assert serve_load.step_summary([], 0, 1) == {
         "steps": 0, "with_chunks": None, "round": {"p50": None, "p90": None, "p99": None},
         "step": {"p50": None, "p90": None, "p99": None},

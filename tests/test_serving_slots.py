@@ -226,7 +226,8 @@ def test_a_long_prompt_enters_in_chunks_while_the_other_slots_decode(method, opt
     while owner:
         step()
     compiled = backend_compiles()
-    eng.insert(2, request(3))  # rows [0, 3), as the rounds of the long prompt: compiled
+    eng.admit(2, request(3))  # rows [0, 3), as the rounds of the long prompt: compiled
+    eng.prefill(small=small)  # chunks of the sizes this test ran (no other test's)
     owner[2] = 3
     while owner:
         step()
@@ -269,11 +270,14 @@ def test_the_server_warm_up_loads_stored_row_counts_and_compiles_the_rest_when_q
     busy[0] = False
     thread.join(120)
     assert first[True].compiled_rows == (1, 2)
-    stopped, stop = engines(), threading.Event()  # a server stopping before it was quiet
+    # a server stopping before it was quiet (a program cache without the loop over 1 slot)
+    monkeypatch.setattr(compile_cache, "PROGRAM_CACHE", str(tmp_path / "other"))
+    stopped, stop = engines(), threading.Event()
     thread = server_lib.warm_up(stopped, idle=lambda: False, stop=stop)
     stop.set()
     thread.join(5)
     assert not thread.is_alive() and stopped[True].compiled_rows == (2,)
+    monkeypatch.setattr(compile_cache, "PROGRAM_CACHE", str(tmp_path))
     later = engines()
     assert later[True].rounds_stored(1)
     server_lib.warm_up(later).join(120)

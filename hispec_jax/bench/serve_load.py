@@ -19,7 +19,10 @@ method="ar") of the same prompt and budget: a greedy method must give AR's text.
 server writes its step log (`hispec serve --step-log`, in --log-dir), and the steps of the
 load phase are summarised under the table (`step_summary`): how many ran a prompt's
 prefill chunks, and the rounds' and steps' medians and 99th percentiles, which say what
-the inter-token latency's tail is made of.
+the inter-token latency's tail is made of; for a speculative method, its rounds split by
+level 1's block (one position per sequence, an AR step, or longer) with their time and
+tokens per sequence, which say whether the longer blocks paid. With --repeats each repeat
+keeps its own log (steps-METHOD-rN.jsonl) and prints its own summary.
 
 The method `default` starts the server without --method: the model's default plan
 (`recommended.default_plan`, what a user who names no method gets). With --repeats R the
@@ -65,9 +68,10 @@ def _health(url: str) -> dict:
         return json.loads(r.read().decode())
 
 
-def start_server(method: str, args) -> tuple[subprocess.Popen, str]:
+def start_server(method: str, args, repeat: int = 0) -> tuple[subprocess.Popen, str]:
     """A `hispec serve` subprocess of `method` (`default`: no --method), warmed up,
-    answering /health with "ok", its rounds loops over fewer slots compiled."""
+    answering /health with "ok", its rounds loops over fewer slots compiled; its step log
+    is `step_log_path(method, args, repeat)`."""
     port = _free_port()
     cmd = [sys.executable, "-c", "import sys; from hispec_jax.cli import main; sys.exit(main())",
            "serve", *([] if method == DEFAULT_METHOD else ["--method", method]), "--port",
@@ -78,7 +82,7 @@ def start_server(method: str, args) -> tuple[subprocess.Popen, str]:
     if args.prefill_share is not None:
         cmd += ["--prefill-share", str(args.prefill_share)]
     os.makedirs(args.log_dir, exist_ok=True)
-    cmd += ["--step-log", step_log_path(method, args)]
+    cmd += ["--step-log", step_log_path(method, args, repeat)]
     log = open(os.path.join(args.log_dir, f"serve-{method}.log"), "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -100,22 +104,49 @@ def start_server(method: str, args) -> tuple[subprocess.Popen, str]:
         time.sleep(0.5)
 
 
-def step_log_path(method: str, args) -> str:
-    return os.path.join(args.log_dir, f"steps-{method}.jsonl")
+def step_log_path(method: str, args, repeat: int = 0) -> str:
+    """The step log of `method`'s server in `repeat` (0-based): steps-METHOD.jsonl, with
+    -rN before the suffix when there are several repeats (each keeps its own)."""
+    suffix = f"-r{repeat + 1}" if args.repeats > 1 else ""
+    return os.path.join(args.log_dir, f"steps-{method}{suffix}.jsonl")
 
 
 def step_summary(records: list[dict], start: float, end: float) -> dict:
     """The engine steps (`scheduler.StepLog` records) that started in [start, end]: their
     number, the share that ran prefill chunks before their round, and percentiles of their
     rounds' seconds, of their whole seconds (prefill + round: a stream's gap), and of the
-    prefill seconds of those with chunks."""
+    prefill seconds of those with chunks. For a speculative method (records with
+    `proposed`), `blocks`: its rounds split by what level 1 verified, `"one"` (every
+    decoding sequence its one position: an AR step) and `"longer"` (some sequence a
+    longer block), each with its rounds, their mean seconds and rows, the tokens per
+    decoding sequence, and the share of proposed tokens level 1 kept: whether the longer
+    blocks paid for their time."""
     steps = [r for r in records if start <= r["time"] <= end and r["decoding"] > 0]
     chunked = [r for r in steps if r["chunks"]]
-    return {"steps": len(steps),
-            "with_chunks": len(chunked) / len(steps) if steps else None,
-            "round": percentiles([r["round_seconds"] for r in steps]),
-            "step": percentiles([r["prefill_seconds"] + r["round_seconds"] for r in steps]),
-            "prefill": percentiles([r["prefill_seconds"] for r in chunked])}
+    summary = {"steps": len(steps),
+               "with_chunks": len(chunked) / len(steps) if steps else None,
+               "round": percentiles([r["round_seconds"] for r in steps]),
+               "step": percentiles([r["prefill_seconds"] + r["round_seconds"] for r in steps]),
+               "prefill": percentiles([r["prefill_seconds"] for r in chunked])}
+    verified = [r for r in steps if r.get("proposed")]
+    if verified:
+        split = {"one": [r for r in verified if r["proposed"][0] <= r["decoding"]],
+                 "longer": [r for r in verified if r["proposed"][0] > r["decoding"]]}
+        summary["blocks"] = {name: _block_class(group) for name, group in split.items()}
+    return summary
+
+
+def _block_class(rounds: list[dict]) -> dict:
+    """`step_summary`'s figures for one class of rounds."""
+    if not rounds:
+        return {"rounds": 0}
+    sequences = sum(r["decoding"] for r in rounds)
+    proposed = sum(r["proposed"][0] for r in rounds)
+    return {"rounds": len(rounds),
+            "seconds": float(np.mean([r["round_seconds"] for r in rounds])),
+            "rows": float(np.mean([r["rows"] for r in rounds])),
+            "tokens_per_sequence": sum(r["tokens"] for r in rounds) / sequences,
+            "kept": sum(r["accepted"][0] for r in rounds) / proposed if proposed else None}
 
 
 def _read_steps(path: str) -> list[dict]:
@@ -206,10 +237,10 @@ def offline_texts(model, requests: list[tuple]) -> dict:
     return out
 
 
-def bench_method(method: str, args, requests: list[tuple], want: dict) -> dict:
-    """One server of `method`: the lone client, then the clients at once; every output
-    checked against `want` (request index -> AR's text)."""
-    proc, url = start_server(method, args)
+def bench_method(method: str, args, requests: list[tuple], want: dict, repeat: int = 0) -> dict:
+    """One server of `method` (in `repeat`): the lone client, then the clients at once;
+    every output checked against `want` (request index -> AR's text)."""
+    proc, url = start_server(method, args, repeat)
     try:
         health = _health(url)
         name = health["model"]
@@ -220,7 +251,8 @@ def bench_method(method: str, args, requests: list[tuple], want: dict) -> dict:
         work = [requests[c::args.clients] for c in range(args.clients)]
         load_start = time.time()
         load, load_s = run_clients(url, name, work)
-        steps = step_summary(_read_steps(step_log_path(method, args)), load_start, time.time())
+        steps = step_summary(_read_steps(step_log_path(method, args, repeat)), load_start,
+                             time.time())
         recompiles = _health(url)["compiles"] - compiles_ready
         proc.send_signal(signal.SIGTERM)
         exit_code = proc.wait(timeout=60)
@@ -270,7 +302,19 @@ def steps_lines(rows: list[dict]) -> str:
             f"with prefill chunks (their prefill p50 {_ms(st['prefill']['p50'])} ms); rounds "
             f"p50/p99 {_ms(st['round']['p50'])}/{_ms(st['round']['p99'])} ms, whole steps "
             f"p50/p99 {_ms(st['step']['p50'])}/{_ms(st['step']['p99'])} ms")
+        blocks = st.get("blocks")
+        if blocks:
+            lines.append(f"{r['method']}: rounds by level 1's block: " + "; ".join(
+                f"{name} {_block_text(c)}" for name, c in blocks.items()))
     return "\n".join(lines)
+
+
+def _block_text(c: dict) -> str:
+    if not c["rounds"]:
+        return "none"
+    kept = "-" if c["kept"] is None else f"{100 * c['kept']:.0f} %"
+    return (f"{c['rounds']} rounds, {_ms(c['seconds'])} ms on {c['rows']:.1f} rows, "
+            f"{c['tokens_per_sequence']:.2f} tokens per sequence, {kept} of proposed kept")
 
 
 def _ratio(x) -> str:
@@ -360,7 +404,7 @@ def main(argv=None) -> int:
     runs: dict[str, list[dict]] = {m: [] for m in methods}
     for repeat in range(args.repeats):
         for method in methods:
-            run = bench_method(method, args, requests, want)
+            run = bench_method(method, args, requests, want, repeat)
             first = runs[methods[0]][repeat] if method != methods[0] else run
             for part in ("alone", "load"):
                 run[f"{part}_x_first"] = (run[part]["tokens_per_second"]
@@ -368,6 +412,9 @@ def main(argv=None) -> int:
             runs[method].append(run)
             print(f"repeat {repeat + 1}: " + table([run], args.clients).split("\n")[-1],
                   flush=True)
+            if args.repeats > 1:
+                for line in steps_lines([run]).splitlines():
+                    print(f"repeat {repeat + 1}: {line}", flush=True)
     with open("/proc/loadavg") as f:
         load_after = f.read().split()[:3]
     rows = [combine(runs[m]) for m in methods]
