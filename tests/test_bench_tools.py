@@ -236,6 +236,50 @@ def test_serve_load_rows_are_medians_over_repeats():
     assert line.endswith("| 0 | 71/72 |")
 
 
+def test_serve_load_interleave_starts_each_server_once_and_alternates_the_repeats(
+        monkeypatch, tmp_path):
+    """--interleave: one server per method, started before the first repeat and stopped
+    after the last; the repeats measured against them in turn (A B A B), each reading the
+    server's one step log; the exit codes come last."""
+    from hispec_jax.bench import serve_load
+
+    events = []
+
+    class Proc:
+        def __init__(self, method):
+            self.method = method
+
+        def poll(self):
+            return 0
+
+    def start(method, args, repeat=0):
+        events.append(("start", method))
+        return Proc(method), f"http://{method}"
+
+    def measure(method, url, args, requests, want, step_log):
+        events.append(("measure", method, url, step_log))
+        return {"method": method}
+
+    def stop(proc):
+        events.append(("stop", proc.method))
+        return 0
+
+    monkeypatch.setattr(serve_load, "start_server", start)
+    monkeypatch.setattr(serve_load, "measure", measure)
+    monkeypatch.setattr(serve_load, "stop_server", stop)
+    args = serve_load.parse_args(["--log-dir", str(tmp_path), "--repeats", "2", "--interleave"])
+    got = list(serve_load.interleaved_runs(["ar", "default"], args, [], {}))
+    assert [(r, m) for r, m, _ in got] == [(0, "ar"), (0, "default"), (1, "ar"), (1, "default"),
+                                         (None, "ar"), (None, "default")]
+    log = {m: str(tmp_path / f"steps-{m}.jsonl") for m in ("ar", "default")}
+    assert events == [("start", "ar"), ("start", "default"),
+                      ("measure", "ar", "http://ar", log["ar"]),
+                      ("measure", "default", "http://default", log["default"]),
+                      ("measure", "ar", "http://ar", log["ar"]),
+                      ("measure", "default", "http://default", log["default"]),
+                      ("stop", "ar"), ("stop", "default")]
+
+
 def test_serve_load_passes_the_prefill_share_to_every_server(monkeypatch, tmp_path):
     """`--prefill-share X` reaches each server's command line; without it the server keeps
     its own default. Every server writes its step log in the log directory."""

@@ -28,7 +28,10 @@ The method `default` starts the server without --method: the model's default pla
 (`recommended.default_plan`, what a user who names no method gets). With --repeats R the
 methods' servers run R times in turn (A B A B ...) and each figure is the median over the
 repeats; the `x first` columns divide by the first method's throughput in the same repeat
-(median of the R ratios), alone and under load.
+(median of the R ratios), alone and under load. With --interleave every method's server is
+started once and the repeats run against them in turn: the methods of a repeat are measured
+seconds apart, not a server start (minutes) apart, which on a shared machine whose speed
+drifts is most of the spread between repeats.
 
     python -m hispec_jax.bench serve --methods ar,layerskip,hispec --clients 8
     hispec bench-tool serve --model SmolLM2.gguf --task extract --chat --methods ar,default \
@@ -106,8 +109,9 @@ def start_server(method: str, args, repeat: int = 0) -> tuple[subprocess.Popen, 
 
 def step_log_path(method: str, args, repeat: int = 0) -> str:
     """The step log of `method`'s server in `repeat` (0-based): steps-METHOD.jsonl, with
-    -rN before the suffix when there are several repeats (each keeps its own)."""
-    suffix = f"-r{repeat + 1}" if args.repeats > 1 else ""
+    -rN before the suffix when there are several repeats on servers of their own (each
+    keeps its own; --interleave's one server per method writes one log)."""
+    suffix = f"-r{repeat + 1}" if args.repeats > 1 and not args.interleave else ""
     return os.path.join(args.log_dir, f"steps-{method}{suffix}.jsonl")
 
 
@@ -242,29 +246,72 @@ def bench_method(method: str, args, requests: list[tuple], want: dict, repeat: i
     every output checked against `want` (request index -> AR's text)."""
     proc, url = start_server(method, args, repeat)
     try:
-        health = _health(url)
-        name = health["model"]
-        plan = health.get("plan", method)  # what runs, as the server says it
-        compiles_ready = health["compiles"]
-        run_clients(url, name, [requests[:2]])  # the HTTP path, not measured
-        alone, alone_s = run_clients(url, name, [requests[:args.alone_requests]])
-        work = [requests[c::args.clients] for c in range(args.clients)]
-        load_start = time.time()
-        load, load_s = run_clients(url, name, work)
-        steps = step_summary(_read_steps(step_log_path(method, args, repeat)), load_start,
-                             time.time())
-        recompiles = _health(url)["compiles"] - compiles_ready
-        proc.send_signal(signal.SIGTERM)
-        exit_code = proc.wait(timeout=60)
+        run = measure(method, url, args, requests, want, step_log_path(method, args, repeat))
+        run["sigterm_exit_code"] = stop_server(proc)
     finally:
         if proc.poll() is None:
             proc.kill()
+    return run
+
+
+def stop_server(proc: subprocess.Popen) -> int:
+    """SIGTERM, then the server's exit code."""
+    proc.send_signal(signal.SIGTERM)
+    return proc.wait(timeout=60)
+
+
+def measure(method: str, url: str, args, requests: list[tuple], want: dict,
+            step_log: str) -> dict:
+    """The lone client, then the clients at once, against the running server of `method`
+    at `url`; every output checked against `want` (request index -> AR's text); the load
+    phase's steps read from `step_log`."""
+    health = _health(url)
+    name = health["model"]
+    plan = health.get("plan", method)  # what runs, as the server says it
+    compiles_ready = health["compiles"]
+    run_clients(url, name, [requests[:2]])  # the HTTP path, not measured
+    alone, alone_s = run_clients(url, name, [requests[:args.alone_requests]])
+    work = [requests[c::args.clients] for c in range(args.clients)]
+    load_start = time.time()
+    load, load_s = run_clients(url, name, work)
+    steps = step_summary(_read_steps(step_log), load_start, time.time())
+    recompiles = _health(url)["compiles"] - compiles_ready
     mismatches = sum(r["text"] != want[r["index"]] for r in load + alone)
     a = summarize(alone, alone_s, args.short_prompt)
     b = summarize(load, load_s, args.short_prompt)
     return {"method": method, "plan": plan, "alone": a, "load": b, "load_steps": steps,
             "recompiles_after_warmup": recompiles, "greedy_mismatches": mismatches,
-            "checked_outputs": len(load) + len(alone), "sigterm_exit_code": exit_code}
+            "checked_outputs": len(load) + len(alone)}
+
+
+def interleaved_runs(methods: list[str], args, requests: list[tuple], want: dict):
+    """--interleave: every method's server started once and kept up (an idle server waits
+    on a condition: no work beside the measured one), then the repeats measured in turn
+    against them (A B A B ...), a repeat's methods seconds apart instead of a server start
+    apart. Yields (repeat, method, run)."""
+    servers = {}
+    try:
+        for method in methods:
+            servers[method] = start_server(method, args)
+        for repeat in range(args.repeats):
+            for method in methods:
+                yield repeat, method, measure(method, servers[method][1], args, requests, want,
+                                              step_log_path(method, args))
+        for method in methods:
+            code = stop_server(servers[method][0])
+            yield None, method, code
+    finally:
+        for proc, _ in servers.values():
+            if proc.poll() is None:
+                proc.kill()
+
+
+def separate_runs(methods: list[str], args, requests: list[tuple], want: dict):
+    """Each repeat's methods on servers of their own, started and stopped in turn. Yields
+    (repeat, method, run)."""
+    for repeat in range(args.repeats):
+        for method in methods:
+            yield repeat, method, bench_method(method, args, requests, want, repeat)
 
 
 def _ms(x) -> str:
@@ -350,6 +397,9 @@ def parse_args(argv):
                    help="render --task prompts with the model's chat template")
     p.add_argument("--repeats", type=int, default=1,
                    help="run the methods' servers this many times in turn; medians")
+    p.add_argument("--interleave", action="store_true",
+                   help="start each method's server once and measure the repeats against "
+                        "them in turn (A B A B ...): a repeat's methods minutes closer")
     p.add_argument("--clients", type=int, default=8, help="concurrent clients under load")
     p.add_argument("--requests", type=int, default=32, help="requests in the mix")
     p.add_argument("--alone-requests", type=int, default=8,
@@ -402,21 +452,27 @@ def main(argv=None) -> int:
         load_before = f.read().split()[:3]
     methods = args.methods.split(",")
     runs: dict[str, list[dict]] = {m: [] for m in methods}
-    for repeat in range(args.repeats):
-        for method in methods:
-            run = bench_method(method, args, requests, want, repeat)
-            first = runs[methods[0]][repeat] if method != methods[0] else run
-            for part in ("alone", "load"):
-                run[f"{part}_x_first"] = (run[part]["tokens_per_second"]
-                                          / first[part]["tokens_per_second"])
-            runs[method].append(run)
-            print(f"repeat {repeat + 1}: " + table([run], args.clients).split("\n")[-1],
-                  flush=True)
-            if args.repeats > 1:
-                for line in steps_lines([run]).splitlines():
-                    print(f"repeat {repeat + 1}: {line}", flush=True)
+    exit_codes = {}
+    schedule = interleaved_runs if args.interleave else separate_runs
+    for repeat, method, run in schedule(methods, args, requests, want):
+        if repeat is None:  # an interleaved server's exit code, after the last repeat
+            exit_codes[method] = run
+            continue
+        first = runs[methods[0]][repeat] if method != methods[0] else run
+        for part in ("alone", "load"):
+            run[f"{part}_x_first"] = (run[part]["tokens_per_second"]
+                                      / first[part]["tokens_per_second"])
+        runs[method].append(run)
+        print(f"repeat {repeat + 1}: " + table([run], args.clients).split("\n")[-1],
+              flush=True)
+        if args.repeats > 1:
+            for line in steps_lines([run]).splitlines():
+                print(f"repeat {repeat + 1}: {line}", flush=True)
     with open("/proc/loadavg") as f:
         load_after = f.read().split()[:3]
+    for method, code in exit_codes.items():
+        for run in runs[method]:
+            run["sigterm_exit_code"] = code
     rows = [combine(runs[m]) for m in methods]
     print(f"task {args.task}{' (chat template)' if args.chat else ''}: {len(requests)} "
           f"requests, prompts of {min(map(len, prompts))}-{max(map(len, prompts))} tokens, "
