@@ -3,11 +3,12 @@ program, the rounds program, both, or neither. One process, interleaved rounds.
 
     python benchmarks/results_engine/ar_dot_ab.py "$(hispec pull smollm2-135m-instruct)" ar
 """
-import collections, statistics, sys, time
+import collections, statistics, sys
 import hispec_jax.decoding.generate as G
 from hispec_jax import load_model
 from hispec_jax.bench.tasks import task_prompts
 from hispec_jax.decoding.engine import compile_cache
+from interleaved_tok_s import interleaved_tok_s
 
 M = sys.argv[1]
 METHOD = sys.argv[2] if len(sys.argv) > 2 else "ar"
@@ -30,17 +31,6 @@ def use(v):
     compile_cache._COMPILED, compile_cache._PROGRAMS = state[v]
 def run(v, p):
     return G.generate(m, [p], method=METHOD, max_new_tokens=NEW, ignore_eos=True)
-for v in variants:
-    use(v); t0 = time.perf_counter()
-    for p in prompts: run(v, p)
-    print(f"{v}: first pass (compile) {time.perf_counter() - t0:.1f} s", flush=True)
-dec = {v: [] for v in variants}
-for rnd in range(3):
-    for v in variants:
-        use(v); td = n = 0
-        for p in prompts:
-            r = run(v, p)
-            td += r.stats["decode_seconds"]; n += r.stats["new_tokens"]  # prefill included
-        dec[v].append(n / td)
+dec = interleaved_tok_s(variants, use, run, prompts)
 for v in variants:
     print(f"prefill={v[0]} rounds={v[1]}: decode tok/s {statistics.median(dec[v]):.1f} {[round(x,1) for x in dec[v]]}", flush=True)

@@ -4,11 +4,12 @@ fusions off or all types, one process, interleaved rounds: how much of AR's gap 
 
     python benchmarks/results_engine/ar_layout_ynn_ab.py "$(hispec pull smollm2-135m-instruct)"
 """
-import collections, statistics, sys, time
+import collections, statistics, sys
 import hispec_jax.decoding.generate as G
 from hispec_jax import load_model
 from hispec_jax.bench.tasks import task_prompts
 from hispec_jax.decoding.engine import compile_cache
+from interleaved_tok_s import interleaved_tok_s
 
 M = sys.argv[1]  # "$(hispec pull smollm2-135m-instruct)"
 models = {False: load_model(M, out_major=False), True: load_model(M, out_major=True)}
@@ -28,17 +29,6 @@ def use(v):
 def run(v, p):
     return G.generate(models[v[0]], [p], method="ar", max_new_tokens=NEW, ignore_eos=True)
 
-for v in variants:
-    use(v); t0 = time.perf_counter()
-    for p in prompts: run(v, p)
-    print(f"{v}: first pass (compile) {time.perf_counter() - t0:.1f} s", flush=True)
-dec = {v: [] for v in variants}
-for rnd in range(3):
-    for v in variants:
-        use(v); td = n = 0
-        for p in prompts:
-            r = run(v, p)
-            td += r.stats["decode_seconds"]; n += r.stats["new_tokens"]  # prefill included
-        dec[v].append(n / td)
+dec = interleaved_tok_s(variants, use, run, prompts)
 for v in variants:
     print(f"out_major={v[0]} ynn={v[1]}: decode tok/s {statistics.median(dec[v]):.1f} {[round(x,1) for x in dec[v]]}")
