@@ -157,8 +157,8 @@ class Scheduler:
         self._waiting = {g: collections.deque() for g in engines}
         self._running: dict[bool, dict[int, Job]] = {g: {} for g in engines}
         self._wake = threading.Condition()
-        self._stop = False
-        self._stopped = threading.Event()  # set by `stop`: background work ends too
+        self._stopped = threading.Event()  # set by `stop`: the engine thread and the
+        # warm-up's background work end
         self._background: threading.Thread | None = None  # what the warm-up left running
         self._thread = threading.Thread(target=self._run, name="hispec-engine", daemon=True)
         self.error: BaseException | None = None
@@ -174,9 +174,8 @@ class Scheduler:
     def stop(self, timeout: float = 10.0) -> None:
         """Stops the engine thread and whatever the warm-up left running (a compile under
         way finishes first), so a stopped scheduler leaves no work behind."""
-        self._stopped.set()
         with self._wake:
-            self._stop = True
+            self._stopped.set()
             self._wake.notify()
         self._thread.join(timeout)
         if self._background is not None:
@@ -309,7 +308,7 @@ class Scheduler:
             self._warm_up()
             while True:
                 with self._wake:
-                    if self._stop:
+                    if self._stopped.is_set():
                         break
                     busy = self._admit()
                     if not busy:
