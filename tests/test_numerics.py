@@ -157,6 +157,74 @@ def test_chunked_prefill_matches_transformers(hf_models, layout):
                                                atol=ATOL, rtol=1e-3, err_msg=f"chunk {chunk}")
 
 
+@pytest.mark.parametrize("layout", ["scan", "unrolled"])
+def test_a_prefill_chunk_riding_a_decoding_pass_matches_passes_of_their_own(hf_models, layout):
+    """A chunk of one prompt riding a pass of two decoding rows (`Rider`: one token group
+    for the norms, projections and MLP) leaves the rows' states, the chunk's states and
+    the cache as a pass of the rows and a pass of the chunk would, in the writing pass
+    (`run_layers_cached`) and in the read-only one (`run_layers`, split context: the
+    keys/values come back for the caller to write at the chunk's row)."""
+    from hispec_jax.models.params import layer_layout, with_layer_layout
+    from hispec_jax.models.transformer import Rider, run_layers
+
+    _, path = hf_models["llama3"]
+    model = load_model(path)
+    if layer_layout(model.params) != layout:
+        model = dataclasses.replace(model, params=with_layer_layout(model.params, layout))
+    cfg, params, L = model.cfg, model.params, model.cfg.num_layers
+    rng = np.random.RandomState(7)
+    S, C, T = 32, 8, 2
+    # rows 0 and 2 hold prompts of 9 and 5 tokens; row 1 the first 6 of a 12-token prompt
+    prompts = [rng.randint(0, 97, n) for n in (9, 12, 5)]
+    cached = (9, 6, 5)
+    block = np.zeros((3, 9), np.int32)
+    pos = np.full((3, 9), S, np.int32)
+    for b, (p, n) in enumerate(zip(prompts, cached)):
+        block[b, :n], pos[b, :n] = p[:n], np.arange(n)
+    cache = KVCache.zeros(cfg, 3, S, per_layer=layout == "unrolled")
+    _, cache = _run_layers_cached(params, cfg, embed(params, jnp.asarray(block)),
+                                  jnp.asarray(pos), cache, start=0, stop=L)
+    # the decoding block: rows 0 and 2 at their next T positions, row 1 padding
+    step = jnp.asarray(rng.randint(0, 97, (3, T)), jnp.int32)
+    step_pos = jnp.asarray([[9, 10], [S, S], [5, 6]], jnp.int32)
+    # the chunk: row 1's positions 6..11, then two of padding
+    chunk = np.zeros((1, C), np.int32)
+    chunk[0, :6] = prompts[1][6:]
+    chunk_pos = jnp.asarray([[6, 7, 8, 9, 10, 11, S, S]], jnp.int32)
+    rider = Rider(x_1xCxD=embed(params, jnp.asarray(chunk)), positions_1xC=chunk_pos,
+                  row=jnp.int32(1))
+
+    # passes of their own: the block over every row, the chunk as a batch where only row 1
+    # has positions
+    x_own, cache_own = _run_layers_cached(params, cfg, embed(params, step), step_pos, cache,
+                                          start=0, stop=L)
+    padded = jnp.zeros((3, C), jnp.int32).at[1].set(chunk[0])
+    padded_pos = jnp.full((3, C), S, jnp.int32).at[1].set(chunk_pos[0])
+    xr_own, cache_own = _run_layers_cached(params, cfg, embed(params, padded), padded_pos,
+                                           cache_own, start=0, stop=L)
+    close = functools.partial(np.testing.assert_allclose, atol=ATOL, rtol=1e-3)
+
+    riding = jax.jit(run_layers_cached, static_argnames=("cfg", "start", "stop"))
+    x, cache_r, out = riding(params, cfg, embed(params, step), step_pos, cache, start=0,
+                             stop=L, rider=rider)
+    decoding = np.asarray([0, 2])  # (row 1's entry in the block is padding)
+    close(np.asarray(x)[decoding], np.asarray(x_own)[decoding])
+    close(np.asarray(out.x_1xCxD)[0, :6], np.asarray(xr_own)[1, :6])
+    for ours, own in ((cache_r.k, cache_own.k), (cache_r.v, cache_own.v)):
+        for layer in range(L):
+            close(np.asarray(ours[layer])[:, :, :12], np.asarray(own[layer])[:, :, :12])
+
+    read_only = jax.jit(run_layers, static_argnames=("cfg", "start", "stop", "split_context"))
+    x, kv, out = read_only(params, cfg, embed(params, step), step_pos, cache, start=0, stop=L,
+                           split_context=True, rider=rider)
+    close(np.asarray(x)[decoding], np.asarray(x_own)[decoding])
+    close(np.asarray(out.x_1xCxD)[0, :6], np.asarray(xr_own)[1, :6])
+    written = cache.write_block(0, step_pos, kv).write_block(0, chunk_pos, out.kv, row=rider.row)
+    for ours, own in ((written.k, cache_own.k), (written.v, cache_own.v)):
+        for layer in range(L):
+            close(np.asarray(ours[layer])[:, :, :12], np.asarray(own[layer])[:, :, :12])
+
+
 def test_prefill_chunk_counts_cover_the_prompt():
     """Full and small chunks (`prefill.chunk_counts`) cover the longest prompt, with at most
     `MAX_SMALL` small ones, fewer positions to spare than one small chunk when small ones

@@ -238,6 +238,90 @@ def test_a_long_prompt_enters_in_chunks_while_the_other_slots_decode(method, opt
     assert [got[i] for i in range(len(prompts))] == want
 
 
+RIDING = [("ar", {}, SamplingParams()), ("lookup", dict(lookup=4), SamplingParams()),
+          ("ar", {}, SamplingParams(temperature=0.9, top_k=20, seed=7)),
+          ("lookup", dict(lookup=4), SamplingParams(temperature=0.8, seed=3))]
+
+
+@pytest.mark.parametrize("method,options,sampling", RIDING,
+                         ids=["ar", "lookup", "ar-sampling", "lookup-sampling"])
+def test_a_prompt_rides_the_rounds_of_the_decoding_slots(method, options, sampling):
+    """Where a round is one pass over every layer (AR, prompt lookup), a waiting prompt's
+    chunks of t = 16 positions ride the decoding slots' rounds (`generate(ride=True)`): a
+    prompt of 70 positions in slot 1 in 5 rounds over rows [0, 2) of 4, then one of 23 in
+    slot 3 in 2 rounds over all 4 rows; the decoding slots emit a token every round and
+    every request gets its offline `generate` tokens (sampling: with the same seed)."""
+    from test_engine import tiny_model
+
+    model = tiny_model(4, 1, max_len=128)
+    rng, V = np.random.RandomState(0), model.cfg.vocab_size
+    motif = rng.randint(4, V, 6).tolist()
+    prompts = [rng.randint(4, V, 5).tolist(), (motif * 12)[:70], rng.randint(4, V, 9).tolist(),
+               rng.randint(4, V, 23).tolist()]
+    budget = 16
+    decoder = methods_lib.make_method(model, method, greedy=sampling.greedy, **options)
+    eng = SlotEngine(model, decoder, slots=4, capacity=112, greedy=sampling.greedy,
+                     eos_ids=model.eos_token_ids, prefill_chunk=32)
+    assert eng.rides and eng._small_chunk == 16
+    got = {i: [] for i in range(len(prompts))}
+    owner = {}
+
+    def step(ride=False):
+        updates = eng.generate(1, ride=ride)
+        for u in updates:
+            got[owner[u.slot]] += u.new_token_ids
+            if u.done:
+                del owner[u.slot]
+        return updates
+
+    def request(i):  # sequence i of offline generate's batch (its PRNG key)
+        return SlotRequest(tuple(prompts[i]), budget, sampling, sequence_index=i)
+
+    def ride_in(i, slot, rows, rounds):
+        eng.admit(slot, request(i))
+        owner[slot] = i
+        rode = 0
+        while eng.prefilling:
+            assert eng.riding_rows() == rows
+            decoding = len(eng.decoding)
+            updates = step(ride=True)
+            assert eng.last_rider == 16 and eng.last_rows == rows
+            assert sum(len(u.new_token_ids) > 0 for u in updates) == decoding
+            rode += 1
+        assert rode == rounds and slot in eng.decoding
+
+    eng.insert(0, request(0))
+    owner[0] = 0
+    step()
+    ride_in(1, 1, 2, 5)
+    eng.insert(2, request(2))
+    owner[2] = 2
+    ride_in(3, 3, 4, 2)
+    while owner:
+        step()
+    want = hispec_jax.generate(model, prompts, method=method, max_new_tokens=budget,
+                               temperature=sampling.temperature, top_k=sampling.top_k,
+                               seed=sampling.seed, **options).token_ids
+    assert [got[i] for i in range(len(prompts))] == want
+
+
+def test_a_round_of_several_levels_carries_no_prompt():
+    """HiSpec's round runs several passes over parts of the layers: no chunk rides it, the
+    scheduler prefills beside its rounds instead."""
+    from test_engine import tiny_model
+
+    model = tiny_model(4, 1, max_len=128)
+    decoder = methods_lib.make_method(model, "hispec", draft_exit=1, verify_exits=(2,),
+                                      verify_window=2)
+    eng = SlotEngine(model, decoder, slots=2, capacity=64, greedy=True,
+                     eos_ids=model.eos_token_ids)
+    eng.insert(0, SlotRequest((5, 6, 7), 8))
+    eng.admit(1, SlotRequest(tuple(range(4, 40)), 4))
+    assert not eng.rides and eng.riding_rows() is None
+    eng.generate(1, ride=True)
+    assert eng.last_rider is None and eng.prefilling == [1]
+
+
 def test_the_server_warm_up_loads_stored_row_counts_and_compiles_the_rest_when_quiet(
         tmp_path, monkeypatch):
     """`server.warm_up` compiles the loop over all B slots before readiness, and the smaller

@@ -58,6 +58,8 @@ class DraftInput:
       ring_BxWxD: the engine's ring of draft-level hidden states (None for K = 1).
       capacity: S, the cache capacity (the position of padding entries).
       block: the static number of positions [c_1, c_0] a draft step may see.
+      rider: a prefill chunk riding the step's pass (`transformer.Rider`; a static draft
+        exit only), or None.
     """
 
     x_Bx1xD: jax.Array
@@ -67,6 +69,7 @@ class DraftInput:
     ring_BxWxD: jax.Array | None
     capacity: int
     block: int
+    rider: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +89,7 @@ class DraftOutput:
         the engine writes `h_Bx1xD` at the new token's slot).
       head_evals_E: [L + 1] exit-head evaluations this step ran, by exit layer (None: one, at
         the draft exit).
+      rider: the input's rider, leaving the pass (None without one).
     """
 
     h_Bx1xD: jax.Array
@@ -97,6 +101,7 @@ class DraftOutput:
     state: Any
     ring_BxWxD: jax.Array | None = None
     head_evals_E: jax.Array | None = None
+    rider: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,13 +120,19 @@ class StaticDraftExit:
     def draft(self, params, heads, cfg: ModelConfig, inp: DraftInput, cache: KVCache,
               exit_layer: int, state: Any) -> DraftOutput:
         positions_Bx1 = jnp.where(inp.part_B, inp.position_B, inp.capacity)[:, None]
-        h_Bx1xD, cache = run_layers_cached(params, cfg, inp.x_Bx1xD, positions_Bx1, cache, 0,
-                                           exit_layer)
+        rider = None
+        if inp.rider is None:
+            h_Bx1xD, cache = run_layers_cached(params, cfg, inp.x_Bx1xD, positions_Bx1, cache,
+                                               0, exit_layer)
+        else:
+            h_Bx1xD, cache, rider = run_layers_cached(params, cfg, inp.x_Bx1xD, positions_Bx1,
+                                                      cache, 0, exit_layer, rider=inp.rider)
         with jax.named_scope("head"):
             logits_BxV = exit_logits(params, heads, cfg, h_Bx1xD, exit_layer)[:, 0]
         return DraftOutput(h_Bx1xD, logits_BxV.astype(jnp.float32), cache, exit_layer,
                            exit_layer * jnp.sum(inp.part_B),
-                           jnp.full(inp.position_B.shape, exit_layer, jnp.int32), state)
+                           jnp.full(inp.position_B.shape, exit_layer, jnp.int32), state,
+                           rider=rider)
 
     def align(self, params, cfg, x_BxTxD, positions_BxT, valid_BxT, cache, state, lo):
         """Every draft position is at layer e_0 already: nothing to align."""

@@ -98,21 +98,26 @@ class KVCache:
             return x[layer]
         return jax.lax.dynamic_index_in_dim(x, layer, keepdims=False)
 
-    def write_block(self, start: int, positions_BxT: jax.Array, block: "KVBlock") -> "KVCache":
+    def write_block(self, start: int, positions_BxT: jax.Array, block: "KVBlock",
+                    row: jax.Array | None = None) -> "KVCache":
         """Writes a block's keys/values of layers [start, start + n_layers) (a `KVBlock`,
-        as `run_layers` returns it) at their positions (sentinel S is dropped)."""
+        as `run_layers` returns it) at their positions (sentinel S is dropped); with `row`,
+        a block of one sequence [n_layers, 1, T, K, H] into that batch row."""
         for i in range(block.k.shape[0]):
-            self = self.write_layer(start + i, positions_BxT, block.k[i], block.v[i])
+            self = self.write_layer(start + i, positions_BxT, block.k[i], block.v[i], row)
         return self
 
     def write_layer(self, layer, positions_BxT: jax.Array, k_BxTxKxH: jax.Array,
-                    v_BxTxKxH: jax.Array) -> "KVCache":
+                    v_BxTxKxH: jax.Array, row: jax.Array | None = None) -> "KVCache":
         """Writes one layer's block keys/values at their positions (sentinel S is dropped).
+        `row` ([] int32): the block is one sequence's (B = 1), written into that batch row
+        of the cache; None: row b of the block into row b.
 
         Only that layer's slots are written: inside a layer loop that carries the cache,
         XLA performs the scatter in place.
         """
-        batch_Bx1 = jnp.arange(positions_BxT.shape[0])[:, None]
+        batch_Bx1 = (jnp.arange(positions_BxT.shape[0])[:, None] if row is None
+                     else jnp.reshape(row, (1, 1)))
         if self.per_layer:
             # Advanced indices around the K slice: the indexed shape is [B, T, K, H].
             write = lambda x, new: x.at[batch_Bx1, :, positions_BxT].set(new.astype(x.dtype),

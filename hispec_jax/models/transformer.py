@@ -6,7 +6,8 @@ stacked weights, so compile time does not grow with depth, or an unrolled loop o
 per-layer weights: see the layer layouts in `params.py`), reading the KV cache of exactly
 those layers. Decoding uses `run_layers_cached`, which writes each layer's new keys/values
 into the cache in place inside the layer loop; training uses `run_layers`, which returns
-them (`KVBlock`).
+them (`KVBlock`). A decoding pass may carry a prefill chunk of another sequence along
+(`Rider`): chunked prefill fused with decoding.
 
 Shapes (nanodo suffixes): B batch, T block length, S cache capacity, D hidden, N query heads,
 K kv heads, G = N / K, H head dim, F MLP width, V vocab.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 
@@ -44,6 +46,54 @@ def apply_rope(x_BxTxMxH: jax.Array, positions_BxT: jax.Array, inv_freq: jax.Arr
 def embed(params: Params, tokens_BxT: jax.Array) -> jax.Array:
     """Token embeddings [B, T, D] (Llama and Qwen3 do not scale them)."""
     return jnp.take(params["embed"], tokens_BxT, axis=0)
+
+
+@flax.struct.dataclass
+class Rider:
+    """A prefill chunk of one sequence riding a decoding pass (chunked prefill fused with
+    decoding): its C positions run the pass's layers in the same matmuls as the pass's
+    block, so every weight is read once for both, and attend over their own cache row.
+
+        norms, projections, MLP   one token group [ block: B*T tokens | chunk: C tokens ]
+        attention                 the block's rows over their cache rows (as without it);
+                                  the chunk over cache row `row` and itself, causally
+
+    Where a decoding pass costs the read of the weights (a CPU, an accelerator at small
+    batch), a chunk of a few positions adds little to the pass it rides, while a pass of
+    its own costs about a round: the streams decoding beside a prompt that enters its slot
+    pause for the chunk's extra compute instead of a second pass.
+
+    Attributes:
+      x_1xCxD: the chunk's hidden states entering the pass (its embeddings), or, in the
+        rider a pass returns, leaving it.
+      positions_1xC: [1, C] int32, its positions (padding: the capacity S, written nowhere).
+      row: [] int32, its sequence's batch row in the cache.
+      kv: in the rider a read-only pass (`run_layers`) returns, the chunk's keys/values of
+        the pass's layers [n_layers, 1, C, K, H] for the caller to write at `row`
+        (`KVCache.write_block(..., row=row)`); None otherwise.
+    """
+
+    x_1xCxD: jax.Array
+    positions_1xC: jax.Array
+    row: jax.Array
+    kv: KVBlock | None = None
+
+
+def _join(x_BxTx: jax.Array, rider_1xCx: jax.Array) -> jax.Array:
+    """The block's tokens and a rider's as one group [1, B*T + C, ...]."""
+    B, T = x_BxTx.shape[:2]
+    return jnp.concatenate([x_BxTx.reshape((1, B * T) + x_BxTx.shape[2:]),
+                            rider_1xCx.astype(x_BxTx.dtype)], axis=1)
+
+
+def _split(y_1xNx: jax.Array, B: int, T: int) -> tuple[jax.Array, jax.Array]:
+    """`_join`'s inverse along the token axis: ([B, T, ...], [1, C, ...])."""
+    return y_1xNx[:, :B * T].reshape((B, T) + y_1xNx.shape[2:]), y_1xNx[:, B * T:]
+
+
+def _row(x_BxKxSxH: jax.Array, row: jax.Array) -> jax.Array:
+    """One sequence's slice [1, K, S, H] of a cache layer."""
+    return jax.lax.dynamic_slice_in_dim(x_BxKxSxH, row, 1, axis=0)
 
 
 def project(layer_params, name: str, x_BxTxI: jax.Array, precision) -> jax.Array:
@@ -224,7 +274,7 @@ def _block_attention(layer_params, cfg: ModelConfig, x_BxTxD, positions_BxT, con
 
 
 def _context_block_attention(layer_params, cfg: ModelConfig, x_BxTxD, positions_BxT,
-                             context_k_BxKxSxH, context_v_BxKxSxH):
+                             context_k_BxKxSxH, context_v_BxKxSxH, rider: Rider | None = None):
     """`_block_attention` without concatenating the context: one softmax over two score
     blocks (context slots < the block's first position, and the block itself, causal).
 
@@ -235,17 +285,39 @@ def _context_block_attention(layer_params, cfg: ModelConfig, x_BxTxD, positions_
     inside a `lax.switch` branch leaves the cache untouched and XLA copies nothing; the
     block's keys/values are returned and written after the branch (`engine.Round`).
     Only the context slots in use are read (`_over_used_slots`).
-    Returns (output [B, T, D], the block's k and v [B, T, K, H])."""
-    q, k_BxTxKxH, v_BxTxKxH = _project_qkv(layer_params, cfg, x_BxTxD, positions_BxT,
-                                           context_k_BxKxSxH.dtype)
+
+    With a `rider`, `x_BxTxD` is the joined group [1, B*T + C, D] (`_join`) and the chunk
+    attends over its own row's context the same way.
+    Returns (output [B, T, D] (joined with a rider), the block's k and v [B, T, K, H], the
+    rider's k and v [1, C, K, H] or None)."""
+    B, T = positions_BxT.shape
+    dtype = context_k_BxKxSxH.dtype
+    if rider is None:
+        q, k, v = _project_qkv(layer_params, cfg, x_BxTxD, positions_BxT, dtype)
+        out = _attend_over_context(cfg, q, k, v, positions_BxT, context_k_BxKxSxH,
+                                   context_v_BxKxSxH)
+        return _attention_output(layer_params, cfg, out), k, v, None
+    qkv = _project_qkv(layer_params, cfg, x_BxTxD, _join(positions_BxT, rider.positions_1xC),
+                       dtype)
+    (q, q_r), (k, k_r), (v, v_r) = (_split(a, B, T) for a in qkv)
+    out = _attend_over_context(cfg, q, k, v, positions_BxT, context_k_BxKxSxH,
+                               context_v_BxKxSxH)
+    out_r = _attend_over_context(cfg, q_r, k_r, v_r, rider.positions_1xC,
+                                 _row(context_k_BxKxSxH, rider.row),
+                                 _row(context_v_BxKxSxH, rider.row))
+    return _attention_output(layer_params, cfg, _join(out, out_r)), k, v, (k_r, v_r)
+
+
+def _attend_over_context(cfg: ModelConfig, q, k_BxTxKxH, v_BxTxKxH, positions_BxT,
+                         context_k_BxKxSxH, context_v_BxKxSxH):
+    """The attention of `_context_block_attention` for one group -> [B, T, K, G, H]."""
     S = context_k_BxKxSxH.shape[2]
     ctx_visible_BxS = jnp.arange(S)[None, :] < positions_BxT[:, :1]
     attend = lambda keys, values, visible: _attend_context_and_block(
         q, k_BxTxKxH, v_BxTxKxH, keys, values, visible, cfg.precision)
     seen_Bx1 = jnp.where(positions_BxT[:, :1] < S, positions_BxT[:, :1], 0)
-    out = _over_used_slots(attend, seen_Bx1, S, context_k_BxKxSxH,
-                           context_v_BxKxSxH, ctx_visible_BxS)
-    return _attention_output(layer_params, cfg, out), k_BxTxKxH, v_BxTxKxH
+    return _over_used_slots(attend, seen_Bx1, S, context_k_BxKxSxH, context_v_BxKxSxH,
+                            ctx_visible_BxS)
 
 
 def _attend_context_and_block(q, k_BxTxKxH, v_BxTxKxH, context_k_BxKxSxH, context_v_BxKxSxH,
@@ -278,23 +350,46 @@ def _attend_context_and_block(q, k_BxTxKxH, v_BxTxKxH, context_k_BxKxSxH, contex
 
 
 def _cached_attention(layer_params, cfg: ModelConfig, x_BxTxD, positions_BxT, write_positions_BxT,
-                      cache: KVCache, layer):
+                      cache: KVCache, layer, rider: Rider | None = None):
     """Self-attention that first writes the block's keys/values into the cache (at
     `write_positions_BxT`; sentinel S is dropped), then reads the updated layer: a query at
     position p sees slots <= p (the valid context below the block's first position, and
     the block's own entries up to itself). Writing before reading makes the read depend on
     the write, so XLA updates the carried cache in place instead of copying it. Only the
-    slots in use are read (`_over_used_slots`)."""
-    q, k_BxTxKxH, v_BxTxKxH = _project_qkv(layer_params, cfg, x_BxTxD, positions_BxT,
-                                           cache.dtype)
-    cache = cache.write_layer(layer, write_positions_BxT, k_BxTxKxH, v_BxTxKxH)
+    slots in use are read (`_over_used_slots`).
+
+    With a `rider`, `x_BxTxD` is the joined group [1, B*T + C, D] (`_join`): the chunk's
+    keys/values go into its row, and it attends over that row the same way.
+    Returns (output [B, T, D] (joined with a rider), the cache)."""
+    B, T = positions_BxT.shape
+    if rider is None:
+        q, k, v = _project_qkv(layer_params, cfg, x_BxTxD, positions_BxT, cache.dtype)
+        out, cache = _write_and_attend(cfg, q, k, v, positions_BxT, write_positions_BxT,
+                                       cache, layer)
+        return _attention_output(layer_params, cfg, out), cache
+    qkv = _project_qkv(layer_params, cfg, x_BxTxD, _join(positions_BxT, rider.positions_1xC),
+                       cache.dtype)
+    (q, q_r), (k, k_r), (v, v_r) = (_split(a, B, T) for a in qkv)
+    out, cache = _write_and_attend(cfg, q, k, v, positions_BxT, write_positions_BxT, cache,
+                                   layer)
+    out_r, cache = _write_and_attend(cfg, q_r, k_r, v_r, rider.positions_1xC,
+                                     rider.positions_1xC, cache, layer, rider.row)
+    return _attention_output(layer_params, cfg, _join(out, out_r)), cache
+
+
+def _write_and_attend(cfg: ModelConfig, q, k_BxTxKxH, v_BxTxKxH, positions_BxT,
+                      write_positions_BxT, cache: KVCache, layer, row=None):
+    """`_cached_attention` for one group: write, then attend over the updated layer (`row`:
+    the group is that one sequence's, B = 1) -> (output [B, T, K, G, H], cache)."""
+    cache = cache.write_layer(layer, write_positions_BxT, k_BxTxKxH, v_BxTxKxH, row)
+    keys, values = cache.layer_keys(layer), cache.layer_values(layer)
+    if row is not None:
+        keys, values = _row(keys, row), _row(values, row)
     S = cache.capacity
     visible_BxTxS = jnp.arange(S)[None, None, :] <= positions_BxT[:, :, None]
     attend = lambda keys, values, visible: _attend(q, keys, values, visible, cfg.precision)
     seen_BxT = jnp.where(positions_BxT < S, positions_BxT + 1, 0)
-    out = _over_used_slots(attend, seen_BxT, S, cache.layer_keys(layer),
-                           cache.layer_values(layer), visible_BxTxS)
-    return _attention_output(layer_params, cfg, out), cache
+    return _over_used_slots(attend, seen_BxT, S, keys, values, visible_BxTxS), cache
 
 
 def _mlp(layer_params, cfg: ModelConfig, x_BxTxD):
@@ -304,8 +399,8 @@ def _mlp(layer_params, cfg: ModelConfig, x_BxTxD):
 
 
 def run_layers(params: Params, cfg: ModelConfig, x_BxTxD: jax.Array, positions_BxT: jax.Array,
-               cache: KVCache, start: int, stop: int, *,
-               split_context: bool = False) -> tuple[jax.Array, KVBlock]:
+               cache: KVCache, start: int, stop: int, *, split_context: bool = False,
+               rider: Rider | None = None):
     """Runs layers [start, stop) over a block, continuing from layer-`start` hidden states.
 
     Args:
@@ -319,44 +414,61 @@ def run_layers(params: Params, cfg: ModelConfig, x_BxTxD: jax.Array, positions_B
       start, stop: static layer range, 0 <= start <= stop <= L.
       split_context: attend with `_context_block_attention` (no concatenated copy of the
         context; decoding passes over a read-only cache) instead of `_block_attention`.
+      rider: a prefill chunk of one sequence that runs the same layers in the same matmuls
+        (`Rider`; with `split_context` only), its states entering layer `start`.
 
     Returns:
       (hidden states leaving layer stop - 1, i.e. "layer-`stop` states", the block's new
-      keys/values for layers [start, stop) as a `KVBlock`).
+      keys/values for layers [start, stop) as a `KVBlock`); with a rider, a third element:
+      the rider with its layer-`stop` states and its keys/values (`Rider.kv`).
     """
     if not 0 <= start <= stop <= cfg.num_layers:
         raise ValueError(f"layer range [{start}, {stop}) is outside [0, {cfg.num_layers}]")
     if stop > cache.num_layers:
         raise ValueError(f"cache holds {cache.num_layers} layers, layer range needs {stop}")
-    layers = params["layers"]
+    if rider is not None and not split_context:
+        raise ValueError("a rider rides a split-context pass (split_context=True)")
+    B, T, _ = x_BxTxD.shape
     block_attention = _context_block_attention if split_context else _block_attention
+
+    def one_layer(layer_params, layer, carry):
+        x, x_r = carry
+        keys, values = cache.layer_keys(layer), cache.layer_values(layer)
+        if rider is None:
+            attention = lambda h: _unpack(block_attention(layer_params, cfg, h, positions_BxT,
+                                                          keys, values)[:3])
+            x, (k, v) = _layer(layer_params, cfg, x, attention)
+            return (x, x_r), (k, v, None)
+        attention = lambda h: (lambda out, k, v, kv_r: (out, (k, v, kv_r)))(
+            *_context_block_attention(layer_params, cfg, h, positions_BxT, keys, values, rider))
+        y, kvs = _layer(layer_params, cfg, _join(x, x_r), attention)
+        return _split(y, B, T), kvs
+
+    carry = (x_BxTxD, None if rider is None else rider.x_1xCxD)
+    layers = params["layers"]
     if isinstance(layers, (tuple, list)):  # the "unrolled" layout: one buffer set per layer
-        ks, vs = [], []
+        per_layer = []
         for layer in range(start, stop):
-            attention = lambda h, lp=layers[layer], layer=layer: _unpack(block_attention(
-                lp, cfg, h, positions_BxT, cache.layer_keys(layer), cache.layer_values(layer)))
-            x_BxTxD, (k, v) = _layer(layers[layer], cfg, x_BxTxD, attention)
-            ks.append(k)
-            vs.append(v)
-        if not ks:
-            B, T, _ = x_BxTxD.shape
-            empty = jnp.zeros((0, B, T, cfg.num_kv_heads, cfg.head_dim), cache.dtype)
-            return x_BxTxD, KVBlock(k=empty, v=empty)
-        return x_BxTxD, KVBlock(k=jnp.stack(ks), v=jnp.stack(vs))
-
-    # The "scan" layout. Index each layer's weights and cache inside the scan: slicing the
-    # stacked arrays outside (`w[start:stop]` as scan inputs) makes XLA materialize a copy.
-    take = lambda a, layer: jax.lax.dynamic_index_in_dim(a, layer, keepdims=False)
-
-    def step(x, layer):
-        layer_params = jax.tree.map(lambda w: take(w, layer), layers)
-        attention = lambda h: _unpack(block_attention(
-            layer_params, cfg, h, positions_BxT, cache.layer_keys(layer), cache.layer_values(layer)))
-        x, (k, v) = _layer(layer_params, cfg, x, attention)
-        return x, (k, v)
-
-    x_BxTxD, (k_LxBxTxKxH, v_LxBxTxKxH) = jax.lax.scan(step, x_BxTxD, jnp.arange(start, stop))
-    return x_BxTxD, KVBlock(k=k_LxBxTxKxH, v=v_LxBxTxKxH)
+            carry, kvs = one_layer(layers[layer], layer, carry)
+            per_layer.append(kvs)
+        if per_layer:
+            k, v, kv_r = jax.tree.map(lambda *a: jnp.stack(a), *per_layer)
+        else:
+            k = v = jnp.zeros((0, B, T, cfg.num_kv_heads, cfg.head_dim), cache.dtype)
+            kv_r = None if rider is None else (jnp.zeros((0,) + rider.x_1xCxD.shape[:2] + (
+                cfg.num_kv_heads, cfg.head_dim), cache.dtype),) * 2
+    else:
+        # The "scan" layout. Index each layer's weights and cache inside the scan: slicing
+        # the stacked arrays outside (`w[start:stop]` as scan inputs) makes XLA materialize
+        # a copy.
+        take = lambda a, layer: jax.lax.dynamic_index_in_dim(a, layer, keepdims=False)
+        carry, (k, v, kv_r) = jax.lax.scan(
+            lambda c, layer: one_layer(jax.tree.map(lambda w: take(w, layer), layers), layer, c),
+            carry, jnp.arange(start, stop))
+    (x_BxTxD, x_r), kv = carry, KVBlock(k=k, v=v)
+    if rider is None:
+        return x_BxTxD, kv
+    return x_BxTxD, kv, rider.replace(x_1xCxD=x_r, kv=KVBlock(k=kv_r[0], v=kv_r[1]))
 
 
 def scan_exits(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array,
@@ -408,7 +520,7 @@ def _layer(layer_params, cfg: ModelConfig, x_BxTxD, attention):
 
 def run_layers_cached(params: Params, cfg: ModelConfig, x_BxTxD: jax.Array,
                       positions_BxT: jax.Array, cache: KVCache, start: int, stop: int, *,
-                      stop_BxT: jax.Array | None = None) -> tuple[jax.Array, KVCache]:
+                      stop_BxT: jax.Array | None = None, rider: Rider | None = None):
     """Runs layers [start, stop) over a block and writes its keys/values into the cache in
     place, layer by layer (only layers [start, stop) are touched).
 
@@ -422,17 +534,24 @@ def run_layers_cached(params: Params, cfg: ModelConfig, x_BxTxD: jax.Array,
         beyond it the token's hidden state passes through unchanged and nothing is written
         for it). Lets one pass carry tokens of different exit depths (dynamic-exit
         drafting); None: every token runs every layer in [start, stop).
+      rider: a prefill chunk of one sequence that runs the same layers in the same matmuls
+        and writes its keys/values into its own row (`Rider`), its states entering layer
+        `start`.
 
     Returns:
-      (hidden states leaving layer stop - 1 (or each token's own stop), the updated cache).
+      (hidden states leaving layer stop - 1 (or each token's own stop), the updated cache);
+      with a rider, a third element: the rider with its layer-`stop` states.
     """
     if not 0 <= start <= stop <= cfg.num_layers:
         raise ValueError(f"layer range [{start}, {stop}) is outside [0, {cfg.num_layers}]")
     if stop > cache.num_layers:
         raise ValueError(f"cache holds {cache.num_layers} layers, layer range needs {stop}")
+    if rider is not None and stop_BxT is not None:
+        raise ValueError("a rider runs every layer of the pass: no per-token stop layers")
     S = cache.capacity
+    B, T, _ = x_BxTxD.shape
 
-    def one_layer(layer_params, layer, x_BxTxD, cache):
+    def one_layer(layer_params, layer, x_BxTxD, x_r, cache):
         # On a mesh: split by sequence, whole over "model" between layers (Megatron-style).
         x_BxTxD = sharding.constrain(x_BxTxD, sharding.HIDDEN_AXES)
         write_positions_BxT = positions_BxT
@@ -440,26 +559,31 @@ def run_layers_cached(params: Params, cfg: ModelConfig, x_BxTxD: jax.Array,
             runs_BxT = layer < stop_BxT
             write_positions_BxT = jnp.where(runs_BxT, positions_BxT, S)
         attention = lambda h: _cached_attention(layer_params, cfg, h, positions_BxT,
-                                                write_positions_BxT, cache, layer)
+                                                write_positions_BxT, cache, layer, rider)
+        if rider is not None:
+            y, cache = _layer(layer_params, cfg, _join(x_BxTxD, x_r), attention)
+            return *_split(y, B, T), cache
         new_x, cache = _layer(layer_params, cfg, x_BxTxD, attention)
         if stop_BxT is not None:
             new_x = jnp.where(runs_BxT[..., None], new_x, x_BxTxD)
-        return new_x, cache
+        return new_x, x_r, cache
 
+    carry = (x_BxTxD, None if rider is None else rider.x_1xCxD, cache)
     layers = params["layers"]
     if isinstance(layers, (tuple, list)):  # the "unrolled" layout
         for layer in range(start, stop):
-            x_BxTxD, cache = one_layer(layers[layer], layer, x_BxTxD, cache)
+            carry = one_layer(layers[layer], layer, *carry)
+    else:
+        if cache.per_layer:
+            raise ValueError("the scan layer layout needs a stacked cache (KVCache.zeros(..., "
+                             "per_layer=False))")
+        take = lambda a, layer: jax.lax.dynamic_index_in_dim(a, layer, keepdims=False)
+
+        def step(carry, layer):
+            return one_layer(jax.tree.map(lambda w: take(w, layer), layers), layer, *carry), None
+
+        carry, _ = jax.lax.scan(step, carry, jnp.arange(start, stop))
+    x_BxTxD, x_r, cache = carry
+    if rider is None:
         return x_BxTxD, cache
-
-    if cache.per_layer:
-        raise ValueError("the scan layer layout needs a stacked cache (KVCache.zeros(..., "
-                         "per_layer=False))")
-    take = lambda a, layer: jax.lax.dynamic_index_in_dim(a, layer, keepdims=False)
-
-    def step(carry, layer):
-        x, cache = carry
-        return one_layer(jax.tree.map(lambda w: take(w, layer), layers), layer, x, cache), None
-
-    (x_BxTxD, cache), _ = jax.lax.scan(step, (x_BxTxD, cache), jnp.arange(start, stop))
-    return x_BxTxD, cache
+    return x_BxTxD, cache, rider.replace(x_1xCxD=x_r)

@@ -320,13 +320,15 @@ class Scheduler:
                     started, prompts = time.time(), len(engine.prefilling)
                     self._step_chunks = []
                     t_prefill = time.perf_counter()
-                    if engine.decoding:
+                    # a chunk rides the round where it can, else chunks run beside it
+                    ride = engine.riding_rows() is not None
+                    if engine.decoding and not ride:
                         self._prefill_beside_rounds(greedy, engine)
                     while engine.prefilling and not engine.decoding:  # it holds up no stream
                         self._prefill_chunk(greedy, engine, small=False)
                     decoding = len(engine.decoding)
                     t0 = time.perf_counter()
-                    updates = engine.generate(self.rounds_per_step)
+                    updates = engine.generate(self.rounds_per_step, ride=ride)
                     self._round_seconds[greedy] = time.perf_counter() - t0
                     counters = engine.counters()
                     self.stats.engine_counters(greedy, counters)
@@ -339,7 +341,8 @@ class Scheduler:
                         self.step_log.write({
                             "time": started, "engine": "greedy" if greedy else "sampling",
                             "decoding": decoding, "prompts": prompts, "rows": engine.last_rows,
-                            "chunks": self._step_chunks, "prefill_seconds": t0 - t_prefill,
+                            "chunks": self._step_chunks, "rider": engine.last_rider,
+                            "prefill_seconds": t0 - t_prefill,
                             "round_seconds": self._round_seconds[greedy],
                             "tokens": sum(len(u.new_token_ids) for u in updates),
                             "proposed": proposed, "accepted": accepted})

@@ -104,6 +104,7 @@ def warm_up(engines: dict[bool, slots_lib.SlotEngine], idle=None,
             try:
                 t0 = time.perf_counter()
                 engine.compile_rounds(rows)
+                engine.compile_riding(rows)
                 log.info("compiled the %s rounds loop over %d of %d slots in %.1f s",
                          "greedy" if engine.greedy else "sampling", rows, engine.slots,
                          time.perf_counter() - t0)

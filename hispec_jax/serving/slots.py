@@ -58,9 +58,10 @@ from hispec_jax.decoding import methods as methods_lib
 from hispec_jax.decoding import program_cache
 from hispec_jax.decoding.engine import compile_cache
 from hispec_jax.decoding.generate import MIN_PROMPT_BLOCK
-from hispec_jax.decoding.prefill import MAX_SMALL, prefill_chunk, small_chunk
+from hispec_jax.decoding.prefill import MAX_SMALL, block_positions, prefill_chunk, small_chunk
 from hispec_jax.decoding.request import Request
 from hispec_jax.decoding.sampling import SamplingArrays, SamplingParams, sequence_keys
+from hispec_jax.models.transformer import Rider, embed
 
 # ---- compilations, counted for the whole process (warm-up checks, `hispec bench --serve`)
 _compile_lock = threading.Lock()
@@ -152,18 +153,48 @@ def _put_first_rows(tree, small, layout):
         for x, s, where in zip(leaves, jax.tree.leaves(small), layout, strict=True)])
 
 
-def _rounds_rows(engine: engine_lib.Engine, rows: int, layout, params, heads, req: Request,
-                 state: engine_lib.EngineState, rounds):
-    """`Engine.run_rounds` over rows [0, `rows`) of the batch, as an engine of batch `rows`;
-    the other rows (free or prefilling slots: done sequences) stay as they are. `layout`:
-    `batch_layout` of (state, req)."""
+def _on_first_rows(engine: engine_lib.Engine, rows: int, layout, req: Request,
+                   state: engine_lib.EngineState, run):
+    """`run(engine, req, state) -> (state, extra)` over rows [0, `rows`) of the batch, as an
+    engine of batch `rows`; the other rows (free or prefilling slots: done sequences) stay
+    as they are. `layout`: `batch_layout` of (state, req). Returns (state, extra)."""
     if rows == engine.shapes.batch:
-        return engine.run_rounds(params, heads, req, state, rounds)
+        return run(engine, req, state)
     small = dataclasses.replace(engine, shapes=dataclasses.replace(engine.shapes, batch=rows))
     state_r, req_r = _first_rows((state, req), layout, rows)
-    state_r = small.run_rounds(params, heads, req_r, state_r, rounds)
+    state_r, extra = run(small, req_r, state_r)
     state_layout = layout[:len(jax.tree.leaves(state))]
-    return _put_first_rows(state, state_r, state_layout)
+    return _put_first_rows(state, state_r, state_layout), extra
+
+
+def _rounds_rows(engine: engine_lib.Engine, rows: int, layout, params, heads, req: Request,
+                 state: engine_lib.EngineState, rounds):
+    """`Engine.run_rounds` over rows [0, `rows`) of the batch (`_on_first_rows`)."""
+    run = lambda eng, req, state: (eng.run_rounds(params, heads, req, state, rounds), None)
+    return _on_first_rows(engine, rows, layout, req, state, run)[0]
+
+
+def _round_with_chunk(engine: engine_lib.Engine, rows: int, layout, params, heads,
+                      req: Request, state: engine_lib.EngineState, slot, tokens_1xC, start,
+                      prompt_len_1):
+    """One round over rows [0, `rows`) (`_on_first_rows`) with a prefill chunk riding its
+    pass (`transformer.Rider`): positions [start, start + C) of the prompt in row `slot`
+    (< rows, a done sequence in the round). Returns (state, the chunk's top-layer hidden
+    state [1, D] at the prompt's last position, valid when that position is in the chunk:
+    what `_chunk` returns). Static: the engine, `rows`, `layout` and C."""
+    C = tokens_1xC.shape[1]
+    n_1 = jnp.clip(prompt_len_1 - start, 0, C)
+    positions_1xC = block_positions(jnp.full((1,), start, jnp.int32), n_1, C,
+                                    engine.shapes.capacity)
+    rider = Rider(x_1xCxD=embed(params, tokens_1xC), positions_1xC=positions_1xC, row=slot)
+
+    def run(eng, req, state):
+        state = eng.step(params, heads, req, state.replace(rider=rider))
+        return state.replace(rider=None), state.rider.x_1xCxD
+
+    state, x_1xCxD = _on_first_rows(engine, rows, layout, req, state, run)
+    offset = jnp.clip(prompt_len_1[0] - 1 - start, 0, C - 1)
+    return state, jax.lax.dynamic_index_in_dim(x_1xCxD, offset, axis=1, keepdims=False)
 
 
 def _cache_batch_axis(cache) -> int:
@@ -356,6 +387,11 @@ class SlotEngine:
         # shapes only: `compile_rounds` may run in another thread while this one decodes
         self._abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
                                       (self.req, self.state))
+        # the rounds with a prefill chunk of t positions riding their pass, by row count
+        # (`_round_with_chunk`; where the engine's round is one pass over every layer)
+        self.rides = self.engine.hierarchy.carries_prefill
+        self._riding: dict[int, Any] = {}
+        self.last_rider: int | None = None  # positions of the chunk the last generate carried
         self._prompt_len = np.zeros((slots,), np.int64)
         self._reported = np.zeros((slots,), np.int64)  # new tokens already handed out
         self._prefills: list[_Prefill] = []  # admitted prompts not yet prefilled, oldest first
@@ -504,14 +540,25 @@ class SlotEngine:
         """(fn, static, donate, args) of the cancel step."""
         return _cancel, (), (0,), (self.state, np.int32(slot))
 
-    def generate(self, max_rounds: int) -> list[SlotUpdate]:
+    def generate(self, max_rounds: int, ride: bool = False) -> list[SlotUpdate]:
         """Runs at most `max_rounds` rounds (fewer when every slot finishes) and returns the
         decoding slots' new tokens; finished slots become free. Slots still prefilling take
-        no part."""
+        no part.
+
+        `ride`: where `riding_rows()` says so, the next chunk (t positions) of the oldest
+        waiting prompt rides the first round's pass (`transformer.Rider`), as `prefill(1,
+        small=True)` would cache it beside the round (a prompt whose last chunk rode starts
+        decoding, as after `prefill`). `last_rider` says whether one rode."""
         decoding = self.decoding
         if not decoding:
             return []
-        self._run_rounds(self.rows_for(max(decoding)), max_rounds)
+        rows = self.riding_rows() if ride else None
+        self.last_rider = None
+        if rows is not None:
+            self._run_round_with_chunk(rows)
+            max_rounds -= 1
+        if max_rounds > 0:
+            self._run_rounds(self.rows_for(max(decoding)), max_rounds)
         tokens_BxS, num_new_B, done_B = jax.device_get(
             (self.state.out.tokens_BxS, self.state.out.num_new_B, self.state.out.done_B))
         updates = []
@@ -525,6 +572,52 @@ class SlotEngine:
                 self.busy[b] = False
             updates.append(SlotUpdate(slot=b, new_token_ids=new, done=done, hit_eos=hit_eos))
         return updates
+
+    def riding_rows(self) -> int | None:
+        """The rows of the round that the next `generate(ride=True)` carries a prefill chunk
+        on: the smallest of `active_rows` above every decoding slot and the oldest waiting
+        prompt's slot whose program is compiled (with `compile_on_demand`: any). None when
+        no chunk would ride: the engine's round is not one pass over every layer
+        (`Hierarchy.carries_prefill`), no prompt waits, no slot decodes, or no such
+        program is compiled yet."""
+        decoding = self.decoding
+        if not (self.rides and decoding and self._prefills):
+            return None
+        last = max(max(decoding), self._prefills[0].slot)
+        return next((r for r in self.active_rows if r > last and (
+            self.compile_on_demand or r in self._riding)), None)
+
+    def _run_round_with_chunk(self, rows: int) -> None:
+        p = self._prefills[0]
+        ids = p.request.prompt_ids
+        C = self._small_chunk
+        tokens = np.zeros((1, C), np.int32)
+        piece = ids[p.start:p.start + C]
+        tokens[0, :len(piece)] = piece
+        args = (self.model.params, self.model.heads, self.req, self.state, np.int32(p.slot),
+                tokens, np.int32(p.start), np.asarray([len(ids)], np.int32))
+        program = self._riding.get(rows) or self._riding.setdefault(
+            rows, _program(_round_with_chunk, self._rounds_static(rows), (3,), args))
+        self.state, h_1xD = program(*args)
+        self.last_rows, self.last_rider = rows, C
+        p.start += C
+        if p.start >= len(ids):
+            p.h_1xD = h_1xD
+            self._finish(self._prefills.pop(0))
+
+    def compile_riding(self, rows: int) -> None:
+        """Compiles the round over `rows` rows with a prefill chunk riding it ahead of time
+        (from any thread); `generate(ride=True)` uses it from then on. Nothing where the
+        engine's round cannot carry one."""
+        if self.rides and rows not in self._riding:
+            self._riding.setdefault(rows, _program(_round_with_chunk, self._rounds_static(rows),
+                                                   (3,), self._riding_structs()))
+
+    def _riding_structs(self) -> tuple:
+        """`_round_with_chunk`'s arguments as shapes (the rounds loop's, without the
+        bound, then slot, chunk tokens [1, t], start, prompt length [1])."""
+        i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
+        return self._rounds_structs()[:4] + (i32(), i32(1, self._small_chunk), i32(), i32(1))
 
     @property
     def compiled_rows(self) -> tuple[int, ...]:
@@ -582,7 +675,8 @@ class SlotEngine:
         workers = max(1, min(len(calls) + len(rows) + 2, os.cpu_count() or 1))
         with concurrent.futures.ThreadPoolExecutor(workers) as pool:
             # the rounds loops first: the largest programs, the longest to load
-            futures = [pool.submit(self.compile_rounds, r) for r in sorted(rows, reverse=True)]
+            futures = [pool.submit(compile_, r) for r in sorted(rows, reverse=True)
+                       for compile_ in (self.compile_rounds, self.compile_riding)]
             chunks = [pool.submit(_program, fn, static, donate, args)
                       for fn, static, donate, args in calls]
 
@@ -597,10 +691,14 @@ class SlotEngine:
                     on_ready(k, len(futures))
 
     def rounds_stored(self, rows: int) -> bool:
-        """Whether the rounds loop over `rows` rows is compiled in this process or stored in
-        the program cache (compiling it is then a load of about a second, not a compile)."""
-        return rows in self._rounds or program_cache.is_stored(
-            args=self._rounds_structs(), **_cache_entry(_rounds_rows, self._rounds_static(rows)))
+        """Whether the rounds loop over `rows` rows, and the round with a chunk riding it,
+        are compiled in this process or stored in the program cache (compiling them is then
+        a load of a second or two, not a compile)."""
+        static = self._rounds_static(rows)
+        return ((rows in self._rounds or program_cache.is_stored(
+            args=self._rounds_structs(), **_cache_entry(_rounds_rows, static)))
+            and (not self.rides or rows in self._riding or program_cache.is_stored(
+                args=self._riding_structs(), **_cache_entry(_round_with_chunk, static))))
 
     def warm_up(self, rows: tuple[int, ...] | None = None, on_phase=None) -> int:
         """Compiles every program this engine runs (the small and the full prefill chunk,
@@ -624,6 +722,12 @@ class SlotEngine:
         self.insert(0, SlotRequest((0,) * (full if len(self._chunks()) > 1 else 1), 1, sampling))
         for r in rows:  # slot 0 is done after a round
             self._run_rounds(r, 1)
+            if self.rides:  # a chunk into free slot 0's row (its next prompt rewrites it)
+                args = self._riding_structs()[4:]
+                self.compile_riding(r)
+                self.state, _ = self._riding[r](
+                    self.model.params, self.model.heads, self.req, self.state,
+                    *(np.zeros(a.shape, a.dtype) for a in args))
         while self.busy[0]:
             self.generate(1)
         self.counters()

@@ -138,7 +138,7 @@ class ExitDrafter:
             x_Bx1xD=embed(rnd.params, token_B[:, None]), position_B=pos_B, part_B=part_B,
             pending_start_B=c[:, 1] if K > 1 else pos_B,
             ring_BxWxD=state.hidden[0] if K > 1 else None, capacity=S,
-            block=h.blocks[0] if K > 1 else 1), state.cache, h.exits[0],
+            block=h.blocks[0] if K > 1 else 1, rider=state.rider), state.cache, h.exits[0],
             state.draft_state.exit)
         if rnd.greedy:
             next_B = jnp.argmax(d.logits_BxV, axis=-1).astype(jnp.int32)
@@ -176,7 +176,7 @@ class ExitDrafter:
                              processed_BxK=c.at[:, 0].add(part_B.astype(jnp.int32)),
                              draft_state=state.draft_state.replace(exit=d.state),
                              draws_B=state.draws_B + part_B,
-                             counters=counters)
+                             counters=counters, rider=d.rider)
 
     def verify_input(self, rnd, state, positions_BxT, valid_BxT, write_cache: bool):
         """The buffered layer-e_0 states; above a dynamic draft exit, each position is first

@@ -122,6 +122,15 @@ class Hierarchy:
         """How far past the committed length tokens and KV entries may be written."""
         return sum(self.blocks) + 1 if self.num_levels > 1 else 0
 
+    @property
+    def carries_prefill(self) -> bool:
+        """Whether each round is one pass over every cached layer from layer 0 (an AR step:
+        one level, a static exit; or prompt lookup's level 1 under the top level), so that
+        a prefill chunk of another sequence can ride it (`EngineState.rider`)."""
+        if self.num_levels == 1:
+            return isinstance(self.draft_exit, StaticDraftExit)
+        return self.num_levels == 2 and self.lookup is not None
+
     def layer_range(self, level: int) -> tuple[int, int]:
         return (self.exits[level - 1] if level else 0), self.exits[level]
 

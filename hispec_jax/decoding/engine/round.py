@@ -194,9 +194,13 @@ class Round:
         branches = [functools.partial(branch, T=T) for T in blocks]
         state, positions_BxT, kv = jax.lax.switch(index, branches, state.replace(cache=None))
         # (the barrier keeps XLA from moving the writes back into every branch)
-        positions_BxT, kv = jax.lax.optimization_barrier((positions_BxT, kv))
+        positions_BxT, kv, rider = jax.lax.optimization_barrier((positions_BxT, kv, state.rider))
         lo, _ = self.h.layer_range(k)
-        return state.replace(cache=cache.write_block(lo, positions_BxT, kv))
+        cache = cache.write_block(lo, positions_BxT, kv)
+        if rider is not None:  # a prefill chunk rode the pass: its keys/values, in its row
+            cache = cache.write_block(lo, rider.positions_1xC, rider.kv, row=rider.row)
+            rider = rider.replace(kv=None)
+        return state.replace(cache=cache, rider=rider)
 
     # ---- level k > 0: verify the level below --------------------------------------------
     def verify(self, state: EngineState, k: int, part_B: jax.Array,
@@ -253,14 +257,17 @@ class Round:
         else:
             x_BxTxD, passes, evals = ring_read(state.hidden[k - 1], positions_BxT), 0, 0
         passes, evals = passes + hi - lo, evals + (hi - lo) * jnp.sum(n_B)
-        kv = None
+        kv, rider = None, state.rider if k == 1 else None  # a prefill chunk rides level 1
         if write_cache:
-            h_BxTxD, cache = run_layers_cached(self.params, cfg, x_BxTxD, positions_BxT,
-                                               state.cache, lo, hi)
+            result = run_layers_cached(self.params, cfg, x_BxTxD, positions_BxT, state.cache,
+                                       lo, hi, rider=rider)
+            h_BxTxD, cache = result[:2]
         else:
-            h_BxTxD, kv = run_layers(self.params, cfg, x_BxTxD, positions_BxT, state.cache, lo,
-                                     hi, split_context=True)
-            cache = state.cache
+            result = run_layers(self.params, cfg, x_BxTxD, positions_BxT, state.cache, lo, hi,
+                                split_context=True, rider=rider)
+            (h_BxTxD, kv), cache = result[:2], state.cache
+        if rider is not None:
+            state = state.replace(rider=result[2])
         with jax.named_scope("head"):
             logits_BxTxV = exit_logits(self.params, self.heads, cfg, h_BxTxD, hi)
         target_BxTxV = (logits_BxTxV if self.greedy

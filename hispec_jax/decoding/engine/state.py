@@ -99,6 +99,9 @@ class EngineState:
       draws_B: [B] int32, passes each sequence took part in; with the sequence's key it
         seeds every random draw, so draws never repeat and never depend on other sequences.
       counters: `Counters`.
+      rider: None, or a prefill chunk of a slot's prompt riding this round's pass over
+        every layer (`transformer.Rider`: the serving slots' fused step), leaving it with
+        the chunk's last-layer states.
     """
 
     out: emit.Output
@@ -112,6 +115,7 @@ class EngineState:
     dists: tuple[jax.Array, ...]
     draws_B: jax.Array
     counters: Counters
+    rider: Any = None
 
 
 # ---- the buffers, by position -------------------------------------------------------------
