@@ -124,8 +124,8 @@ def test_the_rounds_run_only_the_rows_up_to_the_last_decoding_slot():
 
 def test_prepare_loads_every_program_the_warm_up_runs():
     """`SlotEngine.prepare` compiles (in a thread pool, from shapes alone) the whole fixed
-    set: each prefill chunk, finish, cancel and a rounds loop per row count; the warm-up
-    that runs them afterwards adds no program."""
+    set: each prefill chunk, finish, cancel, and per row count a rounds loop and the round a
+    prefill chunk rides; the warm-up that runs them afterwards adds no program."""
     from test_engine import tiny_model
 
     from hispec_jax.serving import slots as slots_lib
@@ -137,9 +137,10 @@ def test_prepare_loads_every_program_the_warm_up_runs():
     before = len(slots_lib._PROGRAMS)
     ready = []
     eng.prepare(on_ready=lambda k, n: ready.append((k, n)))
-    assert ready == [(k, 6) for k in range(1, 7)]
-    assert len(slots_lib._PROGRAMS) - before == 2 + 1 + 1 + 2  # chunks, finish, cancel, rounds
-    assert eng.compiled_rows == (1, 2)
+    assert ready == [(k, 8) for k in range(1, 9)]
+    # chunks, finish, cancel, rounds and the round a chunk rides, per row count
+    assert len(slots_lib._PROGRAMS) - before == 2 + 1 + 1 + 2 + 2
+    assert eng.compiled_rows == (1, 2) and sorted(eng._riding) == [1, 2]
     after = len(slots_lib._PROGRAMS)
     eng.warm_up()
     assert len(slots_lib._PROGRAMS) == after
@@ -370,12 +371,12 @@ def test_the_server_warm_up_loads_stored_row_counts_and_compiles_the_rest_when_q
 
 
 def test_the_scheduler_runs_a_long_prompt_between_the_rounds_of_a_stream():
-    """The engine thread prefills a prompt of 4 chunks one chunk per step (a prefill share
-    of 0: one chunk, whatever the rounds cost): a stream already decoding keeps receiving
-    tokens until the long prompt's first token, and both get their offline `generate`
-    tokens. The step log has every step: one chunk beside a decoding stream, every prompt
-    position in some chunk, every token handed out in some round. Stopping the scheduler
-    ends the warm-up's background compiles."""
+    """The engine thread prefills a prompt of 4 chunks one chunk per step, each riding the
+    decoding stream's round (AR: a round is one pass): the stream keeps receiving tokens
+    until the long prompt's first token, and both get their offline `generate` tokens. The
+    step log has every step: a chunk riding each round beside the stream and none run
+    beside it, every prompt position in some chunk, every token handed out in some round.
+    Stopping the scheduler ends the warm-up's background compiles."""
     import asyncio
     import io
     import json
@@ -436,13 +437,15 @@ def test_the_scheduler_runs_a_long_prompt_between_the_rounds_of_a_stream():
     assert (got["a"], got["b"]) == want
     steps = [json.loads(line) for line in log.getvalue().splitlines()]
     assert {k for r in steps for k in r} == {
-        "time", "engine", "decoding", "prompts", "rows", "chunks", "prefill_seconds",
+        "time", "engine", "decoding", "prompts", "rows", "chunks", "rider", "prefill_seconds",
         "round_seconds", "tokens", "proposed", "accepted"}
     assert all(r["proposed"] == r["accepted"] == [] for r in steps)  # AR: no verifying level
     assert sum(r["tokens"] for r in steps) == 40 + 8
-    assert sum(sum(r["chunks"]) for r in steps) >= len(short) + len(long_)
-    beside = [r for r in steps if r["chunks"] and r["decoding"] and r["prompts"]]
-    assert len(beside) >= 3 and all(len(r["chunks"]) == 1 for r in beside)
+    assert sum(sum(r["chunks"]) + (r["rider"] or 0) for r in steps) >= len(short) + len(long_)
+    # (the first step prefills the short prompt whole: nothing decodes yet)
+    riding = [r for r in steps if r["rider"]]
+    assert [r["rider"] for r in riding] == [16] * 4 and all(
+        r["decoding"] == r["prompts"] == 1 and not r["chunks"] for r in riding)
     assert all(r["engine"] == "greedy" and r["round_seconds"] > 0 for r in steps)
 
 

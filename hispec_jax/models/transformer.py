@@ -370,18 +370,26 @@ def _cached_attention(layer_params, cfg: ModelConfig, x_BxTxD, positions_BxT, wr
     qkv = _project_qkv(layer_params, cfg, x_BxTxD, _join(positions_BxT, rider.positions_1xC),
                        cache.dtype)
     (q, q_r), (k, k_r), (v, v_r) = (_split(a, B, T) for a in qkv)
-    out, cache = _write_and_attend(cfg, q, k, v, positions_BxT, write_positions_BxT, cache,
-                                   layer)
-    out_r, cache = _write_and_attend(cfg, q_r, k_r, v_r, rider.positions_1xC,
-                                     rider.positions_1xC, cache, layer, rider.row)
+    # both groups' writes before either read: a read between two writes of the layer would
+    # make XLA copy it to keep the read's view
+    cache = cache.write_layer(layer, write_positions_BxT, k, v)
+    cache = cache.write_layer(layer, rider.positions_1xC, k_r, v_r, rider.row)
+    out = _attend_cached(cfg, q, positions_BxT, cache, layer)
+    out_r = _attend_cached(cfg, q_r, rider.positions_1xC, cache, layer, rider.row)
     return _attention_output(layer_params, cfg, _join(out, out_r)), cache
 
 
 def _write_and_attend(cfg: ModelConfig, q, k_BxTxKxH, v_BxTxKxH, positions_BxT,
-                      write_positions_BxT, cache: KVCache, layer, row=None):
-    """`_cached_attention` for one group: write, then attend over the updated layer (`row`:
-    the group is that one sequence's, B = 1) -> (output [B, T, K, G, H], cache)."""
-    cache = cache.write_layer(layer, write_positions_BxT, k_BxTxKxH, v_BxTxKxH, row)
+                      write_positions_BxT, cache: KVCache, layer):
+    """`_cached_attention`'s write, then attention over the updated layer -> (output
+    [B, T, K, G, H], cache)."""
+    cache = cache.write_layer(layer, write_positions_BxT, k_BxTxKxH, v_BxTxKxH)
+    return _attend_cached(cfg, q, positions_BxT, cache, layer), cache
+
+
+def _attend_cached(cfg: ModelConfig, q, positions_BxT, cache: KVCache, layer, row=None):
+    """The queries of positions_BxT over a cache layer: a query at p sees slots <= p
+    (`row`: one sequence's queries, B = 1, over that batch row) -> [B, T, K, G, H]."""
     keys, values = cache.layer_keys(layer), cache.layer_values(layer)
     if row is not None:
         keys, values = _row(keys, row), _row(values, row)
@@ -389,7 +397,7 @@ def _write_and_attend(cfg: ModelConfig, q, k_BxTxKxH, v_BxTxKxH, positions_BxT,
     visible_BxTxS = jnp.arange(S)[None, None, :] <= positions_BxT[:, :, None]
     attend = lambda keys, values, visible: _attend(q, keys, values, visible, cfg.precision)
     seen_BxT = jnp.where(positions_BxT < S, positions_BxT + 1, 0)
-    return _over_used_slots(attend, seen_BxT, S, keys, values, visible_BxTxS), cache
+    return _over_used_slots(attend, seen_BxT, S, keys, values, visible_BxTxS)
 
 
 def _mlp(layer_params, cfg: ModelConfig, x_BxTxD):

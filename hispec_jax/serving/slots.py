@@ -676,7 +676,7 @@ class SlotEngine:
         with concurrent.futures.ThreadPoolExecutor(workers) as pool:
             # the rounds loops first: the largest programs, the longest to load
             futures = [pool.submit(compile_, r) for r in sorted(rows, reverse=True)
-                       for compile_ in (self.compile_rounds, self.compile_riding)]
+                       for compile_ in (self.compile_rounds, self.compile_riding)[:1 + self.rides]]
             chunks = [pool.submit(_program, fn, static, donate, args)
                       for fn, static, donate, args in calls]
 
