@@ -311,8 +311,8 @@ def test_serve_load_passes_the_prefill_share_to_every_server(monkeypatch, tmp_pa
 
 def test_serve_load_step_summary_reads_the_load_phase_steps():
     """Only the steps that started in the load window and had a slot decoding count; the
-    share with chunks and the percentiles come from those; a speculative server's rounds
-    are split by level 1's block."""
+    shares with chunks and with a chunk riding the round, and the percentiles, come from
+    those; a speculative server's rounds are split by level 1's block."""
     from hispec_jax.bench import serve_load
 
     def step(time, chunks, prefill, round_, decoding=8):
@@ -351,7 +351,16 @@ def test_serve_load_step_summary_reads_the_load_phase_steps():
     assert line == ("default: rounds by level 1's block: one 2 rounds, 65 ms on 8.0 rows, 1.00 "
                     "tokens per sequence, 31 % of proposed kept; longer 1 rounds, 120 ms on "
                     "8.0 rows, 2.25 tokens per sequence, 50 % of proposed kept")
+    # rounds that carried a prefill chunk (`rider`)
+    ridden = [dict(step(1.0, [], 0.0, 0.08), rider=16), step(1.1, [], 0.0, 0.06),
+              dict(step(1.2, [], 0.0, 0.07), rider=None)]
+    got = serve_load.step_summary(ridden, 1.0, 2.0)
+    assert got["with_rider"] == pytest.approx(1 / 3) and got["with_chunks"] == 0
+    assert got["ridden"]["p50"] == pytest.approx(0.08)
+    assert serve_load.steps_lines([{"method": "ar", "load_steps": got}]).startswith(
+        "ar: 3 steps under load, 0 % with prefill chunks (their prefill p50 - ms), 33 % with "
+        "a chunk riding the round (those rounds p50 80 ms); rounds p50/p99 70/")
+    empty = {"p50": None, "p90": None, "p99": None}
     assert serve_load.step_summary([], 0, 1) == {
-        "steps": 0, "with_chunks": None, "round": {"p50": None, "p90": None, "p99": None},
-        "step": {"p50": None, "p90": None, "p99": None},
-        "prefill": {"p50": None, "p90": None, "p99": None}}
+        "steps": 0, "with_chunks": None, "with_rider": None, "round": empty, "step": empty,
+        "prefill": empty, "ridden": empty}

@@ -326,8 +326,8 @@ def test_a_round_of_several_levels_carries_no_prompt():
 def test_the_server_warm_up_loads_stored_row_counts_and_compiles_the_rest_when_quiet(
         tmp_path, monkeypatch):
     """`server.warm_up` compiles the loop over all B slots before readiness, and the smaller
-    row counts in a background thread that waits for a quiet server and ends, compiling
-    nothing more, when the server stops; a later server (here: an engine of the same
+    row counts and the rounds a prefill chunk rides in a background thread that waits for
+    a quiet server and ends, compiling nothing more, when the server stops; a later server (here: an engine of the same
     description) finds them in the program cache and loads every one before readiness,
     leaving nothing to compile beside its first requests."""
     import threading
@@ -349,12 +349,13 @@ def test_the_server_warm_up_loads_stored_row_counts_and_compiles_the_rest_when_q
     first, busy = engines(), [True]
     assert not first[True].rounds_stored(1)
     thread = server_lib.warm_up(first, idle=lambda: not busy[0])
-    assert first[True].compiled_rows == (2,)
+    assert first[True].compiled_rows == (2,) and first[True].rows_to_compile() == [1, 2]
     time.sleep(1.0)  # busy: the background compile waits
     assert first[True].compiled_rows == (2,) and thread.is_alive()
     busy[0] = False
     thread.join(120)
-    assert first[True].compiled_rows == (1, 2)
+    # then the loop over 1 slot, the round a chunk rides over 2 slots, then over 1
+    assert first[True].compiled_rows == (1, 2) and first[True].rows_to_compile() == []
     # a server stopping before it was quiet (a program cache without the loop over 1 slot)
     monkeypatch.setattr(compile_cache, "PROGRAM_CACHE", str(tmp_path / "other"))
     stopped, stop = engines(), threading.Event()
@@ -364,9 +365,9 @@ def test_the_server_warm_up_loads_stored_row_counts_and_compiles_the_rest_when_q
     assert not thread.is_alive() and stopped[True].compiled_rows == (2,)
     monkeypatch.setattr(compile_cache, "PROGRAM_CACHE", str(tmp_path))
     later = engines()
-    assert later[True].rounds_stored(1)
+    assert later[True].rounds_stored(1) and later[True].riding_stored(1)
     server_lib.warm_up(later).join(120)
-    assert later[True].compiled_rows == (1, 2)
+    assert later[True].compiled_rows == (1, 2) and later[True].rows_to_compile() == []
     assert sorted(p.suffix for p in tmp_path.iterdir()).count(".program") >= 2
 
 
@@ -376,11 +377,13 @@ def test_the_scheduler_runs_a_long_prompt_between_the_rounds_of_a_stream():
     until the long prompt's first token, and both get their offline `generate` tokens. The
     step log has every step: a chunk riding each round beside the stream and none run
     beside it, every prompt position in some chunk, every token handed out in some round.
-    Stopping the scheduler ends the warm-up's background compiles."""
+    (The rounds a chunk rides are compiled in the background once the server is ready: the
+    test waits for them.)"""
     import asyncio
     import io
     import json
     import threading
+    import time
 
     from test_engine import tiny_model
 
@@ -396,6 +399,10 @@ def test_the_scheduler_runs_a_long_prompt_between_the_rounds_of_a_stream():
     scheduler = Scheduler(engines, warmup=server_lib.warm_up, prefill_share=0.0,
                           step_log=StepLog(log))
     scheduler.start()
+    scheduler.ready.wait(120)
+    deadline = time.time() + 120  # the background compiles: the rounds a chunk rides
+    while engines[True].rows_to_compile() and time.time() < deadline:
+        time.sleep(0.1)
 
     async def run():
         loop, events = asyncio.get_running_loop(), []
@@ -425,7 +432,6 @@ def test_the_scheduler_runs_a_long_prompt_between_the_rounds_of_a_stream():
     finally:
         scheduler.stop(timeout=120)  # a background compile under way finishes first
     assert scheduler.error is None
-    # the warm-up's background compile (the loop over 1 of 2 slots) ended with the scheduler
     assert not any(t.name == "hispec-compile-rows" and t.is_alive() for t in threading.enumerate())
     start = events.index(("b", "submitted", None))
     first_b = next(i for i, e in enumerate(events) if e[0] == "b" and e[1] == "tokens")

@@ -117,9 +117,10 @@ def step_log_path(method: str, args, repeat: int = 0) -> str:
 
 def step_summary(records: list[dict], start: float, end: float) -> dict:
     """The engine steps (`scheduler.StepLog` records) that started in [start, end]: their
-    number, the share that ran prefill chunks before their round, and percentiles of their
-    rounds' seconds, of their whole seconds (prefill + round: a stream's gap), and of the
-    prefill seconds of those with chunks. For a speculative method (records with
+    number, the share that ran prefill chunks before their round and the share whose round
+    carried one (`rider`), and percentiles of their rounds' seconds, of their whole seconds
+    (prefill + round: a stream's gap), of the prefill seconds of those with chunks and of
+    the rounds that carried a chunk. For a speculative method (records with
     `proposed`), `blocks`: its rounds split by what level 1 verified, `"one"` (every
     decoding sequence its one position: an AR step) and `"longer"` (some sequence a
     longer block), each with its rounds, their mean seconds and rows, the tokens per
@@ -127,11 +128,13 @@ def step_summary(records: list[dict], start: float, end: float) -> dict:
     blocks paid for their time."""
     steps = [r for r in records if start <= r["time"] <= end and r["decoding"] > 0]
     chunked = [r for r in steps if r["chunks"]]
-    summary = {"steps": len(steps),
-               "with_chunks": len(chunked) / len(steps) if steps else None,
+    riding = [r for r in steps if r.get("rider")]
+    share = lambda group: len(group) / len(steps) if steps else None
+    summary = {"steps": len(steps), "with_chunks": share(chunked), "with_rider": share(riding),
                "round": percentiles([r["round_seconds"] for r in steps]),
                "step": percentiles([r["prefill_seconds"] + r["round_seconds"] for r in steps]),
-               "prefill": percentiles([r["prefill_seconds"] for r in chunked])}
+               "prefill": percentiles([r["prefill_seconds"] for r in chunked]),
+               "ridden": percentiles([r["round_seconds"] for r in riding])}
     verified = [r for r in steps if r.get("proposed")]
     if verified:
         split = {"one": [r for r in verified if r["proposed"][0] <= r["decoding"]],
@@ -344,11 +347,13 @@ def steps_lines(rows: list[dict]) -> str:
         st = r.get("load_steps")
         if not st or not st["steps"]:
             continue
+        riding = (f", {100 * st['with_rider']:.0f} % with a chunk riding the round (those "
+                  f"rounds p50 {_ms(st['ridden']['p50'])} ms)") if st.get("with_rider") else ""
         lines.append(
             f"{r['method']}: {st['steps']} steps under load, {100 * st['with_chunks']:.0f} % "
-            f"with prefill chunks (their prefill p50 {_ms(st['prefill']['p50'])} ms); rounds "
-            f"p50/p99 {_ms(st['round']['p50'])}/{_ms(st['round']['p99'])} ms, whole steps "
-            f"p50/p99 {_ms(st['step']['p50'])}/{_ms(st['step']['p99'])} ms")
+            f"with prefill chunks (their prefill p50 {_ms(st['prefill']['p50'])} ms){riding}; "
+            f"rounds p50/p99 {_ms(st['round']['p50'])}/{_ms(st['round']['p99'])} ms, whole "
+            f"steps p50/p99 {_ms(st['step']['p50'])}/{_ms(st['step']['p99'])} ms")
         blocks = st.get("blocks")
         if blocks:
             lines.append(f"{r['method']}: rounds by level 1's block: " + "; ".join(

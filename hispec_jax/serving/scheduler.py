@@ -6,23 +6,30 @@ property of a compiled loop).
                                       |  a slot is free: admit (the prompt waits in it)
                                       v
     engine thread:  loop { admit waiting jobs into free slots; cancel abandoned ones;
-                           prefill chunks of admitted prompts on each engine for
-                           about prefill_share of its last round's time (with no slot
-                           decoding, the oldest admitted prompt whole, in full chunks);
+                           with no slot decoding, prefill the oldest admitted prompt
+                           whole, in full chunks; else let a chunk of the oldest
+                           admitted prompt ride the round, or, where rounds cannot carry
+                           one, prefill chunks for about prefill_share of the last
+                           round's time;
                            generate(rounds_per_step) on each engine with decoding slots;
                            hand each job its new tokens }  --events--> job's asyncio queue
 
-A long prompt enters its slot chunk by chunk between decode steps (`SlotEngine.prefill`),
-so the other slots' streams pause for a few chunks at a time, not for its whole prefill.
-The pause is a time budget: chunks run until their time reaches `prefill_share` times the
-engine's last round (at least one chunk a step), each a full chunk of C positions where
-the last one measured fits what is left of the budget, else a small one (t = C / 4, at
-least 16). So the gap between two of a stream's token deliveries stays within (1 +
-prefill_share) rounds (one small chunk more at most), and the waiting prompts get a share
-of the time that grows with the rounds: speculation's longer rounds do not starve them.
+A long prompt enters its slot chunk by chunk while the other slots decode, so their
+streams pause for a chunk at a time, not for its whole prefill. Where a round is one pass
+over every layer (AR, prompt lookup), each round carries the next small chunk (t = C / 4
+positions, at least 16) in its own pass (`SlotEngine.generate(ride=True)`): the streams
+wait for the chunk's extra compute, about a quarter of a round on a CPU, instead of a
+second pass. Elsewhere (HiSpec, exit drafts: several passes over parts of the layers) the
+chunks run between the rounds on a time budget: until their time reaches `prefill_share`
+times the engine's last round (at least one chunk a step), each a full chunk of C
+positions where the last one measured fits what is left of the budget, else a small one.
+The gap between two of a stream's token deliveries then stays within (1 + prefill_share)
+rounds (one small chunk more at most), and the waiting prompts get a share of the time
+that grows with the rounds: speculation's longer rounds do not starve them.
 
-    step:  | chunk | chunk |  round of the decoding slots  | chunk | ...
-           |<-- <= prefill_share x last round -->|
+    riding:   | round + chunk | round + chunk | round + chunk + finish | round | ...
+    beside:   | chunk | chunk |  round  | chunk | ...
+              |<-- <= prefill_share x last round -->|
 
 A job's events are `("tokens", [ids])` and finally `("done", finish_reason)` with
 finish_reason "stop" (EOS / end of turn), "length" (max_tokens) or "cancelled".
@@ -93,13 +100,14 @@ class StepLog:
     """Each engine step as one JSON line of `stream` (`hispec serve --step-log`):
 
         {"time": 1764388800.12, "engine": "greedy", "decoding": 7, "prompts": 2, "rows": 8,
-         "chunks": [64, 16], "prefill_seconds": 0.061, "round_seconds": 0.066, "tokens": 9,
-         "proposed": [11], "accepted": [4]}
+         "chunks": [], "rider": 16, "prefill_seconds": 0.0, "round_seconds": 0.083,
+         "tokens": 9, "proposed": [11], "accepted": [4]}
 
     time: wall-clock seconds (`time.time()`) at the step's start; decoding: slots decoding
     in its round; prompts: prompts admitted and not yet prefilled when it started; rows:
     the batch rows its round ran (`SlotEngine.rows_for`); chunks: the positions of each
-    prefill chunk it ran before the round; tokens: the new tokens the round handed out;
+    prefill chunk it ran before the round; rider: the positions of the chunk that rode its
+    round (null: none); tokens: the new tokens the round handed out;
     proposed, accepted: per verifying level (1 .. K-1; none for AR), the tokens submitted
     to it in the round and those it accepted (the engine's `proposed_K`, `accepted_K`).
     A gap between two tokens of a stream is the prefill and the round of one step, so a
@@ -123,11 +131,11 @@ class Scheduler:
       engines: {True: the greedy SlotEngine, False: the sampling SlotEngine}.
       rounds_per_step: speculation rounds per `generate` call (1: a new request waits at
         most one round for a slot to be looked at).
-      prefill_share: the prefill time per engine between two `generate` calls while
-        some of its slots decode, as a multiple of its last `generate` call's time (at
-        least one chunk; with no slot decoding, the oldest admitted prompt is prefilled
-        whole: it holds up no stream). Larger: the waiting prompts' first tokens sooner,
-        longer pauses in the streams.
+      prefill_share: where an engine's rounds cannot carry a chunk, the prefill time
+        between two `generate` calls while some of its slots decode, as a multiple of its
+        last `generate` call's time (at least one chunk; with no slot decoding, the oldest
+        admitted prompt is prefilled whole: it holds up no stream). Larger: the waiting
+        prompts' first tokens sooner, longer pauses in the streams.
       warmup: None (`ready` from the start), or a callable the engine thread runs (with
         `engines`, `idle` and `stop=` the scheduler's stop event: `server.warm_up`) before
         it takes requests; `ready` is set when it returns. If it returns a thread (work
@@ -216,8 +224,7 @@ class Scheduler:
             "slots": self.engines[g].slots, "busy": len(self._running[g]),
             "waiting": len(self._waiting[g]),
             "rows_compiled": list(self.engines[g].compiled_rows),
-            "rows_to_compile": [r for r in self.engines[g].active_rows
-                               if r not in self.engines[g].compiled_rows]}
+            "rows_to_compile": self.engines[g].rows_to_compile()}
             for g in self.engines}
         return {"engines": engines, **self.stats.snapshot(),
                 "compiles": slots_lib.backend_compiles()}

@@ -71,28 +71,37 @@ def warm_up(engines: dict[bool, slots_lib.SlotEngine], idle=None,
             stop: threading.Event | None = None) -> threading.Thread:
     """Compiles every program serving can need before the first request (`SlotEngine.warm_up`,
     both engines) with the rounds loop over all B slots and over every smaller row count
-    (`slots.active_rows`: 1, 2, 4, ...) the program cache holds (loading takes a second or
-    two; compiling one takes many). Then starts a background thread that compiles the
-    other row counts, smallest first, each serving from the moment it is compiled; until
-    then a request runs the smallest compiled loop that holds its slot, so none waits for
-    a compilation. `idle()` (the scheduler's: no request running or waiting) holds each of
-    those compiles back until the server has been quiet for `QUIET_SECONDS`: a compile
-    holds the GIL for seconds of tracing, which a request beside it would wait on. Once
-    `stop` is set (the server stops) the thread compiles nothing more. Returns the
-    thread."""
-    pending = []
+    (`slots.active_rows`: 1, 2, 4, ...) the program cache holds, and the rounds a prefill
+    chunk rides that it holds (loading takes a second or two; compiling one takes many).
+    Then starts a background thread that compiles the rest: the other rounds loops,
+    smallest first, then the rounds a chunk rides, largest first (the rows of a busy
+    server), each serving from the moment it is compiled. Until then a request runs the
+    smallest compiled loop that holds its slot, and a prompt's chunks run beside the
+    rounds instead of riding them, so none waits for a compilation. `idle()` (the
+    scheduler's: no request running or waiting) holds each of those compiles back until
+    the server has been quiet for `QUIET_SECONDS`: a compile holds the GIL for seconds of
+    tracing, which a request beside it would wait on. Once `stop` is set (the server
+    stops) the thread compiles nothing more. Returns the thread."""
+    rounds, riding = [], []
     for engine in engines.values():
         engine.compile_on_demand = False
         stored = tuple(r for r in engine.active_rows
                        if r == engine.slots or engine.rounds_stored(r))
-        engine.warm_up(rows=stored)
-        pending += [(engine, r) for r in engine.active_rows if r not in stored]
-    pending.sort(key=lambda job: job[1])  # the loops a lone client runs first
+        stored_riding = tuple(r for r in engine.active_rows if engine.riding_stored(r))
+        engine.warm_up(rows=stored, riding=stored_riding)
+        rounds += [(engine, r) for r in engine.active_rows if r not in stored]
+        riding += [(engine, r) for r in engine.active_rows
+                   if engine.rides and r not in stored_riding]
+    rounds.sort(key=lambda job: job[1])  # the loops a lone client runs first
+    riding.sort(key=lambda job: -job[1])  # a chunk riding the rounds of a busy server first
+    pending = ([(engine, r, engine.compile_rounds, "rounds loop") for engine, r in rounds]
+               + [(engine, r, engine.compile_riding, "round a prefill chunk rides")
+                  for engine, r in riding])
 
     stop = stop or threading.Event()
 
     def compile_rest():
-        for engine, rows in pending:
+        for engine, rows, compile_, what in pending:
             quiet_since = time.perf_counter()
             while idle is not None and time.perf_counter() - quiet_since < QUIET_SECONDS:
                 if stop.wait(0.1):
@@ -103,13 +112,12 @@ def warm_up(engines: dict[bool, slots_lib.SlotEngine], idle=None,
                 return
             try:
                 t0 = time.perf_counter()
-                engine.compile_rounds(rows)
-                engine.compile_riding(rows)
-                log.info("compiled the %s rounds loop over %d of %d slots in %.1f s",
-                         "greedy" if engine.greedy else "sampling", rows, engine.slots,
+                compile_(rows)
+                log.info("compiled the %s %s over %d of %d slots in %.1f s",
+                         "greedy" if engine.greedy else "sampling", what, rows, engine.slots,
                          time.perf_counter() - t0)
             except Exception:  # noqa: BLE001 - the loop over all slots still serves
-                log.exception("compiling the rounds loop over %d slots failed", rows)
+                log.exception("compiling the %s over %d slots failed", what, rows)
 
     thread = threading.Thread(target=compile_rest, name="hispec-compile-rows", daemon=True)
     thread.start()

@@ -12,12 +12,16 @@ insert / generate split of JetStream-style engines, on top of `decoding.engine.E
                is an array: one compilation for every R), over the first r rows of the
                batch only: r the smallest of `active_rows(B)` (1, 2, 4, ..., B) that holds
                every decoding slot (a request takes the lowest free slot)
+    ride       (`generate(ride=True)`) where a round is one pass over every layer (AR,
+               prompt lookup: `Hierarchy.carries_prefill`), the next t positions of the
+               oldest waiting prompt ride the first round's pass (`transformer.Rider`):
+               one read of the weights for both instead of a pass of its own
     cancel     a slot stops at once (its client went away, a stop string matched)
 
     slot 0  [A A A A A done]   [D1 | D2 | D3 + finish] D D D D ...
     slot 1  [B B B B B B B B B B B B B B B B B B B B B B B B B B B B ...
     slot 2  [C C C done] (free)
-            time ->   D's chunks run between B's rounds; C's slot waits
+            time ->   D's chunks run between B's rounds (or ride them); C's slot waits
 
 A free slot, and a slot whose prompt is still being prefilled, is a done sequence: it takes
 part in no round, so the other slots' tokens do not change. Every draw is keyed by the
@@ -35,9 +39,14 @@ speculation shrinks towards AR steps as slots fill and comes back as they empty,
 recompilation. Outputs do not change: a greedy sequence's tokens are AR's whatever the
 batch, and a sampling sequence's draws and gate never depend on the rest of the batch.
 
+A riding chunk costs the streams its extra compute, not a pass: on SmolLM2-135M with 7
+slots decoding on a 2-core CPU, an AR round with 16 prompt positions riding it takes 1.24x
+a round alone, a round and a separate chunk of 16 1.87x (prompt lookup: 1.22x and 1.42x);
+docs/serving.md, "Chunked prefill".
+
 The compiled programs of an engine are a fixed set, whatever the prompts: the empty state,
-the two prefill chunks, finish, a rounds loop per row count and cancel (`SlotEngine.warm_up`
-compiles them).
+the two prefill chunks, finish, per row count a rounds loop (and a round with a chunk
+riding it, where rounds can carry one), and cancel (`SlotEngine.warm_up` compiles them).
 """
 
 from __future__ import annotations
@@ -388,8 +397,9 @@ class SlotEngine:
         self._abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
                                       (self.req, self.state))
         # the rounds with a prefill chunk of t positions riding their pass, by row count
-        # (`_round_with_chunk`; where the engine's round is one pass over every layer)
-        self.rides = self.engine.hierarchy.carries_prefill
+        # (`_round_with_chunk`; where the engine's round is one pass over every layer, and
+        # another slot can decode beside a prompt)
+        self.rides = self.engine.hierarchy.carries_prefill and slots > 1
         self._riding: dict[int, Any] = {}
         self.last_rider: int | None = None  # positions of the chunk the last generate carried
         self._prompt_len = np.zeros((slots,), np.int64)
@@ -662,21 +672,25 @@ class SlotEngine:
         return ((self.prefill_chunk,) if full <= longest and self.prefill_chunk != self._small_chunk
                 else ()) + (self._small_chunk,)
 
-    def prepare(self, rows: tuple[int, ...] | None = None, on_ready=None) -> None:
+    def prepare(self, rows: tuple[int, ...] | None = None, on_ready=None,
+                riding: tuple[int, ...] | None = None) -> None:
         """Loads from the program cache, or compiles, every program `warm_up` runs, all at
         once in a thread pool, from their argument shapes (nothing runs). Loading an
         executable releases the GIL, so on two cores the programs of a later start load in
         about half the time one after another takes (docs/startup.md); compiles that store
         an executable still take turns (`program_cache.compile_cached`). `on_ready(k, n)`
-        hears, in this thread, that k of the n programs are ready."""
+        hears, in this thread, that k of the n programs are ready. `riding`: the row counts
+        whose round a chunk rides it prepares (None: `rows`)."""
         sampling = SamplingParams() if self.greedy else SamplingParams(temperature=1.0)
         calls = [self._chunk_call(0, np.zeros((1, C), np.int32), 0, 1) for C in self._chunks()]
         rows = self.active_rows if rows is None else rows
-        workers = max(1, min(len(calls) + len(rows) + 2, os.cpu_count() or 1))
+        riding = (rows if riding is None else riding) if self.rides else ()
+        workers = max(1, min(len(calls) + len(rows) + len(riding) + 2, os.cpu_count() or 1))
         with concurrent.futures.ThreadPoolExecutor(workers) as pool:
             # the rounds loops first: the largest programs, the longest to load
-            futures = [pool.submit(compile_, r) for r in sorted(rows, reverse=True)
-                       for compile_ in (self.compile_rounds, self.compile_riding)[:1 + self.rides]]
+            futures = [pool.submit(compile_, r) for compile_, group in (
+                (self.compile_rounds, rows), (self.compile_riding, riding))
+                for r in sorted(group, reverse=True)]
             chunks = [pool.submit(_program, fn, static, donate, args)
                       for fn, static, donate, args in calls]
 
@@ -691,29 +705,41 @@ class SlotEngine:
                     on_ready(k, len(futures))
 
     def rounds_stored(self, rows: int) -> bool:
-        """Whether the rounds loop over `rows` rows, and the round with a chunk riding it,
-        are compiled in this process or stored in the program cache (compiling them is then
-        a load of a second or two, not a compile)."""
-        static = self._rounds_static(rows)
-        return ((rows in self._rounds or program_cache.is_stored(
-            args=self._rounds_structs(), **_cache_entry(_rounds_rows, static)))
-            and (not self.rides or rows in self._riding or program_cache.is_stored(
-                args=self._riding_structs(), **_cache_entry(_round_with_chunk, static))))
+        """Whether the rounds loop over `rows` rows is compiled in this process or stored in
+        the program cache (compiling it is then a load of about a second, not a compile)."""
+        return rows in self._rounds or program_cache.is_stored(
+            args=self._rounds_structs(), **_cache_entry(_rounds_rows, self._rounds_static(rows)))
 
-    def warm_up(self, rows: tuple[int, ...] | None = None, on_phase=None) -> int:
+    def riding_stored(self, rows: int) -> bool:
+        """Whether the round over `rows` rows that a chunk rides is compiled in this process
+        or stored in the program cache (True where rounds cannot carry a chunk)."""
+        return not self.rides or rows in self._riding or program_cache.is_stored(
+            args=self._riding_structs(),
+            **_cache_entry(_round_with_chunk, self._rounds_static(rows)))
+
+    def rows_to_compile(self) -> list[int]:
+        """The row counts whose rounds loop, or round a chunk rides, is not compiled yet."""
+        return [r for r in self.active_rows
+                if r not in self._rounds or (self.rides and r not in self._riding)]
+
+    def warm_up(self, rows: tuple[int, ...] | None = None, on_phase=None,
+                riding: tuple[int, ...] | None = None) -> int:
         """Compiles every program this engine runs (the small and the full prefill chunk,
         finish, the rounds loop over each of `rows` rows (None: every count of
-        `active_rows`), cancel): `prepare`, then runs them on two short requests in slot 0,
-        which must be free; returns the compilations it ran. Afterwards no prompt of any
-        length compiles anything, nor does any slot where `rows` are all of `active_rows`.
+        `active_rows`) and the round a chunk rides over each of `riding` rows (None:
+        `rows`), cancel): `prepare`, then runs them on two short requests in slot 0, which
+        must be free; returns the compilations it ran. Afterwards no prompt of any length
+        compiles anything, nor does any slot where `rows` are all of `active_rows`.
         `on_phase(text)` hears what it is doing (a progress line)."""
         phase = on_phase or (lambda text: None)
         before = backend_compiles()
         rows = self.active_rows if rows is None else rows
+        riding = (rows if riding is None else riding) if self.rides else ()
         what = "the prefill and the decode loop" + (
             f" ({', '.join(map(str, rows))} of {self.slots} slots)" if self.slots > 1 else "")
         phase(f"compiling {what}")
-        self.prepare(rows, lambda k, n: phase(f"compiling {what}: {k} of {n} programs ready"))
+        self.prepare(rows, lambda k, n: phase(f"compiling {what}: {k} of {n} programs ready"),
+                     riding)
         phase("running the programs once")
         sampling = SamplingParams() if self.greedy else SamplingParams(temperature=1.0)
         self.insert(0, SlotRequest((0,), 1, sampling))  # a small chunk
@@ -722,12 +748,10 @@ class SlotEngine:
         self.insert(0, SlotRequest((0,) * (full if len(self._chunks()) > 1 else 1), 1, sampling))
         for r in rows:  # slot 0 is done after a round
             self._run_rounds(r, 1)
-            if self.rides:  # a chunk into free slot 0's row (its next prompt rewrites it)
-                args = self._riding_structs()[4:]
-                self.compile_riding(r)
-                self.state, _ = self._riding[r](
-                    self.model.params, self.model.heads, self.req, self.state,
-                    *(np.zeros(a.shape, a.dtype) for a in args))
+        for r in riding:  # a chunk of no position (prompt length 0) in free slot 0's row
+            self.state, _ = self._riding[r](self.model.params, self.model.heads, self.req,
+                                            self.state, *(np.zeros(a.shape, a.dtype)
+                                                          for a in self._riding_structs()[4:]))
         while self.busy[0]:
             self.generate(1)
         self.counters()
