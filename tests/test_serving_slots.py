@@ -124,8 +124,8 @@ def test_the_rounds_run_only_the_rows_up_to_the_last_decoding_slot():
 
 def test_prepare_loads_every_program_the_warm_up_runs():
     """`SlotEngine.prepare` compiles (in a thread pool, from shapes alone) the whole fixed
-    set: each prefill chunk, finish, cancel, and per row count a rounds loop and the round a
-    prefill chunk rides; the warm-up that runs them afterwards adds no program."""
+    set: each prefill chunk, finish, cancel, a rounds loop per row count and the round over
+    all rows a prefill chunk rides; the warm-up that runs them afterwards adds no program."""
     from test_engine import tiny_model
 
     from hispec_jax.serving import slots as slots_lib
@@ -137,10 +137,10 @@ def test_prepare_loads_every_program_the_warm_up_runs():
     before = len(slots_lib._PROGRAMS)
     ready = []
     eng.prepare(on_ready=lambda k, n: ready.append((k, n)))
-    assert ready == [(k, 8) for k in range(1, 9)]
-    # chunks, finish, cancel, rounds and the round a chunk rides, per row count
-    assert len(slots_lib._PROGRAMS) - before == 2 + 1 + 1 + 2 + 2
-    assert eng.compiled_rows == (1, 2) and sorted(eng._riding) == [1, 2]
+    assert ready == [(k, 7) for k in range(1, 8)]
+    # chunks, finish, cancel, the rounds per row count, the round a chunk rides (all rows)
+    assert len(slots_lib._PROGRAMS) - before == 2 + 1 + 1 + 2 + 1
+    assert eng.compiled_rows == (1, 2) and sorted(eng._riding) == [2] == list(eng.ride_rows)
     after = len(slots_lib._PROGRAMS)
     eng.warm_up()
     assert len(slots_lib._PROGRAMS) == after
@@ -248,9 +248,9 @@ RIDING = [("ar", {}, SamplingParams()), ("lookup", dict(lookup=4), SamplingParam
                          ids=["ar", "lookup", "ar-sampling", "lookup-sampling"])
 def test_a_prompt_rides_the_rounds_of_the_decoding_slots(method, options, sampling):
     """Where a round is one pass over every layer (AR, prompt lookup), a waiting prompt's
-    chunks of t = 16 positions ride the decoding slots' rounds (`generate(ride=True)`): a
-    prompt of 70 positions in slot 1 in 5 rounds over rows [0, 2) of 4, then one of 23 in
-    slot 3 in 2 rounds over all 4 rows; the decoding slots emit a token every round and
+    chunks of t = 16 positions ride the decoding slots' rounds (`generate(ride=True)`, over
+    all 4 rows): a prompt of 70 positions in slot 1 in 5 rounds while slot 0 decodes, then
+    one of 23 in slot 3 in 2 rounds while slots 0-2 decode; the decoding slots emit a token every round and
     every request gets its offline `generate` tokens (sampling: with the same seed)."""
     from test_engine import tiny_model
 
@@ -294,7 +294,7 @@ def test_a_prompt_rides_the_rounds_of_the_decoding_slots(method, options, sampli
     eng.insert(0, request(0))
     owner[0] = 0
     step()
-    ride_in(1, 1, 2, 5)
+    ride_in(1, 1, 4, 5)
     eng.insert(2, request(2))
     owner[2] = 2
     ride_in(3, 3, 4, 2)
@@ -354,7 +354,7 @@ def test_the_server_warm_up_loads_stored_row_counts_and_compiles_the_rest_when_q
     assert first[True].compiled_rows == (2,) and thread.is_alive()
     busy[0] = False
     thread.join(120)
-    # then the loop over 1 slot, the round a chunk rides over 2 slots, then over 1
+    # then the loop over 1 slot, then the round over both slots a chunk rides
     assert first[True].compiled_rows == (1, 2) and first[True].rows_to_compile() == []
     # a server stopping before it was quiet (a program cache without the loop over 1 slot)
     monkeypatch.setattr(compile_cache, "PROGRAM_CACHE", str(tmp_path / "other"))
@@ -365,7 +365,7 @@ def test_the_server_warm_up_loads_stored_row_counts_and_compiles_the_rest_when_q
     assert not thread.is_alive() and stopped[True].compiled_rows == (2,)
     monkeypatch.setattr(compile_cache, "PROGRAM_CACHE", str(tmp_path))
     later = engines()
-    assert later[True].rounds_stored(1) and later[True].riding_stored(1)
+    assert later[True].rounds_stored(1) and later[True].riding_stored(2)
     server_lib.warm_up(later).join(120)
     assert later[True].compiled_rows == (1, 2) and later[True].rows_to_compile() == []
     assert sorted(p.suffix for p in tmp_path.iterdir()).count(".program") >= 2

@@ -71,11 +71,11 @@ def warm_up(engines: dict[bool, slots_lib.SlotEngine], idle=None,
             stop: threading.Event | None = None) -> threading.Thread:
     """Compiles every program serving can need before the first request (`SlotEngine.warm_up`,
     both engines) with the rounds loop over all B slots and over every smaller row count
-    (`slots.active_rows`: 1, 2, 4, ...) the program cache holds, and the rounds a prefill
-    chunk rides that it holds (loading takes a second or two; compiling one takes many).
+    (`slots.active_rows`: 1, 2, 4, ...) the program cache holds, and the round a prefill
+    chunk rides if it holds it (loading takes a second or two; compiling one takes many).
     Then starts a background thread that compiles the rest: the other rounds loops,
-    smallest first, then the rounds a chunk rides, largest first (the rows of a busy
-    server), each serving from the moment it is compiled. Until then a request runs the
+    smallest first, then the round a chunk rides, each serving from the moment it is
+    compiled. Until then a request runs the
     smallest compiled loop that holds its slot, and a prompt's chunks run beside the
     rounds instead of riding them, so none waits for a compilation. `idle()` (the
     scheduler's: no request running or waiting) holds each of those compiles back until
@@ -87,13 +87,11 @@ def warm_up(engines: dict[bool, slots_lib.SlotEngine], idle=None,
         engine.compile_on_demand = False
         stored = tuple(r for r in engine.active_rows
                        if r == engine.slots or engine.rounds_stored(r))
-        stored_riding = tuple(r for r in engine.active_rows if engine.riding_stored(r))
+        stored_riding = tuple(r for r in engine.ride_rows if engine.riding_stored(r))
         engine.warm_up(rows=stored, riding=stored_riding)
         rounds += [(engine, r) for r in engine.active_rows if r not in stored]
-        riding += [(engine, r) for r in engine.active_rows
-                   if engine.rides and r not in stored_riding]
+        riding += [(engine, r) for r in engine.ride_rows if r not in stored_riding]
     rounds.sort(key=lambda job: job[1])  # the loops a lone client runs first
-    riding.sort(key=lambda job: -job[1])  # a chunk riding the rounds of a busy server first
     pending = ([(engine, r, engine.compile_rounds, "rounds loop") for engine, r in rounds]
                + [(engine, r, engine.compile_riding, "round a prefill chunk rides")
                   for engine, r in riding])

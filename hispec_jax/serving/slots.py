@@ -45,8 +45,9 @@ a round alone, a round and a separate chunk of 16 1.87x (prompt lookup: 1.22x an
 docs/serving.md, "Chunked prefill".
 
 The compiled programs of an engine are a fixed set, whatever the prompts: the empty state,
-the two prefill chunks, finish, per row count a rounds loop (and a round with a chunk
-riding it, where rounds can carry one), and cancel (`SlotEngine.warm_up` compiles them).
+the two prefill chunks, finish, a rounds loop per row count, a round over all B rows with a
+chunk riding it (where rounds can carry one), and cancel (`SlotEngine.warm_up` compiles
+them).
 """
 
 from __future__ import annotations
@@ -398,8 +399,12 @@ class SlotEngine:
                                       (self.req, self.state))
         # the rounds with a prefill chunk of t positions riding their pass, by row count
         # (`_round_with_chunk`; where the engine's round is one pass over every layer, and
-        # another slot can decode beside a prompt)
+        # another slot can decode beside a prompt). Only over all B rows: each is a program
+        # as large as a rounds loop (a lookup loop's takes about a gigabyte of memory on
+        # XLA:CPU), and over B rows a riding round still costs about what a round over
+        # fewer rows and a chunk of its own cost together.
         self.rides = self.engine.hierarchy.carries_prefill and slots > 1
+        self.ride_rows = (slots,) if self.rides else ()
         self._riding: dict[int, Any] = {}
         self.last_rider: int | None = None  # positions of the chunk the last generate carried
         self._prompt_len = np.zeros((slots,), np.int64)
@@ -585,7 +590,7 @@ class SlotEngine:
 
     def riding_rows(self) -> int | None:
         """The rows of the round that the next `generate(ride=True)` carries a prefill chunk
-        on: the smallest of `active_rows` above every decoding slot and the oldest waiting
+        on: the smallest of `ride_rows` above every decoding slot and the oldest waiting
         prompt's slot whose program is compiled (with `compile_on_demand`: any). None when
         no chunk would ride: the engine's round is not one pass over every layer
         (`Hierarchy.carries_prefill`), no prompt waits, no slot decodes, or no such
@@ -594,7 +599,7 @@ class SlotEngine:
         if not (self.rides and decoding and self._prefills):
             return None
         last = max(max(decoding), self._prefills[0].slot)
-        return next((r for r in self.active_rows if r > last and (
+        return next((r for r in self.ride_rows if r > last and (
             self.compile_on_demand or r in self._riding)), None)
 
     def _run_round_with_chunk(self, rows: int) -> None:
@@ -618,8 +623,8 @@ class SlotEngine:
     def compile_riding(self, rows: int) -> None:
         """Compiles the round over `rows` rows with a prefill chunk riding it ahead of time
         (from any thread); `generate(ride=True)` uses it from then on. Nothing where the
-        engine's round cannot carry one."""
-        if self.rides and rows not in self._riding:
+        engine's round cannot carry one, or over rows not in `ride_rows`."""
+        if rows in self.ride_rows and rows not in self._riding:
             self._riding.setdefault(rows, _program(_round_with_chunk, self._rounds_static(rows),
                                                    (3,), self._riding_structs()))
 
@@ -680,11 +685,11 @@ class SlotEngine:
         about half the time one after another takes (docs/startup.md); compiles that store
         an executable still take turns (`program_cache.compile_cached`). `on_ready(k, n)`
         hears, in this thread, that k of the n programs are ready. `riding`: the row counts
-        whose round a chunk rides it prepares (None: `rows`)."""
+        whose round a chunk rides it prepares (None: those of `rows` in `ride_rows`)."""
         sampling = SamplingParams() if self.greedy else SamplingParams(temperature=1.0)
         calls = [self._chunk_call(0, np.zeros((1, C), np.int32), 0, 1) for C in self._chunks()]
         rows = self.active_rows if rows is None else rows
-        riding = (rows if riding is None else riding) if self.rides else ()
+        riding = tuple(r for r in rows if r in self.ride_rows) if riding is None else riding
         workers = max(1, min(len(calls) + len(rows) + len(riding) + 2, os.cpu_count() or 1))
         with concurrent.futures.ThreadPoolExecutor(workers) as pool:
             # the rounds loops first: the largest programs, the longest to load
@@ -712,29 +717,29 @@ class SlotEngine:
 
     def riding_stored(self, rows: int) -> bool:
         """Whether the round over `rows` rows that a chunk rides is compiled in this process
-        or stored in the program cache (True where rounds cannot carry a chunk)."""
-        return not self.rides or rows in self._riding or program_cache.is_stored(
+        or stored in the program cache (True where it does not ride: not in `ride_rows`)."""
+        return rows not in self.ride_rows or rows in self._riding or program_cache.is_stored(
             args=self._riding_structs(),
             **_cache_entry(_round_with_chunk, self._rounds_static(rows)))
 
     def rows_to_compile(self) -> list[int]:
         """The row counts whose rounds loop, or round a chunk rides, is not compiled yet."""
         return [r for r in self.active_rows
-                if r not in self._rounds or (self.rides and r not in self._riding)]
+                if r not in self._rounds or (r in self.ride_rows and r not in self._riding)]
 
     def warm_up(self, rows: tuple[int, ...] | None = None, on_phase=None,
                 riding: tuple[int, ...] | None = None) -> int:
         """Compiles every program this engine runs (the small and the full prefill chunk,
         finish, the rounds loop over each of `rows` rows (None: every count of
-        `active_rows`) and the round a chunk rides over each of `riding` rows (None:
-        `rows`), cancel): `prepare`, then runs them on two short requests in slot 0, which
+        `active_rows`) and the round a chunk rides over each of `riding` rows (None: those
+        of `rows` in `ride_rows`), cancel): `prepare`, then runs them on two short requests in slot 0, which
         must be free; returns the compilations it ran. Afterwards no prompt of any length
         compiles anything, nor does any slot where `rows` are all of `active_rows`.
         `on_phase(text)` hears what it is doing (a progress line)."""
         phase = on_phase or (lambda text: None)
         before = backend_compiles()
         rows = self.active_rows if rows is None else rows
-        riding = (rows if riding is None else riding) if self.rides else ()
+        riding = tuple(r for r in rows if r in self.ride_rows) if riding is None else riding
         what = "the prefill and the decode loop" + (
             f" ({', '.join(map(str, rows))} of {self.slots} slots)" if self.slots > 1 else "")
         phase(f"compiling {what}")
