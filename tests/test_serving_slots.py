@@ -132,7 +132,8 @@ def test_prepare_loads_every_program_the_warm_up_runs():
 
     model = tiny_model(4, 1, max_len=128)
     eng = SlotEngine(model, methods_lib.make_method(model, "ar"), slots=2, capacity=88,
-                     greedy=True, eos_ids=model.eos_token_ids)  # a capacity no test shares
+                     greedy=True, eos_ids=model.eos_token_ids,  # a capacity no test shares
+                     ride_prefill=True)
     assert len(eng._chunks()) == 2  # the small chunk and the full one
     before = len(slots_lib._PROGRAMS)
     ready = []
@@ -262,7 +263,7 @@ def test_a_prompt_rides_the_rounds_of_the_decoding_slots(method, options, sampli
     budget = 16
     decoder = methods_lib.make_method(model, method, greedy=sampling.greedy, **options)
     eng = SlotEngine(model, decoder, slots=4, capacity=112, greedy=sampling.greedy,
-                     eos_ids=model.eos_token_ids, prefill_chunk=32)
+                     eos_ids=model.eos_token_ids, prefill_chunk=32, ride_prefill=True)
     assert eng.rides and eng._small_chunk == 16
     got = {i: [] for i in range(len(prompts))}
     owner = {}
@@ -307,20 +308,24 @@ def test_a_prompt_rides_the_rounds_of_the_decoding_slots(method, options, sampli
 
 
 def test_a_round_of_several_levels_carries_no_prompt():
-    """HiSpec's round runs several passes over parts of the layers: no chunk rides it, the
-    scheduler prefills beside its rounds instead."""
+    """HiSpec's round runs several passes over parts of the layers: no chunk rides it, even
+    asked to (the scheduler prefills beside its rounds instead); nor does any round of an
+    engine not asked to."""
     from test_engine import tiny_model
 
     model = tiny_model(4, 1, max_len=128)
     decoder = methods_lib.make_method(model, "hispec", draft_exit=1, verify_exits=(2,),
                                       verify_window=2)
     eng = SlotEngine(model, decoder, slots=2, capacity=64, greedy=True,
-                     eos_ids=model.eos_token_ids)
+                     eos_ids=model.eos_token_ids, ride_prefill=True)
     eng.insert(0, SlotRequest((5, 6, 7), 8))
     eng.admit(1, SlotRequest(tuple(range(4, 40)), 4))
     assert not eng.rides and eng.riding_rows() is None
     eng.generate(1, ride=True)
     assert eng.last_rider is None and eng.prefilling == [1]
+    ar = SlotEngine(model, methods_lib.make_method(model, "ar"), slots=2, capacity=64,
+                    greedy=True, eos_ids=model.eos_token_ids)
+    assert not ar.rides and ar.ride_rows == ()
 
 
 def test_the_server_warm_up_loads_stored_row_counts_and_compiles_the_rest_when_quiet(
@@ -344,7 +349,7 @@ def test_the_server_warm_up_loads_stored_row_counts_and_compiles_the_rest_when_q
 
     def engines():
         return {True: SlotEngine(model, methods_lib.make_method(model, "ar"), slots=2,
-                                 capacity=80, greedy=True, eos_ids=())}
+                                 capacity=80, greedy=True, eos_ids=(), ride_prefill=True)}
 
     first, busy = engines(), [True]
     assert not first[True].rounds_stored(1)
@@ -394,7 +399,8 @@ def test_the_scheduler_runs_a_long_prompt_between_the_rounds_of_a_stream():
     rng, V = np.random.RandomState(1), model.cfg.vocab_size
     short, long_ = rng.randint(4, V, 6).tolist(), rng.randint(4, V, 60).tolist()
     engines = {True: SlotEngine(model, methods_lib.make_method(model, "ar"), slots=2,
-                                capacity=128, greedy=True, eos_ids=(), prefill_chunk=16)}
+                                capacity=128, greedy=True, eos_ids=(), prefill_chunk=16,
+                                ride_prefill=True)}
     log = io.StringIO()
     scheduler = Scheduler(engines, warmup=server_lib.warm_up, prefill_share=0.0,
                           step_log=StepLog(log))

@@ -90,6 +90,12 @@ def add_parsers(subparsers) -> None:
                             "of C positions where one fits that time, else of C/4 (at "
                             "least 16); smaller: shorter pauses for the streams, larger: "
                             "faster prompts")
+    serve.add_argument("--ride-prefill", action="store_true",
+                       help="while slots decode, let a waiting prompt's chunk of C/4 "
+                            "positions ride each round's pass (AR and prompt lookup) instead "
+                            "of running chunks between the rounds: shorter pauses in the "
+                            "streams, but prompts enter C/4 positions a round, too slow "
+                            "where long prompts queue (docs/serving.md)")
     serve.add_argument("--prefill-share", type=float, default=1.0, metavar="X",
                        help="prefill time between two rounds of the decoding slots, as a "
                             "multiple of a round's (default: 1; at least one chunk each "
@@ -179,6 +185,7 @@ def run_serve(args) -> int:
                            warmup=args.warmup, rounds_per_step=args.rounds_per_step,
                            served_name=args.served_model_name, plan_reason=args.plan_reason,
                            prefill_share=args.prefill_share, step_log=args.step_log,
+                           ride_prefill=args.ride_prefill,
                            **({} if args.prefill_chunk is None
                               else {"prefill_chunk": args.prefill_chunk}),
                            **generate_cli.method_options(args))

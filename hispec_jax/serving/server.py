@@ -37,11 +37,12 @@ DEFAULT_CACHE_LEN = 1024
 
 
 def build_engines(model, method="ar", *, slots: int = 8, max_cache_len: int | None = None,
-                  prefill_chunk: int = slots_lib.PREFILL_CHUNK,
+                  prefill_chunk: int = slots_lib.PREFILL_CHUNK, ride_prefill: bool = False,
                   **method_options) -> dict[bool, slots_lib.SlotEngine]:
     """{greedy: SlotEngine} for greedy (True) and sampling (False) requests. Every request
     stops at EOS and at the chat template's end-of-turn markers; prompts enter their slots
-    in chunks of `prefill_chunk` positions."""
+    in chunks of `prefill_chunk` positions (`ride_prefill`: riding the rounds where they
+    can, `SlotEngine`)."""
     if not isinstance(slots, int) or slots < 1:
         raise ValueError(f"slots must be an integer >= 1, got {slots!r}")
     capacity = max_cache_len or min(DEFAULT_CACHE_LEN, model.cfg.max_position_embeddings)
@@ -59,7 +60,8 @@ def build_engines(model, method="ar", *, slots: int = 8, max_cache_len: int | No
                              f"token with the method's lookahead {decoder.lookahead()}")
         engines[greedy] = slots_lib.SlotEngine(model, decoder, slots=slots, capacity=capacity,
                                                greedy=greedy, eos_ids=eos,
-                                               prefill_chunk=prefill_chunk)
+                                               prefill_chunk=prefill_chunk,
+                                               ride_prefill=ride_prefill)
     return engines
 
 
@@ -153,17 +155,19 @@ def build_app(model, method=None, *, slots: int = 8, max_cache_len: int | None =
               warmup: bool = True, rounds_per_step: int = 1, served_name: str | None = None,
               plan_reason: str = "given", prefill_chunk: int = slots_lib.PREFILL_CHUNK,
               prefill_share: float = 1.0, step_log: str | os.PathLike | None = None,
-              **method_options):
+              ride_prefill: bool = False, **method_options):
     """The ASGI app serving `model` with `method` (None: the model's default plan) over
     `slots` slots per engine; with `warmup`, its engine thread compiles everything before
     it takes requests (/health: 503 "loading" until then). `plan_reason`: why a given
     method runs (/health shows it). Prompts enter their slots in chunks of
     `prefill_chunk` positions, for about `prefill_share` times a step's time between two
-    `rounds_per_step` steps of the decoding slots (`scheduler.Scheduler`). `step_log`: a
-    file that gets each engine step as a JSON line (`scheduler.StepLog`)."""
+    `rounds_per_step` steps of the decoding slots (`scheduler.Scheduler`), or with
+    `ride_prefill` one small chunk riding each round where the plan's rounds can carry one.
+    `step_log`: a file that gets each engine step as a JSON line (`scheduler.StepLog`)."""
     method, method_options, reason = choose_plan(model, method, method_options, plan_reason)
     engines = build_engines(model, method, slots=slots, max_cache_len=max_cache_len,
-                            prefill_chunk=prefill_chunk, **method_options)
+                            prefill_chunk=prefill_chunk, ride_prefill=ride_prefill,
+                            **method_options)
     plan = {"method": method if isinstance(method, str) else "custom",
             "plan": describe(engines[True], method), "reason": reason}
     log.info("plan: %s (%s)%s", plan["plan"], reason,

@@ -42,7 +42,7 @@ batch, and a sampling sequence's draws and gate never depend on the rest of the 
 A riding chunk costs the streams its extra compute, not a pass: on SmolLM2-135M with 7
 slots decoding on a 2-core CPU, an AR round with 16 prompt positions riding it takes 1.24x
 a round alone, a round and a separate chunk of 16 1.87x (prompt lookup: 1.22x and 1.42x);
-docs/serving.md, "Chunked prefill".
+docs/serving.md, "Resumable runs and slots".
 
 The compiled programs of an engine are a fixed set, whatever the prompts: the empty state,
 the two prefill chunks, finish, a rounds loop per row count, a round over all B rows with a
@@ -360,10 +360,14 @@ class SlotEngine:
         than two small chunks of t = C / 4 positions (at least 16) are left, then small
         ones, the last one padded: two compiled chunk programs, and a short prompt costs
         t positions, not C.
+      ride_prefill: let a chunk of t positions ride a round (`generate(ride=True)`) where
+        the engine's round is one pass over every layer (AR, prompt lookup); one more
+        compiled program, the round over all B rows with a chunk riding it.
     """
 
     def __init__(self, model, decoder: methods_lib.Decoder, *, slots: int, capacity: int,
-                 greedy: bool, eos_ids: tuple[int, ...], prefill_chunk: int = PREFILL_CHUNK):
+                 greedy: bool, eos_ids: tuple[int, ...], prefill_chunk: int = PREFILL_CHUNK,
+                 ride_prefill: bool = False):
         if not isinstance(prefill_chunk, int) or prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be an integer >= 1, got {prefill_chunk!r}")
         self.model, self.decoder = model, decoder
@@ -403,7 +407,7 @@ class SlotEngine:
         # as large as a rounds loop (a lookup loop's takes about a gigabyte of memory on
         # XLA:CPU), and over B rows a riding round still costs about what a round over
         # fewer rows and a chunk of its own cost together.
-        self.rides = self.engine.hierarchy.carries_prefill and slots > 1
+        self.rides = self.engine.hierarchy.carries_prefill and slots > 1 and ride_prefill
         self.ride_rows = (slots,) if self.rides else ()
         self._riding: dict[int, Any] = {}
         self.last_rider: int | None = None  # positions of the chunk the last generate carried
