@@ -281,8 +281,9 @@ def test_serve_load_interleave_starts_each_server_once_and_alternates_the_repeat
 
 
 def test_serve_load_passes_the_prefill_share_to_every_server(monkeypatch, tmp_path):
-    """`--prefill-share X` reaches each server's command line; without it the server keeps
-    its own default. Every server writes its step log in the log directory."""
+    """`--prefill-share X` and `--ride-prefill` reach each server's command line; without
+    them the server keeps its own defaults. Every server writes its step log in the log
+    directory."""
     from hispec_jax.bench import serve_load
 
     commands = []
@@ -295,12 +296,13 @@ def test_serve_load_passes_the_prefill_share_to_every_server(monkeypatch, tmp_pa
         raise Started
 
     monkeypatch.setattr(serve_load.subprocess, "Popen", popen)
-    for extra in ([], ["--prefill-share", "0.5"]):
+    for extra in ([], ["--prefill-share", "0.5", "--ride-prefill"]):
         args = serve_load.parse_args(["--log-dir", str(tmp_path), *extra])
         with pytest.raises(Started):
             serve_load.start_server("ar", args)
-    assert "--prefill-share" not in commands[0]
+    assert "--prefill-share" not in commands[0] and "--ride-prefill" not in commands[0]
     assert commands[1][commands[1].index("--prefill-share") + 1] == "0.5"
+    assert "--ride-prefill" in commands[1]
     assert commands[0][commands[0].index("--step-log") + 1] == str(tmp_path / "steps-ar.jsonl")
     args = serve_load.parse_args(["--log-dir", str(tmp_path), "--repeats", "2"])
     with pytest.raises(Started):  # each repeat keeps its own log

@@ -40,7 +40,7 @@ def main():
         model, None if args.method == "default" else args.method, {})
     decoder = methods_lib.make_method(model, method, greedy=True, **options)
     eng = slots_lib.SlotEngine(model, decoder, slots=8, capacity=640, greedy=True, eos_ids=(),
-                               prefill_chunk=args.prefill_chunk)
+                               prefill_chunk=args.prefill_chunk, ride_prefill=True)
     t = eng._small_chunk
     print(f"# {platform.machine()}, {jax.devices()[0].device_kind}; plan "
           f"{server.describe(eng, method)}; chunks riding the rounds: {eng.rides}; small "

@@ -68,6 +68,9 @@ def main():
     args = ap.parse_args()
     for path in args.logs:
         delivery, token = gaps(path, args.busy)
+        if not len(delivery):
+            print(f"{path}: no two steps in a row with {args.busy} or more streams decoding")
+            continue
         p = lambda x: np.percentile(x, [50, 99]) * 1e3
         (d50, d99), (t50, t99) = p(delivery), p(token)
         print(f"{path}: {len(delivery)} stream gaps; per delivery p50/p99 {d50:.0f}/{d99:.0f} ms "

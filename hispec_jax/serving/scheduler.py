@@ -7,29 +7,31 @@ property of a compiled loop).
                                       v
     engine thread:  loop { admit waiting jobs into free slots; cancel abandoned ones;
                            with no slot decoding, prefill the oldest admitted prompt
-                           whole, in full chunks; else let a chunk of the oldest
-                           admitted prompt ride the round, or, where rounds cannot carry
-                           one, prefill chunks for about prefill_share of the last
-                           round's time;
+                           whole, in full chunks; else prefill chunks for about
+                           prefill_share of the last round's time (or, on an engine
+                           built with ride_prefill, let a chunk ride the round);
                            generate(rounds_per_step) on each engine with decoding slots;
                            hand each job its new tokens }  --events--> job's asyncio queue
 
 A long prompt enters its slot chunk by chunk while the other slots decode, so their
-streams pause for a chunk at a time, not for its whole prefill. Where a round is one pass
-over every layer (AR, prompt lookup), each round carries the next small chunk (t = C / 4
-positions, at least 16) in its own pass (`SlotEngine.generate(ride=True)`): the streams
-wait for the chunk's extra compute, about a quarter of a round on a CPU, instead of a
-second pass. Elsewhere (HiSpec, exit drafts: several passes over parts of the layers) the
-chunks run between the rounds on a time budget: until their time reaches `prefill_share`
-times the engine's last round (at least one chunk a step), each a full chunk of C
-positions where the last one measured fits what is left of the budget, else a small one.
-The gap between two of a stream's token deliveries then stays within (1 + prefill_share)
-rounds (one small chunk more at most), and the waiting prompts get a share of the time
-that grows with the rounds: speculation's longer rounds do not starve them.
+streams pause for a few chunks at a time, not for its whole prefill. The pause is a time
+budget: chunks run until their time reaches `prefill_share` times the engine's last round
+(at least one chunk a step), each a full chunk of C positions where the last one measured
+fits what is left of the budget, else a small one (t = C / 4, at least 16). So the gap
+between two of a stream's token deliveries stays within (1 + prefill_share) rounds (one
+small chunk more at most), and the waiting prompts get a share of the time that grows with
+the rounds: speculation's longer rounds do not starve them.
 
-    riding:   | round + chunk | round + chunk | round + chunk + finish | round | ...
-    beside:   | chunk | chunk |  round  | chunk | ...
-              |<-- <= prefill_share x last round -->|
+    step:  | chunk | chunk |  round of the decoding slots  | chunk | ...
+           |<-- <= prefill_share x last round -->|
+
+An engine built with `ride_prefill` (AR, prompt lookup: a round is one pass over every
+layer) lets the next small chunk of the oldest waiting prompt ride each round's pass
+instead (`SlotEngine.generate(ride=True)`): the streams wait for the chunk's extra compute,
+about a quarter of a round on a CPU, not a second pass, but prompts enter t positions a
+round (docs/serving.md).
+
+    riding:  | round + chunk | round + chunk | round + chunk + finish | round | ...
 
 A job's events are `("tokens", [ids])` and finally `("done", finish_reason)` with
 finish_reason "stop" (EOS / end of turn), "length" (max_tokens) or "cancelled".
@@ -131,7 +133,7 @@ class Scheduler:
       engines: {True: the greedy SlotEngine, False: the sampling SlotEngine}.
       rounds_per_step: speculation rounds per `generate` call (1: a new request waits at
         most one round for a slot to be looked at).
-      prefill_share: where an engine's rounds cannot carry a chunk, the prefill time
+      prefill_share: where no chunk rides an engine's rounds, the prefill time
         between two `generate` calls while some of its slots decode, as a multiple of its
         last `generate` call's time (at least one chunk; with no slot decoding, the oldest
         admitted prompt is prefilled whole: it holds up no stream). Larger: the waiting
@@ -327,7 +329,8 @@ class Scheduler:
                     started, prompts = time.time(), len(engine.prefilling)
                     self._step_chunks = []
                     t_prefill = time.perf_counter()
-                    # a chunk rides the round where it can, else chunks run beside it
+                    # a chunk rides the round where the engine lets it, else chunks run
+                    # beside the round
                     ride = engine.riding_rows() is not None
                     if engine.decoding and not ride:
                         self._prefill_beside_rounds(greedy, engine)

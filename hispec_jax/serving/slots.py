@@ -12,10 +12,11 @@ insert / generate split of JetStream-style engines, on top of `decoding.engine.E
                is an array: one compilation for every R), over the first r rows of the
                batch only: r the smallest of `active_rows(B)` (1, 2, 4, ..., B) that holds
                every decoding slot (a request takes the lowest free slot)
-    ride       (`generate(ride=True)`) where a round is one pass over every layer (AR,
-               prompt lookup: `Hierarchy.carries_prefill`), the next t positions of the
-               oldest waiting prompt ride the first round's pass (`transformer.Rider`):
-               one read of the weights for both instead of a pass of its own
+    ride       (`generate(ride=True)`, an engine built with `ride_prefill`) where a round
+               is one pass over every layer (AR, prompt lookup:
+               `Hierarchy.carries_prefill`), the next t positions of the oldest waiting
+               prompt ride the first round's pass (`transformer.Rider`): one read of the
+               weights for both instead of a pass of its own
     cancel     a slot stops at once (its client went away, a stop string matched)
 
     slot 0  [A A A A A done]   [D1 | D2 | D3 + finish] D D D D ...
