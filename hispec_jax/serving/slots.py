@@ -42,7 +42,7 @@ batch, and a sampling sequence's draws and gate never depend on the rest of the 
 
 A riding chunk costs the streams its extra compute, not a pass: on SmolLM2-135M with 7
 slots decoding on a 2-core CPU, an AR round with 16 prompt positions riding it takes 1.24x
-a round alone, a round and a separate chunk of 16 1.87x (prompt lookup: 1.22x and 1.42x);
+a round alone, a round and a separate chunk of 16 1.91x (prompt lookup: 1.27x and 1.42x);
 docs/serving.md, "Resumable runs and slots".
 
 The compiled programs of an engine are a fixed set, whatever the prompts: the empty state,
@@ -737,10 +737,10 @@ class SlotEngine:
         """Compiles every program this engine runs (the small and the full prefill chunk,
         finish, the rounds loop over each of `rows` rows (None: every count of
         `active_rows`) and the round a chunk rides over each of `riding` rows (None: those
-        of `rows` in `ride_rows`), cancel): `prepare`, then runs them on two short requests in slot 0, which
-        must be free; returns the compilations it ran. Afterwards no prompt of any length
-        compiles anything, nor does any slot where `rows` are all of `active_rows`.
-        `on_phase(text)` hears what it is doing (a progress line)."""
+        of `rows` in `ride_rows`), cancel): `prepare`, then runs them on two short requests
+        in slot 0, which must be free; returns the compilations it ran. Afterwards no
+        prompt of any length compiles anything, nor does any slot where `rows` are all of
+        `active_rows`. `on_phase(text)` hears what it is doing (a progress line)."""
         phase = on_phase or (lambda text: None)
         before = backend_compiles()
         rows = self.active_rows if rows is None else rows
