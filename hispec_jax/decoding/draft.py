@@ -120,13 +120,9 @@ class StaticDraftExit:
     def draft(self, params, heads, cfg: ModelConfig, inp: DraftInput, cache: KVCache,
               exit_layer: int, state: Any) -> DraftOutput:
         positions_Bx1 = jnp.where(inp.part_B, inp.position_B, inp.capacity)[:, None]
-        rider = None
-        if inp.rider is None:
-            h_Bx1xD, cache = run_layers_cached(params, cfg, inp.x_Bx1xD, positions_Bx1, cache,
-                                               0, exit_layer)
-        else:
-            h_Bx1xD, cache, rider = run_layers_cached(params, cfg, inp.x_Bx1xD, positions_Bx1,
-                                                      cache, 0, exit_layer, rider=inp.rider)
+        result = run_layers_cached(params, cfg, inp.x_Bx1xD, positions_Bx1, cache, 0,
+                                   exit_layer, rider=inp.rider)
+        (h_Bx1xD, cache), rider = result[:2], (None if inp.rider is None else result[2])
         with jax.named_scope("head"):
             logits_BxV = exit_logits(params, heads, cfg, h_Bx1xD, exit_layer)[:, 0]
         return DraftOutput(h_Bx1xD, logits_BxV.astype(jnp.float32), cache, exit_layer,
