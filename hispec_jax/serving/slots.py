@@ -408,8 +408,8 @@ class SlotEngine:
         # as large as a rounds loop (a lookup loop's takes about a gigabyte of memory on
         # XLA:CPU), and over B rows a riding round still costs about what a round over
         # fewer rows and a chunk of its own cost together.
-        self.rides = self.engine.hierarchy.carries_prefill and slots > 1 and ride_prefill
-        self.ride_rows = (slots,) if self.rides else ()
+        rides = self.engine.hierarchy.carries_prefill and slots > 1 and ride_prefill
+        self.ride_rows: tuple[int, ...] = (slots,) if rides else ()
         self._riding: dict[int, Any] = {}
         self.last_rider: int | None = None  # positions of the chunk the last generate carried
         self._prompt_len = np.zeros((slots,), np.int64)
@@ -420,6 +420,11 @@ class SlotEngine:
     @property
     def slots(self) -> int:
         return self.engine.shapes.batch
+
+    @property
+    def rides(self) -> bool:
+        """Whether a prefill chunk can ride this engine's rounds (`ride_rows` not empty)."""
+        return bool(self.ride_rows)
 
     @property
     def capacity(self) -> int:
