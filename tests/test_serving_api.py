@@ -150,6 +150,21 @@ def test_stop_string_cuts_the_text(model, client):
     assert streamed == r.choices[0].text
 
 
+def test_a_stream_sends_a_chunk_per_delivery_even_with_its_text_held_back(model, client):
+    # text that could start a stop string waits (here until the end: the stop never
+    # completes), but every delivery of tokens still sends a chunk, its text "" meanwhile
+    full = _offline(model, PROMPTS[0], 10)
+    held = full[len(full) // 3:] + "never-seen"
+    chunks = list(client.completions.create(
+        model="default_model", prompt=PROMPTS[0], max_tokens=10, temperature=0, stop=held,
+        stream=True, stream_options={"include_usage": True}))
+    deliveries = [c for c in chunks if c.choices and c.choices[0].finish_reason is None]
+    assert any(c.choices[0].text == "" for c in deliveries)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == full
+    # one round a step: a delivery per round, at least one token each
+    assert 1 <= len(deliveries) <= chunks[-1].usage.completion_tokens == 10
+
+
 def test_sampling_with_a_seed_is_offline_generate_with_that_seed(model, client):
     r = client.completions.create(model="default_model", prompt=PROMPTS[1], max_tokens=5,
                                   temperature=0.8, top_p=0.9, seed=7, extra_body={"top_k": 40})

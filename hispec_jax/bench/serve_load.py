@@ -167,7 +167,9 @@ def _read_steps(path: str) -> list[dict]:
 
 
 def stream_request(client, model_name: str, prompt_ids: list[int], max_tokens: int) -> dict:
-    """One streamed completion, timed on arrival of each chunk."""
+    """One streamed completion, timed on arrival of each chunk that delivers tokens (every
+    chunk before the one with the finish reason: the server sends one per delivery, its
+    text "" while held back, as vLLM's benchmark stamps them)."""
     t0 = time.perf_counter()
     stamps, text, usage, reason = [], "", None, None
     for chunk in client.completions.create(model=model_name, prompt=prompt_ids,
@@ -175,9 +177,9 @@ def stream_request(client, model_name: str, prompt_ids: list[int], max_tokens: i
                                            stream_options={"include_usage": True}):
         now = time.perf_counter() - t0
         if chunk.choices:
-            if chunk.choices[0].text:
+            if chunk.choices[0].finish_reason is None:  # a delivery, its text maybe ""
                 stamps.append(now)
-                text += chunk.choices[0].text
+            text += chunk.choices[0].text
             reason = chunk.choices[0].finish_reason or reason
         if chunk.usage is not None:
             usage = chunk.usage

@@ -218,8 +218,7 @@ class OpenAIServing:
                         finished = True
                         yield delta, "stop"
                         return
-                    if delta:
-                        yield delta, None
+                    yield delta, None  # "" while text is held back: still a delivery
                 else:
                     finished = True
                     if value == "error":
@@ -237,7 +236,10 @@ class OpenAIServing:
         try:
             async with contextlib.aclosing(self._events(gen)) as events:
                 async for delta, finish in events:
-                    if delta:
+                    # a chunk per delivery of tokens, its text "" when all of it is held
+                    # back (an unfinished character, a possible stop string), as vLLM's
+                    # streams: a client sees every step, not only those that end text
+                    if delta or finish is None:
                         yield sse(self.chunk(gen, delta, None), gen.include_usage)
                     if finish is not None:
                         yield sse(self.chunk(gen, None, finish), gen.include_usage)
