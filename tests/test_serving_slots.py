@@ -138,10 +138,12 @@ def test_prepare_loads_every_program_the_warm_up_runs():
     before = len(slots_lib._PROGRAMS)
     ready = []
     eng.prepare(on_ready=lambda k, n: ready.append((k, n)))
-    assert ready == [(k, 7) for k in range(1, 8)]
-    # chunks, finish, cancel, the rounds per row count, the round a chunk rides (all rows)
-    assert len(slots_lib._PROGRAMS) - before == 2 + 1 + 1 + 2 + 1
-    assert eng.compiled_rows == (1, 2) and sorted(eng._riding) == [2] == list(eng.ride_rows)
+    assert ready == [(k, 8) for k in range(1, 9)]
+    # chunks, finish, cancel, the rounds per row count, the round a chunk of each size
+    # rides (all rows)
+    assert len(slots_lib._PROGRAMS) - before == 2 + 1 + 1 + 2 + 2
+    assert eng.compiled_rows == (1, 2) and list(eng.ride_rows) == [2]
+    assert sorted(eng._riding) == [(2, 16), (2, eng.prefill_chunk)]
     after = len(slots_lib._PROGRAMS)
     eng.warm_up()
     assert len(slots_lib._PROGRAMS) == after
@@ -249,10 +251,11 @@ RIDING = [("ar", {}, SamplingParams()), ("lookup", dict(lookup=4), SamplingParam
                          ids=["ar", "lookup", "ar-sampling", "lookup-sampling"])
 def test_a_prompt_rides_the_rounds_of_the_decoding_slots(method, options, sampling):
     """Where a round is one pass over every layer (AR, prompt lookup), a waiting prompt's
-    chunks of t = 16 positions ride the decoding slots' rounds (`generate(ride=True)`, over
-    all 4 rows): a prompt of 70 positions in slot 1 in 5 rounds while slot 0 decodes, then
-    one of 23 in slot 3 in 2 rounds while slots 0-2 decode; the decoding slots emit a token every round and
-    every request gets its offline `generate` tokens (sampling: with the same seed)."""
+    chunks ride the decoding slots' rounds (`generate(ride=True)`, over all 4 rows): a
+    prompt of 70 positions in slot 1 in full chunks of C = 32 and a last small one of t = 16
+    (3 rounds) while slot 0 decodes, then one of 23 in slot 3 in small chunks (2 rounds)
+    while slots 0-2 decode; the decoding slots emit a token every round and every request
+    gets its offline `generate` tokens (sampling: with the same seed)."""
     from test_engine import tiny_model
 
     model = tiny_model(4, 1, max_len=128)
@@ -268,8 +271,8 @@ def test_a_prompt_rides_the_rounds_of_the_decoding_slots(method, options, sampli
     got = {i: [] for i in range(len(prompts))}
     owner = {}
 
-    def step(ride=False):
-        updates = eng.generate(1, ride=ride)
+    def step(ride=False, small=True):
+        updates = eng.generate(1, ride=ride, small=small)
         for u in updates:
             got[owner[u.slot]] += u.new_token_ids
             if u.done:
@@ -279,26 +282,26 @@ def test_a_prompt_rides_the_rounds_of_the_decoding_slots(method, options, sampli
     def request(i):  # sequence i of offline generate's batch (its PRNG key)
         return SlotRequest(tuple(prompts[i]), budget, sampling, sequence_index=i)
 
-    def ride_in(i, slot, rows, rounds):
+    def ride_in(i, slot, rows, riders, small):
         eng.admit(slot, request(i))
         owner[slot] = i
-        rode = 0
+        rode = []
         while eng.prefilling:
             assert eng.riding_rows() == rows
             decoding = len(eng.decoding)
-            updates = step(ride=True)
-            assert eng.last_rider == 16 and eng.last_rows == rows
+            updates = step(ride=True, small=small)
+            assert eng.last_rows == rows
             assert sum(len(u.new_token_ids) > 0 for u in updates) == decoding
-            rode += 1
-        assert rode == rounds and slot in eng.decoding
+            rode.append(eng.last_rider)
+        assert rode == riders and slot in eng.decoding
 
     eng.insert(0, request(0))
     owner[0] = 0
     step()
-    ride_in(1, 1, 4, 5)
+    ride_in(1, 1, 4, [32, 32, 16], small=False)
     eng.insert(2, request(2))
     owner[2] = 2
-    ride_in(3, 3, 4, 2)
+    ride_in(3, 3, 4, [16, 16], small=True)
     while owner:
         step()
     want = hispec_jax.generate(model, prompts, method=method, max_new_tokens=budget,
@@ -511,6 +514,39 @@ def test_the_prefill_beside_decoding_slots_takes_a_share_of_the_round_time(
     scheduler._prefill_beside_rounds(True, fake)
     assert fake.ran == want
     assert scheduler._chunk_seconds[True, want[-1]] == fake.seconds[want[-1]]
+
+
+class _RidingPrompt:
+    """A fake slot engine with one waiting prompt of `rest` positions: full chunks of 64,
+    small ones of 16 (the last 32 positions in small ones)."""
+
+    def __init__(self, rest: int):
+        self.rest = rest
+
+    def next_chunk(self, small: bool = False):
+        return None if self.rest <= 0 else (16 if small or self.rest <= 32 else 64)
+
+
+@pytest.mark.parametrize("rest,plain,rides,share,small", [
+    (500, 0.10, {}, 1.0, False),  # a full chunk never rode: it rides, to be measured
+    (500, 0.10, {64: 0.19}, 1.0, False),  # it fits (1 + share) rounds
+    (500, 0.10, {64: 0.25}, 1.0, True),  # it does not
+    (500, 0.10, {64: 0.19}, 0.5, True),  # nor with a smaller share
+    (500, None, {64: 0.25, 16: 0.13}, 1.0, False),  # no round alone: against a small ride
+    (500, None, {64: 0.19}, 1.0, True),  # nothing to compare with
+    (30, 0.10, {64: 0.11}, 1.0, True),  # the rest of the prompt is small chunks
+])
+def test_a_full_chunk_rides_where_its_round_fits_the_budget(rest, plain, rides, share, small):
+    """Where chunks ride the rounds, the same budget picks their size: a full chunk where the
+    last round it rode took at most (1 + prefill_share) times the last round over all rows
+    without one (or, none measured, the last round a small chunk rode), else a small one."""
+    from hispec_jax.serving.scheduler import Scheduler
+
+    scheduler = Scheduler({}, prefill_share=share)
+    if plain is not None:
+        scheduler._plain_seconds[True] = plain
+    scheduler._ride_seconds.update({(True, size): t for size, t in rides.items()})
+    assert scheduler._ride_small(True, _RidingPrompt(rest)) is small
 
 
 @pytest.mark.parametrize("share", [-1, "1", float("nan")])

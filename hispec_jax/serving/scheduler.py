@@ -26,10 +26,14 @@ the rounds: speculation's longer rounds do not starve them.
            |<-- <= prefill_share x last round -->|
 
 An engine built with `ride_prefill` (AR, prompt lookup: a round is one pass over every
-layer) lets the next small chunk of the oldest waiting prompt ride each round's pass
-instead (`SlotEngine.generate(ride=True)`): the streams wait for the chunk's extra compute,
-about a quarter of a round on a CPU, not a second pass, but prompts enter t positions a
-round (docs/serving.md).
+layer) lets the next chunk of the oldest waiting prompt ride each round's pass instead
+(`SlotEngine.generate(ride=True)`): the streams wait for the chunk's extra compute, about
+a quarter of a round for a small chunk on a CPU, not a second pass. The same budget picks
+its size: a full chunk of C positions rides where the last round it rode took at most
+(1 + prefill_share) times the last round over all B rows without one (`_ride_small`), else
+a small one of t, so prompts enter as fast as the streams' gaps allow: on a 2-core CPU
+small chunks ride AR's rounds and full ones prompt lookup's longer rounds
+(docs/serving.md).
 
     riding:  | round + chunk | round + chunk | round + chunk + finish | round | ...
 
@@ -136,8 +140,9 @@ class Scheduler:
       prefill_share: where no chunk rides an engine's rounds, the prefill time
         between two `generate` calls while some of its slots decode, as a multiple of its
         last `generate` call's time (at least one chunk; with no slot decoding, the oldest
-        admitted prompt is prefilled whole: it holds up no stream). Larger: the waiting
-        prompts' first tokens sooner, longer pauses in the streams.
+        admitted prompt is prefilled whole: it holds up no stream); where chunks ride, the
+        extra time a full chunk may add to a round (else a small one rides). Larger: the
+        waiting prompts' first tokens sooner, longer pauses in the streams.
       warmup: None (`ready` from the start), or a callable the engine thread runs (with
         `engines`, `idle` and `stop=` the scheduler's stop event: `server.warm_up`) before
         it takes requests; `ready` is set when it returns. If it returns a thread (work
@@ -152,8 +157,12 @@ class Scheduler:
         self.engines = engines
         self.rounds_per_step = rounds_per_step
         self.prefill_share = float(prefill_share)
-        # seconds of each engine's last `generate` call, and of its last chunk of each size
+        # seconds of each engine's last `generate` call, of its last one over all B rows
+        # with no chunk riding, of its last one with a chunk of each size riding, and of
+        # its last chunk of each size run beside the rounds
         self._round_seconds = {g: 0.0 for g in engines}
+        self._plain_seconds: dict[bool, float] = {}
+        self._ride_seconds: dict[tuple[bool, int], float] = {}
         self._chunk_seconds: dict[tuple[bool, int], float] = {}
         self._step_chunks: list[int] = []  # the chunks of the step under way, for step_log
         self._step_counters: dict = {g: None for g in engines}  # each engine's, last step
@@ -307,6 +316,21 @@ class Scheduler:
             if spent >= budget:
                 break
 
+    def _ride_small(self, greedy: bool, engine: slots_lib.SlotEngine) -> bool:
+        """Whether a small chunk rides the next round rather than a full one. A full one
+        rides where the last round it rode took at most (1 + prefill_share) times the last
+        round over all B rows with none (a riding round is over all B rows), or while no
+        such round is measured, the last round a small chunk rode; it rides once to be
+        measured. Where the rest of the prompt is no full chunk: a small one."""
+        full, small = engine.next_chunk(small=False), engine.next_chunk(small=True)
+        if full == small:
+            return True
+        riding = self._ride_seconds.get((greedy, full))
+        if riding is None:
+            return False
+        alone = self._plain_seconds.get(greedy) or self._ride_seconds.get((greedy, small))
+        return alone is None or riding > (1 + self.prefill_share) * alone
+
     def _drop(self, job: Job) -> None:
         """A job cancelled while it waited."""
         self.stats.finish(job.cancel_reason)
@@ -337,9 +361,14 @@ class Scheduler:
                     while engine.prefilling and not engine.decoding:  # it holds up no stream
                         self._prefill_chunk(greedy, engine, small=False)
                     decoding = len(engine.decoding)
+                    small = ride and self._ride_small(greedy, engine)
                     t0 = time.perf_counter()
-                    updates = engine.generate(self.rounds_per_step, ride=ride)
-                    self._round_seconds[greedy] = time.perf_counter() - t0
+                    updates = engine.generate(self.rounds_per_step, ride=ride, small=small)
+                    seconds = self._round_seconds[greedy] = time.perf_counter() - t0
+                    if engine.last_rider is None and engine.last_rows == engine.slots:
+                        self._plain_seconds[greedy] = seconds
+                    elif engine.last_rider is not None:
+                        self._ride_seconds[greedy, engine.last_rider] = seconds
                     counters = engine.counters()
                     self.stats.engine_counters(greedy, counters)
                     if self.step_log is not None:

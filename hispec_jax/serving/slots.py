@@ -14,9 +14,10 @@ insert / generate split of JetStream-style engines, on top of `decoding.engine.E
                every decoding slot (a request takes the lowest free slot)
     ride       (`generate(ride=True)`, an engine built with `ride_prefill`) where a round
                is one pass over every layer (AR, prompt lookup:
-               `Hierarchy.carries_prefill`), the next t positions of the oldest waiting
-               prompt ride the first round's pass (`transformer.Rider`): one read of the
-               weights for both instead of a pass of its own
+               `Hierarchy.carries_prefill`), the next chunk of the oldest waiting prompt (t
+               positions, or C as `prefill` would run it) rides the first round's pass
+               (`transformer.Rider`): one read of the weights for both instead of a pass of
+               its own
     cancel     a slot stops at once (its client went away, a stop string matched)
 
     slot 0  [A A A A A done]   [D1 | D2 | D3 + finish] D D D D ...
@@ -43,12 +44,13 @@ batch, and a sampling sequence's draws and gate never depend on the rest of the 
 A riding chunk costs the streams its extra compute, not a pass: on SmolLM2-135M with 7
 slots decoding on a 2-core CPU, an AR round with 16 prompt positions riding it takes 1.24x
 a round alone, a round and a separate chunk of 16 1.91x (prompt lookup: 1.27x and 1.42x);
-docs/serving.md, "Resumable runs and slots".
+docs/serving.md, "Resumable runs and slots". Which of the two chunk sizes rides is the
+scheduler's choice (its time budget).
 
 The compiled programs of an engine are a fixed set, whatever the prompts: the empty state,
 the two prefill chunks, finish, a rounds loop per row count, a round over all B rows with a
-chunk riding it (where rounds can carry one), and cancel (`SlotEngine.warm_up` compiles
-them).
+chunk of each size riding it (where rounds can carry one), and cancel
+(`SlotEngine.warm_up` compiles them).
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import functools
+import itertools
 import os
 import threading
 from typing import Any
@@ -361,9 +364,9 @@ class SlotEngine:
         than two small chunks of t = C / 4 positions (at least 16) are left, then small
         ones, the last one padded: two compiled chunk programs, and a short prompt costs
         t positions, not C.
-      ride_prefill: let a chunk of t positions ride a round (`generate(ride=True)`) where
-        the engine's round is one pass over every layer (AR, prompt lookup); one more
-        compiled program, the round over all B rows with a chunk riding it.
+      ride_prefill: let a prefill chunk ride a round (`generate(ride=True)`) where the
+        engine's round is one pass over every layer (AR, prompt lookup); a compiled
+        program more per chunk size, the round over all B rows with such a chunk riding it.
     """
 
     def __init__(self, model, decoder: methods_lib.Decoder, *, slots: int, capacity: int,
@@ -402,7 +405,7 @@ class SlotEngine:
         # shapes only: `compile_rounds` may run in another thread while this one decodes
         self._abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
                                       (self.req, self.state))
-        # the rounds with a prefill chunk of t positions riding their pass, by row count
+        # the rounds with a prefill chunk riding their pass, by (row count, chunk size)
         # (`_round_with_chunk`; where the engine's round is one pass over every layer, and
         # another slot can decode beside a prompt). Only over all B rows: each is a program
         # as large as a rounds loop (a lookup loop's takes about a gigabyte of memory on
@@ -410,7 +413,7 @@ class SlotEngine:
         # fewer rows and a chunk of its own cost together.
         rides = self.engine.hierarchy.carries_prefill and slots > 1 and ride_prefill
         self.ride_rows: tuple[int, ...] = (slots,) if rides else ()
-        self._riding: dict[int, Any] = {}
+        self._riding: dict[tuple[int, int], Any] = {}
         self.last_rider: int | None = None  # positions of the chunk the last generate carried
         self._prompt_len = np.zeros((slots,), np.int64)
         self._reported = np.zeros((slots,), np.int64)  # new tokens already handed out
@@ -565,22 +568,23 @@ class SlotEngine:
         """(fn, static, donate, args) of the cancel step."""
         return _cancel, (), (0,), (self.state, np.int32(slot))
 
-    def generate(self, max_rounds: int, ride: bool = False) -> list[SlotUpdate]:
+    def generate(self, max_rounds: int, ride: bool = False,
+                 small: bool = True) -> list[SlotUpdate]:
         """Runs at most `max_rounds` rounds (fewer when every slot finishes) and returns the
         decoding slots' new tokens; finished slots become free. Slots still prefilling take
         no part.
 
-        `ride`: where `riding_rows()` says so, the next chunk (t positions) of the oldest
-        waiting prompt rides the first round's pass (`transformer.Rider`), as `prefill(1,
-        small=True)` would cache it beside the round (a prompt whose last chunk rode starts
-        decoding, as after `prefill`). `last_rider` says whether one rode."""
+        `ride`: where `riding_rows()` says so, the next chunk of the oldest waiting prompt
+        (`next_chunk(small)` positions) rides the first round's pass (`transformer.Rider`),
+        as `prefill(1, small)` would cache it beside the round (a prompt whose last chunk
+        rode starts decoding, as after `prefill`). `last_rider` says which rode."""
         decoding = self.decoding
         if not decoding:
             return []
         rows = self.riding_rows() if ride else None
         self.last_rider = None
         if rows is not None:
-            self._run_round_with_chunk(rows)
+            self._run_round_with_chunk(rows, self.next_chunk(small))
             max_rounds -= 1
         if max_rounds > 0:
             self._run_rounds(self.rows_for(max(decoding)), max_rounds)
@@ -601,28 +605,30 @@ class SlotEngine:
     def riding_rows(self) -> int | None:
         """The rows of the round that the next `generate(ride=True)` carries a prefill chunk
         on: the smallest of `ride_rows` above every decoding slot and the oldest waiting
-        prompt's slot whose program is compiled (with `compile_on_demand`: any). None when
-        no chunk would ride: the engine's round is not one pass over every layer
-        (`Hierarchy.carries_prefill`), no prompt waits, no slot decodes, or no such
-        program is compiled yet."""
+        prompt's slot whose programs (a chunk of each size riding) are compiled (with
+        `compile_on_demand`: any). None when no chunk would ride: the engine's round is not
+        one pass over every layer (`Hierarchy.carries_prefill`), no prompt waits, no slot
+        decodes, or no such program is compiled yet."""
         decoding = self.decoding
         if not (self.rides and decoding and self._prefills):
             return None
         last = max(max(decoding), self._prefills[0].slot)
         return next((r for r in self.ride_rows if r > last and (
-            self.compile_on_demand or r in self._riding)), None)
+            self.compile_on_demand or self._riding_compiled(r))), None)
 
-    def _run_round_with_chunk(self, rows: int) -> None:
+    def _riding_compiled(self, rows: int) -> bool:
+        return all((rows, C) in self._riding for C in self._chunks())
+
+    def _run_round_with_chunk(self, rows: int, C: int) -> None:
         p = self._prefills[0]
         ids = p.request.prompt_ids
-        C = self._small_chunk
         tokens = np.zeros((1, C), np.int32)
         piece = ids[p.start:p.start + C]
         tokens[0, :len(piece)] = piece
         args = (self.model.params, self.model.heads, self.req, self.state, np.int32(p.slot),
                 tokens, np.int32(p.start), np.asarray([len(ids)], np.int32))
-        program = self._riding.get(rows) or self._riding.setdefault(
-            rows, _program(_round_with_chunk, self._rounds_static(rows), (3,), args))
+        program = self._riding.get((rows, C)) or self._riding.setdefault(
+            (rows, C), _program(_round_with_chunk, self._rounds_static(rows), (3,), args))
         self.state, h_1xD = program(*args)
         self.last_rows, self.last_rider = rows, C
         p.start += C
@@ -630,19 +636,23 @@ class SlotEngine:
             p.h_1xD = h_1xD
             self._finish(self._prefills.pop(0))
 
-    def compile_riding(self, rows: int) -> None:
-        """Compiles the round over `rows` rows with a prefill chunk riding it ahead of time
-        (from any thread); `generate(ride=True)` uses it from then on. Nothing where the
-        engine's round cannot carry one, or over rows not in `ride_rows`."""
-        if rows in self.ride_rows and rows not in self._riding:
-            self._riding.setdefault(rows, _program(_round_with_chunk, self._rounds_static(rows),
-                                                   (3,), self._riding_structs()))
+    def compile_riding(self, rows: int, chunk: int | None = None) -> None:
+        """Compiles the round over `rows` rows with a prefill chunk of `chunk` positions
+        (None: of each size, `_chunks`) riding it ahead of time (from any thread);
+        `generate(ride=True)` uses them once all are compiled. Nothing where the engine's
+        round cannot carry one, or over rows not in `ride_rows`."""
+        if rows not in self.ride_rows:
+            return
+        for C in self._chunks() if chunk is None else (chunk,):
+            if (rows, C) not in self._riding:
+                self._riding.setdefault((rows, C), _program(
+                    _round_with_chunk, self._rounds_static(rows), (3,), self._riding_structs(C)))
 
-    def _riding_structs(self) -> tuple:
+    def _riding_structs(self, C: int) -> tuple:
         """`_round_with_chunk`'s arguments as shapes (the rounds loop's, without the
-        bound, then slot, chunk tokens [1, t], start, prompt length [1])."""
+        bound, then slot, chunk tokens [1, C], start, prompt length [1])."""
         i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
-        return self._rounds_structs()[:4] + (i32(), i32(1, self._small_chunk), i32(), i32(1))
+        return self._rounds_structs()[:4] + (i32(), i32(1, C), i32(), i32(1))
 
     @property
     def compiled_rows(self) -> tuple[int, ...]:
@@ -695,7 +705,8 @@ class SlotEngine:
         about half the time one after another takes (docs/startup.md); compiles that store
         an executable still take turns (`program_cache.compile_cached`). `on_ready(k, n)`
         hears, in this thread, that k of the n programs are ready. `riding`: the row counts
-        whose round a chunk rides it prepares (None: those of `rows` in `ride_rows`)."""
+        whose rounds a chunk (of each size) rides it prepares (None: those of `rows` in
+        `ride_rows`)."""
         sampling = SamplingParams() if self.greedy else SamplingParams(temperature=1.0)
         calls = [self._chunk_call(0, np.zeros((1, C), np.int32), 0, 1) for C in self._chunks()]
         rows = self.active_rows if rows is None else rows
@@ -703,9 +714,9 @@ class SlotEngine:
         workers = max(1, min(len(calls) + len(rows) + len(riding) + 2, os.cpu_count() or 1))
         with concurrent.futures.ThreadPoolExecutor(workers) as pool:
             # the rounds loops first: the largest programs, the longest to load
-            futures = [pool.submit(compile_, r) for compile_, group in (
-                (self.compile_rounds, rows), (self.compile_riding, riding))
-                for r in sorted(group, reverse=True)]
+            futures = [pool.submit(self.compile_rounds, r) for r in sorted(rows, reverse=True)]
+            futures += [pool.submit(self.compile_riding, r, C)
+                        for r in sorted(riding, reverse=True) for C in self._chunks()]
             chunks = [pool.submit(_program, fn, static, donate, args)
                       for fn, static, donate, args in calls]
 
@@ -726,23 +737,26 @@ class SlotEngine:
             args=self._rounds_structs(), **_cache_entry(_rounds_rows, self._rounds_static(rows)))
 
     def riding_stored(self, rows: int) -> bool:
-        """Whether the round over `rows` rows that a chunk rides is compiled in this process
-        or stored in the program cache (True where it does not ride: not in `ride_rows`)."""
-        return rows not in self.ride_rows or rows in self._riding or program_cache.is_stored(
-            args=self._riding_structs(),
-            **_cache_entry(_round_with_chunk, self._rounds_static(rows)))
+        """Whether the rounds over `rows` rows that a chunk (of each size) rides are compiled
+        in this process or stored in the program cache (True where it does not ride: not in
+        `ride_rows`)."""
+        return rows not in self.ride_rows or all(
+            (rows, C) in self._riding or program_cache.is_stored(
+                args=self._riding_structs(C),
+                **_cache_entry(_round_with_chunk, self._rounds_static(rows)))
+            for C in self._chunks())
 
     def rows_to_compile(self) -> list[int]:
         """The row counts whose rounds loop, or round a chunk rides, is not compiled yet."""
-        return [r for r in self.active_rows
-                if r not in self._rounds or (r in self.ride_rows and r not in self._riding)]
+        return [r for r in self.active_rows if r not in self._rounds or (
+            r in self.ride_rows and not self._riding_compiled(r))]
 
     def warm_up(self, rows: tuple[int, ...] | None = None, on_phase=None,
                 riding: tuple[int, ...] | None = None) -> int:
         """Compiles every program this engine runs (the small and the full prefill chunk,
         finish, the rounds loop over each of `rows` rows (None: every count of
-        `active_rows`) and the round a chunk rides over each of `riding` rows (None: those
-        of `rows` in `ride_rows`), cancel): `prepare`, then runs them on two short requests
+        `active_rows`) and the round a chunk of each size rides over each of `riding` rows
+        (None: those of `rows` in `ride_rows`), cancel): `prepare`, then runs them on two short requests
         in slot 0, which must be free; returns the compilations it ran. Afterwards no
         prompt of any length compiles anything, nor does any slot where `rows` are all of
         `active_rows`. `on_phase(text)` hears what it is doing (a progress line)."""
@@ -763,10 +777,11 @@ class SlotEngine:
         self.insert(0, SlotRequest((0,) * (full if len(self._chunks()) > 1 else 1), 1, sampling))
         for r in rows:  # slot 0 is done after a round
             self._run_rounds(r, 1)
-        for r in riding:  # a chunk of no position (prompt length 0) in free slot 0's row
-            self.state, _ = self._riding[r](self.model.params, self.model.heads, self.req,
-                                            self.state, *(np.zeros(a.shape, a.dtype)
-                                                          for a in self._riding_structs()[4:]))
+        for r, C in itertools.product(riding, self._chunks()):
+            # a chunk of no position (prompt length 0) in free slot 0's row
+            self.state, _ = self._riding[r, C](
+                self.model.params, self.model.heads, self.req, self.state,
+                *(np.zeros(a.shape, a.dtype) for a in self._riding_structs(C)[4:]))
         while self.busy[0]:
             self.generate(1)
         self.counters()
