@@ -42,10 +42,11 @@ recompilation. Outputs do not change: a greedy sequence's tokens are AR's whatev
 batch, and a sampling sequence's draws and gate never depend on the rest of the batch.
 
 A riding chunk costs the streams its extra compute, not a pass: on SmolLM2-135M with 7
-slots decoding on a 2-core CPU, an AR round with 16 prompt positions riding it takes 1.24x
-a round alone, a round and a separate chunk of 16 1.91x (prompt lookup: 1.27x and 1.42x);
-docs/serving.md, "Resumable runs and slots". Which of the two chunk sizes rides is the
-scheduler's choice (its time budget).
+slots decoding on a 2-core CPU, an AR round with 16 prompt positions riding it takes 1.26x
+a round alone, a round and a separate chunk of 16 1.87x (prompt lookup: 1.26x and 1.35x);
+with 64 riding 2.22x, separately 2.85x (lookup: 1.68x and 1.83x); docs/serving.md,
+"Resumable runs and slots". Which of the two chunk sizes rides is the scheduler's choice
+(its time budget).
 
 The compiled programs of an engine are a fixed set, whatever the prompts: the empty state,
 the two prefill chunks, finish, a rounds loop per row count, a round over all B rows with a
