@@ -528,24 +528,27 @@ class _RidingPrompt:
 
 
 @pytest.mark.parametrize("rest,plain,rides,share,small", [
-    (500, 0.10, {}, 1.0, False),  # a full chunk never rode: it rides, to be measured
-    (500, 0.10, {64: 0.19}, 1.0, False),  # it fits (1 + share) rounds
-    (500, 0.10, {64: 0.25}, 1.0, True),  # it does not
-    (500, 0.10, {64: 0.19}, 0.5, True),  # nor with a smaller share
-    (500, None, {64: 0.25, 16: 0.13}, 1.0, False),  # no round alone: against a small ride
-    (500, None, {64: 0.19}, 1.0, True),  # nothing to compare with
-    (30, 0.10, {64: 0.11}, 1.0, True),  # the rest of the prompt is small chunks
+    (500, [0.1], {}, 1.0, False),  # a full chunk never rode: it rides, to be measured
+    (500, [0.1], {64: [0.3, 0.3]}, 1.0, False),  # measured less than RIDE_PROBES times
+    (500, [0.1], {64: [0.19, 0.25, 0.18]}, 1.0, False),  # it fits (1 + share) rounds
+    (500, [0.1, 0.11, 0.09], {64: [0.19, 0.25, 0.21]}, 1.0, True),  # it does not
+    (500, [0.1], {64: [0.19, 0.19, 0.19]}, 0.5, True),  # nor with a smaller share
+    (500, [0.1] * 7 + [0.3], {64: [0.19] * 7 + [0.5]}, 1.0, False),  # one slow round each
+    (500, [0.1] * 8 + [0.05] * 8, {64: [0.19] * 3}, 1.0, True),  # the last 8 rounds count
+    (500, [], {64: [0.25] * 3, 16: [0.13]}, 1.0, False),  # no round alone: a small ride's
+    (500, [], {64: [0.19] * 3}, 1.0, True),  # nothing to compare with
+    (30, [0.1], {64: [0.11] * 3}, 1.0, True),  # the rest of the prompt is small chunks
 ])
 def test_a_full_chunk_rides_where_its_round_fits_the_budget(rest, plain, rides, share, small):
     """Where chunks ride the rounds, the same budget picks their size: a full chunk where the
-    last round it rode took at most (1 + prefill_share) times the last round over all rows
-    without one (or, none measured, the last round a small chunk rode), else a small one."""
+    rounds it rode took at most (1 + prefill_share) times the rounds over all rows without
+    one (or, none measured, the rounds a small chunk rode; medians of the last 8), else a
+    small one; a full chunk rides its first 3 times to be measured."""
     from hispec_jax.serving.scheduler import Scheduler
 
     scheduler = Scheduler({}, prefill_share=share)
-    if plain is not None:
-        scheduler._plain_seconds[True] = plain
-    scheduler._ride_seconds.update({(True, size): t for size, t in rides.items()})
+    for size, seconds in {0: plain, **rides}.items():
+        scheduler._ride_seconds[True, size].extend(seconds)
     assert scheduler._ride_small(True, _RidingPrompt(rest)) is small
 
 

@@ -8,9 +8,11 @@ the tokens per stream of the later step (how vLLM's server-side inter-token late
 counts a several-token delivery). Only steps with at least --busy streams decoding count
 (the load phase of `hispec bench-tool serve`).
 
-A client's inter-token latency counts gaps between chunks that carry text, so a token whose
-text the server holds back (the first bytes of a multi-byte character: `serving.detok`)
-merges two deliveries into one gap; `held_back` counts those tokens in offline AR answers.
+The server sends a chunk per delivery, its text "" while held back (the first bytes of a
+multi-byte character: `serving.detok`), and `hispec bench-tool serve` stamps each, so the
+clients' inter-token latencies and these gaps count the same deliveries; `held_back` counts
+the tokens whose text is held back in offline AR answers (before the server sent empty
+chunks, each of those merged two deliveries into one client gap).
 
 Usage: python benchmarks/results_serving/stream_gaps.py STEPS.jsonl[.gz] [...]
            [--busy 6] [--held-back SMOLLM2.gguf --task chat --requests 16]

@@ -29,9 +29,9 @@ An engine built with `ride_prefill` (AR, prompt lookup: a round is one pass over
 layer) lets the next chunk of the oldest waiting prompt ride each round's pass instead
 (`SlotEngine.generate(ride=True)`): the streams wait for the chunk's extra compute, about
 a quarter of a round for a small chunk on a CPU, not a second pass. The same budget picks
-its size: a full chunk of C positions rides where the last round it rode took at most
-(1 + prefill_share) times the last round over all B rows without one (`_ride_small`), else
-a small one of t, so prompts enter as fast as the streams' gaps allow: on a 2-core CPU
+its size: a full chunk of C positions rides where the rounds it rode took at most
+(1 + prefill_share) times the rounds over all B rows without one (medians of the last
+few: `_ride_small`), else a small one of t, so prompts enter as fast as the streams' gaps allow: on a 2-core CPU
 small chunks ride AR's rounds and full ones prompt lookup's longer rounds
 (docs/serving.md).
 
@@ -57,6 +57,7 @@ import dataclasses
 import itertools
 import json
 import logging
+import statistics
 import threading
 import time
 from typing import TextIO
@@ -68,6 +69,11 @@ from hispec_jax.serving import metrics as metrics_lib
 from hispec_jax.serving import slots as slots_lib
 
 log = logging.getLogger("hispec.serve")
+
+# The rounds whose median time `Scheduler._ride_small` compares (per engine and chunk
+# size), and how many rounds a full chunk rides before it is compared at all.
+RIDE_SAMPLES = 8
+RIDE_PROBES = 3
 
 
 @dataclasses.dataclass(eq=False)
@@ -157,13 +163,13 @@ class Scheduler:
         self.engines = engines
         self.rounds_per_step = rounds_per_step
         self.prefill_share = float(prefill_share)
-        # seconds of each engine's last `generate` call, of its last one over all B rows
-        # with no chunk riding, of its last one with a chunk of each size riding, and of
-        # its last chunk of each size run beside the rounds
+        # seconds of each engine's last `generate` call and of its last chunk of each size
+        # run beside the rounds; of its last RIDE_SAMPLES calls over all B rows with no
+        # chunk riding (key: its greedy flag, size 0) and with a chunk of each size riding
         self._round_seconds = {g: 0.0 for g in engines}
-        self._plain_seconds: dict[bool, float] = {}
-        self._ride_seconds: dict[tuple[bool, int], float] = {}
         self._chunk_seconds: dict[tuple[bool, int], float] = {}
+        self._ride_seconds: dict[tuple[bool, int], collections.deque] = (
+            collections.defaultdict(lambda: collections.deque(maxlen=RIDE_SAMPLES)))
         self._step_chunks: list[int] = []  # the chunks of the step under way, for step_log
         self._step_counters: dict = {g: None for g in engines}  # each engine's, last step
         self.step_log = step_log
@@ -318,18 +324,21 @@ class Scheduler:
 
     def _ride_small(self, greedy: bool, engine: slots_lib.SlotEngine) -> bool:
         """Whether a small chunk rides the next round rather than a full one. A full one
-        rides where the last round it rode took at most (1 + prefill_share) times the last
-        round over all B rows with none (a riding round is over all B rows), or while no
-        such round is measured, the last round a small chunk rode; it rides once to be
-        measured. Where the rest of the prompt is no full chunk: a small one."""
+        rides where the rounds it rode took at most (1 + prefill_share) times the rounds
+        over all B rows with none (a riding round is over all B rows), or while none of
+        those is measured, the rounds a small chunk rode: medians of the last
+        RIDE_SAMPLES of each, so one slow round on a busy machine decides nothing; the
+        first RIDE_PROBES times it rides to be measured. Where the rest of the prompt is
+        no full chunk: a small one."""
         full, small = engine.next_chunk(small=False), engine.next_chunk(small=True)
         if full == small:
             return True
-        riding = self._ride_seconds.get((greedy, full))
-        if riding is None:
+        riding = self._ride_seconds[greedy, full]
+        if len(riding) < RIDE_PROBES:
             return False
-        alone = self._plain_seconds.get(greedy) or self._ride_seconds.get((greedy, small))
-        return alone is None or riding > (1 + self.prefill_share) * alone
+        alone = self._ride_seconds[greedy, 0] or self._ride_seconds[greedy, small]
+        return not alone or statistics.median(riding) > (
+            1 + self.prefill_share) * statistics.median(alone)
 
     def _drop(self, job: Job) -> None:
         """A job cancelled while it waited."""
@@ -365,10 +374,8 @@ class Scheduler:
                     t0 = time.perf_counter()
                     updates = engine.generate(self.rounds_per_step, ride=ride, small=small)
                     seconds = self._round_seconds[greedy] = time.perf_counter() - t0
-                    if engine.last_rider is None and engine.last_rows == engine.slots:
-                        self._plain_seconds[greedy] = seconds
-                    elif engine.last_rider is not None:
-                        self._ride_seconds[greedy, engine.last_rider] = seconds
+                    if engine.last_rows == engine.slots:  # a riding round's rows
+                        self._ride_seconds[greedy, engine.last_rider or 0].append(seconds)
                     counters = engine.counters()
                     self.stats.engine_counters(greedy, counters)
                     if self.step_log is not None:
