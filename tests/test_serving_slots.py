@@ -527,28 +527,31 @@ class _RidingPrompt:
         return None if self.rest <= 0 else (16 if small or self.rest <= 32 else 64)
 
 
-@pytest.mark.parametrize("rest,plain,rides,share,small", [
-    (500, [0.1], {}, 1.0, False),  # a full chunk never rode: it rides, to be measured
-    (500, [0.1], {64: [0.3, 0.3]}, 1.0, False),  # measured less than RIDE_PROBES times
-    (500, [0.1], {64: [0.19, 0.25, 0.18]}, 1.0, False),  # it fits (1 + share) rounds
-    (500, [0.1, 0.11, 0.09], {64: [0.19, 0.25, 0.21]}, 1.0, True),  # it does not
-    (500, [0.1], {64: [0.19, 0.19, 0.19]}, 0.5, True),  # nor with a smaller share
-    (500, [0.1] * 7 + [0.3], {64: [0.19] * 7 + [0.5]}, 1.0, False),  # one slow round each
-    (500, [0.1] * 8 + [0.05] * 8, {64: [0.19] * 3}, 1.0, True),  # the last 8 rounds count
-    (500, [], {64: [0.25] * 3, 16: [0.13]}, 1.0, False),  # no round alone: a small ride's
-    (500, [], {64: [0.19] * 3}, 1.0, True),  # nothing to compare with
-    (30, [0.1], {64: [0.11] * 3}, 1.0, True),  # the rest of the prompt is small chunks
+@pytest.mark.parametrize("rest,steps,full,since,share,small", [
+    (500, [0.1], [], 0, 1.0, False),  # a full chunk never rode: it rides, to be measured
+    (500, [0.1], [0.3, 0.3], 0, 1.0, False),  # measured less than RIDE_PROBES times
+    (500, [0.1], [0.19, 0.25, 0.18], 0, 1.0, False),  # it fits (1 + share) steps
+    (500, [0.1, 0.11, 0.09], [0.19, 0.25, 0.21], 0, 1.0, True),  # it does not
+    (500, [0.1], [0.19] * 3, 0, 0.5, True),  # nor with a smaller share
+    (500, [0.1] * 7 + [0.3], [0.19] * 7 + [0.5], 0, 1.0, False),  # one slow round each
+    (500, [0.1] * 32 + [0.05] * 32, [0.19] * 3, 0, 1.0, True),  # the last 32 steps count
+    (500, [0.1], [0.3] * 3, 64, 1.0, False),  # after 64 small rides: measured again
+    (30, [0.1], [0.11] * 3, 0, 1.0, True),  # the rest of the prompt is small chunks
 ])
-def test_a_full_chunk_rides_where_its_round_fits_the_budget(rest, plain, rides, share, small):
+def test_a_full_chunk_rides_where_its_round_fits_the_budget(rest, steps, full, since, share,
+                                                            small):
     """Where chunks ride the rounds, the same budget picks their size: a full chunk where the
-    rounds it rode took at most (1 + prefill_share) times the rounds over all rows without
-    one (or, none measured, the rounds a small chunk rode; medians of the last 8), else a
-    small one; a full chunk rides its first 3 times to be measured."""
-    from hispec_jax.serving.scheduler import Scheduler
+    rounds it rode took at most (1 + prefill_share) times the engine's steps (medians of
+    the last 8 and 32), else a small one; a full chunk rides its first 3 times, and after
+    64 small ones in a row, to be measured."""
+    import collections
 
-    scheduler = Scheduler({}, prefill_share=share)
-    for size, seconds in {0: plain, **rides}.items():
-        scheduler._ride_seconds[True, size].extend(seconds)
+    from hispec_jax.serving import scheduler as scheduler_lib
+
+    scheduler = scheduler_lib.Scheduler({}, prefill_share=share)
+    scheduler._step_seconds[True] = collections.deque(steps, scheduler_lib.STEP_SAMPLES)
+    scheduler._full_ride_seconds[True] = collections.deque(full, scheduler_lib.RIDE_SAMPLES)
+    scheduler._small_rides[True] = since
     assert scheduler._ride_small(True, _RidingPrompt(rest)) is small
 
 

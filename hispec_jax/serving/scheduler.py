@@ -30,8 +30,8 @@ layer) lets the next chunk of the oldest waiting prompt ride each round's pass i
 (`SlotEngine.generate(ride=True)`): the streams wait for the chunk's extra compute, about
 a quarter of a round for a small chunk on a CPU, not a second pass. The same budget picks
 its size: a full chunk of C positions rides where the rounds it rode took at most
-(1 + prefill_share) times the rounds over all B rows without one (medians of the last
-few: `_ride_small`), else a small one of t, so prompts enter as fast as the streams' gaps allow: on a 2-core CPU
+(1 + prefill_share) times the engine's steps (medians of the last few: `_ride_small`),
+else a small one of t, so prompts enter as fast as the streams' gaps allow: on a 2-core CPU
 small chunks ride AR's rounds and full ones prompt lookup's longer rounds
 (docs/serving.md).
 
@@ -70,10 +70,14 @@ from hispec_jax.serving import slots as slots_lib
 
 log = logging.getLogger("hispec.serve")
 
-# The rounds whose median time `Scheduler._ride_small` compares (per engine and chunk
-# size), and how many rounds a full chunk rides before it is compared at all.
+# What `Scheduler._ride_small` compares: the median of the last RIDE_SAMPLES rounds a full
+# chunk rode against the median of an engine's last STEP_SAMPLES steps; a full chunk
+# rides its first RIDE_PROBES times, and once more after RIDE_REPROBE small chunks rode
+# in a row, to be measured again.
 RIDE_SAMPLES = 8
+STEP_SAMPLES = 32
 RIDE_PROBES = 3
+RIDE_REPROBE = 64
 
 
 @dataclasses.dataclass(eq=False)
@@ -164,12 +168,13 @@ class Scheduler:
         self.rounds_per_step = rounds_per_step
         self.prefill_share = float(prefill_share)
         # seconds of each engine's last `generate` call and of its last chunk of each size
-        # run beside the rounds; of its last RIDE_SAMPLES calls over all B rows with no
-        # chunk riding (key: its greedy flag, size 0) and with a chunk of each size riding
+        # run beside the rounds; of its last STEP_SAMPLES calls, whatever they carried, and
+        # its last RIDE_SAMPLES calls with a full chunk riding; small chunks ridden since
         self._round_seconds = {g: 0.0 for g in engines}
         self._chunk_seconds: dict[tuple[bool, int], float] = {}
-        self._ride_seconds: dict[tuple[bool, int], collections.deque] = (
-            collections.defaultdict(lambda: collections.deque(maxlen=RIDE_SAMPLES)))
+        self._step_seconds = {g: collections.deque(maxlen=STEP_SAMPLES) for g in engines}
+        self._full_ride_seconds = {g: collections.deque(maxlen=RIDE_SAMPLES) for g in engines}
+        self._small_rides = {g: 0 for g in engines}
         self._step_chunks: list[int] = []  # the chunks of the step under way, for step_log
         self._step_counters: dict = {g: None for g in engines}  # each engine's, last step
         self.step_log = step_log
@@ -324,21 +329,19 @@ class Scheduler:
 
     def _ride_small(self, greedy: bool, engine: slots_lib.SlotEngine) -> bool:
         """Whether a small chunk rides the next round rather than a full one. A full one
-        rides where the rounds it rode took at most (1 + prefill_share) times the rounds
-        over all B rows with none (a riding round is over all B rows), or while none of
-        those is measured, the rounds a small chunk rode: medians of the last
-        RIDE_SAMPLES of each, so one slow round on a busy machine decides nothing; the
-        first RIDE_PROBES times it rides to be measured. Where the rest of the prompt is
-        no full chunk: a small one."""
-        full, small = engine.next_chunk(small=False), engine.next_chunk(small=True)
-        if full == small:
+        rides where the rounds it rode took at most (1 + prefill_share) times the engine's
+        steps (the streams' gaps, whatever the steps carried): medians of the last
+        RIDE_SAMPLES and STEP_SAMPLES, so one slow round on a busy machine decides
+        nothing. It rides its first RIDE_PROBES times, and after RIDE_REPROBE small
+        chunks in a row, to be measured. Where the rest of the prompt is no full chunk: a
+        small one."""
+        if engine.next_chunk(small=False) == engine.next_chunk(small=True):
             return True
-        riding = self._ride_seconds[greedy, full]
-        if len(riding) < RIDE_PROBES:
+        riding = self._full_ride_seconds[greedy]
+        if len(riding) < RIDE_PROBES or self._small_rides[greedy] >= RIDE_REPROBE:
             return False
-        alone = self._ride_seconds[greedy, 0] or self._ride_seconds[greedy, small]
-        return not alone or statistics.median(riding) > (
-            1 + self.prefill_share) * statistics.median(alone)
+        return statistics.median(riding) > (1 + self.prefill_share) * statistics.median(
+            self._step_seconds[greedy])
 
     def _drop(self, job: Job) -> None:
         """A job cancelled while it waited."""
@@ -374,8 +377,12 @@ class Scheduler:
                     t0 = time.perf_counter()
                     updates = engine.generate(self.rounds_per_step, ride=ride, small=small)
                     seconds = self._round_seconds[greedy] = time.perf_counter() - t0
-                    if engine.last_rows == engine.slots:  # a riding round's rows
-                        self._ride_seconds[greedy, engine.last_rider or 0].append(seconds)
+                    self._step_seconds[greedy].append(seconds)
+                    if engine.last_rider is not None and not small:
+                        self._full_ride_seconds[greedy].append(seconds)
+                        self._small_rides[greedy] = 0
+                    elif engine.last_rider is not None:
+                        self._small_rides[greedy] += 1
                     counters = engine.counters()
                     self.stats.engine_counters(greedy, counters)
                     if self.step_log is not None:
