@@ -281,8 +281,8 @@ def test_serve_load_interleave_starts_each_server_once_and_alternates_the_repeat
 
 
 def test_serve_load_passes_the_prefill_share_to_every_server(monkeypatch, tmp_path):
-    """`--prefill-share X` and `--ride-prefill` / `--no-ride-prefill` reach each server's
-    command line; without them the server keeps its own defaults. Every server writes its step log in the log
+    """`--prefill-share X` and `--ride-prefill` reach each server's command line; without
+    them the server keeps its own defaults. Every server writes its step log in the log
     directory."""
     from hispec_jax.bench import serve_load
 
@@ -296,18 +296,18 @@ def test_serve_load_passes_the_prefill_share_to_every_server(monkeypatch, tmp_pa
         raise Started
 
     monkeypatch.setattr(serve_load.subprocess, "Popen", popen)
-    for extra in ([], ["--prefill-share", "0.5", "--ride-prefill"], ["--no-ride-prefill"]):
+    for extra in ([], ["--prefill-share", "0.5", "--ride-prefill"]):
         args = serve_load.parse_args(["--log-dir", str(tmp_path), *extra])
         with pytest.raises(Started):
             serve_load.start_server("ar", args)
     assert "--prefill-share" not in commands[0] and "--ride-prefill" not in commands[0]
     assert commands[1][commands[1].index("--prefill-share") + 1] == "0.5"
-    assert "--ride-prefill" in commands[1] and "--no-ride-prefill" in commands[2]
+    assert "--ride-prefill" in commands[1]
     assert commands[0][commands[0].index("--step-log") + 1] == str(tmp_path / "steps-ar.jsonl")
     args = serve_load.parse_args(["--log-dir", str(tmp_path), "--repeats", "2"])
     with pytest.raises(Started):  # each repeat keeps its own log
         serve_load.start_server("default", args, repeat=1)
-    assert commands[3][commands[3].index("--step-log") + 1] == str(
+    assert commands[2][commands[2].index("--step-log") + 1] == str(
         tmp_path / "steps-default-r2.jsonl")
 
 

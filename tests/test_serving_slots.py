@@ -606,15 +606,15 @@ def test_without_compile_on_demand_a_slot_runs_the_smallest_compiled_rows():
     assert got == want
 
 
-def test_the_server_rides_prefill_unless_told_not_to():
-    """`build_engines` (`hispec serve`) gives AR's engines the rounds a chunk rides, over all
-    slots; with `ride_prefill=False` (`--no-ride-prefill`) chunks run beside the rounds."""
+def test_the_server_rides_prefill_only_when_asked():
+    """`build_engines(ride_prefill=True)` (`hispec serve --ride-prefill`) gives AR's engines
+    the round a chunk rides, over all slots; by default chunks run beside the rounds."""
     from test_engine import tiny_model
 
     from hispec_jax.serving import server as server_lib
 
     model = tiny_model(2, 0, max_len=128)
+    asked = server_lib.build_engines(model, "ar", slots=4, max_cache_len=64, ride_prefill=True)
+    assert all(e.rides and e.ride_rows == (4,) for e in asked.values())
     default = server_lib.build_engines(model, "ar", slots=4, max_cache_len=64)
-    assert all(e.rides and e.ride_rows == (4,) for e in default.values())
-    told = server_lib.build_engines(model, "ar", slots=4, max_cache_len=64, ride_prefill=False)
-    assert not any(e.rides or e.ride_rows for e in told.values())
+    assert not any(e.rides or e.ride_rows for e in default.values())

@@ -40,7 +40,6 @@ drifts is most of the spread between repeats.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -85,8 +84,8 @@ def start_server(method: str, args, repeat: int = 0) -> tuple[subprocess.Popen, 
         cmd += ["--model", args.model]
     if args.prefill_share is not None:
         cmd += ["--prefill-share", str(args.prefill_share)]
-    if args.ride_prefill is not None:
-        cmd += ["--ride-prefill" if args.ride_prefill else "--no-ride-prefill"]
+    if args.ride_prefill:
+        cmd += ["--ride-prefill"]
     os.makedirs(args.log_dir, exist_ok=True)
     cmd += ["--step-log", step_log_path(method, args, repeat)]
     log = open(os.path.join(args.log_dir, f"serve-{method}.log"), "w")
@@ -424,9 +423,8 @@ def parse_args(argv):
     p.add_argument("--rounds-per-step", type=int, default=1)
     p.add_argument("--prefill-share", type=float, default=None, metavar="X",
                    help="every server's --prefill-share (default: the server's)")
-    p.add_argument("--ride-prefill", action=argparse.BooleanOptionalAction, default=None,
-                   help="every server's --ride-prefill or --no-ride-prefill (default: the "
-                        "server's)")
+    p.add_argument("--ride-prefill", action="store_true",
+                   help="start every server with --ride-prefill")
     p.add_argument("--startup-timeout", type=float, default=600)
     p.add_argument("--log-dir", default=os.path.join(tempfile.gettempdir(), "hispec-bench-serve"),
                    help="where the servers' logs go, serve-METHOD.log (created; default: "
