@@ -160,11 +160,11 @@ def build_app(model, method=None, *, slots: int = 8, max_cache_len: int | None =
     `slots` slots per engine; with `warmup`, its engine thread compiles everything before
     it takes requests (/health: 503 "loading" until then). `plan_reason`: why a given
     method runs (/health shows it). Prompts enter their slots in chunks of
-    `prefill_chunk` positions: with `ride_prefill` (the default) a chunk riding each round
-    where the plan's rounds can carry one (a full one where its round fits the budget of
-    `prefill_share` times a step, else a small one), otherwise for about `prefill_share`
-    times a step's time between two `rounds_per_step` steps of the decoding slots
-    (`scheduler.Scheduler`).
+    `prefill_chunk` positions, for about `prefill_share` times a step's time between two
+    `rounds_per_step` steps of the decoding slots (`scheduler.Scheduler`), or with
+    `ride_prefill` a chunk riding each round where the plan's rounds can carry one (a full
+    one where its round fits the budget of `prefill_share` times a step, else a small
+    one).
     `step_log`: a file that gets each engine step as a JSON line (`scheduler.StepLog`)."""
     method, method_options, reason = choose_plan(model, method, method_options, plan_reason)
     engines = build_engines(model, method, slots=slots, max_cache_len=max_cache_len,
