@@ -31,8 +31,7 @@ layer) lets the next chunk of the oldest waiting prompt ride each round's pass i
 a quarter of a round for a small chunk on a CPU, not a second pass. The same budget picks
 its size: a full chunk of C positions rides where the rounds it rode took at most
 (1 + prefill_share) times the engine's steps (medians of the last few: `_ride_small`),
-else a small one of t, so prompts enter as fast as the streams' gaps allow: on a 2-core CPU
-small chunks ride AR's rounds and full ones prompt lookup's longer rounds
+else a small one of t, so prompts enter as fast as the streams' gaps allow
 (docs/serving.md).
 
     riding:  | round + chunk | round + chunk | round + chunk + finish | round | ...
