@@ -517,33 +517,36 @@ def test_the_prefill_beside_decoding_slots_takes_a_share_of_the_round_time(
 
 
 class _RidingPrompt:
-    """A fake slot engine with one waiting prompt of `rest` positions: full chunks of 64,
-    small ones of 16 (the last 32 positions in small ones)."""
+    """A fake slot engine with `waiting` prompts admitted and waiting, the oldest with `rest`
+    positions left: full chunks of 64, small ones of 16 (the last 32 positions in small
+    ones)."""
 
-    def __init__(self, rest: int):
-        self.rest = rest
+    def __init__(self, rest: int, waiting: int = 2):
+        self.rest, self.prefilling = rest, list(range(waiting))
 
     def next_chunk(self, small: bool = False):
         return None if self.rest <= 0 else (16 if small or self.rest <= 32 else 64)
 
 
-@pytest.mark.parametrize("rest,steps,full,since,share,small", [
-    (500, [0.1], [], 0, 1.0, False),  # a full chunk never rode: it rides, to be measured
-    (500, [0.1], [0.3, 0.3], 0, 1.0, False),  # measured less than RIDE_PROBES times
-    (500, [0.1], [0.19, 0.25, 0.18], 0, 1.0, False),  # it fits (1 + share) steps
-    (500, [0.1, 0.11, 0.09], [0.19, 0.25, 0.21], 0, 1.0, True),  # it does not
-    (500, [0.1], [0.19] * 3, 0, 0.5, True),  # nor with a smaller share
-    (500, [0.1] * 7 + [0.3], [0.19] * 7 + [0.5], 0, 1.0, False),  # one slow round each
-    (500, [0.1] * 32 + [0.05] * 32, [0.19] * 3, 0, 1.0, True),  # the last 32 steps count
-    (500, [0.1], [0.3] * 3, 64, 1.0, False),  # after 64 small rides: measured again
-    (30, [0.1], [0.11] * 3, 0, 1.0, True),  # the rest of the prompt is small chunks
+@pytest.mark.parametrize("rest,waiting,steps,full,since,share,small", [
+    (500, 2, [0.1], [], 0, 1.0, False),  # a full chunk never rode: it rides, to be measured
+    (500, 2, [0.1], [0.3, 0.3], 0, 1.0, False),  # measured less than RIDE_PROBES times
+    (500, 2, [0.1], [0.19, 0.25, 0.18], 0, 1.0, False),  # it fits (1 + share) steps
+    (500, 2, [0.1, 0.11, 0.09], [0.19, 0.25, 0.21], 0, 1.0, True),  # it does not
+    (500, 2, [0.1], [0.19] * 3, 0, 0.5, True),  # nor with a smaller share
+    (500, 2, [0.1] * 7 + [0.3], [0.19] * 7 + [0.5], 0, 1.0, False),  # one slow round each
+    (500, 2, [0.1] * 32 + [0.05] * 32, [0.19] * 3, 0, 1.0, True),  # the last 32 steps count
+    (500, 2, [0.1], [0.3] * 3, 64, 1.0, False),  # after 64 small rides: measured again
+    (30, 2, [0.1], [0.11] * 3, 0, 1.0, True),  # the rest of the prompt is small chunks
+    (500, 1, [0.1], [], 0, 1.0, True),  # one prompt waits: small chunks
 ])
-def test_a_full_chunk_rides_where_its_round_fits_the_budget(rest, steps, full, since, share,
-                                                            small):
-    """Where chunks ride the rounds, the same budget picks their size: a full chunk where the
-    rounds it rode took at most (1 + prefill_share) times the engine's steps (medians of
-    the last 8 and 32), else a small one; a full chunk rides its first 3 times, and after
-    64 small ones in a row, to be measured."""
+def test_a_full_chunk_rides_where_its_round_fits_the_budget(rest, waiting, steps, full, since,
+                                                            share, small):
+    """Where chunks ride the rounds, the same budget picks their size: while prompts queue (two
+    or more admitted and waiting), a full chunk where the rounds it rode took at most
+    (1 + prefill_share) times the engine's steps (medians of the last 8 and 32), else a
+    small one; a full chunk rides its first 3 times, and after 64 small ones in a row, to
+    be measured."""
     import collections
 
     from hispec_jax.serving import scheduler as scheduler_lib
@@ -552,7 +555,7 @@ def test_a_full_chunk_rides_where_its_round_fits_the_budget(rest, steps, full, s
     scheduler._step_seconds[True] = collections.deque(steps, scheduler_lib.STEP_SAMPLES)
     scheduler._full_ride_seconds[True] = collections.deque(full, scheduler_lib.RIDE_SAMPLES)
     scheduler._small_rides[True] = since
-    assert scheduler._ride_small(True, _RidingPrompt(rest)) is small
+    assert scheduler._ride_small(True, _RidingPrompt(rest, waiting)) is small
 
 
 @pytest.mark.parametrize("share", [-1, "1", float("nan")])

@@ -93,9 +93,9 @@ def add_parsers(subparsers) -> None:
     serve.add_argument("--ride-prefill", action="store_true",
                        help="while slots decode, let the next chunk of a waiting prompt "
                             "ride each round's pass (AR and prompt lookup) instead of running "
-                            "chunks between the rounds: C positions where such a round fits "
-                            "the --prefill-share budget, else C/4; shorter pauses in the "
-                            "streams (docs/serving.md)")
+                            "chunks between the rounds: C positions while prompts queue and "
+                            "such a round fits the --prefill-share budget, else C/4; shorter "
+                            "pauses in the streams (docs/serving.md)")
     serve.add_argument("--prefill-share", type=float, default=1.0, metavar="X",
                        help="prefill time between two rounds of the decoding slots, as a "
                             "multiple of a round's (default: 1; at least one chunk each "

@@ -29,10 +29,10 @@ An engine built with `ride_prefill` (AR, prompt lookup: a round is one pass over
 layer) lets the next chunk of the oldest waiting prompt ride each round's pass instead
 (`SlotEngine.generate(ride=True)`): the streams wait for the chunk's extra compute, about
 a quarter of a round for a small chunk on a CPU, not a second pass. The same budget picks
-its size: a full chunk of C positions rides where the rounds it rode took at most
-(1 + prefill_share) times the engine's steps (medians of the last few: `_ride_small`),
-else a small one of t, so prompts enter as fast as the streams' gaps allow
-(docs/serving.md).
+its size: a full chunk of C positions rides while prompts queue, where the rounds it rode
+took at most (1 + prefill_share) times the engine's steps (medians of the last few:
+`_ride_small`), else a small one of t, so a queue of prompts enters as fast as the
+streams' gaps allow (docs/serving.md).
 
     riding:  | round + chunk | round + chunk | round + chunk + finish | round | ...
 
@@ -149,9 +149,10 @@ class Scheduler:
       prefill_share: where no chunk rides an engine's rounds, the prefill time
         between two `generate` calls while some of its slots decode, as a multiple of its
         last `generate` call's time (at least one chunk; with no slot decoding, the oldest
-        admitted prompt is prefilled whole: it holds up no stream); where chunks ride, the
-        extra time a full chunk may add to a round (else a small one rides). Larger: the
-        waiting prompts' first tokens sooner, longer pauses in the streams.
+        admitted prompt is prefilled whole: it holds up no stream); where chunks ride, a full
+        chunk rides while prompts queue, where its rounds take at most (1 + prefill_share)
+        times the engine's steps, else a small one (`_ride_small`). Larger: the waiting prompts' first tokens
+        sooner, longer pauses in the streams.
       warmup: None (`ready` from the start), or a callable the engine thread runs (with
         `engines`, `idle` and `stop=` the scheduler's stop event: `server.warm_up`) before
         it takes requests; `ready` is set when it returns. If it returns a thread (work
@@ -328,13 +329,15 @@ class Scheduler:
 
     def _ride_small(self, greedy: bool, engine: slots_lib.SlotEngine) -> bool:
         """Whether a small chunk rides the next round rather than a full one. A full one
-        rides where the rounds it rode took at most (1 + prefill_share) times the engine's
-        steps (the streams' gaps, whatever the steps carried): medians of the last
-        RIDE_SAMPLES and STEP_SAMPLES, so one slow round on a busy machine decides
-        nothing. It rides its first RIDE_PROBES times, and after RIDE_REPROBE small
-        chunks in a row, to be measured. Where the rest of the prompt is no full chunk: a
-        small one."""
-        if engine.next_chunk(small=False) == engine.next_chunk(small=True):
+        rides only while prompts queue (two or more admitted and waiting: one prompt at a
+        time enters fast enough in small chunks, which keep the streams' gaps even), and
+        where the rounds it rode took at most (1 + prefill_share) times the engine's steps
+        (the streams' gaps, whatever the steps carried): medians of the last RIDE_SAMPLES
+        and STEP_SAMPLES, so one slow round on a busy machine decides nothing. It rides its
+        first RIDE_PROBES times, and after RIDE_REPROBE small chunks in a row, to be
+        measured. Where the rest of the prompt is no full chunk: a small one."""
+        if (len(engine.prefilling) < 2
+                or engine.next_chunk(small=False) == engine.next_chunk(small=True)):
             return True
         riding = self._full_ride_seconds[greedy]
         if len(riding) < RIDE_PROBES or self._small_rides[greedy] >= RIDE_REPROBE:

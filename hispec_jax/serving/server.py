@@ -163,8 +163,8 @@ def build_app(model, method=None, *, slots: int = 8, max_cache_len: int | None =
     `prefill_chunk` positions, for about `prefill_share` times a step's time between two
     `rounds_per_step` steps of the decoding slots (`scheduler.Scheduler`), or with
     `ride_prefill` a chunk riding each round where the plan's rounds can carry one (a full
-    one where its round fits the budget of `prefill_share` times a step, else a small
-    one).
+    one while prompts queue and its round fits the budget of `prefill_share` times a step,
+    else a small one).
     `step_log`: a file that gets each engine step as a JSON line (`scheduler.StepLog`)."""
     method, method_options, reason = choose_plan(model, method, method_options, plan_reason)
     engines = build_engines(model, method, slots=slots, max_cache_len=max_cache_len,
