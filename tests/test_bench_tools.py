@@ -95,6 +95,7 @@ def test_hispec_bench_tool_is_the_same_dispatcher(capsys):
     (["serve", "--task", "poems"], "--task poems: expected sharegpt or one of chat, summarize"),
     (["serve", "--chat"], "--chat renders --task prompts; give a --task"),
     (["serve", "--repeats", "0"], "--repeats must be >= 1"),
+    (["serve", "--methods", "ar,ar+fast"], "--methods ar+fast: expected METHOD, METHOD+ride"),
 ])
 def test_bad_flags_fail_before_anything_runs(argv, message, capsys):
     with pytest.raises(SystemExit) as info:
@@ -304,6 +305,16 @@ def test_serve_load_passes_the_prefill_share_to_every_server(monkeypatch, tmp_pa
     assert commands[1][commands[1].index("--prefill-share") + 1] == "0.5"
     assert "--ride-prefill" in commands[1]
     assert commands[0][commands[0].index("--step-log") + 1] == str(tmp_path / "steps-ar.jsonl")
+    args = serve_load.parse_args(["--log-dir", str(tmp_path), "--ride-prefill"])
+    for method in ("ar+budget", "default+ride"):  # a method's own scheduler
+        with pytest.raises(Started):
+            serve_load.start_server(method, args)
+    budget, ride = commands[2:]
+    assert "--no-ride-prefill" in budget and "--ride-prefill" not in budget
+    assert budget[budget.index("--method") + 1] == "ar"
+    assert "--ride-prefill" in ride and "--method" not in ride
+    assert ride[ride.index("--step-log") + 1] == str(tmp_path / "steps-default+ride.jsonl")
+    del commands[2:]
     args = serve_load.parse_args(["--log-dir", str(tmp_path), "--repeats", "2"])
     with pytest.raises(Started):  # each repeat keeps its own log
         serve_load.start_server("default", args, repeat=1)

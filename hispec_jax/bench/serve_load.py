@@ -25,7 +25,10 @@ tokens per sequence, which say whether the longer blocks paid. With --repeats ea
 keeps its own log (steps-METHOD-rN.jsonl) and prints its own summary.
 
 The method `default` starts the server without --method: the model's default plan
-(`recommended.default_plan`, what a user who names no method gets). With --repeats R the
+(`recommended.default_plan`, what a user who names no method gets); a method with +ride or
++budget runs its server with or without --ride-prefill, so `--methods
+ar+budget,ar+ride,default+budget,default+ride` compares the two prefill schedulers in one
+run. With --repeats R the
 methods' servers run R times in turn (A B A B ...) and each figure is the median over the
 repeats; the `x first` columns divide by the first method's throughput in the same repeat
 (median of the R ratios), alone and under load. With --interleave every method's server is
@@ -71,21 +74,36 @@ def _health(url: str) -> dict:
         return json.loads(r.read().decode())
 
 
+# a method's suffix -> the server's prefill scheduler: `default+ride` against `default+budget`
+SCHEDULERS = {"ride": "--ride-prefill", "budget": "--no-ride-prefill"}
+
+
+def server_flags(method: str, args) -> list[str]:
+    """The `hispec serve` flags of `method`: METHOD[+SCHEDULER], METHOD `default` for no
+    --method (the model's default plan), SCHEDULER `ride` (--ride-prefill) or `budget`
+    (--no-ride-prefill; without a suffix, --ride-prefill where the bench was given it)."""
+    base, _, scheduler = method.partition("+")
+    flags = [] if base == DEFAULT_METHOD else ["--method", base]
+    if scheduler:
+        flags.append(SCHEDULERS[scheduler])
+    elif args.ride_prefill:
+        flags.append("--ride-prefill")
+    return flags
+
+
 def start_server(method: str, args, repeat: int = 0) -> tuple[subprocess.Popen, str]:
-    """A `hispec serve` subprocess of `method` (`default`: no --method), warmed up,
-    answering /health with "ok", its rounds loops over fewer slots compiled; its step log
-    is `step_log_path(method, args, repeat)`."""
+    """A `hispec serve` subprocess of `method` (`server_flags`), warmed up, answering
+    /health with "ok", its rounds loops over fewer slots compiled; its step log is
+    `step_log_path(method, args, repeat)`."""
     port = _free_port()
     cmd = [sys.executable, "-c", "import sys; from hispec_jax.cli import main; sys.exit(main())",
-           "serve", *([] if method == DEFAULT_METHOD else ["--method", method]), "--port",
+           "serve", *server_flags(method, args), "--port",
            str(port), "--slots", str(args.slots), "--max-cache-len", str(args.max_cache_len),
            "--warmup", "--rounds-per-step", str(args.rounds_per_step)]
     if args.model:
         cmd += ["--model", args.model]
     if args.prefill_share is not None:
         cmd += ["--prefill-share", str(args.prefill_share)]
-    if args.ride_prefill:
-        cmd += ["--ride-prefill"]
     os.makedirs(args.log_dir, exist_ok=True)
     cmd += ["--step-log", step_log_path(method, args, repeat)]
     log = open(os.path.join(args.log_dir, f"serve-{method}.log"), "w")
@@ -398,7 +416,9 @@ def parse_args(argv):
     p.add_argument("--model", default=None, help="model (default: the shipped one)")
     p.add_argument("--methods", default="ar,layerskip,hispec",
                    help=f"comma-separated methods ({DEFAULT_METHOD!r}: the server without "
-                        "--method, the model's default plan)")
+                        "--method, the model's default plan), each with +ride or +budget "
+                        "for its server's prefill scheduler (--ride-prefill or not): "
+                        "ar+budget,ar+ride,default+budget,default+ride")
     p.add_argument("--task", default="sharegpt",
                    help="the prompts: sharegpt (ShareGPT evaluation prompts as they are) or one "
                         "task of `hispec bench --tasks` (chat, summarize, extract, code)")
@@ -435,6 +455,10 @@ def parse_args(argv):
 
     if args.task != "sharegpt" and args.task not in tasks.TASKS:
         p.error(f"--task {args.task}: expected sharegpt or one of {', '.join(tasks.TASKS)}")
+    for method in args.methods.split(","):
+        scheduler = method.partition("+")[2]
+        if scheduler and scheduler not in SCHEDULERS:
+            p.error(f"--methods {method}: expected METHOD, METHOD+ride or METHOD+budget")
     if args.chat and args.task == "sharegpt":
         p.error("--chat renders --task prompts; give a --task")
     for name in ("clients", "requests", "alone_requests", "slots", "max_cache_len", "repeats"):
