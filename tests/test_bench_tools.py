@@ -282,8 +282,8 @@ def test_serve_load_interleave_starts_each_server_once_and_alternates_the_repeat
 
 
 def test_serve_load_passes_the_prefill_share_to_every_server(monkeypatch, tmp_path):
-    """`--prefill-share X` and `--[no-]ride-prefill` reach each server's command line, and
-    a method's +ride or +budget its own; without them the server keeps its own defaults. Every server writes its step log in the log
+    """`--prefill-share X` and `--ride-prefill` reach each server's command line; without
+    them the server keeps its own defaults. Every server writes its step log in the log
     directory."""
     from hispec_jax.bench import serve_load
 
@@ -297,14 +297,13 @@ def test_serve_load_passes_the_prefill_share_to_every_server(monkeypatch, tmp_pa
         raise Started
 
     monkeypatch.setattr(serve_load.subprocess, "Popen", popen)
-    for extra in ([], ["--prefill-share", "0.5", "--no-ride-prefill"]):
+    for extra in ([], ["--prefill-share", "0.5", "--ride-prefill"]):
         args = serve_load.parse_args(["--log-dir", str(tmp_path), *extra])
         with pytest.raises(Started):
             serve_load.start_server("ar", args)
-    assert not any(f in commands[0] for f in ("--prefill-share", "--ride-prefill",
-                                              "--no-ride-prefill"))
+    assert "--prefill-share" not in commands[0] and "--ride-prefill" not in commands[0]
     assert commands[1][commands[1].index("--prefill-share") + 1] == "0.5"
-    assert "--no-ride-prefill" in commands[1]
+    assert "--ride-prefill" in commands[1]
     assert commands[0][commands[0].index("--step-log") + 1] == str(tmp_path / "steps-ar.jsonl")
     args = serve_load.parse_args(["--log-dir", str(tmp_path), "--ride-prefill"])
     for method in ("ar+budget", "default+ride"):  # a method's own scheduler

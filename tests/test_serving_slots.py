@@ -3,7 +3,6 @@ inserted into a slot while other slots decode gets exactly its offline `generate
 
 from __future__ import annotations
 
-import argparse
 import types
 
 import numpy as np
@@ -529,55 +528,34 @@ class _RidingPrompt:
         return None if self.rest <= 0 else (16 if small or self.rest <= 32 else 64)
 
 
-@pytest.mark.parametrize("rest,waiting,steps,full,since,small", [
-    (500, 2, [0.1], [], 0, False),  # a full chunk never rode: it rides, to be measured
-    (500, 2, [0.1], [0.3, 0.3], 0, False),  # measured less than RIDE_PROBES times
-    (500, 2, [0.1], [0.14, 0.25, 0.13], 0, False),  # it fits RIDE_FULL_MAX steps
-    (500, 2, [0.1, 0.11, 0.09], [0.16, 0.25, 0.21], 0, True),  # it does not
-    (500, 2, [0.1] * 7 + [0.3], [0.14] * 7 + [0.5], 0, False),  # one slow round each
-    (500, 2, [0.05] * 32 + [0.1] * 32, [0.14] * 3, 0, False),  # the last 32 steps count
-    (500, 2, [0.1], [0.3] * 3, 256, False),  # after 256 small rides: measured again
-    (30, 2, [0.1], [0.11] * 3, 0, True),  # the rest of the prompt is small chunks
-    (500, 1, [0.1], [], 0, True),  # one prompt waits: small chunks
+@pytest.mark.parametrize("rest,waiting,steps,full,since,share,small", [
+    (500, 2, [0.1], [], 0, 1.0, False),  # a full chunk never rode: it rides, to be measured
+    (500, 2, [0.1], [0.3, 0.3], 0, 1.0, False),  # measured less than RIDE_PROBES times
+    (500, 2, [0.1], [0.19, 0.25, 0.18], 0, 1.0, False),  # it fits (1 + share) steps
+    (500, 2, [0.1, 0.11, 0.09], [0.19, 0.25, 0.21], 0, 1.0, True),  # it does not
+    (500, 2, [0.1], [0.19] * 3, 0, 0.5, True),  # nor with a smaller share
+    (500, 2, [0.1] * 7 + [0.3], [0.19] * 7 + [0.5], 0, 1.0, False),  # one slow round each
+    (500, 2, [0.1] * 32 + [0.05] * 32, [0.19] * 3, 0, 1.0, True),  # the last 32 steps count
+    (500, 2, [0.1], [0.3] * 3, 64, 1.0, False),  # after 64 small rides: measured again
+    (30, 2, [0.1], [0.11] * 3, 0, 1.0, True),  # the rest of the prompt is small chunks
+    (500, 1, [0.1], [], 0, 1.0, True),  # one prompt waits: small chunks
 ])
-def test_a_full_chunk_rides_where_its_round_fits_the_streams_gaps(rest, waiting, steps, full,
-                                                                  since, small):
-    """Where chunks ride the rounds, their size: while prompts queue (two or more admitted
-    and waiting), a full chunk where the rounds it rode took at most 1.5 times the engine's
-    steps (medians of the last 8 and 32), else a small one; a full chunk rides its first 3
-    times, and after 256 small ones in a row, to be measured."""
+def test_a_full_chunk_rides_where_its_round_fits_the_budget(rest, waiting, steps, full, since,
+                                                            share, small):
+    """Where chunks ride the rounds, the same budget picks their size: while prompts queue (two
+    or more admitted and waiting), a full chunk where the rounds it rode took at most
+    (1 + prefill_share) times the engine's steps (medians of the last 8 and 32), else a
+    small one; a full chunk rides its first 3 times, and after 64 small ones in a row, to
+    be measured."""
     import collections
 
     from hispec_jax.serving import scheduler as scheduler_lib
 
-    assert (scheduler_lib.RIDE_FULL_MAX, scheduler_lib.RIDE_REPROBE) == (1.5, 256)
-    scheduler = scheduler_lib.Scheduler({})
+    scheduler = scheduler_lib.Scheduler({}, prefill_share=share)
     scheduler._step_seconds[True] = collections.deque(steps, scheduler_lib.STEP_SAMPLES)
     scheduler._full_ride_seconds[True] = collections.deque(full, scheduler_lib.RIDE_SAMPLES)
     scheduler._small_rides[True] = since
     assert scheduler._ride_small(True, _RidingPrompt(rest, waiting)) is small
-
-
-def test_a_long_step_holds_the_next_rider_at_most_twice_in_a_row():
-    """After a step over 1.5 times the engine's median step (a round of long blocks, or
-    one a chunk rode), the next round carries no chunk; after two such holds in a row a
-    chunk rides whatever the last step took."""
-    import collections
-
-    from hispec_jax.serving import scheduler as scheduler_lib
-
-    scheduler = scheduler_lib.Scheduler({})
-    scheduler._holds[True] = 0
-    steps = scheduler._step_seconds[True] = collections.deque(
-        [0.1] * 9, scheduler_lib.STEP_SAMPLES)
-    assert not scheduler._hold_rider(True)  # an ordinary step
-    held = []
-    for seconds in (0.16, 0.2, 0.3, 0.1, 0.14, 0.17):
-        steps.append(seconds)
-        held.append(scheduler._hold_rider(True))
-    assert held == [True, True, False, False, False, True]
-    scheduler._step_seconds[True] = collections.deque([0.3], scheduler_lib.STEP_SAMPLES)
-    assert not scheduler._hold_rider(True)  # one step: no median yet
 
 
 @pytest.mark.parametrize("share", [-1, "1", float("nan")])
@@ -631,21 +609,15 @@ def test_without_compile_on_demand_a_slot_runs_the_smallest_compiled_rows():
     assert got == want
 
 
-def test_the_server_rides_prefill_unless_told_not_to():
-    """By default `build_engines` (`hispec serve`) gives AR's engines the round a chunk
-    rides, over all slots; with `ride_prefill=False` (`--no-ride-prefill`) chunks run
-    beside the rounds."""
+def test_the_server_rides_prefill_only_when_asked():
+    """`build_engines(ride_prefill=True)` (`hispec serve --ride-prefill`) gives AR's engines
+    the round a chunk rides, over all slots; by default chunks run beside the rounds."""
     from test_engine import tiny_model
 
-    from hispec_jax.cli import serving as cli_serving
     from hispec_jax.serving import server as server_lib
 
     model = tiny_model(2, 0, max_len=128)
+    asked = server_lib.build_engines(model, "ar", slots=4, max_cache_len=64, ride_prefill=True)
+    assert all(e.rides and e.ride_rows == (4,) for e in asked.values())
     default = server_lib.build_engines(model, "ar", slots=4, max_cache_len=64)
-    assert all(e.rides and e.ride_rows == (4,) for e in default.values())
-    told = server_lib.build_engines(model, "ar", slots=4, max_cache_len=64, ride_prefill=False)
-    assert not any(e.rides or e.ride_rows for e in told.values())
-    parser = argparse.ArgumentParser()
-    cli_serving.add_parsers(parser.add_subparsers(dest="command"))
-    assert parser.parse_args(["serve"]).ride_prefill is True
-    assert parser.parse_args(["serve", "--no-ride-prefill"]).ride_prefill is False
+    assert not any(e.rides or e.ride_rows for e in default.values())

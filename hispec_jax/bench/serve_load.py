@@ -43,7 +43,6 @@ drifts is most of the spread between repeats.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -82,14 +81,13 @@ SCHEDULERS = {"ride": "--ride-prefill", "budget": "--no-ride-prefill"}
 def server_flags(method: str, args) -> list[str]:
     """The `hispec serve` flags of `method`: METHOD[+SCHEDULER], METHOD `default` for no
     --method (the model's default plan), SCHEDULER `ride` (--ride-prefill) or `budget`
-    (--no-ride-prefill; without a suffix, the bench's --ride-prefill or --no-ride-prefill,
-    or neither: the server's default)."""
+    (--no-ride-prefill; without a suffix, --ride-prefill where the bench was given it)."""
     base, _, scheduler = method.partition("+")
     flags = [] if base == DEFAULT_METHOD else ["--method", base]
     if scheduler:
         flags.append(SCHEDULERS[scheduler])
-    elif args.ride_prefill is not None:
-        flags.append("--ride-prefill" if args.ride_prefill else "--no-ride-prefill")
+    elif args.ride_prefill:
+        flags.append("--ride-prefill")
     return flags
 
 
@@ -445,9 +443,8 @@ def parse_args(argv):
     p.add_argument("--rounds-per-step", type=int, default=1)
     p.add_argument("--prefill-share", type=float, default=None, metavar="X",
                    help="every server's --prefill-share (default: the server's)")
-    p.add_argument("--ride-prefill", action=argparse.BooleanOptionalAction, default=None,
-                   help="start every server with --ride-prefill (or --no-ride-prefill; "
-                        "default: the server's own, riding)")
+    p.add_argument("--ride-prefill", action="store_true",
+                   help="start every server with --ride-prefill")
     p.add_argument("--startup-timeout", type=float, default=600)
     p.add_argument("--log-dir", default=os.path.join(tempfile.gettempdir(), "hispec-bench-serve"),
                    help="where the servers' logs go, serve-METHOD.log (created; default: "

@@ -90,17 +90,14 @@ def add_parsers(subparsers) -> None:
                             "of C positions where one fits that time, else of C/4 (at "
                             "least 16); smaller: shorter pauses for the streams, larger: "
                             "faster prompts")
-    serve.add_argument("--ride-prefill", action=argparse.BooleanOptionalAction, default=True,
+    serve.add_argument("--ride-prefill", action=argparse.BooleanOptionalAction, default=False,
                        help="while slots decode, let the next chunk of a waiting prompt "
                             "ride each round's pass (AR and prompt lookup) instead of running "
                             "chunks between the rounds: C positions while prompts queue and "
-                            "such a round takes at most 1.5 times a step, else C/4, none after "
-                            "a long step; shorter pauses in the streams (docs/serving.md; "
-                            "default: on; --no-ride-prefill: chunks between the rounds, "
-                            "--prefill-share)")
+                            "such a round fits the --prefill-share budget, else C/4; shorter "
+                            "pauses in the streams (docs/serving.md; default: off)")
     serve.add_argument("--prefill-share", type=float, default=1.0, metavar="X",
-                       help="without --ride-prefill, the prefill time between two rounds of "
-                            "the decoding slots, as a "
+                       help="prefill time between two rounds of the decoding slots, as a "
                             "multiple of a round's (default: 1; at least one chunk each "
                             "time): larger, the waiting prompts' first tokens sooner and "
                             "longer pauses in the streams; 0, one chunk a round")

@@ -28,15 +28,13 @@ the rounds: speculation's longer rounds do not starve them.
 An engine built with `ride_prefill` (AR, prompt lookup: a round is one pass over every
 layer) lets the next chunk of the oldest waiting prompt ride each round's pass instead
 (`SlotEngine.generate(ride=True)`): the streams wait for the chunk's extra compute, about
-a quarter of a round for a small chunk on a CPU, not a second pass. Its size keeps the
-streams' gaps within twice their median: a full chunk of C positions rides while prompts
-queue, where the rounds it rode took at most RIDE_FULL_MAX (1.5) times the engine's steps
-(medians of the last few: `_ride_small`), else a small one of t; and after a step over
-HOLD_AFTER (1.5) times the median one (a round of long blocks, which the next round likely
-repeats) the next round carries none, at most MAX_HOLDS (2) in a row (`_hold_rider`).
+a quarter of a round for a small chunk on a CPU, not a second pass. The same budget picks
+its size: a full chunk of C positions rides while prompts queue, where the rounds it rode
+took at most (1 + prefill_share) times the engine's steps (medians of the last few:
+`_ride_small`), else a small one of t, so a queue of prompts enters as fast as the
+streams' gaps allow (docs/serving.md).
 
-    riding:  | round + chunk | round + chunk | long round | round | round + chunk | ...
-                                                 (holds the next chunk)
+    riding:  | round + chunk | round + chunk | round + chunk + finish | round | ...
 
 A job's events are `("tokens", [ids])` and finally `("done", finish_reason)` with
 finish_reason "stop" (EOS / end of turn), "length" (max_tokens) or "cancelled".
@@ -72,19 +70,13 @@ from hispec_jax.serving import slots as slots_lib
 log = logging.getLogger("hispec.serve")
 
 # What `Scheduler._ride_small` compares: the median of the last RIDE_SAMPLES rounds a full
-# chunk rode against RIDE_FULL_MAX times the median of an engine's last STEP_SAMPLES steps
-# (the streams' gaps: their p99 within twice their median, with a busy machine's slow
-# rounds on top); a full chunk rides its first RIDE_PROBES times, and once more after
-# RIDE_REPROBE small chunks rode in a row, to be measured again.
+# chunk rode against the median of an engine's last STEP_SAMPLES steps; a full chunk
+# rides its first RIDE_PROBES times, and once more after RIDE_REPROBE small chunks rode
+# in a row, to be measured again.
 RIDE_SAMPLES = 8
 STEP_SAMPLES = 32
-RIDE_FULL_MAX = 1.5
 RIDE_PROBES = 3
-RIDE_REPROBE = 256
-# What `Scheduler._hold_rider` compares: a step over HOLD_AFTER times the median step holds
-# the next round's chunk, at most MAX_HOLDS steps in a row.
-HOLD_AFTER = 1.5
-MAX_HOLDS = 2
+RIDE_REPROBE = 64
 
 
 @dataclasses.dataclass(eq=False)
@@ -157,9 +149,10 @@ class Scheduler:
       prefill_share: where no chunk rides an engine's rounds, the prefill time
         between two `generate` calls while some of its slots decode, as a multiple of its
         last `generate` call's time (at least one chunk; with no slot decoding, the oldest
-        admitted prompt is prefilled whole: it holds up no stream). Larger: the waiting
-        prompts' first tokens sooner, longer pauses in the streams. Chunks that ride are
-        sized by the streams' gaps instead (`_ride_small`, `_hold_rider`).
+        admitted prompt is prefilled whole: it holds up no stream); where chunks ride, a full
+        chunk rides while prompts queue, where its rounds take at most (1 + prefill_share)
+        times the engine's steps, else a small one (`_ride_small`). Larger: the waiting prompts' first tokens
+        sooner, longer pauses in the streams.
       warmup: None (`ready` from the start), or a callable the engine thread runs (with
         `engines`, `idle` and `stop=` the scheduler's stop event: `server.warm_up`) before
         it takes requests; `ready` is set when it returns. If it returns a thread (work
@@ -182,7 +175,6 @@ class Scheduler:
         self._step_seconds = {g: collections.deque(maxlen=STEP_SAMPLES) for g in engines}
         self._full_ride_seconds = {g: collections.deque(maxlen=RIDE_SAMPLES) for g in engines}
         self._small_rides = {g: 0 for g in engines}
-        self._holds = {g: 0 for g in engines}  # steps in a row whose chunk was held back
         self._step_chunks: list[int] = []  # the chunks of the step under way, for step_log
         self._step_counters: dict = {g: None for g in engines}  # each engine's, last step
         self.step_log = step_log
@@ -335,26 +327,13 @@ class Scheduler:
             if spent >= budget:
                 break
 
-    def _hold_rider(self, greedy: bool) -> bool:
-        """Whether the next round of `greedy`'s engine carries no chunk: where its last
-        step took over HOLD_AFTER times the median of its last STEP_SAMPLES steps (a round
-        of long blocks, or one that carried a chunk: under speculation a round of long
-        blocks is mostly followed by another, and a chunk riding it would stretch the
-        streams' gap past twice their median), at most MAX_HOLDS steps in a row, so a
-        waiting prompt still enters."""
-        steps = self._step_seconds[greedy]
-        hold = (self._holds[greedy] < MAX_HOLDS and len(steps) > 1
-                and steps[-1] > HOLD_AFTER * statistics.median(steps))
-        self._holds[greedy] = self._holds[greedy] + 1 if hold else 0
-        return hold
-
     def _ride_small(self, greedy: bool, engine: slots_lib.SlotEngine) -> bool:
         """Whether a small chunk rides the next round rather than a full one. A full one
         rides only while prompts queue (two or more admitted and waiting: one prompt at a
         time enters fast enough in small chunks, which keep the streams' gaps even), and
-        where the rounds it rode took at most RIDE_FULL_MAX times the engine's steps (the
-        streams' gaps, whatever the steps carried): medians of the last RIDE_SAMPLES and
-        STEP_SAMPLES, so one slow round on a busy machine decides nothing. It rides its
+        where the rounds it rode took at most (1 + prefill_share) times the engine's steps
+        (the streams' gaps, whatever the steps carried): medians of the last RIDE_SAMPLES
+        and STEP_SAMPLES, so one slow round on a busy machine decides nothing. It rides its
         first RIDE_PROBES times, and after RIDE_REPROBE small chunks in a row, to be
         measured. Where the rest of the prompt is no full chunk: a small one."""
         if (len(engine.prefilling) < 2
@@ -363,7 +342,7 @@ class Scheduler:
         riding = self._full_ride_seconds[greedy]
         if len(riding) < RIDE_PROBES or self._small_rides[greedy] >= RIDE_REPROBE:
             return False
-        return statistics.median(riding) > RIDE_FULL_MAX * statistics.median(
+        return statistics.median(riding) > (1 + self.prefill_share) * statistics.median(
             self._step_seconds[greedy])
 
     def _drop(self, job: Job) -> None:
@@ -393,8 +372,6 @@ class Scheduler:
                     ride = engine.riding_rows() is not None
                     if engine.decoding and not ride:
                         self._prefill_beside_rounds(greedy, engine)
-                    elif engine.decoding and engine.prefilling:
-                        ride = not self._hold_rider(greedy)
                     while engine.prefilling and not engine.decoding:  # it holds up no stream
                         self._prefill_chunk(greedy, engine, small=False)
                     decoding = len(engine.decoding)

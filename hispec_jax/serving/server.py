@@ -37,7 +37,7 @@ DEFAULT_CACHE_LEN = 1024
 
 
 def build_engines(model, method="ar", *, slots: int = 8, max_cache_len: int | None = None,
-                  prefill_chunk: int = slots_lib.PREFILL_CHUNK, ride_prefill: bool = True,
+                  prefill_chunk: int = slots_lib.PREFILL_CHUNK, ride_prefill: bool = False,
                   **method_options) -> dict[bool, slots_lib.SlotEngine]:
     """{greedy: SlotEngine} for greedy (True) and sampling (False) requests. Every request
     stops at EOS and at the chat template's end-of-turn markers; prompts enter their slots
@@ -155,7 +155,7 @@ def build_app(model, method=None, *, slots: int = 8, max_cache_len: int | None =
               warmup: bool = True, rounds_per_step: int = 1, served_name: str | None = None,
               plan_reason: str = "given", prefill_chunk: int = slots_lib.PREFILL_CHUNK,
               prefill_share: float = 1.0, step_log: str | os.PathLike | None = None,
-              ride_prefill: bool = True, **method_options):
+              ride_prefill: bool = False, **method_options):
     """The ASGI app serving `model` with `method` (None: the model's default plan) over
     `slots` slots per engine; with `warmup`, its engine thread compiles everything before
     it takes requests (/health: 503 "loading" until then). `plan_reason`: why a given
@@ -163,8 +163,8 @@ def build_app(model, method=None, *, slots: int = 8, max_cache_len: int | None =
     `prefill_chunk` positions, for about `prefill_share` times a step's time between two
     `rounds_per_step` steps of the decoding slots (`scheduler.Scheduler`), or with
     `ride_prefill` a chunk riding each round where the plan's rounds can carry one (a full
-    one while prompts queue and its rounds take at most 1.5 times a step, else a small
-    one; none after a long step).
+    one while prompts queue and its round fits the budget of `prefill_share` times a step,
+    else a small one).
     `step_log`: a file that gets each engine step as a JSON line (`scheduler.StepLog`)."""
     method, method_options, reason = choose_plan(model, method, method_options, plan_reason)
     engines = build_engines(model, method, slots=slots, max_cache_len=max_cache_len,
