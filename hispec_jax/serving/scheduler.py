@@ -151,8 +151,8 @@ class Scheduler:
         last `generate` call's time (at least one chunk; with no slot decoding, the oldest
         admitted prompt is prefilled whole: it holds up no stream); where chunks ride, a full
         chunk rides while prompts queue, where its rounds take at most (1 + prefill_share)
-        times the engine's steps, else a small one (`_ride_small`). Larger: the waiting prompts' first tokens
-        sooner, longer pauses in the streams.
+        times the engine's steps, else a small one (`_ride_small`). Larger: the waiting
+        prompts' first tokens sooner, longer pauses in the streams.
       warmup: None (`ready` from the start), or a callable the engine thread runs (with
         `engines`, `idle` and `stop=` the scheduler's stop event: `server.warm_up`) before
         it takes requests; `ready` is set when it returns. If it returns a thread (work
