@@ -153,6 +153,36 @@ def test_record_updates_only_the_match_bucket():
     assert np.asarray(s.of_match(jnp.asarray([2, 4, 0]))).tolist() == [a[0, 1], a[1, 3], a[2, 0]]
 
 
+def test_run_buckets_take_a_sequence_copying_a_passage():
+    """With runs, a sequence whose proposals kept RUN or more tokens in a row, with no
+    rejection since, reads and updates the run bucket of its match's n; a rejection takes it
+    back to the plain buckets."""
+    N = 4
+    s = gate.GateState.init(2, N, runs=True).replace(ngram_B=jnp.asarray([3, 3]))
+    assert s.kept_BxN.shape == (2, 2 * N) and s.max_ngram == N
+    fresh = np.asarray(s.of_match(jnp.asarray([3, 3])))
+    assert fresh.tolist() == pytest.approx([2 / 3, 2 / 3])
+    s = s.record(jnp.asarray([2, 2]), jnp.asarray([2, 1]))  # row 0 kept both, row 1 one of two
+    assert np.asarray(s.run_B).tolist() == [2, 0]
+    assert np.asarray(s.column(jnp.asarray([3, 3]))).tolist() == [2, 2]  # not yet on a run
+    s = s.record(jnp.asarray([2, 0]), jnp.asarray([2, 0]))  # row 1: no match, nothing moves
+    assert np.asarray(s.run_B).tolist() == [4, 0]
+    assert np.asarray(s.column(jnp.asarray([3, 1]))).tolist() == [N + 2, 0]
+    # a fresh run bucket starts from the run prior
+    on_run = float(s.of_match(jnp.asarray([3, 3]))[0])
+    assert on_run == pytest.approx(gate.PRIOR_RUN_KEPT / (gate.PRIOR_RUN_KEPT
+                                                          + gate.PRIOR_RUN_REJECTED))
+    s = s.record(jnp.asarray([8, 0]), jnp.asarray([3, 0]))  # chosen on the run: counted there
+    kept, rej = np.asarray(s.kept_BxN), np.asarray(s.rejected_BxN)
+    assert kept[0, N + 2] == 3 and rej[0, N + 2] == 1 and kept[0, 2] == pytest.approx(0.9 * 2 + 2)
+    assert int(s.run_B[0]) == 0 and int(s.column(jnp.asarray([3]))[0]) == 2  # the run ended
+    # without runs the state is one bucket per n, as before
+    plain = gate.GateState.init(2, N)
+    assert plain.kept_BxN.shape == (2, N)
+    assert np.asarray(plain.record(jnp.asarray([5, 5]), jnp.asarray([5, 5])).column(
+        jnp.asarray([3, 3]))).tolist() == [2, 2]
+
+
 @settings(max_examples=20, **PROPERTY_SETTINGS)
 @given(true_a=st.floats(0.02, 0.97), seed=st.integers(0, 1000), m=st.sampled_from([1, 4, 16]))
 def test_estimate_converges_on_a_synthetic_stream(true_a, seed, m):

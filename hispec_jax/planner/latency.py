@@ -369,7 +369,7 @@ def replay(trace: Trace, exits: tuple[int, ...], windows: tuple[int, ...], looku
         num_new = [1] * batch  # the first token comes from prefill
         window = [drafter.initial_window() if lookup else 0] * batch
         looked = [0] * batch
-        estimates = gate_lib.GateState.init(batch, trace.max_ngram)
+        estimates = gate_lib.GateState.init(batch, trace.max_ngram, runs=True)
 
         def choice(b, level, q):  # level's greedy token after position q
             if level_exits[level] == L:

@@ -235,7 +235,7 @@ class LookupState:
       proposed_B: [B] int32, the tokens a match proposed for level 1's pending block (0: no
         match).
       gate: `gate.GateState`: each sequence's acceptance estimates per n-gram length of the
-        match, and the n behind its pending proposal.
+        match and per whether it is on a run, and the n behind its pending proposal.
     """
 
     proposed_B: jax.Array
@@ -282,7 +282,8 @@ class LookupDrafter:
     def init(self, batch: int, ring: int) -> LookupState:
         del ring
         return LookupState(proposed_B=jnp.zeros((batch,), jnp.int32),
-                           gate=gate_lib.GateState.init(batch, self.lookup.max_ngram))
+                           gate=gate_lib.GateState.init(batch, self.lookup.max_ngram,
+                                                       runs=True))
 
     def ready(self, state, window_ready_B, pending_B):
         del state, window_ready_B
