@@ -1,7 +1,8 @@
 """The lookup gate's prior, chosen on the planner's replay: SmolLM2's greedy answers to the
 `hispec bench --tasks` prompts (chat template, batch AR, up to --max-new-tokens stopping at
 EOS), then `latency.replay` of prompt lookup (k = 16) on them with the gate at each prior
-(kept, rejected) and with the gate off. Prints rounds, the level-1 passes by block, and the
+(kept, rejected), at the library's prior without the run buckets (`gate.GateState.runs`),
+and with the gate off. Prints rounds, the level-1 passes by block, and the
 loop's cost in AR steps at the default CPU pass cost (F + T + J [T > 1] over F + 1), gated
 against ungated. No timing: the counts are the engine's (`tests/test_planner_lookup.py`).
 
@@ -41,16 +42,19 @@ def answers(model_path: str, tasks: list[str], prompts: int, new: int, cache: st
     return found
 
 
-def replayed(trace: latency.Trace, gate: bool, prior) -> tuple[float, int, dict]:
+def replayed(trace: latency.Trace, gate: bool, prior, runs: bool = True
+             ) -> tuple[float, int, dict]:
     """(cost in AR steps per emitted token, rounds, {block: passes}) of lookup k = 16."""
     gate_lib.PRIOR_KEPT, gate_lib.PRIOR_REJECTED = prior
     latency._compiled_gate.cache_clear()  # the prior is read when the gate is traced
-    original = lookup_lib.PromptLookup
+    original, init = lookup_lib.PromptLookup, gate_lib.GateState.init
     lookup_lib.PromptLookup = lambda **kw: original(**kw, gate=gate)  # replay's drafter
+    if not runs:
+        gate_lib.GateState.init = classmethod(lambda cls, b, n, runs=True: init(b, n))
     try:
         run = latency.replay(trace, (30,), (), lookup=16)
     finally:
-        lookup_lib.PromptLookup = original
+        lookup_lib.PromptLookup, gate_lib.GateState.init = original, init
     cost = gate_lib.default_pass_cost("cpu")
     F, J = float(cost.fixed), float(cost.jump)
     blocks = dict(sorted((T, n) for (level, T), n in run.passes if level == 1))
@@ -72,8 +76,9 @@ def main() -> None:
     print(f"# {a.prompts} prompts per task, up to {a.max_new_tokens} new tokens; lookup k = 16, "
           f"n-grams up to {lookup_lib.DEFAULT_MAX_NGRAM}; the library's prior {kept}")
     print("| task | ungated: AR steps / token, rounds | "
-          + " | ".join(f"prior {int(k)},{int(r)}: gated / ungated, rounds" for k, r in PRIORS) + " |")
-    print("|---|---|" + "---|" * len(PRIORS))
+          + " | ".join(f"prior {int(k)},{int(r)}: gated / ungated, rounds" for k, r in PRIORS)
+          + " | no run buckets, the library's prior |")
+    print("|---|---|" + "---|" * (len(PRIORS) + 1))
     for task in tasks:
         t = found[task]
         trace = latency.Trace(max_ngram=lookup_lib.DEFAULT_MAX_NGRAM,
@@ -84,6 +89,8 @@ def main() -> None:
         for prior in PRIORS:
             cost, rounds, _ = replayed(trace, True, prior)
             cells.append(f"{off / cost:.3f}, {rounds}")
+        cost, rounds, _ = replayed(trace, True, kept, runs=False)
+        cells.append(f"{off / cost:.3f}, {rounds}")
         print(f"| {task} | {off:.3f}, {off_rounds} | " + " | ".join(cells) + " |", flush=True)
     gate_lib.PRIOR_KEPT, gate_lib.PRIOR_REJECTED = kept
 

@@ -66,9 +66,10 @@ from hispec_jax.models.transformer import embed, run_layers_cached
 # of 8. Chosen on the planner's replay (`latency.replay`) of SmolLM2-135M's greedy answers
 # to 8 prompts of each `hispec bench --tasks` task against ungated lookup: prior (1, 1) ->
 # (2, 1) moved the gated loop from 0.92-0.95 to 0.94-0.98 of the ungated one on extract,
-# summarize and code, and left chat at 1.01 (docs/lookup.md, "The acceptance gate"). More
-# optimistic priors gain a little more there; the replay prices a batch of one, not the
-# busy batches where the gate's caution pays.
+# summarize and code without the run buckets (0.97-0.99 to 0.98-1.00 with them), and left
+# chat at 1.01 (docs/lookup.md, "The acceptance gate"). More optimistic priors gain a little
+# more there; the replay prices a batch of one, not the busy batches where the gate's
+# caution pays.
 PRIOR_KEPT = 2.0
 PRIOR_REJECTED = 1.0
 # On a run (the sequence's proposals kept RUN or more tokens in a row, none rejected since)
