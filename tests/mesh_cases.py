@@ -50,6 +50,8 @@ CASES = [
     ("data=4,model=2", "scan", ["hispec", "hispec_sampling"]),
     ("data=8", "unrolled", ["ar"]),
     ("model=8", "unrolled", ["layerskip"]),
+    # fused projections (`params.fuse_layer`): the fused weights shard over the kv heads
+    ("data=4,model=2", "unrolled, fused", ["ar"]),
 ]
 # Trained exit heads with draft vocabularies (K < V columns, `vocab` ids), sharded by the
 # same rules: a full head at exit 1 whose K = 40 columns divide model=4 and a rank-16 head
@@ -74,6 +76,8 @@ def main() -> int:
     params = init_params(CFG, jax.random.key(0), init_std=0.3)
     models = {layout: Model(cfg=CFG, params=with_layer_layout(params, layout))
               for layout in ("unrolled", "scan")}
+    models["unrolled, fused"] = Model(cfg=CFG, params=with_layer_layout(params, "unrolled",
+                                                                        fused=True))
 
     def unsharded(model, name):
         return generate(model, PROMPTS, max_new_tokens=MAX_NEW, ignore_eos=True,
@@ -111,6 +115,10 @@ def main() -> int:
     placed = sharding.param_shardings(CFG, models["scan"].params, mesh)
     specs = {name: str(placed["layers"][name].spec) for name in ("wq", "wk", "w_down")}
     specs["lm_head"] = str(placed["lm_head"].spec)
+    placed_fused = sharding.param_shardings(CFG, models["unrolled, fused"].params,
+                                            sharding.make_mesh("data=4,model=2"))
+    for name in ("wqkv", "w_gate_up"):
+        specs[f"fused {name} model=2"] = str(placed_fused["layers"][0][name].spec)
     specs.update(specs_heads)
     for mesh_text in ("data=2,model=4", "data=4,model=2"):
         cache = KVCache.zeros(CFG, batch=4, capacity=32)

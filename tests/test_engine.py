@@ -22,8 +22,8 @@ from hispec_jax import Model, ModelConfig, generate
 from hispec_jax.decoding import engine as engine_lib
 from hispec_jax.decoding import methods
 from hispec_jax.models.heads import head_cost_layers, lm_head_matrix
-from hispec_jax.models.params import (init_params, is_out_major, layer_layout,
-                                      with_layer_layout)
+from hispec_jax.models.params import (init_params, is_fused, is_out_major, layer_dict_out_major,
+                                      layer_layout, with_layer_layout)
 
 VOCAB = 64
 
@@ -407,18 +407,21 @@ def test_exit_without_head_is_rejected():
 # The layout decides how the logits are computed, the temperature what is done with them:
 # each layout once, one greedy and one sampled (the four combinations proved nothing more
 # and compiled twice the loops).
-@pytest.mark.parametrize("temperature,out_major", [(0.0, False), (1.0, True)])
-def test_unrolled_layer_layout_gives_the_same_tokens(temperature, out_major):
+@pytest.mark.parametrize("temperature,out_major,fused", [(0.0, False, False), (1.0, True, True),
+                                                       (0.0, False, True)])
+def test_unrolled_layer_layout_gives_the_same_tokens(temperature, out_major, fused):
     """The "unrolled" layout (per-layer weights, the CPU default of load_model), with its
     projections canonical or out-major (`name_T`: blocks of several rows multiply as
-    `w_T @ x^T`), runs the same math as the scanned stacked weights: same tokens
-    for every method, greedy or sampled (blocks of 1, 2 and more rows: drafts, lookup,
-    verification, prefill)."""
+    `w_T @ x^T`), apart or fused (`wqkv`, `w_gate_up`: one product each), runs the same math
+    as the scanned stacked weights: same tokens for every method, greedy or sampled (blocks
+    of 1, 2 and more rows: drafts, lookup, verification, prefill)."""
     model = tiny_model(4, 0, 0.1)
     unrolled = dataclasses.replace(
-        model, params=with_layer_layout(model.params, "unrolled", out_major=out_major))
+        model, params=with_layer_layout(model.params, "unrolled", out_major=out_major,
+                                        fused=fused))
     assert layer_layout(unrolled.params) == "unrolled" and layer_layout(model.params) == "scan"
     assert is_out_major(unrolled.params) == out_major and not is_out_major(model.params)
+    assert is_fused(unrolled.params) == fused and not is_fused(model.params)
     prompts = random_prompts(np.random.RandomState(5), 3, 9)
     for method, options in [("ar", {}), ("exit", {"exit_layer": 2}),
                             ("layerskip", {"draft_exit": 1}),
@@ -445,6 +448,25 @@ def test_layer_layout_round_trip_and_errors():
     jax.tree.map(np.testing.assert_array_equal, with_layer_layout(out_major, "scan"), params)
     canonical = with_layer_layout(out_major, "unrolled", out_major=False)
     jax.tree.map(np.testing.assert_array_equal, canonical, unrolled)
+    # fused: q/k/v grouped per kv head, gate/up stacked; either order, and back exactly
+    K, F = params["layers"]["wk"].shape[2], params["layers"]["w_up"].shape[2]
+    G = N // K
+    for om in (False, True):
+        fused = with_layer_layout(params, "unrolled", out_major=om, fused=True)
+        layer = layer_dict_out_major(fused["layers"][1], False)
+        assert set(layer) == {"attn_norm", "wqkv", "wo", "mlp_norm", "w_gate_up", "w_down"}
+        assert layer["wqkv"].shape == (D, K, G + 2, H) and layer["w_gate_up"].shape == (D, 2, F)
+        np.testing.assert_array_equal(layer["wqkv"][:, 1, G], params["layers"]["wk"][1, :, 1])
+        np.testing.assert_array_equal(layer["wqkv"][:, 1, G + 1], params["layers"]["wv"][1, :, 1])
+        np.testing.assert_array_equal(layer["wqkv"][:, 1, 1], params["layers"]["wq"][1, :, G + 1])
+        np.testing.assert_array_equal(layer["w_gate_up"][:, 1], params["layers"]["w_up"][1])
+        jax.tree.map(np.testing.assert_array_equal, with_layer_layout(fused, "scan"), params)
+        jax.tree.map(np.testing.assert_array_equal,
+                     with_layer_layout(fused, "unrolled", out_major=False, fused=False), unrolled)
+    host = jax.tree.map(np.asarray, params)  # NumPy stays NumPy, both ways
+    fused_host = with_layer_layout(host, "unrolled", fused=True)
+    assert isinstance(fused_host["layers"][0]["wqkv"], np.ndarray)
+    jax.tree.map(np.testing.assert_array_equal, with_layer_layout(fused_host, "scan"), host)
     with pytest.raises(ValueError, match="layer_layout='stacked'"):
         with_layer_layout(params, "stacked")
 

@@ -28,7 +28,8 @@ from hispec_jax.decoding import recommended
 from hispec_jax.models import gguf_io, hf_io
 from hispec_jax.models.heads import exit_logits
 from hispec_jax.models.kv_cache import KVCache
-from hispec_jax.models.params import PROJECTIONS, layer_dict_out_major, param_specs, to_out_major
+from hispec_jax.models.params import (PROJECTIONS, layer_dict_out_major, param_specs,
+                                      to_out_major, with_layer_layout)
 from hispec_jax.models.transformer import embed, run_layers_cached
 
 Q = gf.Q
@@ -192,6 +193,10 @@ def test_layouts_and_bfloat16(gguf_paths):
     unrolled = hispec_jax.load_model(path, layer_layout="unrolled", out_major=True)
     bf16 = hispec_jax.load_model(path, dtype="bfloat16", layer_layout="scan")
     canonical = hispec_jax.load_model(path, layer_layout="unrolled")  # the default order
+    for om in (False, True):  # fused while loading: the fused layout of the same weights
+        fused = hispec_jax.load_model(path, layer_layout="unrolled", out_major=om, fused=True)
+        want = with_layer_layout(scan.params, "unrolled", out_major=om, fused=True)
+        jax.tree.map(np.testing.assert_array_equal, fused.params, want)
     assert isinstance(unrolled.params["layers"], tuple) and bf16.cfg.dtype == "bfloat16"
     # out-major: the projections [out..., in...]
     assert set(unrolled.params["layers"][0]) == {

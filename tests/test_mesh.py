@@ -43,6 +43,7 @@ CASE_IDS = [(mesh, layout, method) for mesh, layout, methods in [
     ("data=4,model=2", "scan", ["hispec", "hispec_sampling"]),
     ("data=8", "unrolled", ["ar"]),
     ("model=8", "unrolled", ["layerskip"]),
+    ("data=4,model=2", "unrolled, fused", ["ar"]),
     # mesh_cases.VOCAB_CASES: exit heads with draft vocabularies
     ("data=2,model=4", "unrolled, draft vocabularies",
      ["hispec", "hispec_sampling"])] for method in methods]
@@ -75,6 +76,10 @@ def test_driver_shards_by_the_rules(decoded):
     assert specs["head 1 vocab"] == specs["head 2 vocab"] == str(P())  # ids on every device
     assert specs["cache data=2,model=4"] == str(P(None, "data"))            # KV replicated
     assert specs["cache data=4,model=2"] == str(P(None, "data", "model"))   # KV sharded
+    # fused projections on model=2: q/k/v grouped per kv head over the 2 kv heads, gate/up
+    # over the MLP width
+    assert specs["fused wqkv model=2"] == str(P(None, "model"))
+    assert specs["fused w_gate_up model=2"] == str(P(None, None, "model"))
 
 
 def _abstract_mesh(data, model):

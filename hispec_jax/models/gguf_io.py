@@ -54,7 +54,8 @@ import numpy as np
 
 from hispec_jax.models.config import ModelConfig
 from hispec_jax.models.params import (LAYER_LAYOUTS, OUT_MAJOR_SUFFIX, PROJECTIONS, Params,
-                                      default_out_major, out_major_shape, param_specs)
+                                      default_fused, default_out_major, fuse_layer,
+                                      layer_dict_out_major, out_major_shape, param_specs)
 
 # GGUF `general.architecture` -> our `model_type`.
 SUPPORTED_ARCHITECTURES = {"llama": "llama", "qwen3": "qwen3"}
@@ -301,10 +302,10 @@ def _tensor_index(reader, cfg: ModelConfig) -> dict[tuple[str, ...], list]:
 
 
 def load_weights(reader, cfg: ModelConfig, layer_layout: str = "scan",
-                 out_major: bool | None = None) -> Params:
+                 out_major: bool | None = None, fused: bool | None = None) -> Params:
     """The parameters of a GGUF file in `layer_layout`, dequantized into `cfg.dtype`; the
-    unrolled layout's projections out-major when `out_major` (None: the backend's default,
-    `params.with_layer_layout`)."""
+    unrolled layout's projections out-major when `out_major` and fused when `fused` (None:
+    the backend's defaults, `params.with_layer_layout`)."""
     if layer_layout not in LAYER_LAYOUTS:
         raise ValueError(f"layer_layout={layer_layout!r} is not one of {LAYER_LAYOUTS}")
     if out_major is None:
@@ -360,6 +361,10 @@ def load_weights(reader, cfg: ModelConfig, layer_layout: str = "scan",
                 convert(t, key, n_in, value[i])
             stacked[key] = jax.device_put(value)
         del value
+    if layer_layout == "unrolled" and (default_fused() if fused is None else fused):
+        # one layer at a time, so the copies never exceed one layer's weights
+        unrolled = [layer_dict_out_major(fuse_layer(layer_dict_out_major(layer, False)), out_major)
+                    for layer in unrolled]
     params["layers"] = tuple(unrolled) if layer_layout == "unrolled" else stacked
     return params
 
@@ -430,7 +435,7 @@ def generation_config(reader) -> dict[str, Any]:
 
 
 def load_checkpoint(path, dtype: str | None = None, layer_layout: str = "scan",
-                    out_major: bool | None = None):
+                    out_major: bool | None = None, fused: bool | None = None):
     """Loads a `.gguf` file -> (cfg, params, tokenizer, generation_config_dict).
 
     `dtype` ("float32", the default, or "bfloat16") is the compute dtype every tensor is
@@ -445,5 +450,5 @@ def load_checkpoint(path, dtype: str | None = None, layer_layout: str = "scan",
     # The parsed metadata (for a 49k vocabulary ~90 MB of small numpy arrays) is done with;
     # drop it before the weights are converted. Tensors keep their own views of the file.
     reader.fields.clear()
-    params = load_weights(reader, cfg, layer_layout, out_major)
+    params = load_weights(reader, cfg, layer_layout, out_major, fused)
     return cfg, params, tokenizer, gen

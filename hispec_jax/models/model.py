@@ -63,7 +63,7 @@ class Model:
 
 def load_model(path, dtype: str | None = None, layer_layout: str | None = None,
                matmul_precision: str = "highest", mesh=None,
-               out_major: bool | None = None) -> Model:
+               out_major: bool | None = None, fused: bool | None = None) -> Model:
     """Loads a local Hugging Face directory or a llama.cpp `.gguf` file.
 
     Args:
@@ -79,6 +79,10 @@ def load_model(path, dtype: str | None = None, layer_layout: str | None = None,
       out_major: whether the "unrolled" layout stores the layer projections transposed,
         [out..., in...] (`transformer.project`); None: `params.default_out_major`
         (off). The math is the same; only the matmul kernel differs.
+      fused: whether the "unrolled" layout fuses q/k/v into one projection and gate/up into
+        another (`params.fuse_layer`); None: `params.default_fused` (off on every backend
+        until measured to pay), and off on a mesh of several devices (a fused weight
+        shards over the kv heads only). The same math in fewer, larger products.
       matmul_precision: "highest" (exact float32 matmuls on every backend: speculative
         greedy output equals AR), "high" or "default" (TF32/bfloat16 passes on GPUs/TPUs:
         faster, not exact); see `ModelConfig`.
@@ -95,16 +99,18 @@ def load_model(path, dtype: str | None = None, layer_layout: str | None = None,
         raise ValueError(f"matmul_precision={matmul_precision!r} is not one of {MATMUL_PRECISIONS}")
     if mesh is None and not jax.sharding.get_mesh().empty:
         mesh = jax.sharding.get_mesh()
+    if fused is None and mesh is not None and mesh.size > 1:
+        fused = False
     if path.suffix.lower() == ".gguf":
         cfg, params, tokenizer, generation_config = gguf_io.load_checkpoint(
-            path, dtype=dtype, layer_layout=layout, out_major=out_major)
+            path, dtype=dtype, layer_layout=layout, out_major=out_major, fused=fused)
         return place_on_mesh(Model(cfg=cfg.replace(matmul_precision=matmul_precision),
                                    params=params, tokenizer=tokenizer,
                                    generation_config=generation_config, path=str(path)), mesh)
     # the layout is arranged in host memory (NumPy compiles nothing), then placed at once
     cfg, params, heads, generation_config = hf_io.load_checkpoint(path, dtype=dtype, host=True)
     cfg = cfg.replace(matmul_precision=matmul_precision)
-    params, heads = jax.device_put((with_layer_layout(params, layout, out_major), heads))
+    params, heads = jax.device_put((with_layer_layout(params, layout, out_major, fused), heads))
     tokenizer = None
     if any((path / f).exists() for f in _TOKENIZER_FILES):
         from transformers import AutoTokenizer  # transformers' tokenizers need no torch

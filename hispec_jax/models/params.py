@@ -26,9 +26,17 @@ weights as a tuple of L per-layer dicts (each entry without the leading [L] axis
 the stacked arrays at every scan step (a dynamic slice materializes before each matmul);
 separate per-layer buffers avoid that copy, about 3x less time per layer at batch 1 on CPU
 (docs/layer_layouts.md). `load_model` picks "unrolled" on CPU and "scan" on accelerators; the
-layout never changes the math. On CPU the unrolled layout also stores the seven layer
-projections out-major (`wq_T` [N, H, D] ... `w_down_T` [D, F]: `with_layer_layout`,
-`transformer.project`, docs/layer_layouts.md).
+layout never changes the math. The unrolled layout can also store the layer projections
+out-major (`wq_T` [N, H, D] ... `w_down_T` [D, F]: `with_layer_layout`,
+`transformer.project`, docs/layer_layouts.md), and fused, one product for the projections
+that read the same input:
+
+    wqkv       [D, K, G + 2, H]   per kv head: its G query heads, then its key, its value
+    w_gate_up  [D, 2, F]          the gate, then up
+
+(`fuse_layer`; G = N / K, query head n = k G + g, as `transformer` groups them), so a decoding
+step launches 4 products per layer instead of 7 and each reads one larger weight. Grouped
+per kv head, the fused weight shards over "kv_heads" as wk and wv do.
 
 Exit heads (`ExitHeads`) are a separate dict keyed by the exit layer as a string:
 
@@ -232,9 +240,21 @@ def _flatten(tree, prefix: str = ""):
 
 LAYER_LAYOUTS = ("scan", "unrolled")
 
-# The layer projections: (input axes, output axes) of each, canonical order [in..., out...].
+# The layer projections: (input axes, output axes) of each, canonical order [in..., out...];
+# the fused ones (`FUSED`) only in the unrolled layout.
 PROJECTIONS = {"wq": (1, 2), "wk": (1, 2), "wv": (1, 2), "wo": (2, 1),
-               "w_gate": (1, 1), "w_up": (1, 1), "w_down": (1, 1)}
+               "w_gate": (1, 1), "w_up": (1, 1), "w_down": (1, 1),
+               "wqkv": (1, 3), "w_gate_up": (1, 2)}
+# Each fused projection, the canonical ones it holds (in order) and its logical axes.
+FUSED = {"wqkv": ("wq", "wk", "wv"), "w_gate_up": ("w_gate", "w_up")}
+FUSED_AXES = {"wqkv": ("embed", "kv_heads", None, "head_dim"), "w_gate_up": ("embed", None, "mlp")}
+# Backends (`jax.default_backend()`) on which `load_model` fuses the unrolled layout's
+# projections by default (`default_fused`). None, as measured: on XLA:CPU (SmolLM2-135M,
+# 2 cores) fused passes took 1.05x the AR step's time and 1.08-1.29x a verify block's of
+# 4-16 positions (the products' outputs are sliced apart again), the same at a batch of 8
+# (docs/layer_layouts.md, "Fused projections"); on a GPU a candidate the accelerator
+# runbook times (`engine_variants.py --study fused-projections`).
+FUSED_PROJECTIONS: frozenset[str] = frozenset()
 # Out-major storage of projection `name`: key `name + OUT_MAJOR_SUFFIX`, axes [out..., in...].
 OUT_MAJOR_SUFFIX = "_T"
 
@@ -274,6 +294,55 @@ def _permute(w, order):
     if isinstance(w, np.ndarray):
         return np.ascontiguousarray(w.transpose(order))
     return jnp.transpose(w, order)
+
+
+def fuse_layer(layer: dict) -> dict:
+    """One canonical per-layer dict (no [L] axis) with q/k/v fused into `wqkv` [D, K, G + 2,
+    H] and gate/up into `w_gate_up` [D, 2, F] (`FUSED`); NumPy stays NumPy."""
+    xp = np if isinstance(layer["wq"], np.ndarray) else jnp
+    D, N, H = layer["wq"].shape
+    K = layer["wk"].shape[1]
+    fused = {k: w for k, w in layer.items() if not any(k in parts for parts in FUSED.values())}
+    fused["wqkv"] = xp.concatenate([layer["wq"].reshape(D, K, N // K, H),
+                                    layer["wk"][:, :, None], layer["wv"][:, :, None]], axis=2)
+    fused["w_gate_up"] = xp.stack([layer["w_gate"], layer["w_up"]], axis=1)
+    return fused
+
+
+def unfuse_layer(layer: dict) -> dict:
+    """Inverse of `fuse_layer` (a dict without fused projections is returned as it is)."""
+    if "wqkv" not in layer:
+        return layer
+    D, K, G2, H = layer["wqkv"].shape
+    out = {k: w for k, w in layer.items() if k not in FUSED}
+    qkv, gate_up = layer["wqkv"], layer["w_gate_up"]
+    out["wq"] = qkv[:, :, :G2 - 2].reshape(D, K * (G2 - 2), H)
+    out["wk"], out["wv"] = qkv[:, :, G2 - 2], qkv[:, :, G2 - 1]
+    out["w_gate"], out["w_up"] = gate_up[:, 0], gate_up[:, 1]
+    if isinstance(qkv, np.ndarray):
+        out = {k: np.ascontiguousarray(w) if k in PROJECTIONS else w for k, w in out.items()}
+    return out
+
+
+def fused_axes(layer_axes: dict) -> dict:
+    """One layer's logical axes (`sharding.param_axes`, canonical, no [L] axis) with the
+    fused projections' axes in place of their parts'."""
+    out = {k: a for k, a in layer_axes.items() if not any(k in p for p in FUSED.values())}
+    return {**out, **FUSED_AXES}
+
+
+def is_fused(params: Params) -> bool:
+    """True if the (unrolled) layers hold fused projections (`wqkv`, `w_gate_up`)."""
+    layers = params["layers"]
+    first = layers[0] if isinstance(layers, (tuple, list)) and layers else layers
+    return isinstance(first, dict) and any(
+        k.removesuffix(OUT_MAJOR_SUFFIX) in FUSED for k in first)
+
+
+def default_fused() -> bool:
+    """Whether `load_model` fuses the unrolled layout's projections: on the backends of
+    `FUSED_PROJECTIONS` (none by default, as measured; `fused=True` still selects it)."""
+    return jax.default_backend() in FUSED_PROJECTIONS
 
 
 def layer_layout(params: Params) -> str:
@@ -326,12 +395,14 @@ def layer_dict_out_major(layer: dict, out_major: bool) -> dict:
     return converted
 
 
-def with_layer_layout(params: Params, layout: str, out_major: bool | None = None) -> Params:
+def with_layer_layout(params: Params, layout: str, out_major: bool | None = None,
+                      fused: bool | None = None) -> Params:
     """`params` in `layout` ("scan": stacked arrays; "unrolled": a tuple of per-layer dicts).
 
     The unrolled layout holds the layer projections out-major when `out_major` (None:
-    `default_out_major()`: off); the scan layout always holds them canonical,
-    so every consumer that needs the canonical weights (training, export, calibration) gets
+    `default_out_major()`: off) and fused (`fuse_layer`) when `fused` (None:
+    `default_fused()`: off); the scan layout always holds them canonical and apart, so
+    every consumer that needs the canonical weights (training, export, calibration) gets
     them from `with_layer_layout(params, "scan")`.
 
     NumPy weights stay NumPy (host memory, nothing compiled), JAX weights stay JAX.
@@ -339,19 +410,26 @@ def with_layer_layout(params: Params, layout: str, out_major: bool | None = None
     the layer weights)."""
     if layout not in LAYER_LAYOUTS:
         raise ValueError(f"layer_layout={layout!r} is not one of {LAYER_LAYOUTS}")
-    want_out_major = layout == "unrolled" and (default_out_major() if out_major is None
-                                              else out_major)
-    if layer_layout(params) == layout and is_out_major(params) == want_out_major:
+    unrolled = layout == "unrolled"
+    want_out_major = unrolled and (default_out_major() if out_major is None else out_major)
+    want_fused = unrolled and (default_fused() if fused is None else fused)
+    if (layer_layout(params) == layout and is_out_major(params) == want_out_major
+            and is_fused(params) == want_fused):
         return params
     layers = params["layers"]
     if layer_layout(params) == "unrolled":  # back to canonical, stacked
         layers = jax.tree.map(lambda *ws: np.stack(ws) if isinstance(ws[0], np.ndarray)
                               else jnp.stack(ws),
-                              *(layer_dict_out_major(layer, False) for layer in layers))
-    if layout == "unrolled":
+                              *(unfuse_layer(layer_dict_out_major(layer, False))
+                                for layer in layers))
+    if unrolled:
         num_layers = len(next(iter(layers.values())))
-        converted = tuple(layer_dict_out_major(jax.tree.map(lambda w: w[i], layers), want_out_major)
-                          for i in range(num_layers))
+        converted = []
+        for i in range(num_layers):
+            layer = jax.tree.map(lambda w: w[i], layers)
+            converted.append(layer_dict_out_major(fuse_layer(layer) if want_fused else layer,
+                                                  want_out_major))
+        converted = tuple(converted)
     else:
         converted = layers
     return {**params, "layers": converted}

@@ -32,8 +32,8 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 from hispec_jax.models import mesh_spec
 from hispec_jax.models.config import ModelConfig
 from hispec_jax.models.kv_cache import KVCache
-from hispec_jax.models.params import (ParamSpec, head_shape_args, head_specs, is_out_major,
-                                      layer_dict_out_major, param_specs)
+from hispec_jax.models.params import (ParamSpec, fused_axes, head_shape_args, head_specs,
+                                      is_fused, is_out_major, layer_dict_out_major, param_specs)
 
 RULES: dict[str, str] = {
     "batch": "data",
@@ -131,9 +131,12 @@ def param_axes(cfg: ModelConfig, params) -> Any:
     layout: the per-layer dicts of the "unrolled" layout drop the leading "layers" axis)."""
     axes = jax.tree.map(lambda s: s.axes, param_specs(cfg), is_leaf=_is_spec)
     if isinstance(params["layers"], (tuple, list)):
-        # out-major projections (`name_T`) carry their axes in the same transposed order
-        per_layer = layer_dict_out_major({k: a[1:] for k, a in axes["layers"].items()},
-                                         is_out_major(params))
+        # fused projections carry their own axes (`params.FUSED_AXES`); out-major ones
+        # (`name_T`) carry theirs in the same transposed order
+        per_layer = {k: a[1:] for k, a in axes["layers"].items()}
+        if is_fused(params):
+            per_layer = fused_axes(per_layer)
+        per_layer = layer_dict_out_major(per_layer, is_out_major(params))
         axes = {**axes, "layers": type(params["layers"])(per_layer for _ in params["layers"])}
     return axes
 

@@ -143,9 +143,15 @@ def _project_qkv(layer_params, cfg: ModelConfig, x_BxTxD, positions_BxT, kv_dtyp
     K, G, H = cfg.num_kv_heads, cfg.q_per_kv, cfg.head_dim
     inv_freq = jnp.asarray(cfg.inv_freq)
     N = cfg.num_heads
-    q_BxTxNxH = project(layer_params, "wq", x_BxTxD, cfg.precision).reshape(B, T, N, H)
-    k_BxTxKxH = project(layer_params, "wk", x_BxTxD, cfg.precision).reshape(B, T, K, H)
-    v_BxTxKxH = project(layer_params, "wv", x_BxTxD, cfg.precision).reshape(B, T, K, H)
+    if _fused(layer_params, "wqkv"):  # one product: per kv head its G queries, key, value
+        qkv_BxTxKxG2xH = project(layer_params, "wqkv", x_BxTxD, cfg.precision).reshape(
+            B, T, K, G + 2, H)
+        q_BxTxNxH = qkv_BxTxKxG2xH[:, :, :, :G].reshape(B, T, N, H)
+        k_BxTxKxH, v_BxTxKxH = qkv_BxTxKxG2xH[:, :, :, G], qkv_BxTxKxG2xH[:, :, :, G + 1]
+    else:
+        q_BxTxNxH = project(layer_params, "wq", x_BxTxD, cfg.precision).reshape(B, T, N, H)
+        k_BxTxKxH = project(layer_params, "wk", x_BxTxD, cfg.precision).reshape(B, T, K, H)
+        v_BxTxKxH = project(layer_params, "wv", x_BxTxD, cfg.precision).reshape(B, T, K, H)
     if cfg.qk_norm:
         q_BxTxNxH = rms_norm(q_BxTxNxH, layer_params["q_norm"], cfg.rms_norm_eps)
         k_BxTxKxH = rms_norm(k_BxTxKxH, layer_params["k_norm"], cfg.rms_norm_eps)
@@ -400,9 +406,20 @@ def _attend_cached(cfg: ModelConfig, q, positions_BxT, cache: KVCache, layer, ro
     return _over_used_slots(attend, seen_BxT, S, keys, values, visible_BxTxS)
 
 
+def _fused(layer_params, name: str) -> bool:
+    """Whether the layer holds the fused projection `name` (`params.FUSED`), either order."""
+    return name in layer_params or name + OUT_MAJOR_SUFFIX in layer_params
+
+
 def _mlp(layer_params, cfg: ModelConfig, x_BxTxD):
-    gate_BxTxF = project(layer_params, "w_gate", x_BxTxD, cfg.precision)
-    up_BxTxF = project(layer_params, "w_up", x_BxTxD, cfg.precision)
+    if _fused(layer_params, "w_gate_up"):  # one product [B, T, 2 F]: the gate, then up
+        B, T, _ = x_BxTxD.shape
+        gate_up_BxTx2xF = project(layer_params, "w_gate_up", x_BxTxD, cfg.precision).reshape(
+            B, T, 2, cfg.intermediate_size)
+        gate_BxTxF, up_BxTxF = gate_up_BxTx2xF[:, :, 0], gate_up_BxTx2xF[:, :, 1]
+    else:
+        gate_BxTxF = project(layer_params, "w_gate", x_BxTxD, cfg.precision)
+        up_BxTxF = project(layer_params, "w_up", x_BxTxD, cfg.precision)
     return project(layer_params, "w_down", jax.nn.silu(gate_BxTxF) * up_BxTxF, cfg.precision)
 
 
