@@ -21,6 +21,9 @@ bracket drift. Studies:
   fused-projections      q/k/v as one product and gate/up as another (`params.fuse_layer`,
                          on the backends of `params.FUSED_PROJECTIONS`): the models' weights
                          are laid out again for each variant, 4 products a layer instead of 7.
+  int8-weights           weight-only int8 layer projections (`params.quantize_layer`) against
+                         the model's dtype; the default model's departures from its own
+                         greedy output: `int8_departures.py`.
 
 (The command-buffers run of 2026-11-27, then `command_buffers.py`, also counted
 command-buffer computations in each loop's HLO, `command_buffers_per_loop` in its JSON; the
@@ -61,10 +64,19 @@ def fused_projections(on: bool):
                            frozenset({jax.default_backend()} if on else ()))
 
 
+INT8 = {"weights": False}  # the int8-weights study's switch, read by `relaid`
+
+
+def int8_weights(on: bool):
+    return lambda: INT8.__setitem__("weights", on)
+
+
 def relaid(model):
-    """`model` in its layout with the current defaults (out-major, fused: `params`)."""
+    """`model` in its layout with the current defaults (out-major, fused: `params`) and
+    int8 weights where the study says so."""
     layout = params_lib.layer_layout(model.params)
-    return dataclasses.replace(model, params=params_lib.with_layer_layout(model.params, layout))
+    return dataclasses.replace(model, params=params_lib.with_layer_layout(
+        model.params, layout, int8=INT8["weights"] and layout == "unrolled"))
 
 
 STUDIES = {  # study -> variant label -> set-up (the first label is what ships)
@@ -79,6 +91,9 @@ STUDIES = {  # study -> variant label -> set-up (the first label is what ships)
     "fused-projections": {
         "as shipped": fused_projections(False),
         "q/k/v and gate/up fused": fused_projections(True)},
+    "int8-weights": {
+        "as shipped": int8_weights(False),
+        "weight-only int8": int8_weights(True)},
 }
 
 
@@ -89,7 +104,8 @@ def time_variant(set_up, models: dict, progress) -> dict:
         models[name] = (relaid(model), specs, always_agree)
     out = {"compiler_options": engine_lib.compiler_options(),
            "flat_attention_output": sorted(transformer.FLAT_ATTENTION_OUTPUT),
-           "fused_projections": sorted(params_lib.FUSED_PROJECTIONS)}
+           "fused_projections": sorted(params_lib.FUSED_PROJECTIONS),
+           "int8_weights": INT8["weights"]}
     for name, (model, specs, always_agree) in models.items():
         t0 = time.perf_counter()
         try:

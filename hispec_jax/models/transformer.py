@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from hispec_jax.models import sharding
 from hispec_jax.models.config import ModelConfig
 from hispec_jax.models.kv_cache import KVBlock, KVCache
-from hispec_jax.models.params import OUT_MAJOR_SUFFIX, Params
+from hispec_jax.models.params import OUT_MAJOR_SUFFIX, SCALE_SUFFIX, Params
 
 
 def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
@@ -112,13 +112,28 @@ def project(layer_params, name: str, x_BxTxI: jax.Array, precision) -> jax.Array
     back. One row (a decoding step) stays a matrix-vector product `x @ w_T^T` (XLA's own
     emitter either way). On SmolLM2-135M on a 2-core CPU a verify pass over 8 positions
     takes 49.0 ms instead of 54.5, the AR step the same (docs/layer_layouts.md). Only the
-    summation order differs (float32 differences ~1e-6, as between any two dot kernels)."""
+    summation order differs (float32 differences ~1e-6, as between any two dot kernels).
+
+    A weight-only int8 projection (`params.quantize_layer`: `name_scale` beside it) is
+    converted to x's dtype inside the product, which is then scaled per output channel:
+    x @ (q s) = (x @ q) s. The conversion is elementwise on the weight's operand, so XLA can
+    fuse it into the product and read a byte per weight."""
+    y_BxTxO = _product(layer_params, name, x_BxTxI, precision)
+    scale = layer_params.get(name + SCALE_SUFFIX)
+    if scale is None:
+        return y_BxTxO
+    return (y_BxTxO.astype(jnp.float32) * scale.reshape(-1).astype(jnp.float32)).astype(
+        y_BxTxO.dtype)
+
+
+def _product(layer_params, name: str, x_BxTxI: jax.Array, precision) -> jax.Array:
+    """`project` before an int8 weight's scale: x @ w in x's dtype, w in either order."""
     B, T, I = x_BxTxI.shape
     w_T = layer_params.get(name + OUT_MAJOR_SUFFIX)
     if w_T is None:
-        w_IxO = layer_params[name].reshape(I, -1)
+        w_IxO = layer_params[name].reshape(I, -1).astype(x_BxTxI.dtype)
         return jnp.einsum("BTI,IO->BTO", x_BxTxI, w_IxO, precision=precision)
-    w_OxI = w_T.reshape(-1, I)
+    w_OxI = w_T.reshape(-1, I).astype(x_BxTxI.dtype)
     if B * T == 1:
         return jnp.einsum("BTI,OI->BTO", x_BxTxI, w_OxI, precision=precision)
     return weight_left_matmul(w_OxI, x_BxTxI, precision)

@@ -1,9 +1,11 @@
-"""Fused projections on XLA:CPU (`params.fuse_layer`: q/k/v as one product, gate/up as
-another) against the projections apart: the verification pass (every layer, the head,
-argmax; `gate.time_passes`) over T positions of b sequences, in one process, the two
-layouts interleaved, the fastest of each.
+"""The layer projections' stored forms side by side on this device: apart (as shipped),
+fused (`params.fuse_layer`: q/k/v as one product, gate/up as another) and weight-only int8
+(`params.quantize_layer`). Times the verification pass (every layer, the head, argmax;
+`gate.time_passes`) over T positions of b sequences, in one process, the forms
+interleaved, the fastest of each.
 
-    python benchmarks/results_engine/fused_ab.py MODEL [--rounds 3] > benchmarks/results_engine/fused_ab.txt
+    python benchmarks/results_engine/weight_forms_ab.py MODEL [--rounds 3] \
+        > benchmarks/results_engine/weight_forms_ab.txt
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ def main() -> None:
     print(f"# {platform.machine()}, {os.cpu_count()} cores, jax {jax.__version__}, commit "
           f"{commit}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load "
           f"{os.getloadavg()}")
-    models = {"apart": load_model(a.model, fused=False), "fused": load_model(a.model, fused=True)}
+    models = {"apart": load_model(a.model, fused=False), "fused": load_model(a.model, fused=True),
+              "int8": load_model(a.model, fused=False, quantize="int8")}
     print(f"# {a.model}; 256 cached positions, capacity 512; {a.rounds} interleaved rounds of "
           "3 repeats x 5 calls, the fastest")
     best = {name: {} for name in models}
@@ -40,10 +43,12 @@ def main() -> None:
         for name, model in models.items():
             for shape, seconds in gate.time_passes(model, SHAPES, repeats=3, calls=5).items():
                 best[name][shape] = min(best[name].get(shape, seconds), seconds)
-    print("\n| b | T | apart ms | fused ms | fused / apart |\n|---|---|---|---|---|")
+    print("\n| b | T | apart ms | fused ms | int8 ms | fused / apart | int8 / apart |\n"
+          "|---|---|---|---|---|---|---|")
     for b, T in SHAPES:
-        x, y = best["apart"][b, T], best["fused"][b, T]
-        print(f"| {b} | {T} | {x * 1e3:.1f} | {y * 1e3:.1f} | {y / x:.3f} |")
+        x, y, z = (best[name][b, T] for name in ("apart", "fused", "int8"))
+        print(f"| {b} | {T} | {x * 1e3:.1f} | {y * 1e3:.1f} | {z * 1e3:.1f} | {y / x:.3f} | "
+              f"{z / x:.3f} |")
     print(f"\n# load at the end {os.getloadavg()}")
 
 
