@@ -67,8 +67,20 @@ def fused_projections(on: bool):
 INT8 = {"weights": False}  # the int8-weights study's switch, read by `relaid`
 
 
-def int8_weights(on: bool):
-    return lambda: INT8.__setitem__("weights", on)
+SHIPPED_OPTIONS = {k: dict(v) for k, v in engine_lib.COMPILER_OPTIONS.items()}
+
+
+def int8_weights(on: bool, triton_gemm: bool = False):
+    """int8 weights on or off, with XLA's compiler options as shipped or, with
+    `triton_gemm`, XLA:GPU's Triton GEMM emitter for every dot (a product whose operand is
+    converted from int8 is then one fusion reading the int8 weight)."""
+    def set_up():
+        INT8["weights"] = on
+        options = dict(SHIPPED_OPTIONS.get(jax.default_backend(), {}))
+        if triton_gemm:
+            options["xla_gpu_triton_gemm_any"] = True
+        engine_lib.COMPILER_OPTIONS[jax.default_backend()] = options
+    return set_up
 
 
 def relaid(model):
@@ -93,7 +105,8 @@ STUDIES = {  # study -> variant label -> set-up (the first label is what ships)
         "q/k/v and gate/up fused": fused_projections(True)},
     "int8-weights": {
         "as shipped": int8_weights(False),
-        "weight-only int8": int8_weights(True)},
+        "weight-only int8": int8_weights(True),
+        "weight-only int8, Triton GEMM for every dot": int8_weights(True, triton_gemm=True)},
 }
 
 

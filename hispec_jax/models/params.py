@@ -265,10 +265,10 @@ SCALE_SUFFIX = "_scale"
 WEIGHT_QUANTIZATIONS = ("int8",)
 # Backends (`jax.default_backend()`) on which `load_model` fuses the unrolled layout's
 # projections by default (`default_fused`). None, as measured: on XLA:CPU (SmolLM2-135M,
-# 2 cores) fused passes took 1.05x the AR step's time and 1.08-1.29x a verify block's of
-# 4-16 positions (the products' outputs are sliced apart again), the same at a batch of 8
-# (docs/layer_layouts.md, "Fused projections"); on a GPU a candidate the accelerator
-# runbook times (`engine_variants.py --study fused-projections`).
+# 2 cores) a fused AR step took 0.94x the time, but a verify block of 4-16 positions
+# 1.11-1.18x and a batch of 8 at 1-2 positions 1.13-1.35x (the products' outputs are sliced
+# apart again; docs/layer_layouts.md, "Fused projections"); on a GPU a candidate the
+# accelerator runbook times (`engine_variants.py --study fused-projections`).
 FUSED_PROJECTIONS: frozenset[str] = frozenset()
 # Out-major storage of projection `name`: key `name + OUT_MAJOR_SUFFIX`, axes [out..., in...].
 OUT_MAJOR_SUFFIX = "_T"
