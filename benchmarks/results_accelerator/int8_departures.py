@@ -57,7 +57,7 @@ def main() -> int:
               "seconds": time.perf_counter() - t0}
     with open(a.out, "w") as f:
         json.dump(result, f, indent=1)
-    print(f"# {result['device']}; jax {jax.__version__}; {a.model} in {plain.cfg.dtype}")
+    print(f"# {result['device']}; {a.model} in {plain.cfg.dtype}")
     print(f"int8 AR departs from AR on {result['departing']} / {len(prompts)} prompts; tokens "
           f"before the first departure, mean {result['mean_tokens_before_departure']:.1f} of "
           f"{a.max_new_tokens}; first departures {departs}")
