@@ -197,6 +197,11 @@ def test_layouts_and_bfloat16(gguf_paths):
         fused = hispec_jax.load_model(path, layer_layout="unrolled", out_major=om, fused=True)
         want = with_layer_layout(scan.params, "unrolled", out_major=om, fused=True)
         jax.tree.map(np.testing.assert_array_equal, fused.params, want)
+    # int8 while loading: the int8 layout of the same weights (NumPy's division on the host
+    # may put a scale an ulp from XLA's)
+    int8 = hispec_jax.load_model(path, layer_layout="unrolled", fused=True, quantize="int8")
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=0), int8.params,
+                 with_layer_layout(scan.params, "unrolled", fused=True, int8=True))
     assert isinstance(unrolled.params["layers"], tuple) and bf16.cfg.dtype == "bfloat16"
     # out-major: the projections [out..., in...]
     assert set(unrolled.params["layers"][0]) == {

@@ -54,7 +54,7 @@ import numpy as np
 
 from hispec_jax.models.config import ModelConfig
 from hispec_jax.models.params import (LAYER_LAYOUTS, OUT_MAJOR_SUFFIX, PROJECTIONS, Params,
-                                      default_fused, default_out_major, fuse_layer,
+                                      arrange_layer, default_fused, default_out_major,
                                       layer_dict_out_major, out_major_shape, param_specs)
 
 # GGUF `general.architecture` -> our `model_type`.
@@ -302,10 +302,11 @@ def _tensor_index(reader, cfg: ModelConfig) -> dict[tuple[str, ...], list]:
 
 
 def load_weights(reader, cfg: ModelConfig, layer_layout: str = "scan",
-                 out_major: bool | None = None, fused: bool | None = None) -> Params:
+                 out_major: bool | None = None, fused: bool | None = None,
+                 int8: bool = False) -> Params:
     """The parameters of a GGUF file in `layer_layout`, dequantized into `cfg.dtype`; the
     unrolled layout's projections out-major when `out_major` and fused when `fused` (None:
-    the backend's defaults, `params.with_layer_layout`)."""
+    the backend's defaults, `params.with_layer_layout`), weight-only int8 when `int8`."""
     if layer_layout not in LAYER_LAYOUTS:
         raise ValueError(f"layer_layout={layer_layout!r} is not one of {LAYER_LAYOUTS}")
     if out_major is None:
@@ -361,9 +362,10 @@ def load_weights(reader, cfg: ModelConfig, layer_layout: str = "scan",
                 convert(t, key, n_in, value[i])
             stacked[key] = jax.device_put(value)
         del value
-    if layer_layout == "unrolled" and (default_fused() if fused is None else fused):
+    fused = default_fused() if fused is None else fused
+    if layer_layout == "unrolled" and (fused or int8):
         # one layer at a time, so the copies never exceed one layer's weights
-        unrolled = [layer_dict_out_major(fuse_layer(layer_dict_out_major(layer, False)), out_major)
+        unrolled = [arrange_layer(layer_dict_out_major(layer, False), out_major, fused, int8)
                     for layer in unrolled]
     params["layers"] = tuple(unrolled) if layer_layout == "unrolled" else stacked
     return params
@@ -435,7 +437,8 @@ def generation_config(reader) -> dict[str, Any]:
 
 
 def load_checkpoint(path, dtype: str | None = None, layer_layout: str = "scan",
-                    out_major: bool | None = None, fused: bool | None = None):
+                    out_major: bool | None = None, fused: bool | None = None,
+                    int8: bool = False):
     """Loads a `.gguf` file -> (cfg, params, tokenizer, generation_config_dict).
 
     `dtype` ("float32", the default, or "bfloat16") is the compute dtype every tensor is
@@ -450,5 +453,5 @@ def load_checkpoint(path, dtype: str | None = None, layer_layout: str = "scan",
     # The parsed metadata (for a 49k vocabulary ~90 MB of small numpy arrays) is done with;
     # drop it before the weights are converted. Tensors keep their own views of the file.
     reader.fields.clear()
-    params = load_weights(reader, cfg, layer_layout, out_major, fused)
+    params = load_weights(reader, cfg, layer_layout, out_major, fused, int8)
     return cfg, params, tokenizer, gen

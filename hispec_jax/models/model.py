@@ -13,7 +13,7 @@ from hispec_jax.models import gguf_io, hf_io, sharding
 from hispec_jax.models.config import MATMUL_PRECISIONS, ModelConfig
 from hispec_jax.models.heads import head_kind
 from hispec_jax.models.params import (LAYER_LAYOUTS, WEIGHT_QUANTIZATIONS, ExitHeads, Params,
-                                      default_layer_layout, quantize_layer, with_layer_layout)
+                                      default_layer_layout, with_layer_layout)
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
@@ -112,9 +112,8 @@ def load_model(path, dtype: str | None = None, layer_layout: str | None = None,
         fused = False
     if path.suffix.lower() == ".gguf":
         cfg, params, tokenizer, generation_config = gguf_io.load_checkpoint(
-            path, dtype=dtype, layer_layout=layout, out_major=out_major, fused=fused)
-        if quantize:
-            params = {**params, "layers": tuple(quantize_layer(layer) for layer in params["layers"])}
+            path, dtype=dtype, layer_layout=layout, out_major=out_major, fused=fused,
+            int8=bool(quantize))
         return place_on_mesh(Model(cfg=cfg.replace(matmul_precision=matmul_precision),
                                    params=params, tokenizer=tokenizer,
                                    generation_config=generation_config, path=str(path)), mesh)

@@ -398,11 +398,16 @@ def is_quantized_layer(layer: dict) -> bool:
     return any(k.endswith(SCALE_SUFFIX) for k in layer)
 
 
+def _first_layer(params: Params) -> dict:
+    """The first per-layer dict of the unrolled layout ({} for the scan layout: it always
+    holds canonical weights, apart and in the model's dtype)."""
+    layers = params["layers"]
+    return layers[0] if isinstance(layers, (tuple, list)) and layers else {}
+
+
 def is_quantized(params: Params) -> bool:
     """True if the (unrolled) layers hold weight-only int8 projections (`quantize_layer`)."""
-    layers = params["layers"]
-    first = layers[0] if isinstance(layers, (tuple, list)) and layers else layers
-    return isinstance(first, dict) and is_quantized_layer(first)
+    return is_quantized_layer(_first_layer(params))
 
 
 def quantized_axes(layer_axes: dict) -> dict:
@@ -422,10 +427,7 @@ def fused_axes(layer_axes: dict) -> dict:
 
 def is_fused(params: Params) -> bool:
     """True if the (unrolled) layers hold fused projections (`wqkv`, `w_gate_up`)."""
-    layers = params["layers"]
-    first = layers[0] if isinstance(layers, (tuple, list)) and layers else layers
-    return isinstance(first, dict) and any(
-        k.removesuffix(OUT_MAJOR_SUFFIX) in FUSED for k in first)
+    return any(k.removesuffix(OUT_MAJOR_SUFFIX) in FUSED for k in _first_layer(params))
 
 
 def default_fused() -> bool:
@@ -464,9 +466,7 @@ def default_out_major() -> bool:
 
 def is_out_major(params: Params) -> bool:
     """True if the (unrolled) layers hold their projections out-major (`name_T` keys)."""
-    layers = params["layers"]
-    first = layers[0] if isinstance(layers, (tuple, list)) and layers else layers
-    return isinstance(first, dict) and any(k.endswith(OUT_MAJOR_SUFFIX) for k in first)
+    return any(k.endswith(OUT_MAJOR_SUFFIX) for k in _first_layer(params))
 
 
 def layer_dict_out_major(layer: dict, out_major: bool) -> dict:
@@ -482,6 +482,19 @@ def layer_dict_out_major(layer: dict, out_major: bool) -> dict:
         else:
             converted[name] = from_out_major(name, w)
     return converted
+
+
+def arrange_layer(layer: dict, out_major: bool, fused: bool, int8: bool) -> dict:
+    """One canonical per-layer dict (no [L] axis) in the unrolled layout's form: fused
+    (`fuse_layer`), then out-major (`layer_dict_out_major`), then int8 (`quantize_layer`),
+    each where asked."""
+    layer = layer_dict_out_major(fuse_layer(layer) if fused else layer, out_major)
+    return quantize_layer(layer) if int8 else layer
+
+
+def canonical_layer(layer: dict) -> dict:
+    """Inverse of `arrange_layer` (int8 weights dequantized)."""
+    return unfuse_layer(layer_dict_out_major(dequantize_layer(layer), False))
 
 
 def with_layer_layout(params: Params, layout: str, out_major: bool | None = None,
@@ -514,17 +527,11 @@ def with_layer_layout(params: Params, layout: str, out_major: bool | None = None
     if layer_layout(params) == "unrolled":  # back to canonical, stacked
         layers = jax.tree.map(lambda *ws: np.stack(ws) if isinstance(ws[0], np.ndarray)
                               else jnp.stack(ws),
-                              *(unfuse_layer(layer_dict_out_major(dequantize_layer(layer), False))
-                                for layer in layers))
+                              *(canonical_layer(layer) for layer in layers))
     if unrolled:
         num_layers = len(next(iter(layers.values())))
-        converted = []
-        for i in range(num_layers):
-            layer = jax.tree.map(lambda w: w[i], layers)
-            layer = layer_dict_out_major(fuse_layer(layer) if want_fused else layer,
-                                         want_out_major)
-            converted.append(quantize_layer(layer) if want_int8 else layer)
-        converted = tuple(converted)
+        converted = tuple(arrange_layer(jax.tree.map(lambda w: w[i], layers), want_out_major,
+                                        want_fused, want_int8) for i in range(num_layers))
     else:
         converted = layers
     return {**params, "layers": converted}
