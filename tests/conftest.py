@@ -49,6 +49,11 @@ def _shared_compilation_cache() -> str | None:
 
 _COMPILATION_CACHE = _shared_compilation_cache()
 
+# The lookup gate's pass costs measured on this host (`decoding/device_costs.py`) are neither
+# read nor kept: every test prices passes by the backend's default, whatever a benchmark
+# stored on this machine (the store's own tests point it at a temporary folder).
+os.environ.setdefault("HISPEC_PASS_COSTS", "0")
+
 # Every compile is worth caching here (JAX's default keeps only those over 1 s): the second
 # worker and the subprocesses then load the small programs too (PRNG draws of test models).
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")

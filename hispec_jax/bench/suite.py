@@ -38,15 +38,18 @@ STAT_KEYS = ("exits", "acceptance_rate_per_level", "final_acceptance_rate", "tru
 
 @dataclasses.dataclass(frozen=True)
 class MethodSpec:
-    """A named hispec-jax decoding method: `generate(model, ..., method=method, **options)`."""
+    """A named hispec-jax decoding method: `generate(model, ..., method=method, **options)`
+    (`lookup_cost`: the pass costs its gates weigh, a `gate.PassCost`; None: `generate`'s
+    default, this host's kept measurement or the backend's)."""
 
     name: str
     method: str
     options: tuple[tuple[str, Any], ...] = ()
+    lookup_cost: Any = dataclasses.field(default=None, compare=False)
 
     @classmethod
-    def of(cls, name: str, method: str, **options) -> "MethodSpec":
-        return cls(name, method, tuple(sorted(options.items())))
+    def of(cls, name: str, method: str, lookup_cost=None, **options) -> "MethodSpec":
+        return cls(name, method, tuple(sorted(options.items())), lookup_cost)
 
     def decoder(self, model: Model) -> methods.Decoder:
         return methods.make_method(model, self.method, **dict(self.options))
@@ -124,7 +127,8 @@ def hispec_runner(model: Model, prompts: list[list[int]], spec: MethodSpec, *,
         return generate_lib.decode(model, prompt_ids, decoder, SamplingParams(),
                                    method_name="custom", max_new_tokens=max_new_tokens,
                                    batch_size=batch_size, ignore_eos=not stop_at_eos,
-                                   max_cache_len=max_cache_len, chat=chat, reuse_compiled=False)
+                                   max_cache_len=max_cache_len, chat=chat, reuse_compiled=False,
+                                   lookup_cost=spec.lookup_cost)
 
     def warmup() -> Result:
         r = run()

@@ -23,6 +23,7 @@ import sys
 TOOLS: dict[str, str] = {
     "compare": "compare",
     "oracle": "oracle",
+    "pass-cost": "pass_cost",
     "accelerator": "accelerator",
     "serve": "serve_load",
     "tasks": "tasks",

@@ -1,5 +1,6 @@
-"""What the engine's pieces cost on this device: `Costs` (measured stage costs) and
-`device_key()` (the device a measurement belongs to).
+"""What the engine's pieces cost on this device: `Costs` (measured stage costs),
+`device_key()` (the device a measurement belongs to) and `host_key()` (the same, with a
+CPU's vector units).
 
 Decoding policies that weigh speed (SV's verification lengths, `sv.py`) read them here; the
 planner (`planner/calibrate.py` measures them, `planner/latency.py` predicts whole
@@ -9,6 +10,8 @@ hierarchies from them) builds on them. Plain data and numpy: no engine, no plann
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 import os
 import re
 
@@ -90,3 +93,34 @@ def device_key() -> str:
     else:
         what = d.device_kind
     return re.sub(r"[^a-z0-9]+", "-", f"{d.platform}-{what}".lower()).strip("-")
+
+
+# A CPU's vector extensions, widest first: what a block pass's compute runs at.
+CPU_EXTENSIONS = ("avx512f", "avx2", "avx", "asimd", "neon", "sse4_2")
+
+
+@functools.lru_cache(maxsize=None)
+def host_key() -> str:
+    """`device_key()`, and on a CPU its widest vector extension and a hash of its model name
+    (e.g. 'cpu-2cores-avx2-1a2b3c'): two hosts with the same cores price a block of
+    positions differently when one has AVX-512 (the lookup gate's pass costs,
+    `device_costs.py`)."""
+    key = device_key()
+    if jax.devices()[0].platform != "cpu":
+        return key
+    name, flags = "", set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                field, _, value = line.partition(":")
+                field = field.strip().lower()
+                if field in ("model name", "cpu model") and not name:
+                    name = value.strip()
+                elif field in ("flags", "features") and not flags:
+                    flags = set(value.split())
+    except OSError:  # not Linux: the platform's own name
+        import platform
+        name = platform.processor() or platform.machine()
+    isa = next((x for x in CPU_EXTENSIONS if x in flags), "")
+    digest = hashlib.sha1(name.encode()).hexdigest()[:6]
+    return "-".join(part for part in (key, isa, digest) if part)

@@ -13,7 +13,9 @@ numbers decide whether it pays:
                       (a pass over T positions of b sequences, in units of one row, a
                       position of a sequence: a fixed part F, one unit per row, and the
                       jump J from the AR step, one position per sequence, to a block pass,
-                      the verification's own code path, that a CPU shows)
+                      the verification's own code path, that a CPU shows), or the
+                      C(b, T) this device measured where `PassCost` has it
+                      (`measure_pass_cost`, `block_costs`)
 
 `choose` picks each round's block T* maximising expected tokens per unit of cost, so a
 sequence whose drafts do not pay proposes 1 token: an AR step that still checks the match's
@@ -88,25 +90,55 @@ DECAY = 0.9  # each new proposal of a bucket weighs its counts by this: about th
 # one row of a pass about 1 flop per weight byte). `measure_pass_cost` measures a model.
 DEFAULT_PASS_COST = {"cpu": (15.75, 4.25), "gpu": (256.0, 0.0), "tpu": (256.0, 0.0)}
 
+# The passes a measured table holds (`PassCost.measured_RxT`): the batches of a server's busy
+# rows (`slots.active_rows`) and the power-of-two blocks a level above a lookup is compiled
+# at (`windows.power_of_two_blocks`, up to options.MAX_LOOKUP).
+TABLE_ROWS = (1, 2, 4, 8, 16, 32, 64)
+TABLE_BLOCKS = (1, 2, 4, 8, 16, 32, 64)
+
 
 @flax.struct.dataclass
 class PassCost:
     """What a verification pass costs on this device, in units of one row (one position of
     one sequence). Arrays, so a new measurement never recompiles.
 
+    Two x86 hosts with the same cores can price the same pass very differently (an AVX-512
+    host runs a block of 16 positions at about 1.9 AR steps, an AVX2 one at 2.5, and a
+    second row costs it most of an AR step): the fit is the shape of the curve, the table
+    what this device measured (`measure_pass_cost`; `device_costs.py` keeps it per host and
+    model).
+
     Attributes:
       fixed: [] float32, F: the part of a pass that does not grow with its rows (weights
         read, dispatch, the loop's own work).
       jump: [] float32, J: what a block pass (several positions per sequence) costs beyond
         F + rows, against the AR step (0 on an accelerator).
+      measured_RxT: [len(TABLE_ROWS), len(TABLE_BLOCKS)] float32, the relative costs
+        C(b, T) measured on this device (row b of `TABLE_ROWS`, block T of
+        `TABLE_BLOCKS`); NaN where not measured, there the fit (F, J) prices the pass.
     """
 
     fixed: jax.Array
     jump: jax.Array
+    measured_RxT: jax.Array
 
     @classmethod
-    def of(cls, fixed: float, jump: float = 0.0) -> "PassCost":
-        return cls(fixed=jnp.asarray(fixed, jnp.float32), jump=jnp.asarray(jump, jnp.float32))
+    def of(cls, fixed: float, jump: float = 0.0,
+           measured: dict[tuple[int, int], float] | None = None) -> "PassCost":
+        """(F, J), and `measured` {(b, T): C(b, T)} for the passes in the table (others are
+        ignored)."""
+        table = np.full((len(TABLE_ROWS), len(TABLE_BLOCKS)), np.nan, np.float32)
+        for (b, T), c in (measured or {}).items():
+            if b in TABLE_ROWS and T in TABLE_BLOCKS:
+                table[TABLE_ROWS.index(b), TABLE_BLOCKS.index(T)] = c
+        return cls(fixed=jnp.asarray(fixed, jnp.float32), jump=jnp.asarray(jump, jnp.float32),
+                   measured_RxT=jnp.asarray(table))
+
+    def measured(self) -> dict[tuple[int, int], float]:
+        """{(b, T): C(b, T)} of the table's measured entries (host values)."""
+        table = np.asarray(self.measured_RxT)
+        return {(b, T): float(table[i, j]) for i, b in enumerate(TABLE_ROWS)
+                for j, T in enumerate(TABLE_BLOCKS) if not np.isnan(table[i, j])}
 
 
 def default_pass_cost(backend: str | None = None) -> PassCost:
@@ -127,6 +159,19 @@ def relative_cost(batch, block, cost: PassCost):
     """C(b, T) = cost(b, T) / cost(b, 1): a pass over a block of T positions of b sequences
     against the AR step of the same b sequences (C(b, 1) = 1)."""
     return pass_cost(batch, block, cost) / pass_cost(batch, 1, cost)
+
+
+def block_costs(batch: int, blocks: tuple[int, ...], cost: PassCost) -> jax.Array:
+    """[J] float32, C(b, T) of a pass over each block T of `blocks` for a static batch of
+    b = `batch` sequences: the measured table's entry where it has one, else the fit's."""
+    fitted_J = relative_cost(batch, jnp.asarray(blocks, jnp.float32), cost)
+    if batch not in TABLE_ROWS:
+        return fitted_J
+    row = cost.measured_RxT[TABLE_ROWS.index(batch)]
+    nan = jnp.asarray(jnp.nan, jnp.float32)
+    measured_J = jnp.stack([row[TABLE_BLOCKS.index(T)] if T in TABLE_BLOCKS else nan
+                            for T in blocks])
+    return jnp.where(jnp.isnan(measured_J), fitted_J, measured_J)
 
 
 def expected_tokens(accept, length):
@@ -239,11 +284,11 @@ def choose(accept_B: jax.Array, length_B: jax.Array, matched_B: jax.Array, part_
     tokens_BxJ = expected_tokens(accept_B[:, None], m_BxJ)
     if joint:
         # rows of the pass: all B (done and idle rows run too), at the block T
-        score_J = jnp.sum(jnp.where(part_B[:, None], tokens_BxJ, 0.0), axis=0) / pass_cost(
-            B, T_J, cost)
+        score_J = jnp.sum(jnp.where(part_B[:, None], tokens_BxJ, 0.0), axis=0) / block_costs(
+            B, blocks, cost)
         score_BxJ = jnp.broadcast_to(score_J[None, :], tokens_BxJ.shape)
     else:
-        score_BxJ = tokens_BxJ / pass_cost(1, T_J, cost)[None, :]
+        score_BxJ = tokens_BxJ / block_costs(1, blocks, cost)[None, :]
     # the longest block among equals: equal scores mean the longer block costs no more
     best_B = len(blocks) - 1 - jnp.argmax(score_BxJ[:, ::-1], axis=1)
     return jnp.where(matched_B, m_BxJ[jnp.arange(B), best_B], 1).astype(jnp.int32)
@@ -366,13 +411,22 @@ def time_passes(model, shapes, context: int = 256, capacity: int = 512, repeats:
 
 # The (b, T) `measure_pass_cost` times: one sequence's blocks, and the batches of a server's
 # busy rows (`slots.active_rows`) at short blocks.
-MEASURED_PASSES = ((1, 1), (1, 2), (1, 4), (1, 8), (1, 16), (2, 1), (2, 2), (4, 1), (4, 2),
-                   (4, 4), (8, 1), (8, 2), (8, 4))
+MEASURED_PASSES = ((1, 1), (1, 2), (1, 4), (1, 8), (1, 16), (2, 1), (2, 2), (2, 4), (4, 1),
+                   (4, 2), (4, 4), (8, 1), (8, 2), (8, 4))
 
 
 def measure_pass_cost(model, context: int = 256, capacity: int = 512, repeats: int = 5,
                       calls: int = 10, shapes=MEASURED_PASSES) -> PassCost:
-    """(F, J) fitted (`fit_pass_cost`) to `model`'s passes timed on this device
-    (`time_passes` over `shapes`). Run once per device and model; the result goes with the
-    request (`Request.lookup_cost`)."""
-    return fit_pass_cost(time_passes(model, shapes, context, capacity, repeats, calls))
+    """`model`'s passes timed on this device (`time_passes` over `shapes`): their relative
+    costs C(b, T) as the table, and (F, J) fitted to them (`fit_pass_cost`) for the passes
+    it does not hold. Run once per device and model (`device_costs.measure_and_store` keeps
+    it); the result goes with the request (`Request.lookup_cost`)."""
+    seconds = time_passes(model, shapes, context, capacity, repeats, calls)
+    return with_measured(fit_pass_cost(seconds), seconds)
+
+
+def with_measured(cost: PassCost, seconds: dict[tuple[int, int], float]) -> PassCost:
+    """`cost` with the relative costs C(b, T) = seconds[b, T] / seconds[b, 1] of every
+    measured pass (whose AR step of b sequences is measured too) as its table."""
+    measured = {(b, T): s / seconds[b, 1] for (b, T), s in seconds.items() if (b, 1) in seconds}
+    return PassCost.of(float(cost.fixed), float(cost.jump), measured)

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hispec_jax.decoding import chat as chat_lib
+from hispec_jax.decoding import device_costs
 from hispec_jax.decoding import engine as engine_lib
 from hispec_jax.decoding import mesh as mesh_lib
 from hispec_jax.decoding import methods as methods_lib
@@ -155,8 +156,9 @@ def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int =
         that "data" does not divide is padded with finished rows, never dropped. The tokens
         are those of unsharded decoding.
       lookup_cost: the pass costs the lookup drafter's acceptance gate weighs (a
-        `gate.PassCost`, e.g. `gate.measure_pass_cost(model)`; default: the backend's). An
-        array: a new value never recompiles.
+        `gate.PassCost`, e.g. `gate.measure_pass_cost(model)`; default: this host's stored
+        measurement of the model's passes, else the backend's: `device_costs.for_model`).
+        Arrays: a new value never recompiles.
       **method_options: the method's settings (e.g. exit_layer, draft_exit, verify_exits,
         draft_len, verify_window, adaptive, acceptance="tokenwise"|"blockwise").
 
@@ -249,14 +251,16 @@ def decode(model: Model, prompt_ids: list[list[int]], decoder: methods_lib.Decod
     compile_count = engine_lib.compilations - compiled_before
     windows_K1 = decoder.windows_array()
 
+    cost_source = "given"
+    if lookup_cost is None:  # this host's measurement of the model's passes, if stored
+        lookup_cost, cost_source = device_costs.for_model(model)
     token_ids: list[list[int]] = []
     run_seconds = 0.0
     method_stats, batch_sequences = [], []
     for start in range(0, len(prompt_ids), batch_size):
         batch = prompt_ids[start:start + batch_size]
         req = make_request(batch, loop_batch, start, capacity, max_new_tokens, eos_ids_E, sampling)
-        if lookup_cost is not None:
-            req = req.replace(lookup_cost=lookup_cost)
+        req = req.replace(lookup_cost=lookup_cost)
         if engine.shardings is None:
             args = (model.params, model.heads, req, engine.empty_cache(), windows_K1)
         else:  # placed shard by shard; the cache is never whole on one device
@@ -293,6 +297,7 @@ def decode(model: Model, prompt_ids: list[list[int]], decoder: methods_lib.Decod
         **({"mesh": sharding.describe(model.mesh)} if model.mesh is not None else {}),
         "prompt_block": block,
         "cache_capacity": capacity,
+        "pass_cost_source": cost_source,
         **methods_lib.summarize_counters(engine.hierarchy, method_stats, batch_sequences,
                                          model),
     }

@@ -240,12 +240,14 @@ class Scheduler:
         return self.stats.snapshot()["finished"]
 
     def load(self) -> dict:
-        """Busy slots and waiting requests per engine, finished requests and tokens, the
-        process's compilations (for /health). Reads without waiting for a step."""
+        """Busy slots and waiting requests per engine (and where the pass costs its lookup
+        gate weighs come from), finished requests and tokens, the process's compilations
+        (for /health). Reads without waiting for a step."""
         engines = {metrics_lib.engine_label(g): {
             "slots": self.engines[g].slots, "busy": len(self._running[g]),
             "waiting": len(self._waiting[g]),
             "rows_compiled": list(self.engines[g].compiled_rows),
+            "pass_cost": self.engines[g].pass_cost_source,
             "rows_to_compile": self.engines[g].rows_to_compile()}
             for g in self.engines}
         return {"engines": engines, **self.stats.snapshot(),

@@ -17,6 +17,7 @@ With `warmup=False` each program compiles at its first use.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -24,6 +25,7 @@ import sys
 import threading
 import time
 
+from hispec_jax.decoding import device_costs
 from hispec_jax.decoding import recommended
 from hispec_jax.decoding.generate import model_name
 from hispec_jax.serving import api_server
@@ -70,7 +72,8 @@ QUIET_SECONDS = 1.0
 
 
 def warm_up(engines: dict[bool, slots_lib.SlotEngine], idle=None,
-            stop: threading.Event | None = None) -> threading.Thread:
+            stop: threading.Event | None = None,
+            measure_pass_cost: bool = True) -> threading.Thread:
     """Compiles every program serving can need before the first request (`SlotEngine.warm_up`,
     both engines) with the rounds loop over all B slots and over every smaller row count
     (`slots.active_rows`: 1, 2, 4, ...) the program cache holds, and the round a prefill
@@ -82,8 +85,13 @@ def warm_up(engines: dict[bool, slots_lib.SlotEngine], idle=None,
     rounds instead of riding them, so none waits for a compilation. `idle()` (the
     scheduler's: no request running or waiting) holds each of those compiles back until
     the server has been quiet for `QUIET_SECONDS`: a compile holds the GIL for seconds of
-    tracing, which a request beside it would wait on. Once `stop` is set (the server
-    stops) the thread compiles nothing more. Returns the thread."""
+    tracing, which a request beside it would wait on. Last, with `measure_pass_cost`,
+    where a plan has a lookup gate and this host has no measurement of the model's passes
+    (`device_costs.py`), the thread measures them once the server is quiet, stores them and
+    hands them to the engines: their gates weigh this device's costs from the next round
+    (the measurement keeps the fastest of interleaved repeats, so a request arriving
+    meanwhile only slows it). Once `stop` is set (the server stops) the thread compiles
+    nothing more. Returns the thread."""
     rounds, riding = [], []
     for engine in engines.values():
         engine.compile_on_demand = False
@@ -99,17 +107,32 @@ def warm_up(engines: dict[bool, slots_lib.SlotEngine], idle=None,
                   for engine, r in riding])
 
     stop = stop or threading.Event()
+    unmeasured = [e for e in engines.values()
+                  if e.gated and e.pass_cost_source != device_costs.MEASURED]
+    if measure_pass_cost and unmeasured and device_costs.store_dir() is not None:
+        pending.append((None, 0, functools.partial(_measure_pass_cost, unmeasured),
+                        "lookup gate's pass costs"))
+
+    def quiet() -> bool:
+        """Waits for `QUIET_SECONDS` of an idle server; False once `stop` is set."""
+        quiet_since = time.perf_counter()
+        while idle is not None and time.perf_counter() - quiet_since < QUIET_SECONDS:
+            if stop.wait(0.1):
+                return False
+            if not idle():
+                quiet_since = time.perf_counter()
+        return not stop.is_set()
 
     def compile_rest():
         for engine, rows, compile_, what in pending:
-            quiet_since = time.perf_counter()
-            while idle is not None and time.perf_counter() - quiet_since < QUIET_SECONDS:
-                if stop.wait(0.1):
-                    return
-                if not idle():
-                    quiet_since = time.perf_counter()
-            if stop.is_set():
+            if not quiet():
                 return
+            if engine is None:  # the pass costs
+                try:
+                    compile_()
+                except Exception:  # noqa: BLE001 - the default costs still price the gate
+                    log.exception("measuring the %s failed", what)
+                continue
             try:
                 t0 = time.perf_counter()
                 compile_(rows)
@@ -122,6 +145,15 @@ def warm_up(engines: dict[bool, slots_lib.SlotEngine], idle=None,
     thread = threading.Thread(target=compile_rest, name="hispec-compile-rows", daemon=True)
     thread.start()
     return thread
+
+
+def _measure_pass_cost(engines: list[slots_lib.SlotEngine]) -> None:
+    """Measures the engines' model's passes on this host, stores them and hands them to
+    the engines (`SlotEngine.use_pass_cost`)."""
+    cost, _ = device_costs.measure_and_store(engines[0].model)
+    for engine in engines:
+        engine.use_pass_cost(cost, device_costs.MEASURED)
+    log.info("the lookup gate weighs this host's pass costs: %s", device_costs.describe(cost))
 
 
 def choose_plan(model, method, method_options: dict,
@@ -155,7 +187,8 @@ def build_app(model, method=None, *, slots: int = 8, max_cache_len: int | None =
               warmup: bool = True, rounds_per_step: int = 1, served_name: str | None = None,
               plan_reason: str = "given", prefill_chunk: int = slots_lib.PREFILL_CHUNK,
               prefill_share: float = 1.0, step_log: str | os.PathLike | None = None,
-              ride_prefill: bool = False, **method_options):
+              ride_prefill: bool = False, measure_pass_cost: bool = True,
+              **method_options):
     """The ASGI app serving `model` with `method` (None: the model's default plan) over
     `slots` slots per engine; with `warmup`, its engine thread compiles everything before
     it takes requests (/health: 503 "loading" until then). `plan_reason`: why a given
@@ -165,7 +198,9 @@ def build_app(model, method=None, *, slots: int = 8, max_cache_len: int | None =
     `ride_prefill` a chunk riding each round where the plan's rounds can carry one (a full
     one while prompts queue and its round fits the budget of `prefill_share` times a step,
     else a small one).
-    `step_log`: a file that gets each engine step as a JSON line (`scheduler.StepLog`)."""
+    `step_log`: a file that gets each engine step as a JSON line (`scheduler.StepLog`).
+    `measure_pass_cost`: the warm-up measures this host's pass costs for the lookup gate
+    where none are stored (`warm_up`)."""
     method, method_options, reason = choose_plan(model, method, method_options, plan_reason)
     engines = build_engines(model, method, slots=slots, max_cache_len=max_cache_len,
                             prefill_chunk=prefill_chunk, ride_prefill=ride_prefill,
@@ -176,7 +211,8 @@ def build_app(model, method=None, *, slots: int = 8, max_cache_len: int | None =
              "; warming up (compiling every program) before taking requests" if warmup else "")
     scheduler = Scheduler(engines, rounds_per_step=rounds_per_step,
                           prefill_share=prefill_share,
-                          warmup=warm_up if warmup else None,
+                          warmup=(functools.partial(warm_up, measure_pass_cost=measure_pass_cost)
+                                  if warmup else None),
                           step_log=(None if step_log is None
                                     else StepLog(open(step_log, "w", encoding="utf-8"))))
     name = served_name or model_name(model)

@@ -68,6 +68,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hispec_jax.decoding import device_costs
 from hispec_jax.decoding import engine as engine_lib
 from hispec_jax.decoding import methods as methods_lib
 from hispec_jax.decoding import program_cache
@@ -388,6 +389,11 @@ class SlotEngine:
         self._windows_K1 = decoder.windows_array()
         self.state, self.req = _run(_empty, (self.engine,), (), (
             model.params, model.heads, self._eos_ids_E, self._windows_K1))
+        # the pass costs the lookup gate weighs: this host's measurement if stored; a new
+        # one (`use_pass_cost`, from any thread) takes effect at the next `generate`
+        cost, self.pass_cost_source = device_costs.for_model(model)
+        self.req = self.req.replace(lookup_cost=cost)
+        self._new_pass_cost: tuple | None = None
         self.active_rows = active_rows(slots)
         self._layout = None
         if slots > 1:  # the batch axis of every leaf, from the shapes of a one-slot state
@@ -424,6 +430,18 @@ class SlotEngine:
     @property
     def slots(self) -> int:
         return self.engine.shapes.batch
+
+    @property
+    def gated(self) -> bool:
+        """Whether the plan has a lookup drafter with its acceptance gate (whose proposals
+        the pass costs price)."""
+        lookup = self.engine.hierarchy.lookup
+        return lookup is not None and lookup.gate
+
+    def use_pass_cost(self, cost, source: str) -> None:
+        """The lookup gate weighs `cost` (a `gate.PassCost`; `source`: where it comes from)
+        from the next `generate` on; callable from any thread (arrays: nothing recompiles)."""
+        self._new_pass_cost = (cost, source)
 
     @property
     def rides(self) -> bool:
@@ -582,6 +600,9 @@ class SlotEngine:
         decoding = self.decoding
         if not decoding:
             return []
+        if self._new_pass_cost is not None:
+            cost, self.pass_cost_source = self._new_pass_cost
+            self.req, self._new_pass_cost = self.req.replace(lookup_cost=cost), None
         rows = self.riding_rows() if ride else None
         self.last_rider = None
         if rows is not None:
