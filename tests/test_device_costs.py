@@ -128,13 +128,16 @@ def test_generate_weighs_the_kept_measurement(store):
 
 
 def test_serve_warm_up_measures_and_hands_the_costs_to_the_engines(store):
-    """A lookup server with nothing kept: its warm-up's background thread measures the
-    model's passes, keeps them, and the engines weigh them from their next round; a second
-    server reads them and measures nothing."""
+    """A lookup server with nothing kept and `--measure-pass-cost`: its warm-up's background
+    thread measures the model's passes, keeps them, and the engines weigh them from their
+    next round; a second server reads them and measures nothing."""
     model = tiny_model(2, 0, 0.0)
     engines = server_lib.build_engines(model, "lookup", slots=1, max_cache_len=64)
     assert all(e.gated and e.pass_cost_source == device_costs.DEFAULT for e in engines.values())
-    server_lib.warm_up(engines, idle=lambda: True).join()
+    thread = server_lib.warm_up(engines, idle=lambda: True, measure_pass_cost=True)
+    assert all(e.pass_cost_pending for e in engines.values())  # (the bench waits for it)
+    thread.join()
+    assert not any(e.pass_cost_pending for e in engines.values())
     assert device_costs.load(model) is not None
     engine = engines[True]
     engine.admit(0, slots_lib.SlotRequest((5, 9, 11, 5, 9), 6, SamplingParams()))

@@ -50,7 +50,7 @@ def main(argv=None) -> int:
     if args.show:
         cost, source = device_costs.for_model(model)
         print(f"{source}: {device_costs.describe(cost)}")
-        print(f"kept in: {device_costs.path_for(model)}")
+        print(f"kept in: {device_costs.path_for(model) or 'nowhere (HISPEC_PASS_COSTS=0)'}")
         return 0
     if device_costs.store_dir() is None:
         print("hispec bench-tool pass-cost: HISPEC_PASS_COSTS=0 keeps no measurement",

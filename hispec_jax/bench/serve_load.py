@@ -115,9 +115,11 @@ def start_server(method: str, args, repeat: int = 0) -> tuple[subprocess.Popen, 
             raise RuntimeError(f"the server exited with {proc.returncode}: see {log.name}")
         try:
             health = _health(url)
-            # ready, and the background compilations (rounds over fewer rows) done
+            # ready, and the background work (rounds over fewer rows, the lookup gate's
+            # pass costs where this host kept none) done
             if health["status"] == "ok" and not any(
-                    e.get("rows_to_compile") for e in health["engines"].values()):
+                    e.get("rows_to_compile") or e.get("measuring_pass_cost")
+                    for e in health["engines"].values()):
                 return proc, url
         except OSError:
             pass

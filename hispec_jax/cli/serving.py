@@ -96,6 +96,12 @@ def add_parsers(subparsers) -> None:
                             "chunks between the rounds: C positions while prompts queue and "
                             "such a round fits the --prefill-share budget, else C/4; shorter "
                             "pauses in the streams (docs/serving.md; default: off)")
+    serve.add_argument("--measure-pass-cost", action=argparse.BooleanOptionalAction,
+                       default=False,
+                       help="after the warm-up, once the server is quiet, measure this host's "
+                            "pass costs for the lookup gate where none are kept (minutes on a "
+                            "CPU; `hispec bench-tool pass-cost` does it beforehand; "
+                            "docs/lookup.md; default: off)")
     serve.add_argument("--prefill-share", type=float, default=1.0, metavar="X",
                        help="prefill time between two rounds of the decoding slots, as a "
                             "multiple of a round's (default: 1; at least one chunk each "
@@ -186,6 +192,7 @@ def run_serve(args) -> int:
                            served_name=args.served_model_name, plan_reason=args.plan_reason,
                            prefill_share=args.prefill_share, step_log=args.step_log,
                            ride_prefill=args.ride_prefill,
+                           measure_pass_cost=args.measure_pass_cost,
                            **({} if args.prefill_chunk is None
                               else {"prefill_chunk": args.prefill_chunk}),
                            **generate_cli.method_options(args))

@@ -1,19 +1,20 @@
 """The lookup gate's pass costs measured on this machine, kept per host and model.
 
 The gate weighs a proposal's expected tokens against what its verification pass costs
-(`gate.PassCost`). The backend's default is one CPU's fit, and CPUs differ: on a host
-without AVX-512 a pass over 2 positions costs about 1.8 AR steps, not 1.3, and a gate priced
-by the default proposes blocks that lose there. `gate.measure_pass_cost` times the model's
-passes on this device (every pass shape compiles once: a few minutes on a CPU, seconds on
-an accelerator); this module keeps the result in
+(`gate.PassCost`). The backend's default is one device's fit, and devices differ: on a CPU
+without AVX-512 a pass over 2 positions of one sequence costs about 1.8 AR steps, not the
+default's 1.3, and a batch's blocks less than it says; an accelerator's default is a guess
+at a memory-bound pass. `gate.measure_pass_cost` times the model's passes on this device
+(every pass shape compiles once: minutes on a CPU); this module keeps the result in
 `$HISPEC_CACHE/pass_costs/<model>-<host>.json` (or the folder `$HISPEC_PASS_COSTS` names;
 `HISPEC_PASS_COSTS=0`: none kept or read, the test suite's setting), so every later
 `generate`, `chat` and `serve` of that model on that host weighs its proposals by it
 (`for_model`).
 
-    who measures   `hispec serve` in the background after its warm-up, once the server is
-                   quiet, where its plan has a lookup gate and nothing is stored yet
-                   (`server.warm_up`); `hispec bench-tool pass-cost` on demand
+    who measures   `hispec bench-tool pass-cost`; `hispec serve --measure-pass-cost` in the
+                   background after its warm-up, once the server is quiet, where its plan
+                   has a lookup gate and nothing is kept yet (`server.warm_up`); nothing
+                   measures unasked (minutes of a first start's CPU)
     host           `costs.host_key()`: the device, and a CPU's vector extension and model
     model          what a pass's cost depends on (`shape_key`): the config, the weights'
                    dtype, layer layout and form (int8, fused), not their values

@@ -102,11 +102,10 @@ class PassCost:
     """What a verification pass costs on this device, in units of one row (one position of
     one sequence). Arrays, so a new measurement never recompiles.
 
-    Two x86 hosts with the same cores can price the same pass very differently (an AVX-512
-    host runs a block of 16 positions at about 1.9 AR steps, an AVX2 one at 2.5, and a
-    second row costs it most of an AR step): the fit is the shape of the curve, the table
-    what this device measured (`measure_pass_cost`; `device_costs.py` keeps it per host and
-    model).
+    Two x86 hosts with the same cores can price the same pass differently (for SmolLM2 a
+    block of 2 positions has cost one 2-core host 1.2 AR steps and another, AVX2 without
+    AVX-512, 1.8): the fit is the shape of the curve, the table what this device measured
+    (`measure_pass_cost`; `device_costs.py` keeps it per host and model).
 
     Attributes:
       fixed: [] float32, F: the part of a pass that does not grow with its rows (weights

@@ -248,6 +248,7 @@ class Scheduler:
             "waiting": len(self._waiting[g]),
             "rows_compiled": list(self.engines[g].compiled_rows),
             "pass_cost": self.engines[g].pass_cost_source,
+            "measuring_pass_cost": self.engines[g].pass_cost_pending,
             "rows_to_compile": self.engines[g].rows_to_compile()}
             for g in self.engines}
         return {"engines": engines, **self.stats.snapshot(),

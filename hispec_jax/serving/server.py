@@ -73,7 +73,7 @@ QUIET_SECONDS = 1.0
 
 def warm_up(engines: dict[bool, slots_lib.SlotEngine], idle=None,
             stop: threading.Event | None = None,
-            measure_pass_cost: bool = True) -> threading.Thread:
+            measure_pass_cost: bool = False) -> threading.Thread:
     """Compiles every program serving can need before the first request (`SlotEngine.warm_up`,
     both engines) with the rounds loop over all B slots and over every smaller row count
     (`slots.active_rows`: 1, 2, 4, ...) the program cache holds, and the round a prefill
@@ -110,6 +110,8 @@ def warm_up(engines: dict[bool, slots_lib.SlotEngine], idle=None,
     unmeasured = [e for e in engines.values()
                   if e.gated and e.pass_cost_source != device_costs.MEASURED]
     if measure_pass_cost and unmeasured and device_costs.store_dir() is not None:
+        for engine in unmeasured:
+            engine.pass_cost_pending = True
         pending.append((None, 0, functools.partial(_measure_pass_cost, unmeasured),
                         "lookup gate's pass costs"))
 
@@ -150,9 +152,13 @@ def warm_up(engines: dict[bool, slots_lib.SlotEngine], idle=None,
 def _measure_pass_cost(engines: list[slots_lib.SlotEngine]) -> None:
     """Measures the engines' model's passes on this host, stores them and hands them to
     the engines (`SlotEngine.use_pass_cost`)."""
-    cost, _ = device_costs.measure_and_store(engines[0].model)
-    for engine in engines:
-        engine.use_pass_cost(cost, device_costs.MEASURED)
+    try:
+        cost, _ = device_costs.measure_and_store(engines[0].model)
+        for engine in engines:
+            engine.use_pass_cost(cost, device_costs.MEASURED)
+    finally:
+        for engine in engines:
+            engine.pass_cost_pending = False
     log.info("the lookup gate weighs this host's pass costs: %s", device_costs.describe(cost))
 
 
@@ -187,7 +193,7 @@ def build_app(model, method=None, *, slots: int = 8, max_cache_len: int | None =
               warmup: bool = True, rounds_per_step: int = 1, served_name: str | None = None,
               plan_reason: str = "given", prefill_chunk: int = slots_lib.PREFILL_CHUNK,
               prefill_share: float = 1.0, step_log: str | os.PathLike | None = None,
-              ride_prefill: bool = False, measure_pass_cost: bool = True,
+              ride_prefill: bool = False, measure_pass_cost: bool = False,
               **method_options):
     """The ASGI app serving `model` with `method` (None: the model's default plan) over
     `slots` slots per engine; with `warmup`, its engine thread compiles everything before
@@ -199,8 +205,8 @@ def build_app(model, method=None, *, slots: int = 8, max_cache_len: int | None =
     one while prompts queue and its round fits the budget of `prefill_share` times a step,
     else a small one).
     `step_log`: a file that gets each engine step as a JSON line (`scheduler.StepLog`).
-    `measure_pass_cost`: the warm-up measures this host's pass costs for the lookup gate
-    where none are stored (`warm_up`)."""
+    `measure_pass_cost` (`hispec serve --measure-pass-cost`): the warm-up measures this
+    host's pass costs for the lookup gate where none are kept (`warm_up`)."""
     method, method_options, reason = choose_plan(model, method, method_options, plan_reason)
     engines = build_engines(model, method, slots=slots, max_cache_len=max_cache_len,
                             prefill_chunk=prefill_chunk, ride_prefill=ride_prefill,

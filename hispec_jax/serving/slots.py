@@ -394,6 +394,7 @@ class SlotEngine:
         cost, self.pass_cost_source = device_costs.for_model(model)
         self.req = self.req.replace(lookup_cost=cost)
         self._new_pass_cost: tuple | None = None
+        self.pass_cost_pending = False  # a measurement for this engine is under way
         self.active_rows = active_rows(slots)
         self._layout = None
         if slots > 1:  # the batch axis of every leaf, from the shapes of a one-slot state
