@@ -23,7 +23,8 @@ def test_listing_names_every_tool_with_its_description(capsys):
             assert description, f"{tool}: its module has no docstring"
             assert any(line.split()[:1] == [tool] and line.endswith(description)
                        for line in lines), tool
-    assert set(tools.TOOLS) == {"compare", "oracle", "accelerator", "serve", "tasks", "work"}
+    assert set(tools.TOOLS) == {"compare", "oracle", "pass-cost", "accelerator", "serve", "tasks",
+                                "work"}
 
 
 def test_listing_imports_neither_jax_nor_torch():

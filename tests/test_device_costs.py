@@ -159,7 +159,7 @@ def test_pass_cost_tool(store, tmp_path, llama_dir, capsys):
         pass_cost_tool.main(["--model", str(tmp_path / "missing.gguf")])
     assert e.value.code == 2
     err = capsys.readouterr().err
-    assert "no such GGUF file" in err and len(err.strip().splitlines()) == 1
+    assert "no such file or directory" in err and len(err.strip().splitlines()) == 1
     with pytest.raises(SystemExit) as e:
         pass_cost_tool.main(["--model", str(llama_dir), "--repeats", "0"])
     assert e.value.code == 2

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from hispec_jax.bench import args as args_lib
 
@@ -22,26 +23,21 @@ from hispec_jax.bench import args as args_lib
 def main(argv=None) -> int:
     ap = args_lib.Parser(prog="hispec bench-tool pass-cost", description=__doc__.split("\n")[0],
                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--model", required=True, help="a HF directory or .gguf file")
+    ap.add_argument("--model", help="a HF directory or .gguf file (required)")
     ap.add_argument("--show", action="store_true",
                     help="print the kept measurement (or the default the gate uses) only")
     ap.add_argument("--repeats", type=int, default=5,
                     help="interleaved repeats of every pass (the fastest is kept)")
     ap.add_argument("--calls", type=int, default=10, help="calls per timed repeat")
     args = ap.parse_args(argv)
-    from hispec_jax.cli.common import check_model_path
-
-    try:
-        check_model_path(args.model)
-    except ValueError as e:
-        ap.error(str(e))
+    if args.model is None:
+        ap.error("--model is required (a HF directory or .gguf file)")
+    if not Path(args.model).exists():
+        ap.error(f"--model {args.model}: no such file or directory")
     for name in ("repeats", "calls"):
         if getattr(args, name) < 1:
             ap.error(f"--{name} must be >= 1, got {getattr(args, name)}")
 
-    from hispec_jax.cli.common import use_compilation_cache
-
-    use_compilation_cache()
     from hispec_jax.decoding import device_costs
     from hispec_jax.decoding import gate
     from hispec_jax.models.model import load_model

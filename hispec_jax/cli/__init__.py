@@ -7,8 +7,9 @@ arguments and what they run; `main` below only assembles them.
     memory.py     hispec plan-memory
     bench.py      hispec bench                     the whole benchmark, report and plots
                   hispec bench-tool TOOL [args]    one benchmark tool (`bench/tools.py`):
-                      compare (methods side by side), oracle, accelerator, serve, tasks,
-                      work (work per token of every method)
+                      compare (methods side by side), oracle, pass-cost (the lookup
+                      gate's pass costs on this host), accelerator, serve, tasks, work
+                      (work per token of every method)
     planner.py    hispec tune | profile-sv
     serving.py    hispec chat | serve              streamed chat, the OpenAI-compatible server
     common.py     what the groups share: help format, --model checks, --mesh, overrides

@@ -102,8 +102,8 @@ CPU_EXTENSIONS = ("avx512f", "avx2", "avx", "asimd", "neon", "sse4_2")
 @functools.lru_cache(maxsize=None)
 def host_key() -> str:
     """`device_key()`, and on a CPU its widest vector extension and a hash of its model name
-    (e.g. 'cpu-2cores-avx2-1a2b3c'): two hosts with the same cores price a block of
-    positions differently when one has AVX-512 (the lookup gate's pass costs,
+    (e.g. 'cpu-2cores-avx2-1a2b3c'): two hosts with the same cores but other vector units
+    can price a block of positions differently (the lookup gate's pass costs,
     `device_costs.py`)."""
     key = device_key()
     if jax.devices()[0].platform != "cpu":

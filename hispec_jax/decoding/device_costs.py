@@ -45,9 +45,9 @@ DEFAULT = "the backend's default"
 
 
 def shape_key(model) -> str:
-    """A short name + hash of what a pass's cost depends on: the model's config, its
-    weights' dtype, layer layout and form (not their values: a fine-tuned checkpoint of
-    the same shapes costs the same)."""
+    """The model file's name (for the reader) + a hash of what a pass's cost depends on:
+    the model's config, its weights' dtype, layer layout and form, not their values (a
+    fine-tuned checkpoint of the same shapes and name reads the same measurement)."""
     params = model.params
     first = params_lib._first_layer(params)
     dtypes = sorted({str(np.dtype(x.dtype)) for x in first.values() if hasattr(x, "dtype")})
