@@ -41,16 +41,10 @@ def specs_for(model) -> list[suite.MethodSpec]:
     return specs
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    task_arguments(p, tasks="chat,extract", prompts=4, max_new_tokens=128, rounds=2)
-    p.add_argument("--stop-at-eos", action="store_true",
-                   help="each prompt stops at its end of turn (else every prompt gets "
-                        "--max-new-tokens)")
-    a = p.parse_args()
-    print_header(a)
-    model = load_model(a.model)
-    specs = specs_for(model)
+def compare_plans(model, specs: list[suite.MethodSpec], a) -> None:
+    """Per task of `a.tasks`: `specs` (AR first) side by side at batch 1, loop time, every
+    output checked against AR's (`a.stop_at_eos`: each prompt stops at its end of turn), one
+    table each with the lookup's counts and tokens per round (also `host_cost_ab.py`)."""
     for task in a.tasks.split(","):
         prompts = tasks.task_prompts(model, task, a.prompts, 512, a.chat)
         runners, capacity = suite.loop_time_runners(model, prompts, specs, a.max_new_tokens,
@@ -71,6 +65,19 @@ def main() -> None:
                   f"{look.get('accepted')} | "
                   f"{'-' if per_round is None else f'{per_round:.2f}'} "
                   f"| {r.identical_to_ar} |", flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    task_arguments(p, tasks="chat,extract", prompts=4, max_new_tokens=128, rounds=2)
+    p.add_argument("--stop-at-eos", action="store_true",
+                   help="each prompt stops at its end of turn (else every prompt gets "
+                        "--max-new-tokens)")
+    a = p.parse_args()
+    print_header(a)
+    model = load_model(a.model)
+    specs = specs_for(model)
+    compare_plans(model, specs, a)
     print(f"\n# load at the end {open('/proc/loadavg').read().split()[:3]}")
 
 

@@ -15,11 +15,12 @@ from hispec_jax.cli.common import use_compilation_cache
 
 use_compilation_cache()
 
-from hispec_jax.bench import suite, tasks  # noqa: E402
+from hispec_jax.bench import suite  # noqa: E402
 from hispec_jax.decoding import device_costs, gate, recommended  # noqa: E402
 from hispec_jax.models.model import load_model  # noqa: E402
 
-from schedule_ab import print_header, task_arguments  # noqa: E402  (this folder's)
+from default_plan_ab import compare_plans  # noqa: E402  (this folder's)
+from schedule_ab import print_header, task_arguments  # noqa: E402
 
 
 def main() -> None:
@@ -43,24 +44,7 @@ def main() -> None:
                                  lookup_cost=default, **options),
              suite.MethodSpec.of("default plan, this host's pass costs", method,
                                  lookup_cost=measured, **options)]
-    for task in a.tasks.split(","):
-        prompts = tasks.task_prompts(model, task, a.prompts, 512, a.chat)
-        runners, capacity = suite.loop_time_runners(model, prompts, specs, a.max_new_tokens,
-                                                    stop_at_eos=a.stop_at_eos, chat=a.chat)
-        results = suite.compare(runners, a.rounds)
-        ar = results[0]
-        print(f"\n## {task}: prompts of {[len(q) for q in prompts]} tokens, capacity {capacity}, "
-              f"AR {ar.tokens_per_second:.1f} tok/s, {ar.new_tokens} new tokens")
-        print("| gate priced by | tok/s | x AR (paired, median) | lookup proposed / accepted | "
-              "tokens per round | same as AR |")
-        print("|---|---|---|---|---|---|")
-        for r in results[1:]:
-            look = (r.stats or {}).get("lookup") or {}
-            per_round = (r.stats or {}).get("tokens_per_round")
-            print(f"| {r.name} | {r.tokens_per_second:.1f} | {suite.paired_ratio(ar, r):.3f} "
-                  f"| {look.get('proposed')} / {look.get('accepted')} "
-                  f"| {'-' if per_round is None else f'{per_round:.2f}'} "
-                  f"| {r.identical_to_ar} |", flush=True)
+    compare_plans(model, specs, a)
     print(f"\n# load at the end {open('/proc/loadavg').read().split()[:3]}")
 
 

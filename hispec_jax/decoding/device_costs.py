@@ -124,7 +124,7 @@ def measure_and_store(model, shapes=gate_lib.MEASURED_PASSES, **timing
     and the passes' seconds."""
     t0 = time.perf_counter()
     seconds = gate_lib.time_passes(model, shapes, **timing)
-    cost = gate_lib.with_measured(gate_lib.fit_pass_cost(seconds), seconds)
+    cost = gate_lib.measured_pass_cost(seconds)
     path = store(model, cost, seconds)
     log.info("measured the lookup gate's pass costs in %.0f s: %s", time.perf_counter() - t0,
              path)

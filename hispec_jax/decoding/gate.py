@@ -420,7 +420,12 @@ def measure_pass_cost(model, context: int = 256, capacity: int = 512, repeats: i
     costs C(b, T) as the table, and (F, J) fitted to them (`fit_pass_cost`) for the passes
     it does not hold. Run once per device and model (`device_costs.measure_and_store` keeps
     it); the result goes with the request (`Request.lookup_cost`)."""
-    seconds = time_passes(model, shapes, context, capacity, repeats, calls)
+    return measured_pass_cost(time_passes(model, shapes, context, capacity, repeats, calls))
+
+
+def measured_pass_cost(seconds: dict[tuple[int, int], float]) -> PassCost:
+    """The `PassCost` of measured passes' `seconds`: (F, J) fitted to them, their relative
+    costs as the table."""
     return with_measured(fit_pass_cost(seconds), seconds)
 
 
