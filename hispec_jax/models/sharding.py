@@ -102,25 +102,40 @@ def constrain(x: jax.Array, axes: tuple[str | None, ...]) -> jax.Array:
     return jax.lax.with_sharding_constraint(x, partition_spec(axes, x.shape, mesh))
 
 
-def constrain_state(state, batch: int):
-    """A decoding loop's state constrained on the mesh being traced under: KV caches by
-    `CACHE_AXES`, arrays named with a shape suffix by it (`tokens_BxS`, `done_B`,
-    `actions_K`), other arrays whose leading axis has length `batch` (the hidden-state and
-    distribution rings) split over "data"; unchanged without a mesh."""
-    if jax.sharding.get_abstract_mesh().empty:
-        return state
+def _state_leaf_axes(path, x, batch: int) -> tuple[str | None, ...]:
+    name = next((str(getattr(k, "name", getattr(k, "key", ""))) for k in reversed(path)
+                 if not isinstance(k, jax.tree_util.SequenceKey)), "")
+    if "_" not in name and x.ndim and x.shape[0] == batch:
+        return ("batch",) + (None,) * (x.ndim - 1)
+    return suffix_axes(name, x.ndim)
 
+
+def map_state(fn, state, batch: int):
+    """`fn(x, axes)` over every array of a decoding loop's state (or request) with its
+    logical axes: KV caches by `CACHE_AXES`, arrays named with a shape suffix by it
+    (`tokens_BxS`, `done_B`, `actions_K`), other arrays whose leading axis has length
+    `batch` (the hidden-state and distribution rings, per-sequence sampling settings)
+    "batch", the rest replicated."""
     def one(path, x):
         if isinstance(x, KVCache):
-            return jax.tree.map(lambda a: constrain(a, CACHE_AXES[-a.ndim:]), x)
-        name = next((str(getattr(k, "name", getattr(k, "key", ""))) for k in reversed(path)
-                     if not isinstance(k, jax.tree_util.SequenceKey)), "")
-        axes = suffix_axes(name, x.ndim)
-        if "_" not in name and x.ndim and x.shape[0] == batch:
-            axes = ("batch",) + (None,) * (x.ndim - 1)
-        return constrain(x, axes)
+            return jax.tree.map(lambda a: fn(a, CACHE_AXES[-a.ndim:]), x)
+        return fn(x, _state_leaf_axes(path, x, batch))
 
     return jax.tree_util.tree_map_with_path(one, state, is_leaf=lambda x: isinstance(x, KVCache))
+
+
+def constrain_state(state, batch: int):
+    """A decoding loop's state constrained on the mesh being traced under (`map_state`'s
+    axes); unchanged without a mesh."""
+    if jax.sharding.get_abstract_mesh().empty:
+        return state
+    return map_state(constrain, state, batch)
+
+
+def state_shardings(state, batch: int, mesh: Mesh):
+    """`NamedSharding` of every array of a decoding state or request on `mesh`
+    (`map_state`'s axes; the arrays may be `jax.ShapeDtypeStruct`s)."""
+    return map_state(lambda x, axes: named_sharding(axes, x.shape, mesh), state, batch)
 
 
 def _is_spec(x) -> bool:

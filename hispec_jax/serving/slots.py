@@ -77,7 +77,9 @@ from hispec_jax.decoding.generate import MIN_PROMPT_BLOCK
 from hispec_jax.decoding.prefill import MAX_SMALL, block_positions, prefill_chunk, small_chunk
 from hispec_jax.decoding.request import Request
 from hispec_jax.decoding.sampling import SamplingArrays, SamplingParams, sequence_keys
+from hispec_jax.models import sharding
 from hispec_jax.models.transformer import Rider, embed
+from jax.sharding import NamedSharding
 
 # ---- compilations, counted for the whole process (warm-up checks, `hispec bench --serve`)
 _compile_lock = threading.Lock()
@@ -134,9 +136,10 @@ def _merge_row(big, small, slot, batch: int):
     return jax.lax.dynamic_update_slice_in_dim(big, small.astype(big.dtype), slot, axis)
 
 
-def active_rows(slots: int) -> tuple[int, ...]:
-    """The row counts the rounds loop is compiled for: the powers of two below B, and B."""
-    rows = [1]
+def active_rows(slots: int, step: int = 1) -> tuple[int, ...]:
+    """The row counts the rounds loop is compiled for: `step` times the powers of two below
+    B, and B (`step`: the mesh's data axis, so that every count splits evenly over it)."""
+    rows = [step]
     while rows[-1] * 2 < slots:
         rows.append(rows[-1] * 2)
     return tuple(r for r in rows if r < slots) + (slots,)
@@ -279,28 +282,51 @@ _PROGRAMS: dict[Any, Any] = {}
 _PROGRAMS_LOCK = threading.Lock()
 
 
-def _program(fn, static: tuple, donate: tuple[int, ...], args):
+def _program(fn, static: tuple, donate: tuple[int, ...], args, mesh=None, batch: int = 0):
     """`fn(*static, *args)` compiled for the shapes and dtypes of `args` (arrays or
     `jax.ShapeDtypeStruct`s), donating `args[i]` for i in `donate`: once per process, with
     the decoding loops' XLA options, and through the program cache
     (`program_cache.compile_cached`), so a later process loads the executable instead of
-    tracing, lowering and compiling it. Any thread may call it."""
-    leaves, treedef = jax.tree.flatten(args)
-    key = (fn.__name__, static, treedef,
-           tuple((tuple(x.shape), jnp.dtype(x.dtype).name) for x in leaves))
+    tracing, lowering and compiling it. Any thread may call it.
+
+    On a device `mesh` (`batch`: the engine's B), the program takes the model's weights as
+    they are placed and every other argument as `_structs` places it, and returns its
+    results placed the same way (`sharding.constrain_state`), so that one program's
+    results are the next one's arguments without a copy."""
+    structs = _structs(args, mesh, batch)
+    leaves, treedef = jax.tree.flatten(structs)
+    key = (fn.__name__, static, mesh, treedef,
+           tuple((tuple(x.shape), jnp.dtype(x.dtype).name, x.sharding) for x in leaves))
     with _PROGRAMS_LOCK:
         program = _PROGRAMS.get(key)
     if program is None:
-        program = program_cache.compile_cached(
-            jax.jit(functools.partial(fn, *static), donate_argnums=donate),
-            _structs(args), **_cache_entry(fn, static))
+        run = functools.partial(fn, *static)
+        if mesh is not None:
+            run = functools.wraps(fn)(
+                lambda *a: sharding.constrain_state(functools.partial(fn, *static)(*a), batch))
+        program = program_cache.compile_cached(jax.jit(run, donate_argnums=donate), structs,
+                                               mesh=mesh, **_cache_entry(fn, static))
         with _PROGRAMS_LOCK:
             program = _PROGRAMS.setdefault(key, program)
     return program
 
 
-def _structs(args):
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), args)
+def _structs(args, mesh=None, batch: int = 0):
+    """`args` as `jax.ShapeDtypeStruct`s. On a mesh, with their shardings: an array already
+    placed on it (the model's weights, an earlier program's results) keeps its own; the
+    rest (host arrays, the request's settings) are placed by their names and shapes
+    (`sharding.state_shardings`: per-sequence arrays over "data", caches over "data" and
+    "model", the rest replicated)."""
+    if mesh is None:
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), args)
+
+    def one(x, axes):
+        placed = getattr(x, "sharding", None)
+        if not (isinstance(placed, NamedSharding) and placed.mesh == mesh):
+            placed = sharding.named_sharding(axes, x.shape, mesh)
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=placed)
+
+    return sharding.map_state(one, args, batch)
 
 
 def _cache_entry(fn, static: tuple) -> dict:
@@ -315,9 +341,12 @@ def _cache_entry(fn, static: tuple) -> dict:
             "directory": compile_cache.PROGRAM_CACHE}
 
 
-def _run(fn, static: tuple, donate: tuple[int, ...], args: tuple):
-    """`fn(*static, *args)`, compiled by `_program`."""
-    return _program(fn, static, donate, args)(*args)
+def _call(program, args: tuple, mesh=None):
+    """`program(*args)`; on a mesh, the arguments placed as the program takes them first
+    (nothing moves for those already placed so)."""
+    if mesh is not None:
+        args = jax.device_put(args, program.executable.input_shardings[0])
+    return program(*args)
 
 
 @dataclasses.dataclass
@@ -355,7 +384,9 @@ class SlotEngine:
     drives it. Every compiled program is shared by engines of equal description.
 
     Args:
-      model: a loaded `Model` (one device; a mesh is not used here).
+      model: a loaded `Model`. On its device mesh (`Model.mesh`), the slots split over
+        "data" (`slots` must be a multiple of it) and the weights and KV heads over "model",
+        as offline `generate` splits its batch (`decoding/mesh.py`).
       decoder: a `methods.Decoder` (`methods.make_method`).
       slots: B, sequences decoded together.
       capacity: S, cache positions per slot (prompt + budget + the method's lookahead).
@@ -376,7 +407,10 @@ class SlotEngine:
                  ride_prefill: bool = False):
         if not isinstance(prefill_chunk, int) or prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be an integer >= 1, got {prefill_chunk!r}")
-        self.model, self.decoder = model, decoder
+        data = sharding.axis_size(model.mesh, "data")
+        if slots % data:
+            raise ValueError(f"slots={slots} is not a multiple of the mesh's data axis ({data})")
+        self.model, self.decoder, self.mesh = model, decoder, model.mesh
         self.eos_ids = tuple(eos_ids)
         self.prefill_chunk = min(prefill_chunk, capacity)
         small = small_chunk(self.prefill_chunk)
@@ -387,7 +421,7 @@ class SlotEngine:
         self.engine = engine_lib.Engine.for_model(model, decoder.hierarchy, shapes, greedy)
         self._eos_ids_E = jnp.asarray(list(self.eos_ids) or [-1], jnp.int32)
         self._windows_K1 = decoder.windows_array()
-        self.state, self.req = _run(_empty, (self.engine,), (), (
+        self.state, self.req = self._run(_empty, (self.engine,), (), (
             model.params, model.heads, self._eos_ids_E, self._windows_K1))
         # the pass costs the lookup gate weighs: this host's measurement if stored; a new
         # one (`use_pass_cost`, from any thread) takes effect at the next `generate`
@@ -395,7 +429,7 @@ class SlotEngine:
         self.req = self.req.replace(lookup_cost=cost)
         self._new_pass_cost: tuple | None = None
         self.pass_cost_pending = False  # a measurement for this engine is under way
-        self.active_rows = active_rows(slots)
+        self.active_rows = active_rows(slots, data)
         self._layout = None
         if slots > 1:  # the batch axis of every leaf, from the shapes of a one-slot state
             one = dataclasses.replace(self.engine, shapes=dataclasses.replace(shapes, batch=1))
@@ -411,8 +445,7 @@ class SlotEngine:
         # on a request)
         self.compile_on_demand = True
         # shapes only: `compile_rounds` may run in another thread while this one decodes
-        self._abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
-                                      (self.req, self.state))
+        self._abstract = _structs((self.req, self.state), self.mesh, slots)
         # the rounds with a prefill chunk riding their pass, by (row count, chunk size)
         # (`_round_with_chunk`; where the engine's round is one pass over every layer, and
         # another slot can decode beside a prompt). Only over all B rows: each is a program
@@ -431,6 +464,14 @@ class SlotEngine:
     @property
     def slots(self) -> int:
         return self.engine.shapes.batch
+
+    def _program_of(self, fn, static: tuple, donate: tuple[int, ...], args):
+        """`fn(*static, *args)` compiled for this engine's device or mesh (`_program`)."""
+        return _program(fn, static, donate, args, self.mesh, self.slots)
+
+    def _run(self, fn, static: tuple, donate: tuple[int, ...], args: tuple):
+        """`fn(*static, *args)`, compiled by `_program_of`."""
+        return _call(self._program_of(fn, static, donate, args), args, self.mesh)
 
     @property
     def gated(self) -> bool:
@@ -542,7 +583,7 @@ class SlotEngine:
         tokens = np.zeros((1, C), np.int32)
         piece = ids[p.start:p.start + C]
         tokens[0, :len(piece)] = piece
-        cache, h_1xD = _run(*self._chunk_call(p.slot, tokens, p.start, len(ids)))
+        cache, h_1xD = self._run(*self._chunk_call(p.slot, tokens, p.start, len(ids)))
         self.state = self.state.replace(cache=cache)
         p.start += C
         if p.start >= len(ids):
@@ -555,7 +596,7 @@ class SlotEngine:
                  np.int32(start), np.asarray([prompt_len], np.int32)))
 
     def _finish(self, p: _Prefill) -> None:
-        self.state, self.req = _run(*self._finish_call(p.slot, p.request, p.h_1xD))
+        self.state, self.req = self._run(*self._finish_call(p.slot, p.request, p.h_1xD))
         self._prompt_len[p.slot], self._reported[p.slot] = len(p.request.prompt_ids), 0
 
     def _finish_call(self, slot: int, request: SlotRequest, h_1xD):
@@ -581,7 +622,7 @@ class SlotEngine:
             self._prefills = [p for p in self._prefills if p.slot != slot]
             self.busy[slot] = False
         elif self.busy[slot]:
-            self.state = _run(*self._cancel_call(slot))
+            self.state = self._run(*self._cancel_call(slot))
             self.busy[slot] = False
 
     def _cancel_call(self, slot: int):
@@ -651,8 +692,8 @@ class SlotEngine:
         args = (self.model.params, self.model.heads, self.req, self.state, np.int32(p.slot),
                 tokens, np.int32(p.start), np.asarray([len(ids)], np.int32))
         program = self._riding.get((rows, C)) or self._riding.setdefault(
-            (rows, C), _program(_round_with_chunk, self._rounds_static(rows), (3,), args))
-        self.state, h_1xD = program(*args)
+            (rows, C), self._program_of(_round_with_chunk, self._rounds_static(rows), (3,), args))
+        self.state, h_1xD = _call(program, args, self.mesh)
         self.last_rows, self.last_rider = rows, C
         p.start += C
         if p.start >= len(ids):
@@ -668,14 +709,15 @@ class SlotEngine:
             return
         for C in self._chunks() if chunk is None else (chunk,):
             if (rows, C) not in self._riding:
-                self._riding.setdefault((rows, C), _program(
+                self._riding.setdefault((rows, C), self._program_of(
                     _round_with_chunk, self._rounds_static(rows), (3,), self._riding_structs(C)))
 
     def _riding_structs(self, C: int) -> tuple:
         """`_round_with_chunk`'s arguments as shapes (the rounds loop's, without the
         bound, then slot, chunk tokens [1, C], start, prompt length [1])."""
         i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
-        return self._rounds_structs()[:4] + (i32(), i32(1, C), i32(), i32(1))
+        return _structs(self._rounds_structs()[:4] + (i32(), i32(1, C), i32(), i32(1)),
+                        self.mesh, self.slots)
 
     @property
     def compiled_rows(self) -> tuple[int, ...]:
@@ -692,16 +734,16 @@ class SlotEngine:
     def _run_rounds(self, rows: int, max_rounds: int) -> None:
         args = (self.model.params, self.model.heads, self.req, self.state, np.int32(max_rounds))
         program = self._rounds.get(rows) or self._rounds.setdefault(
-            rows, _program(_rounds_rows, self._rounds_static(rows), (3,), args))
-        self.state = program(*args)
+            rows, self._program_of(_rounds_rows, self._rounds_static(rows), (3,), args))
+        self.state = _call(program, args, self.mesh)
         self.last_rows = rows
 
     def compile_rounds(self, rows: int) -> None:
         """Compiles the rounds loop over `rows` rows ahead of time (from any thread: it reads
         only the state's shapes); `generate` uses it from then on."""
         if rows not in self._rounds:
-            self._rounds.setdefault(rows, _program(_rounds_rows, self._rounds_static(rows), (3,),
-                                                   self._rounds_structs()))
+            self._rounds.setdefault(rows, self._program_of(
+                _rounds_rows, self._rounds_static(rows), (3,), self._rounds_structs()))
 
     def _rounds_static(self, rows: int) -> tuple:
         return self.engine, rows, self._layout
@@ -709,8 +751,8 @@ class SlotEngine:
     def _rounds_structs(self) -> tuple:
         """The rounds loop's arguments as shapes (params, heads, request, state, rounds)."""
         req, state = self._abstract
-        return (_structs(self.model.params), _structs(self.model.heads), req, state,
-                jax.ShapeDtypeStruct((), jnp.int32))
+        return _structs((self.model.params, self.model.heads, req, state,
+                         jax.ShapeDtypeStruct((), jnp.int32)), self.mesh, self.slots)
 
     def _chunks(self) -> tuple[int, ...]:
         """The chunk sizes prompts run: the small chunk, and the full one where a prompt
@@ -740,14 +782,16 @@ class SlotEngine:
             futures = [pool.submit(self.compile_rounds, r) for r in sorted(rows, reverse=True)]
             futures += [pool.submit(self.compile_riding, r, C)
                         for r in sorted(riding, reverse=True) for C in self._chunks()]
-            chunks = [pool.submit(_program, fn, static, donate, args)
+            chunks = [pool.submit(self._program_of, fn, static, donate, args)
                       for fn, static, donate, args in calls]
 
             def finish():  # its hidden-state argument is the chunk's output
                 h_1xD = chunks[0].result().out_info[1]
-                return _program(*self._finish_call(0, SlotRequest((0,), 1, sampling), h_1xD))
+                return self._program_of(
+                    *self._finish_call(0, SlotRequest((0,), 1, sampling), h_1xD))
 
-            futures += chunks + [pool.submit(finish), pool.submit(_program, *self._cancel_call(0))]
+            futures += chunks + [pool.submit(finish),
+                                 pool.submit(self._program_of, *self._cancel_call(0))]
             for k, future in enumerate(concurrent.futures.as_completed(futures), 1):
                 future.result()
                 if on_ready is not None:
@@ -802,9 +846,9 @@ class SlotEngine:
             self._run_rounds(r, 1)
         for r, C in itertools.product(riding, self._chunks()):
             # a chunk of no position (prompt length 0) in free slot 0's row
-            self.state, _ = self._riding[r, C](
+            self.state, _ = _call(self._riding[r, C], (
                 self.model.params, self.model.heads, self.req, self.state,
-                *(np.zeros(a.shape, a.dtype) for a in self._riding_structs(C)[4:]))
+                *(np.zeros(a.shape, a.dtype) for a in self._riding_structs(C)[4:])), self.mesh)
         while self.busy[0]:
             self.generate(1)
         self.counters()

@@ -25,6 +25,8 @@ from hispec_jax.decoding import methods as methods_lib
 from hispec_jax.decoding.generate import (GenerationResult, _is_int, model_name, plan_shapes,
                                           tokenize)
 from hispec_jax.decoding.sampling import SamplingParams
+from hispec_jax.models import sharding
+from hispec_jax.models.model import place_on_mesh
 from hispec_jax.planner import tune as tune_lib
 from hispec_jax.serving import detok as detok_lib
 from hispec_jax.serving import slots as slots_lib
@@ -79,8 +81,9 @@ class _Setup:
 
 
 def _setup(model, prompt, *, method, max_new_tokens, ignore_eos, temperature, top_k, top_p,
-           seed, max_cache_len, chat, method_options) -> _Setup:
-    """Checks the arguments and builds the slot engine and request of one prompt."""
+           seed, max_cache_len, chat, mesh, method_options) -> _Setup:
+    """Checks the arguments and builds the slot engine and request of one prompt (on a
+    mesh: an engine of as many slots as the data axis has devices, the prompt in slot 0)."""
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     if not _is_int(max_new_tokens) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
@@ -97,8 +100,9 @@ def _setup(model, prompt, *, method, max_new_tokens, ignore_eos, temperature, to
     eos = () if ignore_eos else model.eos_token_ids
     if chat and not ignore_eos:
         eos = tuple(dict.fromkeys(eos + chat_lib.end_of_turn_ids(model)))
-    engine = slots_lib.SlotEngine(model, decoder, slots=1, capacity=capacity,
-                                  greedy=sampling.greedy, eos_ids=eos)
+    model = place_on_mesh(model, mesh)  # no-op without a mesh or on the model's own
+    engine = slots_lib.SlotEngine(model, decoder, slots=sharding.axis_size(model.mesh, "data"),
+                                  capacity=capacity, greedy=sampling.greedy, eos_ids=eos)
     request = slots_lib.SlotRequest(tuple(prompt_ids), int(max_new_tokens), sampling)
     return _Setup(engine, request, plan, capacity,
                   method if isinstance(method, str) else "custom")
@@ -107,7 +111,7 @@ def _setup(model, prompt, *, method, max_new_tokens, ignore_eos, temperature, to
 def warm_up_stream(model, prompt, *, on_phase=None, method="ar", max_new_tokens: int = 64,
                    ignore_eos: bool = False, temperature: float = 0.0, top_k: int = 0,
                    top_p: float = 1.0, seed: int = 0, max_cache_len: int | None = None,
-                   chat: bool = False, **method_options) -> int:
+                   chat: bool = False, mesh=None, **method_options) -> int:
     """Compiles the programs `generate_stream` with these arguments runs (the slot
     engine's fixed set: `SlotEngine.warm_up`); returns the compilations it ran. With a
     fixed `max_cache_len` the engine's shapes do not depend on the prompt, so a later
@@ -118,7 +122,7 @@ def warm_up_stream(model, prompt, *, on_phase=None, method="ar", max_new_tokens:
     phase("preparing the decoding state")
     setup = _setup(model, prompt, method=method, max_new_tokens=max_new_tokens,
                    ignore_eos=ignore_eos, temperature=temperature, top_k=top_k, top_p=top_p,
-                   seed=seed, max_cache_len=max_cache_len, chat=chat,
+                   seed=seed, max_cache_len=max_cache_len, chat=chat, mesh=mesh,
                    method_options=method_options)
     setup.engine.warm_up(on_phase=phase)
     return slots_lib.backend_compiles() - before
@@ -127,10 +131,11 @@ def warm_up_stream(model, prompt, *, on_phase=None, method="ar", max_new_tokens:
 def generate_stream(model, prompt, *, method="ar", max_new_tokens: int = 64,
                     ignore_eos: bool = False, temperature: float = 0.0, top_k: int = 0,
                     top_p: float = 1.0, seed: int = 0, max_cache_len: int | None = None,
-                    chat: bool = False, **method_options) -> TextStream:
+                    chat: bool = False, mesh=None, **method_options) -> TextStream:
     """Streams the continuation of one prompt (a string, token ids, or with `chat=True` a
-    conversation) as text deltas. Arguments as `generate`'s; everything is checked before
-    this returns (a bad setting raises here, not at the first delta).
+    conversation) as text deltas. Arguments as `generate`'s (`mesh`: a device mesh with axes
+    ("data", "model") to decode over; default: the model's own); everything is checked
+    before this returns (a bad setting raises here, not at the first delta).
 
     Yields only text that is final (an incomplete multi-byte character or a trailing space
     waits for the next token); the deltas join to `generate(...).texts[0]`.
@@ -138,7 +143,7 @@ def generate_stream(model, prompt, *, method="ar", max_new_tokens: int = 64,
     compiles_before = slots_lib.backend_compiles()
     setup = _setup(model, prompt, method=method, max_new_tokens=max_new_tokens,
                    ignore_eos=ignore_eos, temperature=temperature, top_k=top_k, top_p=top_p,
-                   seed=seed, max_cache_len=max_cache_len, chat=chat,
+                   seed=seed, max_cache_len=max_cache_len, chat=chat, mesh=mesh,
                    method_options=method_options)
     engine, request, plan, capacity = setup.engine, setup.request, setup.plan, setup.capacity
     prompt_ids = request.prompt_ids
