@@ -61,6 +61,40 @@ VOCAB_CASES = [("data=2,model=4", ["hispec", "hispec_sampling"])]
 VOCAB_LAYOUT = "unrolled, draft vocabularies"
 
 
+# The slot engine (hispec serve, chat, generate_stream) on data=2,model=4: 4 slots, the
+# prompts entering one by one as slots free up, each with its offline sequence index.
+SLOT_CASES = ["hispec", "hispec_sampling"]
+
+
+def slots_tokens(model, name: str, mesh_text: str) -> list[list[int]]:
+    from hispec_jax.decoding import methods as methods_lib
+    from hispec_jax.decoding.sampling import SamplingParams
+    from hispec_jax.models.model import place_on_mesh
+    from hispec_jax.serving.slots import SlotEngine, SlotRequest
+
+    opts = dict(METHODS[name])
+    method = opts.pop("method")
+    sampling = SamplingParams(**{k: opts.pop(k) for k in ("temperature", "top_k", "seed")
+                                 if k in opts})
+    model = place_on_mesh(model, sharding.make_mesh(mesh_text))
+    decoder = methods_lib.make_method(model, method, greedy=sampling.greedy, **opts)
+    engine = SlotEngine(model, decoder, slots=4, capacity=64, greedy=sampling.greedy,
+                        eos_ids=())
+    owner = {0: 0, 3: 1, 1: 2}  # slot: prompt (both halves of "data" busy)
+    got = {i: [] for i in owner.values()}
+    engine.insert(0, SlotRequest(tuple(PROMPTS[0]), MAX_NEW, sampling, sequence_index=0))
+    for u in engine.generate(1):  # the others enter while slot 0 decodes
+        got[owner[u.slot]] += u.new_token_ids
+    for slot in (3, 1):
+        engine.admit(slot, SlotRequest(tuple(PROMPTS[owner[slot]]), MAX_NEW, sampling,
+                                       sequence_index=owner[slot]))
+    engine.prefill()
+    while any(engine.busy):
+        for u in engine.generate(2):
+            got[owner[u.slot]] += u.new_token_ids
+    return [got[i] for i in range(len(PROMPTS))]
+
+
 def heads_with_draft_vocabularies() -> dict:
     heads = {}
     for exit_layer, rank, size, seed in ((1, None, 40, 1), (2, 16, 30, 2)):
@@ -108,6 +142,11 @@ def main() -> int:
                             "reference": ref, "sharded": r.token_ids,
                             "stats_mesh": r.stats.get("mesh"),
                             "compile_seconds": r.stats["compile_seconds"]})
+    for name in SLOT_CASES:  # serving's slot engine on the mesh (`serving/slots.py`)
+        results.append({"mesh": "data=2,model=4", "layout": "slots", "method": name,
+                        "reference": reference[name],
+                        "sharded": slots_tokens(models["unrolled"], name, "data=2,model=4"),
+                        "stats_mesh": "data=2,model=4 (8 cpu devices)"})
     mesh = sharding.make_mesh("data=2,model=4")
     placed_heads = sharding.heads_shardings(CFG, vocab_model.heads, mesh)
     specs_heads = {f"head {e} {k}": str(placed_heads[e][k].spec)

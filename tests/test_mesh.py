@@ -46,7 +46,9 @@ CASE_IDS = [(mesh, layout, method) for mesh, layout, methods in [
     ("data=4,model=2", "unrolled, fused", ["ar"]),
     # mesh_cases.VOCAB_CASES: exit heads with draft vocabularies
     ("data=2,model=4", "unrolled, draft vocabularies",
-     ["hispec", "hispec_sampling"])] for method in methods]
+     ["hispec", "hispec_sampling"]),
+    # mesh_cases.SLOT_CASES: serving's slot engine on the mesh
+    ("data=2,model=4", "slots", ["hispec", "hispec_sampling"])] for method in methods]
 
 
 @pytest.mark.parametrize("mesh,layout,method", CASE_IDS,

@@ -49,6 +49,7 @@ def add_parsers(subparsers) -> None:
                            "decides whether prompt lookup pays (prompts up to 512 tokens)")
     tune.add_argument("--chat", action="store_true",
                       help="with --task: render the prompts with the model's chat template")
+    common.add_mesh_flag(tune)
 
     prof = common.add_command(
         subparsers, "profile-sv", run_profile_sv,
@@ -90,6 +91,7 @@ def run_tune(args) -> int:
     elif args.chat:
         raise ValueError("--chat renders --task prompts; give --task too")
     common.check_model_path(args.model or common.default_model_dir())
+    common.use_mesh(common.mesh_arg(args))  # load_model shards onto it
     model = load_model(args.model or common.default_model_dir())
     settings, prompts = None, None
     if args.task is not None:  # the task's prompts (long: passages, code), a cache to hold them

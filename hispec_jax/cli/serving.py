@@ -34,6 +34,7 @@ def add_decoding_arguments(parser, with_budget: bool = True) -> None:
     parser.add_argument("--acceptance", default=None, choices=list(options_lib.ACCEPTANCE_RULES),
                         help="verification rule when sampling")
     generate_cli.add_method_arguments(parser)
+    common.add_mesh_flag(parser)
     parser.add_argument("--max-cache-len", type=int, default=None, metavar="S",
                         help="KV-cache positions per sequence (prompt + answer + the method's "
                              "lookahead); default: chat the model's context, serve 1024")
@@ -121,6 +122,7 @@ def _check(args, sampling: bool) -> None:
     ones; `args.plan_reason` says why it runs."""
     model_path = args.model or common.default_model_dir()
     num_layers = common.check_model_path(model_path)
+    args.mesh_shape = common.mesh_arg(args)
     common.apply_default_plan(args, model_path, num_layers)
     try:
         if sampling:
@@ -135,8 +137,10 @@ def _check(args, sampling: bool) -> None:
 
 
 def _load(args):
+    """The model, sharded over `--mesh` where one is given (`common.use_mesh`)."""
     from hispec_jax.models.model import load_model
 
+    common.use_mesh(args.mesh_shape)
     return load_model(args.model or common.default_model_dir())
 
 
@@ -170,6 +174,10 @@ def run_serve(args) -> int:
             options_lib.check_positive_int(name, getattr(args, name))
         except options_lib.OptionError as e:
             raise ValueError(f"--{name.replace('_', '-')} {e.value}: {e.allowed}") from None
+    data = (args.mesh_shape or {}).get("data", 1)
+    if args.slots % data:
+        raise ValueError(f"--slots {args.slots}: must be a multiple of the mesh's data axis "
+                         f"({data}, --mesh {args.mesh})")
     if not 0 <= args.prefill_share <= 100:  # (NaN fails too)
         raise ValueError(f"--prefill-share {args.prefill_share}: must be a number in [0, 100]")
     if (args.prefill_chunk is not None and args.max_cache_len is not None
