@@ -79,7 +79,7 @@ def test_gated_greedy_equals_autoregressive(method, options):
         model = tiny_model(6, 1, scale)
         prompts = random_prompts(np.random.RandomState(3), 3, 9)
         decoder = methods.make_method(model, method, exit_gate=True, **options)
-        assert decoder.hierarchy.exit_gate
+        assert decoder.hierarchy.drafter.gate
         common = dict(max_new_tokens=20, ignore_eos=ignore_eos)
         ref = generate(model, prompts, **common)
         got = generate(model, prompts, method=method, exit_gate=True, **common, **options,
@@ -139,13 +139,14 @@ def test_drafts_that_always_hold_keep_the_full_window():
 def test_method_options_set_the_gates():
     """`exit_gate` (off by default) and `lookup_gate` (on by default) reach the hierarchy."""
     model = tiny_model(4, 0)
-    assert not methods.make_method(model, "layerskip").hierarchy.exit_gate
+    assert not methods.make_method(model, "layerskip").hierarchy.drafter.gate
     h = methods.make_method(model, "hispec", exit_gate=True).hierarchy
-    assert h.exit_gate and h.drafter.gate
-    assert methods.make_method(model, "lookup").hierarchy.lookup.gate
-    assert not methods.make_method(model, "lookup", lookup_gate=False).hierarchy.lookup.gate
+    assert h.drafter.gate and h.drafter.gated
+    assert methods.make_method(model, "lookup").hierarchy.drafter.lookup.gate
+    assert not methods.make_method(model, "lookup",
+                                   lookup_gate=False).hierarchy.drafter.lookup.gate
     assert not methods.make_method(model, "hispec", lookup=4,
-                                   lookup_gate=False).hierarchy.lookup.gate
+                                   lookup_gate=False).hierarchy.drafter.lookup.gate
 
 
 def test_gate_needs_a_static_exit_drafter():

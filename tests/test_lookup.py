@@ -173,10 +173,10 @@ def test_default_drafter_scales_k_by_the_match():
     """`methods` builds the lookup drafter with the "ngram" schedule, k = 16 and 8-grams
     unless told (BENCHMARKS.md, "Longer proposals for longer matches"), its window k."""
     model = tiny_model(4, 1)
-    drafter = methods.make_method(model, "lookup").hierarchy.lookup
+    drafter = methods.make_method(model, "lookup").hierarchy.drafter.lookup
     assert (drafter.schedule, drafter.max_tokens, drafter.max_ngram) == ("ngram", 16, 8)
     decoder = methods.make_method(model, "lookup", lookup=5)
-    assert decoder.hierarchy.lookup.schedule == "ngram" and decoder.windows[0] == 5
+    assert decoder.hierarchy.drafter.lookup.schedule == "ngram" and decoder.windows[0] == 5
 
 
 def test_every_level_above_the_lookup_runs_at_a_power_of_two_block():

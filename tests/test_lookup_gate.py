@@ -219,7 +219,8 @@ def ungated(decoder):
     """`decoder` with its lookup drafter's gate off (the schedule's limit every round)."""
     h = decoder.hierarchy
     return dataclasses.replace(decoder, hierarchy=dataclasses.replace(
-        h, lookup=dataclasses.replace(h.lookup, gate=False)))
+        h, drafter=dataclasses.replace(
+            h.drafter, lookup=dataclasses.replace(h.drafter.lookup, gate=False))))
 
 
 @settings(max_examples=8, **PROPERTY_SETTINGS)

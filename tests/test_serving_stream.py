@@ -81,6 +81,9 @@ def test_cli_generate_stream_prints_the_generated_text(cli_model, capsys):
     (["chat", "--method", "ar", "--draft-len", "2"], "draft"),
     (["serve", "--port", "-1"], "--port"),
     (["serve", "--slots", "0"], "--slots"),
+    (["serve", "--mesh", "data=2", "--slots", "3"], "--slots 3: must be a multiple of"),
+    (["serve", "--mesh", "data=two"], "--mesh"),
+    (["chat", "--mesh", "model=0"], "--mesh"),
     (["serve", "--model", "/no/such/dir"], "--model"),
 ])
 def test_cli_serving_flags_fail_with_one_line(argv, message, capsys):
@@ -151,3 +154,42 @@ def test_chat_startup_progress_counts_the_seconds_of_a_step_on_a_terminal():
     plain = StartupProgress(piped)
     plain.update("compiling the prefill")
     assert piped.getvalue() == "compiling the prefill...\n"
+
+
+class _CtrlC:
+    """A terminal where the user presses Ctrl-C: `readline` at the prompt (once, first) and
+    `write` of the first answer's first text raise KeyboardInterrupt."""
+
+    def __init__(self, lines):
+        self.lines, self.out, self.interrupted = ["^C"] + lines, io.StringIO(), False
+
+    def isatty(self):
+        return False
+
+    def readline(self):
+        line = self.lines.pop(0) if self.lines else ""
+        if line == "^C":
+            raise KeyboardInterrupt
+        return line
+
+    def write(self, text):
+        if text.strip() and not self.interrupted and not text.startswith("\n("):
+            self.interrupted = True
+            raise KeyboardInterrupt
+        return self.out.write(text)
+
+    def flush(self):
+        pass
+
+
+def test_chat_ctrl_c_stops_the_answer_and_returns_to_the_prompt(cli_model):
+    """Ctrl-C at the prompt says how to leave; during an answer it stops that answer (the
+    next turn is answered as usual); end of input leaves with 0."""
+    from hispec_jax.serving.chat_loop import chat_loop
+
+    term, err = _CtrlC(["Hello\n", "Hello\n"]), io.StringIO()
+    assert chat_loop(cli_model, method="ar", max_new_tokens=6, max_cache_len=128, stdin=term,
+                     stdout=term, stderr=err, warmup=False) == 0
+    assert term.out.getvalue().startswith("\n(/quit or Ctrl-D leaves)\n\n")
+    assert err.getvalue().splitlines()[-2:][0] == "[stopped]"
+    assert err.getvalue().splitlines()[-1].startswith("[ar] 6 tokens")

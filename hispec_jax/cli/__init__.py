@@ -79,6 +79,9 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"hispec: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: stopped where it was, as a shell expects
+        print(file=sys.stderr)
+        return 130
     except OSError as e:  # a path the user gave: missing, in the way, not writable
         where = f": {e.filename}" if e.filename else ""
         print(f"hispec: error: {e.strerror or e}{where}", file=sys.stderr)

@@ -187,11 +187,12 @@ def check_request(max_new_tokens, temperature, top_k, top_p, seed) -> tuple[Samp
 def method_decoder(model: Model, method, sampling: SamplingParams,
                    method_options: dict[str, Any]) -> methods_lib.Decoder:
     """The `Decoder` of a method name and its options (`methods.make_method`), or a
-    hand-built `Decoder` as it is (it takes no options)."""
+    hand-built `Decoder` (it takes no options) with the acceptance rule of greedy or
+    sampling decoding (`methods.for_engine`)."""
     if isinstance(method, methods_lib.Decoder):  # a hand-built hierarchy (advanced use)
         if method_options:
             raise ValueError("method options are part of a Decoder; pass none with one")
-        return method
+        return methods_lib.for_engine(method, sampling.greedy)
     if method == "auto":
         raise ValueError("method 'auto' (a tuned plan) is resolved by hispec_jax.generate, "
                          "not by hispec_jax.decoding.generate")

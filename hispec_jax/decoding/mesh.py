@@ -52,7 +52,9 @@ class LoopShardings:
                   sharding.batch_shardings(req, mesh), cache_sh,
                   sharding.replicated(windows, mesh))
         out = jax.eval_shape(emit.start_output, req.tokens_BxS, req.prompt_lens_B, req.max_new_B)
-        counters = jax.eval_shape(lambda: Counters.zeros(engine.hierarchy.num_levels))
+        h = engine.hierarchy
+        counters = jax.eval_shape(lambda: Counters.zeros(
+            h.num_levels, drafter=h.drafter.init_counters(cfg.num_layers)))
         outputs = (sharding.batch_shardings(out, mesh), sharding.replicated(counters, mesh),
                    cache_sh)
         return cls(mesh=mesh, inputs=_flatten(inputs), outputs=_flatten(outputs))

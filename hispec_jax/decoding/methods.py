@@ -19,8 +19,8 @@ import jax.numpy as jnp
 from hispec_jax.decoding import options as options_lib
 from hispec_jax.decoding import recommended
 from hispec_jax.decoding.acceptance import RULES, GreedyAcceptance
-from hispec_jax.decoding.draft import DynamicDraftExit
-from hispec_jax.decoding.engine import Counters, Hierarchy
+from hispec_jax.decoding.draft import DynamicDraftExit, StaticDraftExit
+from hispec_jax.decoding.engine import Counters, ExitDrafter, Hierarchy, LookupDrafter
 from hispec_jax.decoding.lookup import PromptLookup
 from hispec_jax.decoding.windows import (DRAFT_LEN_RANGE, VERIFY_WINDOW_RANGE, AdaptiveWindows,
                                          FixedWindows, power_of_two_blocks)
@@ -104,17 +104,7 @@ def summarize_counters(h: Hierarchy, counters: list[Counters], batch_sequences: 
     # How many tokens each top-level verification checked (SV's verified lengths), and the
     # layer each draft token exited at (SpecBound's depths; one bar for a static exit).
     stats["verified_length_histogram"] = total.verified_hist.tolist() if K > 1 else []
-    stats["draft_exit_histogram"] = {int(e): int(n) for e, n in
-                                     enumerate(total.draft_depth_hist.tolist()) if n}
-    if h.lookup is not None:  # the n-gram drafter (level 0): what it proposed, what level 1 kept
-        lookups = int(total.actions_K[0])
-        proposed_lookup = int(total.lookup_proposed)
-        stats["lookup"] = {
-            "k": h.lookup.max_tokens, "max_ngram": h.lookup.max_ngram,
-            "lookups": lookups, "matches": int(total.lookup_matches),
-            "proposed": proposed_lookup, "accepted": int(total.lookup_accepted),
-            "acceptance_rate": rate(int(total.lookup_accepted), proposed_lookup),
-            "verified_by_exit": h.exits[1]}
+    stats.update(h.drafter.stats(h, total))  # the drafter's own (`Drafter.stats`)
     return stats
 
 
@@ -278,7 +268,8 @@ def make_method(model: Model, method: str, *, exit_layer: int | None = None,
     rule, schedule = _sampling_rule(acceptance, greedy)
     hierarchy = Hierarchy(exits=exits, max_windows=max_windows,
                           window_policy=AdaptiveWindows() if adaptive else FixedWindows(),
-                          rule=rule, schedule=schedule, exit_gate=bool(exit_gate))
+                          rule=rule, schedule=schedule,
+                          drafter=ExitDrafter(StaticDraftExit(), gate=bool(exit_gate)))
     decoder = Decoder(hierarchy=hierarchy, windows=windows, source=source)
     return decoder if lookup is None else _with_lookup(decoder, lookup, max_ngram, lookup_gate)
 
@@ -293,7 +284,7 @@ def _with_lookup(decoder: Decoder, lookup: int | None, max_ngram: int | None,
                            gate=True if gate is None else bool(gate))
     h, k = decoder.hierarchy, drafter.max_tokens
     hierarchy = dataclasses.replace(h, exits=(0,) + h.exits, max_windows=(k,) + h.max_windows,
-                                    lookup=drafter)
+                                    drafter=LookupDrafter(drafter))
     return Decoder(hierarchy=hierarchy, windows=(drafter.initial_window(),) + decoder.windows,
                    source=decoder.source)
 
@@ -301,10 +292,24 @@ def _with_lookup(decoder: Decoder, lookup: int | None, max_ngram: int | None,
 def with_lookup_schedule(decoder: Decoder, schedule: str) -> Decoder:
     """`decoder` (with a lookup drafter) whose lookup k moves by `schedule`
     (`lookup.SCHEDULES`; `make_method` builds "ngram"), starting at that schedule's window."""
-    drafter = dataclasses.replace(decoder.hierarchy.lookup, schedule=schedule)
+    drafter = dataclasses.replace(decoder.hierarchy.drafter.lookup, schedule=schedule)
     return dataclasses.replace(
-        decoder, hierarchy=dataclasses.replace(decoder.hierarchy, lookup=drafter),
+        decoder, hierarchy=dataclasses.replace(decoder.hierarchy,
+                                               drafter=LookupDrafter(drafter)),
         windows=(drafter.initial_window(),) + decoder.windows[1:])
+
+
+def for_engine(decoder: Decoder, greedy: bool) -> Decoder:
+    """`decoder` with an acceptance rule that an engine of this kind runs, as `make_method`
+    picks them: greedy decoding verifies with the greedy rule (a sampling rule would draw),
+    sampling with the decoder's own rule when it reads the proposals' distributions, else
+    token-wise rejection; a one-level decoder verifies nothing and stays as it is."""
+    h = decoder.hierarchy
+    if h.num_levels == 1 or (h.rule.needs_proposal_dists != greedy):
+        return decoder
+    rule, schedule = _sampling_rule(None, greedy)
+    return dataclasses.replace(decoder, hierarchy=dataclasses.replace(
+        h, rule=rule, schedule=schedule))
 
 
 def _sampling_rule(acceptance: str | None, greedy: bool):
@@ -348,7 +353,7 @@ def _specbound(model: Model, tau, anneal, depth_bound, width, acceptance, greedy
     policy = DynamicDraftExit(exits=exits, tau=tau, anneal=anneal, num_layers=L)
     rule, schedule = _sampling_rule(acceptance, greedy)
     hierarchy = Hierarchy(exits=(depth_bound, L), max_windows=(width,), rule=rule,
-                          schedule=schedule, draft_exit=policy)
+                          schedule=schedule, drafter=ExitDrafter(policy))
     return Decoder(hierarchy=hierarchy, windows=(width,))
 
 

@@ -65,10 +65,47 @@ class Drafter(Protocol):
     `greedy`, request `req`, per-pass PRNG `keys`), `state` the loop state
     (`engine.EngineState`); the methods that take a state return the updated state.
     `runs_layers`: level 0 runs layers [0, e_0) and buffers their states for level 1
-    (False: it runs none; level 1 starts from the token embeddings, level 0 keeps no ring).
+    (False: it runs none, sits at exit e_0 = 0; level 1 starts from the token embeddings,
+    level 0 keeps no ring). `block_passes`: its proposals reach level 1 as blocks of several
+    positions at once (the rounds then compile with the platform's plain XLA options).
+
+    Besides the round, a drafter describes itself (`label`, `describe`, `plan_options`,
+    `gated`), says whether a prefill chunk can ride a round (`carries_prefill`), and owns
+    its counters (`init_counters`, kept in `Counters.drafter`), their stats (`stats`) and
+    what it proposed for /metrics (`proposals`). docs/engine.md, "Adding a drafter", builds
+    one in a few dozen lines.
     """
 
     runs_layers: bool
+    block_passes: bool
+
+    def label(self, h) -> str:
+        """A short name for metrics: "exit4", "lookup"."""
+
+    def describe(self) -> str:
+        """Its settings in a few words for the server's plan line ("lookup k=8 ngram<=4"),
+        "" when the hierarchy's exits and windows say it all."""
+
+    def plan_options(self) -> dict:
+        """The method options that rebuild it on top of the exits (`planner.plan.Plan`)."""
+
+    @property
+    def gated(self) -> bool:
+        """Whether an acceptance gate priced by the request's pass costs chooses its
+        proposals (`gate.py`)."""
+
+    def carries_prefill(self, h) -> bool:
+        """Whether each round of `h` is one pass over every cached layer from layer 0."""
+
+    def init_counters(self, num_layers: int) -> Any:
+        """Its counters at zero: a pytree of int32 arrays, summed over the batch."""
+
+    def stats(self, h, total: Any) -> dict:
+        """Its entries of `generate`'s stats from the summed `Counters` `total`."""
+
+    def proposals(self, drafter_counters: Any) -> tuple[Any, Any] | None:
+        """(tokens it proposed, tokens level 1 kept) from its counters; None: level 1's own
+        counts (`Counters.proposed_K[1]`, `accepted_K[1]`) say it."""
 
     def check(self, h) -> None:
         """Raises ValueError when the hierarchy `h` cannot have this drafter as level 0."""

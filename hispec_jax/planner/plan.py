@@ -94,7 +94,7 @@ class Plan:
         for AR, LayerSkip, HiSpec and the lookup alone or under them (a lookup level's own
         window is its k)."""
         h = decoder.hierarchy
-        k = h.lookup.max_tokens if h.lookup is not None else 0
+        k = h.drafter.plan_options().get("lookup", 0)
         return cls(exits=tuple(e for e in h.exits if e), windows=tuple(decoder.windows[1 if k else 0:]),
                    adaptive=h.adaptive, lookup=k)
 

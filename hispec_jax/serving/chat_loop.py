@@ -8,6 +8,9 @@
     > /reset                                                    (forget the conversation)
     > /quit                                                     (or end of input)
 
+Ctrl-C during an answer stops it and returns to the prompt (the conversation keeps what was
+said so far); at the prompt it says how to leave. End of input (Ctrl-D) leaves with code 0.
+
 Each answer is `generate_stream` of the whole conversation so far (the chat template, or a
 plain transcript when the model has none: `prompts.py`) with one fixed cache capacity, so
 the programs do not depend on the conversation's length: the prompt enters the slot in
@@ -110,6 +113,22 @@ def chat_loop(model, *, method="ar", max_new_tokens: int = 256, max_cache_len: i
                      stdin, stdout, stderr)
 
 
+def _stream_answer(stream, stdout) -> str:
+    """Writes the answer's text as it is decoded; returns it. Ctrl-C stops it where it is
+    (the stream's `result` stays None) and returns the text so far."""
+    text = []
+    try:
+        for delta in stream:
+            text.append(delta)
+            stdout.write(delta)
+            stdout.flush()
+    except KeyboardInterrupt:
+        stream.close()
+    stdout.write("\n")
+    stdout.flush()
+    return stream.result.texts[0] if stream.result is not None else "".join(text)
+
+
 def _converse(model, history, system, capacity, max_new_tokens, method, options,
               stdin, stdout, stderr) -> int:
     interactive = stdin.isatty()
@@ -117,7 +136,11 @@ def _converse(model, history, system, capacity, max_new_tokens, method, options,
         if interactive:
             stdout.write("> ")
             stdout.flush()
-        line = stdin.readline()
+        try:
+            line = stdin.readline()
+        except KeyboardInterrupt:  # Ctrl-C at the prompt: nothing to stop
+            print("\n(/quit or Ctrl-D leaves)", file=stdout, flush=True)
+            continue
         if not line:  # end of input
             return 0
         text = line.strip()
@@ -142,13 +165,11 @@ def _converse(model, history, system, capacity, max_new_tokens, method, options,
             history.pop()
             print(f"error: {e} (/reset starts a new conversation)", file=stdout, flush=True)
             continue
-        for delta in stream:
-            stdout.write(delta)
-            stdout.flush()
-        stdout.write("\n")
-        stdout.flush()
-        answer = stream.result.texts[0]
+        answer = _stream_answer(stream, stdout)
         history.append({"role": "assistant", "content": answer.strip()})
+        if stream.result is None:  # stopped by Ctrl-C: no stats
+            print("[stopped]", file=stderr, flush=True)
+            continue
         stats = stream.result.stats
         ttft, decode = stats["time_to_first_token"], stats["decode_tokens_per_second"]
         print(f"[{stats['method']}] {stats['new_tokens']} tokens"

@@ -20,7 +20,9 @@ Names follow vLLM's with a `hispec:` prefix:
     hispec:spec_decode_tokens_per_round{engine}
 
 A verifying level k (1 .. K-1) checks the drafts of the level below it: the drafter label
-is "lookup" for the n-gram drafter, else "exit<e>" for the exit that drafted them. A
+is level 0's own (`Drafter.label`: "lookup" for the n-gram drafter, "exit<e>" for an exit)
+at level 1, else "exit<e>" for the exit that drafted them; level 1 counts what the drafter
+says it proposed (`Drafter.proposals`: a lookup round without a match proposes nothing). A
 round of a sequence, for tokens per round, is one verification by the top level (the
 final layer): the tokens it emits per such pass (1 for AR).
 """
@@ -31,13 +33,13 @@ import collections
 import threading
 import time
 
+import jax
 import numpy as np
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 # Counters of the engine (`engine.Counters`) that /metrics reports, summed over the batch.
-SPEC_FIELDS = ("rounds", "verifications_K", "proposed_K", "accepted_K", "emitted",
-               "lookup_proposed", "lookup_accepted")
+SPEC_FIELDS = ("rounds", "verifications_K", "proposed_K", "accepted_K", "emitted", "drafter")
 TTFT_BUCKETS = (0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                 20.0, 40.0, 80.0, 160.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
@@ -114,8 +116,8 @@ class ServingStats:
         with self._lock:
             spec = self._spec[greedy]
             for f in SPEC_FIELDS:
-                d = _delta(getattr(counters, f), getattr(last, f))
-                spec[f] = d if spec[f] is None else spec[f] + d
+                d = jax.tree.map(_delta, getattr(counters, f), getattr(last, f))
+                spec[f] = d if spec[f] is None else jax.tree.map(np.add, spec[f], d)
 
     # ---- readers ------------------------------------------------------------------------
     def spec(self, greedy: bool) -> dict:
@@ -124,7 +126,7 @@ class ServingStats:
             spec = dict(self._spec[greedy])
         K = len(self.hierarchies[greedy].exits)
         zeros = {"verifications_K": np.zeros(K, np.int64), "proposed_K": np.zeros(K, np.int64),
-                 "accepted_K": np.zeros(K, np.int64)}
+                 "accepted_K": np.zeros(K, np.int64), "drafter": None}
         return {f: (zeros.get(f, np.int64(0)) if v is None else v) for f, v in spec.items()}
 
     def snapshot(self) -> dict:
@@ -136,8 +138,8 @@ class ServingStats:
 
 def drafter_name(hierarchy, level: int) -> str:
     """What drafts the tokens level `level` verifies."""
-    if level == 1 and hierarchy.lookup is not None:
-        return "lookup"
+    if level == 1:
+        return hierarchy.drafter.label(hierarchy)
     return f"exit{hierarchy.exits[level - 1]}"
 
 
@@ -185,10 +187,10 @@ class _Collector:
             rounds.add_metric([e], int(spec["rounds"]))
             for k in range(1, K):
                 lbl = [e, str(k), drafter_name(h, k)]
-                if lbl[2] == "lookup":
-                    proposed, kept = int(spec["lookup_proposed"]), int(spec["lookup_accepted"])
-                else:
-                    proposed, kept = int(spec["proposed_K"][k]), int(spec["accepted_K"][k])
+                own = (h.drafter.proposals(spec["drafter"])
+                       if k == 1 and spec["drafter"] is not None else None)
+                proposed, kept = ((int(spec["proposed_K"][k]), int(spec["accepted_K"][k]))
+                                  if own is None else (int(own[0]), int(own[1])))
                 drafts.add_metric(lbl, proposed)
                 accepted.add_metric(lbl, kept)
                 rate.add_metric(lbl, kept / proposed if proposed else 0.0)

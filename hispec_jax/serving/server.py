@@ -177,13 +177,14 @@ def describe(engine: slots_lib.SlotEngine, method) -> str:
     """A plan in a few words: "hispec exits 4,12,24 windows 3,6", "lookup k=8 ngram<=4"."""
     h = engine.engine.hierarchy
     name = method if isinstance(method, str) else "custom"
-    if h.lookup is not None:
-        name += (" " if name == "lookup" else " + lookup ") + (
-            f"k={h.lookup.max_tokens} ngram<={h.lookup.max_ngram}")
+    drafted = h.drafter.describe()  # "" for an exit: the exits and windows say it
+    if drafted:
+        name = drafted if name == h.drafter.label(h) else f"{name} + {drafted}"
     exits = [e for e in h.exits if e > 0]
     if len(exits) > 1 or name.startswith(("exit", "custom")):
         name += f" exits {','.join(map(str, exits))}"
-    windows = h.max_windows[1:] if h.lookup is not None else h.max_windows
+    # a drafter that runs no layer sits at exit 0 and describes its own window
+    windows = h.max_windows if h.drafter.runs_layers else h.max_windows[1:]
     if windows:
         name += f" windows {','.join(map(str, windows))}"
     return name

@@ -475,10 +475,9 @@ class SlotEngine:
 
     @property
     def gated(self) -> bool:
-        """Whether the plan has a lookup drafter with its acceptance gate (whose proposals
-        the pass costs price)."""
-        lookup = self.engine.hierarchy.lookup
-        return lookup is not None and lookup.gate
+        """Whether the plan's drafter has an acceptance gate (whose proposals the pass
+        costs price: `Drafter.gated`)."""
+        return self.engine.hierarchy.drafter.gated
 
     def use_pass_cost(self, cost, source: str) -> None:
         """The lookup gate weighs `cost` (a `gate.PassCost`; `source`: where it comes from)

@@ -33,12 +33,13 @@ from hispec_jax.serving import slots as slots_lib
 
 
 def make_decoder(model, method, greedy: bool, method_options: dict):
-    """(decoder, plan or None) for a method name, "auto" or a `methods.Decoder`, checked
-    as `generate` checks them."""
+    """(decoder, plan or None) for a method name, "auto" or a `methods.Decoder` (with the
+    acceptance rule of a greedy or sampling engine: `methods.for_engine`), checked as
+    `generate` checks them."""
     if isinstance(method, methods_lib.Decoder):
         if method_options:
             raise ValueError("method options are part of a Decoder; pass none with one")
-        return method, None
+        return methods_lib.for_engine(method, greedy), None
     if method == "auto":
         given = sorted(k for k, v in method_options.items() if v is not None and v is not False)
         if given:
@@ -61,6 +62,13 @@ class TextStream:
 
     def __next__(self) -> str:
         return next(self._deltas)
+
+    def close(self) -> None:
+        """Stops decoding (the rest of the answer is not computed; `result` stays None
+        unless it had finished)."""
+        close = getattr(self._deltas, "close", None)
+        if close is not None:
+            close()
 
 
 def prompt_length(model, prompt, chat: bool = False) -> int:

@@ -74,10 +74,12 @@ def compiler_options(capacity: int | None = None) -> dict[str, Any]:
 
 def rounds_options(engine) -> dict[str, Any]:
     """The XLA options of `engine`'s rounds program: `compiler_options(capacity)` where its
-    drafts are single-position steps (AR, exit drafters), the platform's only for prompt
-    lookup (block passes: YNNPACK's reductions made its one-span loops no faster, 0.90-1.00x,
-    and, at four times the fusions of an AR loop, slower to load)."""
-    return compiler_options(engine.shapes.capacity if engine.hierarchy.lookup is None else None)
+    drafts are single-position steps (AR, exit drafters), the platform's only where they
+    reach level 1 as blocks (`Drafter.block_passes`: prompt lookup, whose one-span loops
+    YNNPACK's reductions made no faster and, at four times the fusions of an AR loop,
+    slower to load)."""
+    blocks = engine.hierarchy.drafter.block_passes
+    return compiler_options(None if blocks else engine.shapes.capacity)
 
 
 @dataclasses.dataclass(frozen=True)

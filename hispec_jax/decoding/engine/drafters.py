@@ -2,8 +2,12 @@
 
 A drafter says what level 0 proposes each round, how many positions level 1's pass then
 holds, where level 1 starts from, which distribution the proposals were drawn from, and how
-it adapts to what level 1 kept. The round (`round.py`) asks it and holds no drafter-specific
-code: a new drafter (a suffix tree, a draft model) is a new class here.
+it adapts to what level 1 kept; it brings its own settings (the object's fields), loop state
+(`init`), counters (`init_counters`, kept in `Counters.drafter`), stats and description.
+The round (`round.py`), the counters, the stats (`methods.summarize_counters`), the
+server's description and metrics ask it and hold no drafter-specific code: a new drafter (a
+suffix tree, a draft model) is a new class, here or in the user's own module
+(docs/engine.md, "Adding a drafter").
 
     ExitDrafter     an early exit of the model itself (LayerSkip, HiSpec, SpecBound, SV, AR):
                     one token per draft step, up to blocks[0] steps a round (fewer where
@@ -19,6 +23,8 @@ from __future__ import annotations
 
 import dataclasses
 from typing import Any, ClassVar
+
+import numpy as np
 
 import flax.struct
 import jax
@@ -56,6 +62,17 @@ class ExitGateState:
 
 
 @flax.struct.dataclass
+class ExitDraftCounters:
+    """The exit drafter's counters (`Counters.drafter`), summed over the batch.
+
+    Attributes:
+      depth_hist_E: [L + 1] draft tokens by the layer they exited at (SpecBound).
+    """
+
+    depth_hist_E: jax.Array
+
+
+@flax.struct.dataclass
 class ExitDraftState:
     """The exit drafter's loop state.
 
@@ -84,19 +101,52 @@ class ExitDrafter:
     drafts one token a round. The window depends on the past only: greedy output stays
     AR's and sampling stays exact. The drafter's state is an `ExitDraftState`."""
 
-    draft_exit: policies.DraftExitPolicy
+    draft_exit: policies.DraftExitPolicy = StaticDraftExit()
     gate: bool = False
 
     runs_layers: ClassVar[bool] = True
+    block_passes: ClassVar[bool] = False
 
     def check(self, h) -> None:
         if h.exits[0] < 1:
             raise ValueError(f"exits {h.exits}: an exit drafter needs e_0 >= 1 (exit 0 runs "
                              "no layer: only a drafter that is not an exit sits there)")
         if self.gate and (h.companion is not None
-                          or not isinstance(h.draft_exit, StaticDraftExit)):
+                          or not isinstance(self.draft_exit, StaticDraftExit)):
             raise ValueError("the exit drafter's gate needs a static draft exit and no SV "
                              "companion (they choose the verification length themselves)")
+
+    # ---- what it is, for people and the planner ------------------------------------------
+    def label(self, h) -> str:
+        return f"exit{h.exits[0]}"
+
+    def describe(self) -> str:
+        return ""  # the exits and windows say it all
+
+    def plan_options(self) -> dict:
+        return {}
+
+    @property
+    def gated(self) -> bool:
+        return self.gate
+
+    def carries_prefill(self, h) -> bool:
+        return h.num_levels == 1 and isinstance(self.draft_exit, StaticDraftExit)
+
+    # ---- its counters and stats ----------------------------------------------------------
+    def init_counters(self, num_layers: int) -> "ExitDraftCounters":
+        return ExitDraftCounters(depth_hist_E=jnp.zeros((num_layers + 1,), jnp.int32))
+
+    def stats(self, h, total) -> dict:
+        """The layer each draft token exited at (SpecBound's depths; one bar for a static
+        exit)."""
+        del h
+        return {"draft_exit_histogram": {int(e): int(n) for e, n in
+                                         enumerate(np.asarray(total.drafter.depth_hist_E)) if n}}
+
+    def proposals(self, drafter_counters) -> tuple[Any, Any] | None:
+        del drafter_counters
+        return None  # level 1's own proposed / accepted counts
 
     def block(self, max_window: int) -> int:
         return max_window + 1  # Nd drafts and the position whose prediction is the bonus
@@ -163,15 +213,15 @@ class ExitDrafter:
             out, emitted_B = emit.append_block(out, next_B[:, None], part_B.astype(jnp.int32),
                                                rnd.req.eos_ids_E, rnd.req.max_new_B)
             counters = counters.replace(emitted=counters.emitted + jnp.sum(emitted_B))
+        hist_E = counters.drafter.depth_hist_E
         counters = counters.replace(
             actions_K=counters.actions_K.at[0].add(1),
             layer_passes=counters.layer_passes + d.layer_passes,
             layer_token_evals=counters.layer_token_evals + d.layer_token_evals,
             head_evals_E=(counters.head_evals_E.at[h.exits[0]].add(1) if d.head_evals_E is None
                           else counters.head_evals_E + d.head_evals_E),
-            draft_depth_hist=counters.draft_depth_hist.at[
-                jnp.where(part_B, d.depth_B, counters.draft_depth_hist.shape[0])].add(
-                    1, mode="drop"))
+            drafter=ExitDraftCounters(depth_hist_E=hist_E.at[
+                jnp.where(part_B, d.depth_B, hist_E.shape[0])].add(1, mode="drop")))
         return state.replace(out=out, cache=d.cache, hidden=hidden, dists=dists,
                              processed_BxK=c.at[:, 0].add(part_B.astype(jnp.int32)),
                              draft_state=state.draft_state.replace(exit=d.state),
@@ -228,6 +278,22 @@ class ExitDrafter:
 
 
 @flax.struct.dataclass
+class LookupCounters:
+    """The lookup drafter's counters (`Counters.drafter`), summed over the batch.
+
+    Attributes:
+      matches: [] (sequence, round) pairs whose n-gram lookup matched.
+      proposed: [] tokens it proposed (matches only; the no-match placeholder is not
+        counted).
+      accepted: [] of those, tokens level 1 accepted.
+    """
+
+    matches: jax.Array
+    proposed: jax.Array
+    accepted: jax.Array
+
+
+@flax.struct.dataclass
 class LookupState:
     """The lookup drafter's loop state.
 
@@ -257,16 +323,59 @@ class LookupDrafter:
     lookup: lookup_lib.PromptLookup
 
     runs_layers: ClassVar[bool] = False
+    # its proposals reach level 1 as blocks of positions (the rounds compile with the
+    # platform's plain XLA options: `compile_cache.rounds_options`)
+    block_passes: ClassVar[bool] = True
 
     def check(self, h) -> None:
         if h.exits[0] != 0:
             raise ValueError(f"exits {h.exits}: the lookup drafter's level runs no layer, "
                              "its exit must be 0")
         if (len(h.exits) < 2 or h.companion is not None or h.adaptive
-                or not isinstance(h.draft_exit, StaticDraftExit)
                 or h.max_windows[0] != self.lookup.max_tokens):
             raise ValueError("a lookup level needs a verifier above it, max_windows[0] == its "
-                             "k, fixed windows, a static draft exit and no SV companion")
+                             "k, fixed windows and no SV companion")
+
+    # ---- what it is, for people and the planner ------------------------------------------
+    def label(self, h) -> str:
+        del h
+        return "lookup"
+
+    def describe(self) -> str:
+        return f"lookup k={self.lookup.max_tokens} ngram<={self.lookup.max_ngram}"
+
+    def plan_options(self) -> dict:
+        """The method options that rebuild it (`planner.plan.Plan`)."""
+        return {"lookup": self.lookup.max_tokens}
+
+    @property
+    def gated(self) -> bool:
+        return self.lookup.gate
+
+    def carries_prefill(self, h) -> bool:
+        return h.num_levels == 2  # level 1 is one pass over every layer from the embeddings
+
+    # ---- its counters and stats ----------------------------------------------------------
+    def init_counters(self, num_layers: int) -> LookupCounters:
+        del num_layers
+        zero = jnp.zeros((), jnp.int32)
+        return LookupCounters(matches=zero, proposed=zero, accepted=zero)
+
+    def stats(self, h, total) -> dict:
+        """What it proposed and what level 1 kept."""
+        c = total.drafter
+        proposed, accepted = int(c.proposed), int(c.accepted)
+        return {"lookup": {
+            "k": self.lookup.max_tokens, "max_ngram": self.lookup.max_ngram,
+            "lookups": int(total.actions_K[0]), "matches": int(c.matches),
+            "proposed": proposed, "accepted": accepted,
+            "acceptance_rate": accepted / proposed if proposed else None,
+            "verified_by_exit": h.exits[1]}}
+
+    def proposals(self, drafter_counters) -> tuple[Any, Any]:
+        """(proposed, accepted) tokens: the matches' (a round without one is level 1's AR
+        step, not a draft)."""
+        return drafter_counters.proposed, drafter_counters.accepted
 
     def block(self, max_window: int) -> int:
         return max_window  # one lookup: at most k positions
@@ -317,11 +426,12 @@ class LookupDrafter:
         tokens_BxS = out.tokens_BxS.at[jnp.arange(c.shape[0])[:, None], slots_BxK].set(
             prop.tokens_BxK, mode="drop")
         matched_B = part_B & prop.matched_B
-        counters = state.counters
+        counters, mine = state.counters, state.counters.drafter
         counters = counters.replace(
             actions_K=counters.actions_K.at[0].add(1),
-            lookup_matches=counters.lookup_matches + jnp.sum(matched_B),
-            lookup_proposed=counters.lookup_proposed + jnp.sum(jnp.where(matched_B, n_B, 0)))
+            drafter=mine.replace(
+                matches=mine.matches + jnp.sum(matched_B),
+                proposed=mine.proposed + jnp.sum(jnp.where(matched_B, n_B, 0))))
         ds = ds.replace(
             proposed_B=jnp.where(part_B, jnp.where(matched_B, n_B, 0), ds.proposed_B),
             gate=ds.gate.replace(ngram_B=jnp.where(part_B, prop.ngram_B, ds.gate.ngram_B)))
@@ -350,8 +460,10 @@ class LookupDrafter:
         looked_B = jnp.where(part_B, ds.proposed_B, 0)
         kept_B = jnp.minimum(accepted_B, looked_B)
         counters, windows = state.counters, state.windows
+        mine = counters.drafter
         return state.replace(
-            counters=counters.replace(lookup_accepted=counters.lookup_accepted + jnp.sum(kept_B)),
+            counters=counters.replace(drafter=mine.replace(
+                accepted=mine.accepted + jnp.sum(kept_B))),
             windows=windows.replace(windows_BxK1=windows.windows_BxK1.at[:, 0].set(
                 self.lookup.adapt(windows.windows_BxK1[:, 0], looked_B, kept_B))),
             draft_state=ds.replace(gate=ds.gate.record(looked_B, kept_B)))

@@ -179,7 +179,8 @@ class Engine:
             dists=tuple(jnp.full((B, ring(k), cfg.vocab_size), -jnp.inf, jnp.float32)
                         for k in range(K - 1)) if (not greedy or h.keeps_dists) and K > 1 else (),
             draws_B=jnp.zeros((B,), jnp.int32),
-            counters=Counters.zeros(K, max(h.blocks, default=0), cfg.num_layers),
+            counters=Counters.zeros(K, max(h.blocks, default=0), cfg.num_layers,
+                                    h.drafter.init_counters(cfg.num_layers)),
         )
 
     def step(self, params, heads, req: Request, state: EngineState) -> EngineState:

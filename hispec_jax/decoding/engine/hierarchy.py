@@ -2,20 +2,20 @@
 and the block lengths every pass is compiled at. Validated before anything compiles.
 
 Level k of K owns layers [e_{k-1}, e_k) (e_{-1} = 0) and its exit head e_k; level 0 is the
-drafter (`Hierarchy.drafter`), each level k >= 1 verifies the one below, and the top level
-e_{K-1} emits. See docs/engine.md for the round these levels take part in.
+drafter (`Hierarchy.drafter`, an object that brings its own settings, state, counters and
+stats: `drafters.py`), each level k >= 1 verifies the one below, and the top level e_{K-1}
+emits. See docs/engine.md for the round these levels take part in.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from hispec_jax.decoding import lookup as lookup_lib
 from hispec_jax.decoding import policies
 from hispec_jax.decoding import windows as windows_lib
 from hispec_jax.decoding.acceptance import GreedyAcceptance
 from hispec_jax.decoding.draft import StaticDraftExit
-from hispec_jax.decoding.engine.drafters import ExitDrafter, LookupDrafter
+from hispec_jax.decoding.engine.drafters import ExitDrafter
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,20 +31,16 @@ class Hierarchy:
       schedule: who takes part in a verification. "sync": every unfinished sequence with
         something pending (greedy). "own": only the sequences whose own input is ready
         (sampling: a sequence's draws never depend on the rest of the batch).
-      draft_exit: how deep each draft token runs (`draft.StaticDraftExit`, or SpecBound's
-        `draft.DynamicDraftExit`).
       companion: None, or a verification-length selector for level 1 (SV, `sv.py`): level 1
         then only scores the drafts and passes a prefix of them, with the draft's
         distributions, to the top level (K = 3).
       top_blocks: the block lengths the top level's pass is compiled at (ascending, the
         last one `blocks[-1]`); each verification runs the shortest that holds every
         participant's pending tokens (`lax.switch`). Empty: one block, `blocks[-1]`.
-      lookup: None, or the prompt-lookup drafter's settings (`lookup.PromptLookup`): then
-        level 0 is that drafter instead of an exit (`drafters.LookupDrafter`; e_0 = 0,
-        max_windows[0] is its k).
-      exit_gate: the exit drafter's acceptance gate (`drafters.ExitDrafter`, `gate.py`):
-        each round, each sequence's window shrinks to what its drafts' estimated acceptance
-        pays for (never above the window policy's).
+      drafter: level 0 (`policies.Drafter`): an exit of the model
+        (`drafters.ExitDrafter`: its draft-exit policy, static or SpecBound's dynamic one,
+        and its acceptance gate), or a drafter that runs no layer at exit e_0 = 0 (prompt
+        lookup, `drafters.LookupDrafter`: max_windows[0] is then its k).
     """
 
     exits: tuple[int, ...]
@@ -52,11 +48,9 @@ class Hierarchy:
     window_policy: policies.WindowPolicy = windows_lib.FixedWindows()
     rule: policies.AcceptanceRule = GreedyAcceptance()
     schedule: str = "sync"
-    draft_exit: policies.DraftExitPolicy = StaticDraftExit()
     companion: policies.Companion | None = None
     top_blocks: tuple[int, ...] = ()
-    lookup: lookup_lib.PromptLookup | None = None
-    exit_gate: bool = False
+    drafter: policies.Drafter = ExitDrafter(StaticDraftExit())
 
     def __post_init__(self):
         if self.schedule not in ("sync", "own"):
@@ -72,13 +66,6 @@ class Hierarchy:
             raise ValueError(f"top_blocks={self.top_blocks} must be ascending, >= 1 and end "
                              f"at the top level's block {self.blocks[-1]}")
         self.drafter.check(self)
-
-    @property
-    def drafter(self) -> policies.Drafter:
-        """Level 0: the prompt-lookup drafter when `lookup` is set, else the draft exit."""
-        if self.lookup is not None:
-            return LookupDrafter(self.lookup)
-        return ExitDrafter(self.draft_exit, gate=self.exit_gate)
 
     @property
     def num_levels(self) -> int:
@@ -126,10 +113,9 @@ class Hierarchy:
     def carries_prefill(self) -> bool:
         """Whether each round is one pass over every cached layer from layer 0 (an AR step:
         one level, a static exit; or prompt lookup's level 1 under the top level), so that
-        a prefill chunk of another sequence can ride it (`EngineState.rider`)."""
-        if self.num_levels == 1:
-            return isinstance(self.draft_exit, StaticDraftExit)
-        return self.num_levels == 2 and self.lookup is not None
+        a prefill chunk of another sequence can ride it (`EngineState.rider`): the drafter
+        says (`Drafter.carries_prefill`)."""
+        return self.drafter.carries_prefill(self)
 
     def layer_range(self, level: int) -> tuple[int, int]:
         return (self.exits[level - 1] if level else 0), self.exits[level]

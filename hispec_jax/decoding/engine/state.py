@@ -40,11 +40,8 @@ class Counters:
       true_rejects: [] of those, rejections the top level agreed with.
       verified_hist: [blocks[-1] + 1] top-level verifications by how many tokens each
         sequence submitted (SV's verified lengths).
-      draft_depth_hist: [L + 1] draft tokens by the layer they exited at (SpecBound).
-      lookup_matches: [] (sequence, round) pairs whose n-gram lookup matched.
-      lookup_proposed: [] tokens the lookup drafter proposed (matches only; the no-match
-        placeholder is not counted).
-      lookup_accepted: [] of those, tokens level 1 accepted.
+      drafter: the drafter's own counters (`Drafter.init_counters`: a pytree of int32
+        arrays, summed over the batch like the rest).
     """
 
     rounds: jax.Array
@@ -59,20 +56,19 @@ class Counters:
     reject_checks: jax.Array
     true_rejects: jax.Array
     verified_hist: jax.Array
-    draft_depth_hist: jax.Array
-    lookup_matches: jax.Array
-    lookup_proposed: jax.Array
-    lookup_accepted: jax.Array
+    drafter: Any = ()
 
     @classmethod
-    def zeros(cls, K: int, max_verified: int = 0, num_layers: int = 0) -> "Counters":
+    def zeros(cls, K: int, max_verified: int = 0, num_layers: int = 0,
+              drafter: Any = ()) -> "Counters":
         """Every counter at 0: [K] per level, [L + 1] per exit layer, [max_verified + 1]
-        per verified length, [] the rest."""
+        per verified length, [] the rest; `drafter`: the drafter's own, as it made them."""
         shapes = {"actions_K": (K,), "verifications_K": (K,), "proposed_K": (K,),
                   "accepted_K": (K,), "head_evals_E": (num_layers + 1,),
-                  "draft_depth_hist": (num_layers + 1,), "verified_hist": (max_verified + 1,)}
+                  "verified_hist": (max_verified + 1,)}
         return cls(**{f.name: jnp.zeros(shapes.get(f.name, ()), jnp.int32)
-                      for f in dataclasses.fields(cls)})
+                      for f in dataclasses.fields(cls) if f.name != "drafter"},
+                   drafter=drafter)
 
 
 @flax.struct.dataclass
