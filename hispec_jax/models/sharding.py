@@ -132,12 +132,6 @@ def constrain_state(state, batch: int):
     return map_state(constrain, state, batch)
 
 
-def state_shardings(state, batch: int, mesh: Mesh):
-    """`NamedSharding` of every array of a decoding state or request on `mesh`
-    (`map_state`'s axes; the arrays may be `jax.ShapeDtypeStruct`s)."""
-    return map_state(lambda x, axes: named_sharding(axes, x.shape, mesh), state, batch)
-
-
 def _is_spec(x) -> bool:
     return isinstance(x, ParamSpec)
 

@@ -67,6 +67,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding
 
 from hispec_jax.decoding import device_costs
 from hispec_jax.decoding import engine as engine_lib
@@ -79,7 +80,6 @@ from hispec_jax.decoding.request import Request
 from hispec_jax.decoding.sampling import SamplingArrays, SamplingParams, sequence_keys
 from hispec_jax.models import sharding
 from hispec_jax.models.transformer import Rider, embed
-from jax.sharding import NamedSharding
 
 # ---- compilations, counted for the whole process (warm-up checks, `hispec bench --serve`)
 _compile_lock = threading.Lock()
@@ -300,10 +300,9 @@ def _program(fn, static: tuple, donate: tuple[int, ...], args, mesh=None, batch:
     with _PROGRAMS_LOCK:
         program = _PROGRAMS.get(key)
     if program is None:
-        run = functools.partial(fn, *static)
-        if mesh is not None:
-            run = functools.wraps(fn)(
-                lambda *a: sharding.constrain_state(functools.partial(fn, *static)(*a), batch))
+        run = inner = functools.partial(fn, *static)
+        if mesh is not None:  # results placed as the next program takes them
+            run = functools.wraps(fn)(lambda *a: sharding.constrain_state(inner(*a), batch))
         program = program_cache.compile_cached(jax.jit(run, donate_argnums=donate), structs,
                                                mesh=mesh, **_cache_entry(fn, static))
         with _PROGRAMS_LOCK:
@@ -315,8 +314,8 @@ def _structs(args, mesh=None, batch: int = 0):
     """`args` as `jax.ShapeDtypeStruct`s. On a mesh, with their shardings: an array already
     placed on it (the model's weights, an earlier program's results) keeps its own; the
     rest (host arrays, the request's settings) are placed by their names and shapes
-    (`sharding.state_shardings`: per-sequence arrays over "data", caches over "data" and
-    "model", the rest replicated)."""
+    (`sharding.map_state`: per-sequence arrays over "data", caches over "data" and "model",
+    the rest replicated)."""
     if mesh is None:
         return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), args)
 
