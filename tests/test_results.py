@@ -95,8 +95,14 @@ def recorded(figure: str) -> bool:
                for r in RECORDS)
 
 
+def prose(text: str) -> str:
+    """`text` without code blocks and inline code: a command's example output shows a
+    format, not a published figure."""
+    return re.sub(r"`[^`\n]*`", "", re.sub(r"```.*?```", "", text, flags=re.S))
+
+
 def unrecorded_figures(text: str) -> list[str]:
-    return [m.group(0) for m in FIGURE.finditer(text)
+    return [m.group(0) for m in FIGURE.finditer(prose(text))
             if not all(recorded(g) for g in m.groups() if g is not None)]
 
 
@@ -131,3 +137,4 @@ def test_the_figure_pattern_finds_figures():
     assert unrecorded_figures("ran 7.77x AR, then 123.4 tok/s and 5.55-6.66x") == [
         "7.77x", "123.4 tok/s", "5.55-6.66x"]
     assert unrecorded_figures("lookup 1.85x AR at 64.2 tokens/s; shape 4x4, file_8x16") == []
+    assert unrecorded_figures("prints `12 tokens, 7.77 tokens/s`") == []
