@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SPEC = importlib.util.spec_from_file_location("render_results", REPO / "benchmarks" / "render_results.py")
-render_results = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(render_results)
+LOADER = importlib.util.spec_from_file_location("render_results", REPO / "benchmarks" / "render_results.py")
+render_results = importlib.util.module_from_spec(LOADER)
+LOADER.loader.exec_module(render_results)
 
 RECORDS = render_results.load_records()
 TABLES = render_results.load_tables()
