@@ -1,4 +1,4 @@
-"""Exit-head distillation, HiSpec App. I setup (`hispec train-heads`; SPEC.md §8).
+"""Exit-head distillation, HiSpec App. I setup (`hispec train-heads`; docs/algorithms.md).
 
     hispec train-heads --config configs/train_heads_default.py --config.model_path=DIR
     hispec train-heads --config configs/train_heads_default.py --config.model_path=DIR \

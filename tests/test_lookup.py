@@ -171,7 +171,8 @@ def test_lookup_drafts_are_accepted_on_a_cycle(method, options):
 
 def test_default_drafter_scales_k_by_the_match():
     """`methods` builds the lookup drafter with the "ngram" schedule, k = 16 and 8-grams
-    unless told (BENCHMARKS.md, "Longer proposals for longer matches"), its window k."""
+    unless told (the study: BENCHMARKS.md at commit cb2a647, "Longer proposals for longer
+    matches"), its window k."""
     model = tiny_model(4, 1)
     drafter = methods.make_method(model, "lookup").hierarchy.drafter.lookup
     assert (drafter.schedule, drafter.max_tokens, drafter.max_ngram) == ("ngram", 16, 8)

@@ -2,6 +2,7 @@
 their `parameters` cell, papermill-style) and are committed without outputs."""
 
 import os
+import re
 import time
 from pathlib import Path
 
@@ -14,17 +15,18 @@ NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 
 # Small settings per notebook: a 4-layer random model ("{tiny}") and a few tokens, so the
 # three run in a few minutes on a 2-core CPU (compiling the decoding loops is most of it).
-# The shipped model's own path (what the quickstart shows by default) is run by
-# test_readme.py: the README's command (a) and its Python examples.
+# The quickstart's own model, SmolLM2 with prompt lookup, is run by test_gguf.py (README's
+# transcript) and the shipped model by test_readme.py (README's command (a), its examples).
 SMALL = {
-    "01_quickstart.ipynb": {"MODEL": "{tiny}", "MAX_NEW_TOKENS": 8, "ROUNDS": 1,
-                            "PROMPTS": ["User: What is the capital of France?\nAssistant:"]},
+    "01_quickstart.ipynb": {"MODEL": "{tiny}", "CHAT": False, "MAX_NEW_TOKENS": 8, "ROUNDS": 1,
+                            "PROMPTS": ["Repeat: the cat sat on the mat. the cat sat on the"]},
     "02_train_exit_heads.ipynb": {"MODEL": "{tiny}", "HEAD_LAYERS": "1,2", "HEAD_RANK": 8,
                                   "STEPS": 3, "SEQ_LEN": 32, "BATCH_SIZE": 2, "EVAL_ROWS": 2,
                                   "AGREEMENT_PROMPTS": 2, "TRAIN_DOCS": 20},
     "03_benchmark_and_tune.ipynb": {"MODEL": "{tiny}", "PROMPTS": 1, "MAX_NEW_TOKENS": 4,
                                     "ROUNDS": 1, "DRAFT_EXITS": (), "GRID": False,
-                                    "TUNED": None},  # AR and HiSpec default / adaptive
+                                    "TUNED": None,  # AR and HiSpec default / adaptive
+                                    "TUNE_QUICK": True},
 }
 
 
@@ -58,6 +60,31 @@ def test_committed_clean(name):
     assert len(params) == 1
     for key in SMALL[name]:
         assert f"\n{key} =" in "\n" + params[0].source, f"{name}: no parameter {key}"
+
+
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_installs_from_its_own_repository(name):
+    """The install cell clones only the repository that pyproject.toml names (on colab, where
+    the notebook runs outside a checkout) and the badge opens; in a checkout it installs that."""
+    import tomllib
+
+    repository = tomllib.loads((NOTEBOOKS.parent / "pyproject.toml").read_text())[
+        "project"]["urls"]["Repository"]
+    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert re.findall(r"https?://[^\s\"']+", code) == [repository]
+    assert "pyproject.toml" in code and '"-e"' in code
+    owner_repo = repository.removeprefix("https://github.com/")
+    assert f"colab.research.google.com/github/{owner_repo}/blob/main/notebooks/{name}" \
+        in nb.cells[0].source
+
+
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_figures_come_from_the_run(name):
+    """A notebook's text states no measured figure: its tables and plots are its own run's."""
+    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+    text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    assert not re.findall(r"\d+(?:\.\d+)?\s*(?:x\b|tok(?:ens)?/s|%)", text), name
 
 
 @pytest.mark.parametrize("name", sorted(SMALL))

@@ -123,12 +123,13 @@ def test_relative_links_resolve(doc):
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(REPO)))
 def test_cited_result_files_exist(doc):
     """A `benchmarks/...` or `docs/results/...` path a page cites is in the repository (files
-    kept only in git history are cited as `git show COMMIT:PATH` or "in git at commit ...")."""
+    kept only in git history are cited, in the same paragraph, as `git show COMMIT:PATH` or
+    "in git at commit ...")."""
     missing = []
-    for line in doc.read_text().splitlines():
-        if "in git at commit" in line or "git show" in line:
+    for paragraph in re.split(r"\n\s*\n", doc.read_text()):
+        if "in git at commit" in paragraph or "git show" in paragraph:
             continue
-        for path in CITED_PATH.findall(line):
+        for path in CITED_PATH.findall(paragraph):
             if not any(marker in path for marker in ("NAME", "*", "RUN", "OUT")) \
                     and not (REPO / path.rstrip("/")).exists():
                 missing.append(path)

@@ -6,7 +6,7 @@ verifier continues from and the updated cache. The policy's state lives in the e
 (`EngineState.draft_state`).
 
     StaticDraftExit     every draft token exits at e_0 (LayerSkip, HiSpec, HSD, SV)
-    DynamicDraftExit    SpecBound (SPEC.md §7): a draft token exits at the first layer
+    DynamicDraftExit    SpecBound (docs/algorithms.md): a draft token exits at the first layer
                         whose annealed confidence clears tau, up to a depth bound D;
                         a token that reaches D unconfident is "hard" and ends drafting
 
@@ -149,7 +149,7 @@ class DepthState:
 
 
 def annealed_temperature(layer: int, num_layers: int, anneal: float) -> float:
-    """SpecBound's layer temperature T_l = 1 + alpha (1 - l / L) (rebuilt, SPEC.md §7)."""
+    """SpecBound's layer temperature T_l = 1 + alpha (1 - l / L) (rebuilt: docs/algorithms.md)."""
     return 1.0 + anneal * (1.0 - layer / num_layers)
 
 

@@ -1,4 +1,4 @@
-"""Prompt-lookup (n-gram) drafting: a drafter that runs no layer (SPEC.md §12).
+"""Prompt-lookup (n-gram) drafting: a drafter that runs no layer (docs/algorithms.md).
 
 With the sequence so far x_0..x_c (prompt, output, and tokens the levels above have
 tentatively accepted), take its last n tokens (n = max_ngram down to 1), find their most
@@ -21,7 +21,7 @@ proposes one placeholder token, the newest token repeated: the verifier's pass i
 the AR step (one position), and the placeholder is accepted only where it is the
 verifier's own choice (greedy), or with probability p(x) (sampling). Any deterministic
 proposal (q one-hot, `one_hot_logq`) keeps the output exact under token-wise rejection and
-blockwise verification: SPEC.md §4, §12. The counters count only real matches.
+blockwise verification: docs/algorithms.md "Acceptance rules". The counters count only real matches.
 """
 
 from __future__ import annotations

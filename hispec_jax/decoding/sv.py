@@ -1,4 +1,4 @@
-"""Speculative Verification (SV, SPEC.md §6): how many drafts the top level verifies,
+"""Speculative Verification (SV, docs/algorithms.md): how many drafts the top level verifies,
 chosen from a companion's agreement signals.
 
 In this engine SV is a 3-level hierarchy (draft exit e_0, companion exit e_1, final layer L)

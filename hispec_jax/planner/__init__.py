@@ -1,4 +1,4 @@
-"""Latency-optimal hierarchies (HSD, SPEC.md section 5): `tune` = measure -> model -> search
+"""Latency-optimal hierarchies (HSD, docs/algorithms.md): `tune` = measure -> model -> search
 -> plan file.
 
     calibrate.py   one pass on calibration prompts: acceptance alpha(a, b) for every pair of

@@ -1,4 +1,4 @@
-"""Exhaustive search over exits and windows with the predictor (HSD, SPEC section 5).
+"""Exhaustive search over exits and windows with the predictor (HSD, docs/algorithms.md).
 
     K = 1   AR
     K = 2   LayerSkip: every exit d < L with a head, Nd in `draft_lens`
