@@ -381,8 +381,8 @@ def held_out_ratio(auto, fixed: list) -> float | None:
     """Mean over rounds k of auto's speed / the speed of the fixed row whose median speed is
     best over the other rounds, both in round k (speeds as 1 / seconds: every row decodes
     the same tokens). A benchmark's best fixed row, chosen and judged on the same rounds,
-    is biased up by the noise it was chosen for (BENCHMARKS.md, "auto's misses: the
-    benchmark's winner's curse, and extract")."""
+    is biased up by the noise it was chosen for (the winner's curse); this ratio judges
+    each round by the others' choice."""
     rounds = len(auto.seconds)
     if rounds < 2:
         return None

@@ -68,23 +68,21 @@ class PromptLookup:
       max_ngram: N, the longest suffix matched (n = N down to 1).
       schedule: the most tokens each sequence may propose: its k (level-1 window, `adapt`)
         and, for "ngram", the match's n (`ngram_tokens`). A proposal of m tokens costs a
-        pass over m positions; on a 2-core CPU (SmolLM2) 2 / 4 / 8 / 16 positions cost
-        1.18 / 1.24 / 1.45 / 1.92x the one-position pass, the AR step (docs/lookup.md):
+        pass over m positions, dearer than the one-position pass (the AR step) by what the
+        host's pass costs say (`gate.PassCost`, docs/lookup.md):
         "ngram" (default): k every round, but a short match proposes less: the longer the
           suffix that matched, the likelier its continuation holds. A match of `NGRAM_FULL`
           (or `max_ngram`, if fewer) tokens or more proposes all k, a shorter one k / 2, a
-          1-gram k / 4 (`ngram_tokens`). At the defaults, k = 16 and 8-grams (16 / 8 / 4
-          tokens), 1.10-1.11x "fixed" k = 8 with 3-grams on SmolLM2's extract and code
-          tasks, the same on chat, 0.98-1.05x on summarize (BENCHMARKS.md, "Longer
-          proposals for longer matches").
+          1-gram k / 4 (`ngram_tokens`; at the defaults, k = 16 and 8-grams: 16 / 8 / 4
+          tokens).
         "fixed": k = `max_tokens` every round, whatever the match. A spurious match costs
           one pass over its block; a round without a match is the one-position pass
-          either way: 1.01-1.18x "probe" on SmolLM2's summarize / extract / code tasks,
-          the same on chat (BENCHMARKS.md "A fixed k").
+          either way.
         "probe": k is 1 or `max_tokens`. At k = 1 the pass is an AR step that checks the
           match's first token; once a match is fully accepted (the probe held), k =
           `max_tokens`; a long proposal that kept fewer than `PROBE_KEEP` tokens drops k
-          back to 1. It pays where a pass over 8 positions costs 1.7-2x the AR step.
+          back to 1. It pays where a pass over several positions costs much more than the AR
+          step.
         "halving": k starts at 2, doubles after a fully accepted match and halves after a
           rejected one, within [1, max_tokens].
       gate: the acceptance gate (`gate.py`, on by default): within the schedule's limit,
