@@ -3,9 +3,10 @@ bench-tool TOOL` (one benchmark tool: `hispec_jax/bench/tools.py` lists them).""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
-from hispec_jax.cli import common
+from hispec_jax.cli import common, load_options
 
 
 def wrong_oracle_spelling(argv: list[str]) -> str | None:
@@ -98,6 +99,7 @@ def add_parsers(subparsers) -> None:
     bench.add_argument("--auto-verify", action="store_true",
                        help="--tasks --auto: choose auto's plan by timing the tune's plans on "
                             "the calibration prompts (as hispec tune --verify)")
+    load_options.add_load_flags(bench)
     common.add_mesh_flag(bench)
 
     tool = common.add_command(
@@ -134,7 +136,9 @@ def run_tasks(args) -> int:
     parsed = tasks.parse_args(argv)
     tasks.check_args(parsed)  # one-line errors (ValueError) before anything loads
     Path(args.out_dir).mkdir(parents=True, exist_ok=True)
-    tasks.run(parsed)
+    print(load_options.startup_line(args.model or common.default_model_dir(), args),
+          file=sys.stderr, flush=True)
+    tasks.run(parsed, load_options.load_kwargs(args))
     return 0
 
 
@@ -167,13 +171,16 @@ def run_bench(args) -> int:
         tuned=args.tuned, transformers=not args.no_transformers,
         batch_sizes=common.optional_ints(batch_sizes, "--batch-sizes"),
         agreement=not args.no_agreement, sv_specbound=not args.no_sv_specbound,
-        sv_profile=args.sv_profile, out_dir=args.out_dir, progress=not args.no_progress)
+        sv_profile=args.sv_profile, out_dir=args.out_dir, progress=not args.no_progress,
+        load_options=load_options.load_kwargs(args))
     if args.quick:
         if args.draft_exits is None:
             config.draft_exits = None if args.model else (2, 4)
         if args.grid_exits is None and not args.model:
             config.grid_exits = (2, 4, 6)
     common.use_mesh(mesh_shape)  # the bench's load_model shards onto it
+    print(load_options.startup_line(args.model or common.default_model_dir(), args),
+          file=sys.stderr, flush=True)
     report = run(config)
     print("\n".join(summary_lines(report)))
     print(f"wrote {args.out_dir}/report.md, report.json and {len(report['plots'])} plots")

@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from hispec_jax.cli import common
+from hispec_jax.cli import common, load_options
 from hispec_jax.decoding import options as options_lib
 
 
@@ -57,6 +57,7 @@ def add_parsers(subparsers) -> None:
                      help="verification rule of speculative methods when --temperature > 0 "
                           "(default: tokenwise; greedy decoding always checks exact match)")
     add_method_arguments(gen)
+    load_options.add_load_flags(gen)
     gen.add_argument("--max-new-tokens", type=int, default=64, metavar="N",
                      help="new tokens per prompt, at most")
     gen.add_argument("--batch-size", type=int, default=None, metavar="N",
@@ -197,10 +198,9 @@ def run_generate(args) -> int:
     mesh_shape = common.mesh_arg(args)
 
     from hispec_jax.api import generate
-    from hispec_jax.models.model import load_model
 
     common.use_mesh(mesh_shape)  # load_model shards onto it
-    model = load_model(args.model or common.default_model_dir())
+    model = load_options.load(args, args.model or common.default_model_dir())
     if args.plan_reason != common.GIVEN_METHOD:  # the default plan: which, and why
         print(f"plan: {args.method} ({args.plan_reason})", file=sys.stderr, flush=True)
     options = method_options(args)

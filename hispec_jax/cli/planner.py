@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 
-from hispec_jax.cli import common
+from hispec_jax.cli import common, load_options
 from hispec_jax.decoding import options as options_lib
 
 
@@ -20,6 +20,7 @@ def add_parsers(subparsers) -> None:
                     "predicted (with --verify: the fastest measured) for --method auto. See "
                     "docs/planner.md.")
     tune.add_argument("--model", default=None, help="local model directory (default: shipped)")
+    load_options.add_load_flags(tune)
     tune.add_argument("--batch-size", type=int, default=1, help="batch size the plan is for")
     tune.add_argument("--quick", action="store_true", help="fewer prompts, tokens and block sizes")
     tune.add_argument("--max-levels", type=int, default=3, choices=[1, 2, 3, 4],
@@ -59,6 +60,7 @@ def add_parsers(subparsers) -> None:
                     "measures the stage costs on this device; saves sv_profile.json in the "
                     "model directory (or --out). See docs/sv_specbound.md.")
     prof.add_argument("--model", default=None, help="local model directory (default: shipped)")
+    load_options.add_load_flags(prof)
     prof.add_argument("--draft-exit", type=int, default=None, metavar="N",
                       help="draft exit (default: ~L/8)")
     prof.add_argument("--verify-exits", type=int, default=None, metavar="N",
@@ -76,7 +78,6 @@ def add_parsers(subparsers) -> None:
 
 
 def run_tune(args) -> int:
-    from hispec_jax.models.model import load_model
     from hispec_jax.planner import tune as tune_lib
 
     for flag in ("batch_size", "verify_prompts", "verify_tokens", "verify_repeats", "top"):
@@ -90,7 +91,7 @@ def run_tune(args) -> int:
     elif args.chat:
         raise ValueError("--chat renders --task prompts; give --task too")
     common.check_model_path(args.model or common.default_model_dir())
-    model = load_model(args.model or common.default_model_dir())
+    model = load_options.load(args, args.model or common.default_model_dir())
     settings, prompts = None, None
     if args.task is not None:  # the task's prompts (long: passages, code), a cache to hold them
         from hispec_jax.planner import calibrate
@@ -127,10 +128,9 @@ def run_profile_sv(args) -> int:
     except options_lib.OptionError as e:
         raise common.usage_error(e) from None
 
-    from hispec_jax.models.model import load_model
     from hispec_jax.planner import calibrate, sv_profile
 
-    model = load_model(model_dir)
+    model = load_options.load(args, model_dir)
     settings = calibrate.Settings.quick() if args.quick else calibrate.Settings()
     if args.prompts is not None:
         settings = dataclasses.replace(settings, num_prompts=args.prompts)

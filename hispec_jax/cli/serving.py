@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hispec_jax.cli import common
+from hispec_jax.cli import common, load_options
 from hispec_jax.cli import generate as generate_cli
 from hispec_jax.decoding import options as options_lib
 
@@ -34,6 +34,7 @@ def add_decoding_arguments(parser, with_budget: bool = True) -> None:
     parser.add_argument("--acceptance", default=None, choices=list(options_lib.ACCEPTANCE_RULES),
                         help="verification rule when sampling")
     generate_cli.add_method_arguments(parser)
+    load_options.add_load_flags(parser)
     parser.add_argument("--max-cache-len", type=int, default=None, metavar="S",
                         help="KV-cache positions per sequence (prompt + answer + the method's "
                              "lookahead); default: chat the model's context, serve 1024")
@@ -135,9 +136,7 @@ def _check(args, sampling: bool) -> None:
 
 
 def _load(args):
-    from hispec_jax.models.model import load_model
-
-    return load_model(args.model or common.default_model_dir())
+    return load_options.load(args, args.model or common.default_model_dir())
 
 
 def run_chat(args) -> int:
