@@ -32,7 +32,8 @@ def add_parsers(subparsers) -> None:
                     "oracle, accelerator checks, serving load, work per token) are `hispec "
                     "bench-tool`; the memory of every loop is `hispec plan-memory --compare`.")
     bench.add_argument("--model", default=None,
-                       help="local Hugging Face model directory (default: the shipped model)")
+                       help="local Hugging Face model directory or Hub id org/name (default: the "
+                            "shipped model)")
     bench.add_argument("--datasets", default="sharegpt,humaneval",
                        help="comma-separated: sharegpt (evaluation split), humaneval")
     bench.add_argument("--prompts", type=int, default=None,
@@ -119,6 +120,8 @@ def run_tasks(args) -> int:
     method="auto" tuned per task beside the fixed choices)."""
     from hispec_jax.bench import tasks
 
+    if args.model is not None:
+        common.check_model_path(common.model_path(args))
     argv = ["--tasks", args.tasks, "--prompts", str(args.prompts or 3),
             "--max-prompt-tokens", str(max(args.max_prompt_tokens, 512)
                                        if args.max_prompt_tokens == 256 else args.max_prompt_tokens),
@@ -150,7 +153,7 @@ def run_bench(args) -> int:
             raise ValueError(f"{common.flag(name)} is a --tasks flag: give --tasks too")
     mesh_shape = common.mesh_arg(args)  # before importing JAX
     if args.model is not None:
-        common.check_model_path(args.model)
+        common.check_model_path(common.model_path(args))
     if args.tuned is not None and len(args.tuned) != 4:
         raise ValueError(f"--tuned takes Ld,Li,Nd,Ni, got {args.tuned}")
     from hispec_jax.bench.report import summary_lines

@@ -22,8 +22,10 @@ def add_parsers(subparsers) -> None:
                     "final layer (README.md says which method helps which model; "
                     "BENCHMARKS.md has the figures).")
     gen.add_argument("--model", default=None,
-                     help="local Hugging Face model directory or .gguf file (default: the "
-                          "shipped 24-layer model, hispec_jax/default_model)")
+                     help="local Hugging Face model directory or .gguf file, or a Hub id "
+                          "org/name (from huggingface_hub's cache, downloaded where the "
+                          "network allows) (default: the shipped 24-layer model, "
+                          "hispec_jax/default_model)")
     gen.add_argument("--method", default=None, choices=list(options_lib.METHODS),
                      help="ar: autoregressive; exit: early-exit inference from --exit-layer "
                           "(lossy); layerskip: self-speculation (--draft-exit, L); hispec: "
@@ -137,7 +139,7 @@ def check_generate_args(args) -> None:
     path, the method (without --method, the model's default plan: `common.apply_default_plan`)
     and its options (layer ranges from config.json), sampling values, the token budget and
     the prompts. Raises ValueError naming the flag, the value and what is allowed."""
-    model_path = args.model or common.default_model_dir()
+    model_path = common.model_path(args)
     num_layers = common.check_model_path(model_path)
     common.apply_default_plan(args, model_path, num_layers)
     try:

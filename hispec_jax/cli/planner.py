@@ -19,7 +19,8 @@ def add_parsers(subparsers) -> None:
                     "windows with the latency model, prints the top plans and saves the best "
                     "predicted (with --verify: the fastest measured) for --method auto. See "
                     "docs/planner.md.")
-    tune.add_argument("--model", default=None, help="local model directory (default: shipped)")
+    tune.add_argument("--model", default=None, help="local model directory or Hub id org/name "
+                                                   "(default: shipped)")
     load_options.add_load_flags(tune)
     tune.add_argument("--batch-size", type=int, default=1, help="batch size the plan is for")
     tune.add_argument("--quick", action="store_true", help="fewer prompts, tokens and block sizes")
@@ -59,7 +60,8 @@ def add_parsers(subparsers) -> None:
                     "equal-count bins, with the final layer's mean acceptance per bin, and "
                     "measures the stage costs on this device; saves sv_profile.json in the "
                     "model directory (or --out). See docs/sv_specbound.md.")
-    prof.add_argument("--model", default=None, help="local model directory (default: shipped)")
+    prof.add_argument("--model", default=None, help="local model directory or Hub id org/name "
+                                                   "(default: shipped)")
     load_options.add_load_flags(prof)
     prof.add_argument("--draft-exit", type=int, default=None, metavar="N",
                       help="draft exit (default: ~L/8)")
@@ -90,7 +92,7 @@ def run_tune(args) -> int:
             raise ValueError(f"--task {args.task}: expected one of {', '.join(tasks_lib.TASKS)}")
     elif args.chat:
         raise ValueError("--chat renders --task prompts; give --task too")
-    common.check_model_path(args.model or common.default_model_dir())
+    common.check_model_path(common.model_path(args))
     model = load_options.load(args, args.model or common.default_model_dir())
     settings, prompts = None, None
     if args.task is not None:  # the task's prompts (long: passages, code), a cache to hold them
@@ -120,7 +122,7 @@ def run_profile_sv(args) -> int:
     for name in ("batch_size", "s_bins", "a_bins", "prompts", "new_tokens"):
         if getattr(args, name) is not None:
             options_lib.check_positive_int(name, getattr(args, name))
-    model_dir = args.model or common.default_model_dir()
+    model_dir = common.model_path(args)
     num_layers = common.check_model_path(model_dir)
     try:
         options_lib.check_method_options("sv", num_layers=num_layers, draft_exit=args.draft_exit,
