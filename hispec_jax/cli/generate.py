@@ -202,9 +202,11 @@ def run_generate(args) -> int:
     from hispec_jax.api import generate
 
     common.use_mesh(mesh_shape)  # load_model shards onto it
+    model_path = args.model or common.default_model_dir()
+    startup = load_options.startup_line(model_path, args)  # a bad config fails here, alone
     if args.plan_reason != common.GIVEN_METHOD:  # the default plan: which, and why
         print(f"plan: {args.method} ({args.plan_reason})", file=sys.stderr, flush=True)
-    model = load_options.load(args, args.model or common.default_model_dir())
+    model = load_options.load(args, model_path, startup=startup)
     options = method_options(args)
     if args.stream:
         if args.method == "sv" and args.sv_profile is None:  # as `generate` (api.py) does

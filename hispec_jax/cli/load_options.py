@@ -67,10 +67,11 @@ def startup_line(path: str, args) -> str:
             f"{args.matmul_precision or 'highest'})")
 
 
-def load(args, path: str, **kwargs):
-    """Prints the startup line on stderr, then `load_model(path, ...)` with the flags and
-    `kwargs` (a `layer_layout` there wins unless --quantize needs the unrolled one)."""
-    print(startup_line(path, args), file=sys.stderr, flush=True)
+def load(args, path: str, startup: str | None = None, **kwargs):
+    """Prints the startup line on stderr (`startup`, or `startup_line`'s), then
+    `load_model(path, ...)` with the flags and `kwargs` (a `layer_layout` there wins unless
+    --quantize needs the unrolled one)."""
+    print(startup or startup_line(path, args), file=sys.stderr, flush=True)
     from hispec_jax.models.model import load_model
 
     options = {**kwargs, **load_kwargs(args)}

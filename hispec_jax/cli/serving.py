@@ -135,19 +135,21 @@ def _check(args, sampling: bool) -> None:
         raise common.usage_error(e) from None
 
 
-def _load(args):
-    return load_options.load(args, args.model or common.default_model_dir())
+def _load(args, startup: str | None = None):
+    return load_options.load(args, args.model or common.default_model_dir(), startup=startup)
 
 
 def run_chat(args) -> int:
     _check(args, sampling=True)
+    # the config read before anything is printed: a bad one is the only line
+    startup = load_options.startup_line(args.model or common.default_model_dir(), args)
     from hispec_jax.serving.chat_loop import StartupProgress, chat_loop
 
     print(f"plan: {args.method} ({args.plan_reason})", file=sys.stderr, flush=True)
     progress = StartupProgress(sys.stderr)
     progress.update(f"loading {args.model or 'the shipped model'}")
     try:
-        model = _load(args)
+        model = _load(args, startup)
     except BaseException:
         progress.done()
         raise
