@@ -145,3 +145,15 @@ def test_bad_extension_values_get_a_400_and_the_server_keeps_serving(client, ext
     r = client.completions.create(model="default_model", prompt=PROMPT, max_tokens=2,
                                   temperature=0, extra_body={"ignore_eos": True})
     assert r.usage.completion_tokens == 2
+
+
+def test_sampled_answers_reach_min_tokens(client):
+    """Sampling (the sampling engine: EOS masked before the softmax): with min_tokens 5
+    every seed's answer has at least 5 tokens; without it, most of these end at once."""
+    def lengths(**extra):
+        return [client.completions.create(
+            model="default_model", prompt=PROMPT, max_tokens=8, temperature=1.0, seed=seed,
+            extra_body=extra).usage.completion_tokens for seed in range(4)]
+
+    assert min(lengths(min_tokens=5)) >= 5
+    assert min(lengths()) < 5
