@@ -63,6 +63,17 @@ def test_plan_memory_quantize_needs_the_unrolled_layout(capsys):
     assert "--quantize int8: needs --layer-layout unrolled" in capsys.readouterr().err
 
 
+def test_plan_memory_plans_the_int8_weights(capsys):
+    plans = {}
+    for flags in ([], ["--quantize", "int8"]):
+        assert cli.main(["plan-memory", "--config", "tiny", "--layer-layout", "unrolled",
+                         "--matmul-precision", "default", "--json", *flags]) == 0
+        plans[bool(flags)] = json.loads(capsys.readouterr().out)
+    assert plans[True]["description"]["quantize"] == "int8"
+    assert plans[False]["description"]["quantize"] is None
+    assert plans[True]["weights"] < plans[False]["weights"]
+
+
 @pytest.mark.parametrize("dtype", [None, "bfloat16"])
 @pytest.mark.parametrize("quantize", [None, "int8"])
 def test_the_memory_stated_before_loading_is_what_loading_holds(dtype, quantize):
