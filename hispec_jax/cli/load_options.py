@@ -35,7 +35,8 @@ def add_load_flags(parser, dtype_help: str | None = None) -> None:
     parser.add_argument("--quantize", default=None, choices=list(QUANTIZATIONS),
                         help="int8: weight-only int8 layer projections, a scale per output "
                              "channel (not exact: greedy output can depart from the "
-                             "unquantized model's at near-ties; slow on CPU; docs/numerics.md)")
+                             "unquantized model's at near-ties; on CPU it saves memory, "
+                             "not time; docs/numerics.md)")
     parser.add_argument("--matmul-precision", default=None, choices=list(MATMUL_PRECISIONS),
                         help="precision of every matmul, as jax.lax.Precision names it "
                              "(default: highest, exact float32 on GPUs and TPUs; high, "
