@@ -42,9 +42,13 @@ CASES = [
     ("generate --method nope x", "invalid choice: 'nope'"),
     ("generate", "required: PROMPT"),
     ("generate ' '", "PROMPT 1 is empty"),
+    ("generate --dtype float16 x", "argument --dtype: invalid choice: 'float16'"),
     # serving
     ("chat --max-new-tokens 0", "--max-new-tokens 0: must be an integer >= 1"),
     ("chat --model {tmp}/none", "--model {tmp}/none: no such directory"),
+    ("chat --model {tmp}/bad.gguf", "not a readable GGUF file"),
+    ("serve --model {tmp}/bad.gguf", "not a readable GGUF file"),
+    ("serve --quantize int4", "argument --quantize: invalid choice: 'int4'"),
     ("serve --port 70000", "--port 70000: must be in [0, 65535]"),
     ("serve --slots 0", "--slots 0: must be an integer >= 1"),
     ("serve --prefill-chunk 0", "--prefill-chunk 0: must be an integer >= 1"),
@@ -112,6 +116,8 @@ CASES = [
     ("profile-sv --model {tmp}/none", "no such directory"),
     ("profile-sv --draft-exit 0", "--draft-exit 0: must be in [1, 23]"),
     ("profile-sv --prompts 0", "prompts must be an integer >= 1"),
+    # doctor
+    ("doctor --bogus", "unrecognized arguments: --bogus"),
     # no command
     ("nosuchcommand", "invalid choice: 'nosuchcommand'"),
     ("", "required: COMMAND"),

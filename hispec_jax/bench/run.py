@@ -64,6 +64,9 @@ class BenchConfig:
     sv_profile: str | None = None  # None: the model's, else profiled quickly
     out_dir: str = "hispec_bench_results"
     progress: bool = True
+    # `load_model` keyword arguments (dtype, quantize, matmul_precision: `hispec bench
+    # --dtype ...`); the transformers baselines load the checkpoint in float32 regardless
+    load_options: dict = dataclasses.field(default_factory=dict)
 
     def validate(self, model: Model) -> None:
         """ValueError naming the field, before anything is compiled."""
@@ -121,7 +124,7 @@ class Bench:
         from hispec_jax import DEFAULT_MODEL_DIR
 
         self.model_dir = str(config.model_dir or DEFAULT_MODEL_DIR)
-        self.model = load_model(self.model_dir)
+        self.model = load_model(self.model_dir, **config.load_options)
         config.validate(self.model)
         self.out_dir = Path(config.out_dir)
         self.hf_model = None

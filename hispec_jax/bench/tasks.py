@@ -436,12 +436,14 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
-def run(args) -> list[dict]:
-    """Every task of `args` (already checked); prints the tables."""
+def run(args, load_options: dict | None = None) -> list[dict]:
+    """Every task of `args` (already checked); prints the tables. `load_options`: keyword
+    arguments of `load_model` (dtype, quantize, matmul_precision; the transformers
+    baselines load the checkpoint in float32 regardless)."""
     import hispec_jax
 
     model_path = args.model or hispec_jax.DEFAULT_MODEL_DIR
-    model = hispec_jax.load_model(model_path)
+    model = hispec_jax.load_model(model_path, **(load_options or {}))
     hf_model = None
     if not args.no_transformers:
         from hispec_jax.bench import hf_baselines

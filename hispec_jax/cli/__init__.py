@@ -12,6 +12,9 @@ arguments and what they run; `main` below only assembles them.
                       (work per token of every method)
     planner.py    hispec tune | profile-sv
     serving.py    hispec chat | serve              streamed chat, the OpenAI-compatible server
+    doctor.py     hispec doctor                    backend, devices, versions, caches
+    load_options.py  what every command that loads a model shares: --dtype, --quantize,
+                  --matmul-precision, the startup line with the weights' memory
     common.py     what the groups share: help format, --model checks, --mesh, overrides
 
 Adding a command: a group module exposes `add_parsers(subparsers)`, which registers each of
@@ -28,9 +31,10 @@ import argparse
 import sys
 
 from hispec_jax.bench import args as args_lib
-from hispec_jax.cli import bench, common, generate, memory, models, planner, serving, training
+from hispec_jax.cli import (bench, common, doctor, generate, memory, models, planner, serving,
+                            training)
 
-GROUPS = (generate, serving, models, training, memory, bench, planner)
+GROUPS = (generate, serving, models, training, memory, bench, planner, doctor)
 
 DESCRIPTION = """\
 Hierarchical speculative decoding for early-exit language models, in JAX. Greedy output
@@ -45,6 +49,7 @@ start here:
   hispec tune --quick                                  the best hierarchy for this device ...
   hispec generate --method auto "Hello"                ... and decoding with it
   hispec bench --quick                                 every method side by side, a report
+  hispec doctor                                        backend, devices, versions, caches
   hispec COMMAND --help                                a command's flags and defaults
 
 Docs: README.md (usage), docs/ (methods, planner, GGUF, TPU), BENCHMARKS.md (measurements)."""
@@ -54,11 +59,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser = args_lib.Parser(
         prog="hispec", description=DESCRIPTION, epilog=EPILOG,
         formatter_class=lambda prog: argparse.RawDescriptionHelpFormatter(prog, max_help_position=20, width=100))
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                        title="commands")
     for group in GROUPS:
         group.add_parsers(subparsers)
     return parser
+
+
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("hispec-jax")
+    except metadata.PackageNotFoundError:  # run from a source tree without installing
+        return "(not installed)"
 
 
 def main(argv=None) -> int:

@@ -3,9 +3,10 @@ bench-tool TOOL` (one benchmark tool: `hispec_jax/bench/tools.py` lists them).""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
-from hispec_jax.cli import common
+from hispec_jax.cli import common, load_options
 
 
 def wrong_oracle_spelling(argv: list[str]) -> str | None:
@@ -31,7 +32,8 @@ def add_parsers(subparsers) -> None:
                     "oracle, accelerator checks, serving load, work per token) are `hispec "
                     "bench-tool`; the memory of every loop is `hispec plan-memory --compare`.")
     bench.add_argument("--model", default=None,
-                       help="local Hugging Face model directory (default: the shipped model)")
+                       help="local Hugging Face model directory or Hub id org/name (default: the "
+                            "shipped model)")
     bench.add_argument("--datasets", default="sharegpt,humaneval",
                        help="comma-separated: sharegpt (evaluation split), humaneval")
     bench.add_argument("--prompts", type=int, default=None,
@@ -98,6 +100,7 @@ def add_parsers(subparsers) -> None:
     bench.add_argument("--auto-verify", action="store_true",
                        help="--tasks --auto: choose auto's plan by timing the tune's plans on "
                             "the calibration prompts (as hispec tune --verify)")
+    load_options.add_load_flags(bench)
     common.add_mesh_flag(bench)
 
     tool = common.add_command(
@@ -117,6 +120,8 @@ def run_tasks(args) -> int:
     method="auto" tuned per task beside the fixed choices)."""
     from hispec_jax.bench import tasks
 
+    if args.model is not None:
+        common.check_model_path(common.model_path(args))
     argv = ["--tasks", args.tasks, "--prompts", str(args.prompts or 3),
             "--max-prompt-tokens", str(max(args.max_prompt_tokens, 512)
                                        if args.max_prompt_tokens == 256 else args.max_prompt_tokens),
@@ -134,7 +139,9 @@ def run_tasks(args) -> int:
     parsed = tasks.parse_args(argv)
     tasks.check_args(parsed)  # one-line errors (ValueError) before anything loads
     Path(args.out_dir).mkdir(parents=True, exist_ok=True)
-    tasks.run(parsed)
+    print(load_options.startup_line(args.model or common.default_model_dir(), args),
+          file=sys.stderr, flush=True)
+    tasks.run(parsed, load_options.load_kwargs(args))
     return 0
 
 
@@ -146,7 +153,7 @@ def run_bench(args) -> int:
             raise ValueError(f"{common.flag(name)} is a --tasks flag: give --tasks too")
     mesh_shape = common.mesh_arg(args)  # before importing JAX
     if args.model is not None:
-        common.check_model_path(args.model)
+        common.check_model_path(common.model_path(args))
     if args.tuned is not None and len(args.tuned) != 4:
         raise ValueError(f"--tuned takes Ld,Li,Nd,Ni, got {args.tuned}")
     from hispec_jax.bench.report import summary_lines
@@ -167,13 +174,16 @@ def run_bench(args) -> int:
         tuned=args.tuned, transformers=not args.no_transformers,
         batch_sizes=common.optional_ints(batch_sizes, "--batch-sizes"),
         agreement=not args.no_agreement, sv_specbound=not args.no_sv_specbound,
-        sv_profile=args.sv_profile, out_dir=args.out_dir, progress=not args.no_progress)
+        sv_profile=args.sv_profile, out_dir=args.out_dir, progress=not args.no_progress,
+        load_options=load_options.load_kwargs(args))
     if args.quick:
         if args.draft_exits is None:
             config.draft_exits = None if args.model else (2, 4)
         if args.grid_exits is None and not args.model:
             config.grid_exits = (2, 4, 6)
     common.use_mesh(mesh_shape)  # the bench's load_model shards onto it
+    print(load_options.startup_line(args.model or common.default_model_dir(), args),
+          file=sys.stderr, flush=True)
     report = run(config)
     print("\n".join(summary_lines(report)))
     print(f"wrote {args.out_dir}/report.md, report.json and {len(report['plots'])} plots")

@@ -88,6 +88,23 @@ def apply_default_plan(args, model_path: str, num_layers: int | None) -> None:
             setattr(args, name, value)
 
 
+def model_path(args) -> str:
+    """`args.model` as a local path, stored back in `args.model`: None is the shipped
+    model; a Hugging Face Hub id (`org/name`, no such local path) is its snapshot in
+    huggingface_hub's cache, downloaded first where the network allows (`hub.resolve`;
+    `args.hub_id` keeps the id, else None). Raises ValueError naming the id and the cache
+    when there is none."""
+    args.hub_id = None
+    if args.model is None:
+        return default_model_dir()
+    from hispec_jax.models import hub  # standard library until a Hub id needs resolving
+
+    resolved = hub.resolve(args.model)
+    if resolved != args.model:
+        args.hub_id, args.model = args.model, resolved
+    return args.model
+
+
 def check_model_path(model: str) -> int | None:
     """Checks `--model` without reading weights; returns the model's layer count when its
     config.json says it (HF directories), else None. Raises ValueError naming the problem."""

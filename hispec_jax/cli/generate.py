@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from hispec_jax.cli import common
+from hispec_jax.cli import common, load_options
 from hispec_jax.decoding import options as options_lib
 
 
@@ -22,8 +22,10 @@ def add_parsers(subparsers) -> None:
                     "final layer (README.md says which method helps which model; "
                     "BENCHMARKS.md has the figures).")
     gen.add_argument("--model", default=None,
-                     help="local Hugging Face model directory or .gguf file (default: the "
-                          "shipped 24-layer model, hispec_jax/default_model)")
+                     help="local Hugging Face model directory or .gguf file, or a Hub id "
+                          "org/name (from huggingface_hub's cache, downloaded where the "
+                          "network allows) (default: the shipped 24-layer model, "
+                          "hispec_jax/default_model)")
     gen.add_argument("--method", default=None, choices=list(options_lib.METHODS),
                      help="ar: autoregressive; exit: early-exit inference from --exit-layer "
                           "(lossy); layerskip: self-speculation (--draft-exit, L); hispec: "
@@ -57,6 +59,7 @@ def add_parsers(subparsers) -> None:
                      help="verification rule of speculative methods when --temperature > 0 "
                           "(default: tokenwise; greedy decoding always checks exact match)")
     add_method_arguments(gen)
+    load_options.add_load_flags(gen)
     gen.add_argument("--max-new-tokens", type=int, default=64, metavar="N",
                      help="new tokens per prompt, at most")
     gen.add_argument("--batch-size", type=int, default=None, metavar="N",
@@ -136,7 +139,7 @@ def check_generate_args(args) -> None:
     path, the method (without --method, the model's default plan: `common.apply_default_plan`)
     and its options (layer ranges from config.json), sampling values, the token budget and
     the prompts. Raises ValueError naming the flag, the value and what is allowed."""
-    model_path = args.model or common.default_model_dir()
+    model_path = common.model_path(args)
     num_layers = common.check_model_path(model_path)
     common.apply_default_plan(args, model_path, num_layers)
     try:
@@ -197,12 +200,13 @@ def run_generate(args) -> int:
     mesh_shape = common.mesh_arg(args)
 
     from hispec_jax.api import generate
-    from hispec_jax.models.model import load_model
 
     common.use_mesh(mesh_shape)  # load_model shards onto it
-    model = load_model(args.model or common.default_model_dir())
+    model_path = args.model or common.default_model_dir()
+    startup = load_options.startup_line(model_path, args)  # a bad config fails here, alone
     if args.plan_reason != common.GIVEN_METHOD:  # the default plan: which, and why
         print(f"plan: {args.method} ({args.plan_reason})", file=sys.stderr, flush=True)
+    model = load_options.load(args, model_path, startup=startup)
     options = method_options(args)
     if args.stream:
         if args.method == "sv" and args.sv_profile is None:  # as `generate` (api.py) does

@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-from hispec_jax.cli import common
+from hispec_jax.cli import common, load_options
 from hispec_jax.models import mesh_spec
 
 PLAN_METHODS = ("ar", "layerskip", "hispec")
@@ -34,8 +34,7 @@ def add_parsers(subparsers) -> None:
                       help="decoding method, exits chosen as generate chooses them (default: ar)")
     plan.add_argument("--sampling", action="store_true",
                       help="the sampling loop (keeps per-level distribution buffers)")
-    plan.add_argument("--dtype", default=None, choices=["bfloat16", "float32"],
-                      help="override the config's dtype")
+    load_options.add_load_flags(plan, dtype_help="override the config's dtype")
     plan.add_argument("--layer-layout", default="scan", choices=["scan", "unrolled"],
                       help="stacked weights scanned (as on TPU) or unrolled")
     plan.add_argument("--compare", action="store_true",
@@ -55,6 +54,9 @@ def check_plan_memory_args(args) -> dict[str, int]:
     if args.compare and (args.method or args.sampling):
         raise ValueError("--compare plans every method, greedy and sampling: leave out "
                          + ("--method" if args.method else "--sampling"))
+    if args.quantize is not None and args.layer_layout != "unrolled":
+        raise ValueError(f"--quantize {args.quantize}: needs --layer-layout unrolled (int8 "
+                         "weights live in the unrolled layout, as load_model holds them)")
     if args.prompt_len >= args.max_len:
         raise ValueError(f"--prompt-len {args.prompt_len}: must be below --max-len {args.max_len}")
     return shape
@@ -73,8 +75,10 @@ def run_plan_memory(args) -> int:
     cfg = load_preset(args.config)
     if args.dtype:
         cfg = cfg.replace(dtype=args.dtype)
+    if args.matmul_precision:
+        cfg = cfg.replace(matmul_precision=args.matmul_precision)
     shapes = dict(batch=args.batch_size, max_len=args.max_len, prompt_len=args.prompt_len,
-                  layer_layout=args.layer_layout)
+                  layer_layout=args.layer_layout, quantize=args.quantize)
     if args.compare:
         plans = memory_plan.compare_loops(
             cfg, shape, lambda msg: print(f"[plan-memory] {msg}", file=sys.stderr, flush=True),

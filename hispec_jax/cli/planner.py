@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 
-from hispec_jax.cli import common
+from hispec_jax.cli import common, load_options
 from hispec_jax.decoding import options as options_lib
 
 
@@ -19,7 +19,9 @@ def add_parsers(subparsers) -> None:
                     "windows with the latency model, prints the top plans and saves the best "
                     "predicted (with --verify: the fastest measured) for --method auto. See "
                     "docs/planner.md.")
-    tune.add_argument("--model", default=None, help="local model directory (default: shipped)")
+    tune.add_argument("--model", default=None, help="local model directory or Hub id org/name "
+                                                   "(default: shipped)")
+    load_options.add_load_flags(tune)
     tune.add_argument("--batch-size", type=int, default=1, help="batch size the plan is for")
     tune.add_argument("--quick", action="store_true", help="fewer prompts, tokens and block sizes")
     tune.add_argument("--max-levels", type=int, default=3, choices=[1, 2, 3, 4],
@@ -59,7 +61,9 @@ def add_parsers(subparsers) -> None:
                     "equal-count bins, with the final layer's mean acceptance per bin, and "
                     "measures the stage costs on this device; saves sv_profile.json in the "
                     "model directory (or --out). See docs/sv_specbound.md.")
-    prof.add_argument("--model", default=None, help="local model directory (default: shipped)")
+    prof.add_argument("--model", default=None, help="local model directory or Hub id org/name "
+                                                   "(default: shipped)")
+    load_options.add_load_flags(prof)
     prof.add_argument("--draft-exit", type=int, default=None, metavar="N",
                       help="draft exit (default: ~L/8)")
     prof.add_argument("--verify-exits", type=int, default=None, metavar="N",
@@ -77,7 +81,6 @@ def add_parsers(subparsers) -> None:
 
 
 def run_tune(args) -> int:
-    from hispec_jax.models.model import load_model
     from hispec_jax.planner import tune as tune_lib
 
     for flag in ("batch_size", "verify_prompts", "verify_tokens", "verify_repeats", "top"):
@@ -90,9 +93,9 @@ def run_tune(args) -> int:
             raise ValueError(f"--task {args.task}: expected one of {', '.join(tasks_lib.TASKS)}")
     elif args.chat:
         raise ValueError("--chat renders --task prompts; give --task too")
-    common.check_model_path(args.model or common.default_model_dir())
+    common.check_model_path(common.model_path(args))
     common.use_mesh(common.mesh_arg(args))  # load_model shards onto it
-    model = load_model(args.model or common.default_model_dir())
+    model = load_options.load(args, args.model or common.default_model_dir())
     settings, prompts = None, None
     if args.task is not None:  # the task's prompts (long: passages, code), a cache to hold them
         from hispec_jax.planner import calibrate
@@ -121,7 +124,7 @@ def run_profile_sv(args) -> int:
     for name in ("batch_size", "s_bins", "a_bins", "prompts", "new_tokens"):
         if getattr(args, name) is not None:
             options_lib.check_positive_int(name, getattr(args, name))
-    model_dir = args.model or common.default_model_dir()
+    model_dir = common.model_path(args)
     num_layers = common.check_model_path(model_dir)
     try:
         options_lib.check_method_options("sv", num_layers=num_layers, draft_exit=args.draft_exit,
@@ -129,10 +132,9 @@ def run_profile_sv(args) -> int:
     except options_lib.OptionError as e:
         raise common.usage_error(e) from None
 
-    from hispec_jax.models.model import load_model
     from hispec_jax.planner import calibrate, sv_profile
 
-    model = load_model(model_dir)
+    model = load_options.load(args, model_dir)
     settings = calibrate.Settings.quick() if args.quick else calibrate.Settings()
     if args.prompts is not None:
         settings = dataclasses.replace(settings, num_prompts=args.prompts)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hispec_jax.cli import common
+from hispec_jax.cli import common, load_options
 from hispec_jax.cli import generate as generate_cli
 from hispec_jax.decoding import options as options_lib
 
@@ -15,8 +15,8 @@ from hispec_jax.decoding import options as options_lib
 def add_decoding_arguments(parser, with_budget: bool = True) -> None:
     """--model, --method and its options, sampling flags (the names `generate` uses)."""
     parser.add_argument("--model", default=None,
-                        help="local Hugging Face model directory or .gguf file (default: the "
-                             "shipped model)")
+                        help="local Hugging Face model directory or .gguf file, or a Hub id "
+                             "org/name (huggingface_hub's cache) (default: the shipped model)")
     parser.add_argument("--method", default=None, choices=list(options_lib.METHODS),
                         help="decoding method (see `hispec generate --help`; default: the "
                              "model's recommended plan, its HiSpec plan for the shipped model, "
@@ -35,6 +35,7 @@ def add_decoding_arguments(parser, with_budget: bool = True) -> None:
                         help="verification rule when sampling")
     generate_cli.add_method_arguments(parser)
     common.add_mesh_flag(parser)
+    load_options.add_load_flags(parser)
     parser.add_argument("--max-cache-len", type=int, default=None, metavar="S",
                         help="KV-cache positions per sequence (prompt + answer + the method's "
                              "lookahead); default: chat the model's context, serve 1024")
@@ -75,8 +76,8 @@ def add_parsers(subparsers) -> None:
     serve.add_argument("--slots", type=int, default=8, metavar="N",
                        help="sequences decoded together per engine")
     serve.add_argument("--served-model-name", default=None, metavar="NAME",
-                       help="the model id clients send (default: the model's directory or "
-                            "file name)")
+                       help="the model id clients send (default: --model's Hub id, else the "
+                            "model's directory or file name)")
     serve.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
                        help="compile every program before taking requests; /health answers "
                             "503 \"loading\" until then, and serving compiles nothing "
@@ -120,7 +121,7 @@ def _check(args, sampling: bool) -> None:
     """Checks that need neither JAX nor weights. Without --method, the model's default plan
     is chosen here (`common.apply_default_plan`) and its options checked with the given
     ones; `args.plan_reason` says why it runs."""
-    model_path = args.model or common.default_model_dir()
+    model_path = common.model_path(args)
     num_layers = common.check_model_path(model_path)
     args.mesh_shape = common.mesh_arg(args)
     common.apply_default_plan(args, model_path, num_layers)
@@ -136,23 +137,24 @@ def _check(args, sampling: bool) -> None:
         raise common.usage_error(e) from None
 
 
-def _load(args):
-    """The model, sharded over `--mesh` where one is given (`common.use_mesh`)."""
-    from hispec_jax.models.model import load_model
-
+def _load(args, startup: str | None = None):
+    """The model with the load flags, sharded over `--mesh` where one is given
+    (`common.use_mesh`)."""
     common.use_mesh(args.mesh_shape)
-    return load_model(args.model or common.default_model_dir())
+    return load_options.load(args, args.model or common.default_model_dir(), startup=startup)
 
 
 def run_chat(args) -> int:
     _check(args, sampling=True)
+    # the config read before anything is printed: a bad one is the only line
+    startup = load_options.startup_line(args.model or common.default_model_dir(), args)
     from hispec_jax.serving.chat_loop import StartupProgress, chat_loop
 
     print(f"plan: {args.method} ({args.plan_reason})", file=sys.stderr, flush=True)
     progress = StartupProgress(sys.stderr)
     progress.update(f"loading {args.model or 'the shipped model'}")
     try:
-        model = _load(args)
+        model = _load(args, startup)
     except BaseException:
         progress.done()
         raise
@@ -197,7 +199,8 @@ def run_serve(args) -> int:
     model = _load(args)
     app = server.build_app(model, args.method, slots=args.slots, max_cache_len=args.max_cache_len,
                            warmup=args.warmup, rounds_per_step=args.rounds_per_step,
-                           served_name=args.served_model_name, plan_reason=args.plan_reason,
+                           served_name=args.served_model_name or args.hub_id,
+                           plan_reason=args.plan_reason,
                            prefill_share=args.prefill_share, step_log=args.step_log,
                            ride_prefill=args.ride_prefill,
                            measure_pass_cost=args.measure_pass_cost,

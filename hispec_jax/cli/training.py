@@ -82,7 +82,7 @@ def run_train_heads(args) -> int:
 
 
 def run_draft_vocab(args) -> int:
-    num_layers = common.check_model_path(args.model)
+    num_layers = common.check_model_path(common.model_path(args))
     if num_layers is None:
         raise ValueError(f"--model {args.model}: draft-vocab writes a model directory; convert "
                          "a GGUF file first (hispec convert MODEL.gguf DIR)")

@@ -106,7 +106,7 @@ def _tree_shard_bytes(structs, shardings) -> int:
 def plan_memory(cfg: ModelConfig, mesh_shape: dict[str, int] | str, *, method: str = "ar",
                 batch: int = 1, max_len: int = 4096, prompt_len: int = 128,
                 greedy: bool = True, layer_layout: str = "scan", devices=None,
-                **method_options) -> MemoryPlan:
+                quantize: str | None = None, **method_options) -> MemoryPlan:
     """Compiles `method`'s loop for `cfg` on a mesh of abstract arrays and returns one
     device's memory, compiled and analytic.
 
@@ -120,13 +120,18 @@ def plan_memory(cfg: ModelConfig, mesh_shape: dict[str, int] | str, *, method: s
       greedy: greedy (True) or sampling loop (sampling keeps distribution ring buffers).
       layer_layout: "scan" (TPU's default; compile time flat in depth) or "unrolled".
       devices: the devices to compile for (default: `plan_devices`).
+      quantize: "int8" for weight-only int8 layer projections (`load_model(quantize=)`;
+        the unrolled layout only), None for the config's dtype.
     """
+    if quantize is not None and layer_layout != "unrolled":
+        raise ValueError(f"quantize={quantize!r} needs layer_layout='unrolled'")
     shape = mesh_spec.parse_mesh(mesh_shape) if isinstance(mesh_shape, str) else mesh_shape
     devices = devices or plan_devices(mesh_spec.mesh_size(shape))
     mesh = sharding.make_mesh(shape, devices)
     params = shape_structs(cfg)
     if layer_layout == "unrolled":
-        params = jax.eval_shape(lambda p: with_layer_layout(p, "unrolled"), params)
+        params = jax.eval_shape(
+            lambda p: with_layer_layout(p, "unrolled", int8=bool(quantize)), params)
     model = Model(cfg=cfg, params=params)
     decoder = methods_lib.make_method(model, method, greedy=greedy, **method_options)
     lookahead = decoder.lookahead()
@@ -164,7 +169,7 @@ def plan_memory(cfg: ModelConfig, mesh_shape: dict[str, int] | str, *, method: s
         "batch": batch, "loop_batch": loop_batch, "max_len": capacity, "prompt_block": block,
         "mesh": mesh_spec.mesh_text(shape), "devices": len(devices),
         "platform": device.platform, "device_kind": device.device_kind,
-        "layer_layout": layer_layout, "jax": jax.__version__,
+        "layer_layout": layer_layout, "quantize": quantize, "jax": jax.__version__,
     }
     return MemoryPlan(description=description,
                       weights=_tree_shard_bytes(p, p_sh) + _tree_shard_bytes(h, h_sh),
@@ -182,7 +187,8 @@ def summary_lines(plan: MemoryPlan) -> list[str]:
     mode = "greedy" if d["greedy"] else "sampling"
     return [
         f"{d['model_type']} {d['parameters'] / 1e9:.2f} B parameters, {d['num_layers']} layers, "
-        f"{d['dtype']}; {d['method']} ({mode}, exits {','.join(map(str, d['exits']))}); "
+        f"{d['dtype']}" + (f", {d['quantize']} layer projections" if d.get("quantize") else "")
+        + f"; {d['method']} ({mode}, exits {','.join(map(str, d['exits']))}); "
         f"batch {d['batch']}"
         + (f" (padded to {d['loop_batch']})" if d["loop_batch"] != d["batch"] else "")
         + f", max_len {d['max_len']}, prompt block {d['prompt_block']}",
@@ -201,7 +207,7 @@ def compare_loops(cfg: ModelConfig, mesh_shape: dict[str, int] | str, progress=N
                   **shapes) -> list[tuple[str, MemoryPlan]]:
     """`plan_memory` of every loop of `LOOPS` (greedy AR, LayerSkip, HiSpec, HiSpec adaptive;
     sampling AR and HiSpec) with the same shapes (`batch`, `max_len`, `prompt_len`,
-    `layer_layout`, `devices`): [(name, plan)], AR first in each mode."""
+    `layer_layout`, `devices`, `quantize`): [(name, plan)], AR first in each mode."""
     plans = []
     for name, method, options, greedy in LOOPS:
         plan = plan_memory(cfg, mesh_shape, method=method, greedy=greedy, **shapes, **options)

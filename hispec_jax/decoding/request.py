@@ -17,12 +17,16 @@ class Request:
       tokens_BxS: [B, S] int32, prompts right-padded into the cache capacity S.
       prompt_lens_B: [B] int32, prompt lengths (>= 1).
       max_new_B: [B] int32, `max_new_tokens` per sequence (0 for batch-padding rows).
-      eos_ids_E: [E] int32, EOS token ids, padded with -1.
+      eos_ids_E: [E] int32, EOS token ids, padded with -1; or [B, E], each sequence's own
+        (the server's slots: a request with `ignore_eos` has none, all -1).
       sequence_keys_Bx2: [B, 2] uint32 raw PRNG keys, one per sequence.
       sampling: temperature / top-k / top-p as scalars.
       lookup_cost: the device's verification-pass costs the acceptance gates weigh (the
         lookup drafter's, and the exit drafter's where it is on) ([] float32 F and J,
         `gate.PassCost`; default: the backend's).
+      min_new_B: [B] int32, new tokens before which a sequence's EOS is suppressed
+        (`emit.suppress_eos`: the server's `min_tokens`), or None (offline loops: no
+        suppression, nothing compiled for it).
     """
 
     tokens_BxS: jax.Array
@@ -32,3 +36,4 @@ class Request:
     sequence_keys_Bx2: jax.Array
     sampling: SamplingArrays
     lookup_cost: PassCost = flax.struct.field(default_factory=default_pass_cost)
+    min_new_B: jax.Array | None = None

@@ -436,6 +436,12 @@ def generation_config(reader) -> dict[str, Any]:
     return out
 
 
+def read_config(path, dtype: str = "float32") -> ModelConfig:
+    """The `ModelConfig` of a `.gguf` file from its metadata (no tensor read): what
+    `load_checkpoint` will build, for a size known before loading."""
+    return config_from_metadata(_reader(Path(path)), dtype)
+
+
 def load_checkpoint(path, dtype: str | None = None, layer_layout: str = "scan",
                     out_major: bool | None = None, fused: bool | None = None,
                     int8: bool = False):

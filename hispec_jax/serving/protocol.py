@@ -8,7 +8,10 @@ problem is an `APIError`, answered with an OpenAI-style body and a 4xx status:
                "code": null}}
 
 Supported: max_tokens / max_completion_tokens, temperature, top_p, top_k (an extension, as
-vLLM's), stop (up to 4 strings), seed, stream, stream_options.include_usage, n = 1, user.
+vLLM's), stop (up to 4 strings), seed, stream, stream_options.include_usage, n = 1, user,
+and vLLM's sampling extensions that load tools send: ignore_eos (decode past EOS and
+end-of-turn tokens, to the token budget) and min_tokens (EOS and end-of-turn tokens
+suppressed in the model's choice until that many new tokens; at most the budget).
 Parameters that would change the output in ways the engine cannot honour (n > 1, logprobs,
 tools, penalties, logit_bias, response formats, echo, suffix, best_of > 1) are rejected, not
 ignored.
@@ -81,6 +84,9 @@ class SamplingRequest(_Strict):
     stream_options: StreamOptions | None = None
     n: StrictInt | None = None
     user: str | None = None
+    # vLLM's extensions (`extra_body` in the openai client)
+    ignore_eos: StrictBool = False
+    min_tokens: StrictInt = Field(default=0, ge=0)
     # Known OpenAI parameters the engine does not implement: rejected unless neutral.
     logprobs: Union[StrictBool, StrictInt, None] = None
     top_logprobs: StrictInt | None = None

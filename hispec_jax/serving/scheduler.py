@@ -91,6 +91,8 @@ class Job:
       cancel_reason: the finish reason a cancellation counts as ("cancelled", or "stop"
         when a stop string ended the request).
       last_token_at: when the job's latest tokens were handed out (inter-token latency).
+      ignore_eos, min_tokens: vLLM's extensions (`slots.SlotRequest`): run past EOS; no
+        EOS before this many new tokens.
     """
 
     prompt_ids: list[int]
@@ -103,6 +105,8 @@ class Job:
     cancelled: bool = False
     cancel_reason: str = "cancelled"
     last_token_at: float | None = None
+    ignore_eos: bool = False
+    min_tokens: int = 0
 
     def deliver(self, event) -> None:
         try:
@@ -274,8 +278,9 @@ class Scheduler:
                 if not waiting:
                     break
                 job = waiting.popleft()
-                engine.admit(slot, slots_lib.SlotRequest(tuple(job.prompt_ids),
-                                                         job.max_new_tokens, job.sampling))
+                engine.admit(slot, slots_lib.SlotRequest(
+                    tuple(job.prompt_ids), job.max_new_tokens, job.sampling,
+                    ignore_eos=job.ignore_eos, min_tokens=job.min_tokens))
                 running[slot] = job
                 self.stats.admitted(len(job.prompt_ids))
             busy |= bool(running)

@@ -184,10 +184,14 @@ class OpenAIServing:
         prompt_ids = self.prompt_ids(body)
         max_tokens, param = self.max_tokens(body)
         budget = self.budget(prompt_ids, max_tokens, param, sampling)
+        if body.min_tokens > budget:
+            raise APIError(400, f"min_tokens={body.min_tokens} exceeds the token budget of "
+                           f"{budget} ({param} or what fits the context)", "min_tokens")
         if not self.scheduler.alive:
             raise APIError(503, "the engine is not running", type_="server_error")
         job = Job(prompt_ids=prompt_ids, max_new_tokens=budget, sampling=sampling,
-                  loop=asyncio.get_running_loop(), queue=asyncio.Queue())
+                  loop=asyncio.get_running_loop(), queue=asyncio.Queue(),
+                  ignore_eos=body.ignore_eos, min_tokens=body.min_tokens)
         gen = Generation(id=self.id_prefix + secrets.token_hex(12), created=int(time.time()),
                          prompt_ids=prompt_ids, job=job,
                          text=OutputText(self.model.tokenizer, stops),

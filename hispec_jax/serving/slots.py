@@ -117,12 +117,18 @@ class SlotRequest:
       sampling: temperature / top-k / top-p / seed (temperature 0 on a greedy engine).
       sequence_index: the request's index for its PRNG key (`sampling.sequence_keys`): 0
         gives the draws of offline `generate` of this one prompt with this seed.
+      ignore_eos: EOS does not end it (its slot's EOS list is empty): it runs to its
+        budget, EOS tokens included, as offline `generate(ignore_eos=True)`.
+      min_tokens: its EOS is suppressed (never drawn nor accepted: `emit.suppress_eos`)
+        until it has this many new tokens; 0: from the first.
     """
 
     prompt_ids: tuple[int, ...]
     max_new_tokens: int
     sampling: SamplingParams = SamplingParams()
     sequence_index: int = 0
+    ignore_eos: bool = False
+    min_tokens: int = 0
 
 
 def _merge_row(big, small, slot, batch: int):
@@ -235,14 +241,15 @@ def _chunk(cfg, stop: int, params, cache, slot, tokens_1xC, start, prompt_len_1)
 
 def _finish(engine: engine_lib.Engine, params, heads, state: engine_lib.EngineState,
             req: Request, slot, h_1xD, prompt_1xS, prompt_len_1, max_new_1, key_1x2,
-            sampling_1: SamplingArrays, windows_K1):
+            sampling_1: SamplingArrays, windows_K1, eos_1xE, min_new_1):
     """Writes the per-sequence state of a prefilled prompt (`Engine.state_from_prefill`
     as a batch of one) into row `slot` of the state and of the request (output buffer,
-    c_k, rings, windows, drafter state, keys...); the cache rows are the chunks'."""
+    c_k, rings, windows, drafter state, keys, its EOS ids and `min_tokens`...); the cache
+    rows are the chunks'."""
     one = dataclasses.replace(engine, shapes=dataclasses.replace(engine.shapes, batch=1))
     req_1 = Request(tokens_BxS=prompt_1xS, prompt_lens_B=prompt_len_1, max_new_B=max_new_1,
-                    eos_ids_E=req.eos_ids_E, sequence_keys_Bx2=key_1x2, sampling=sampling_1,
-                    lookup_cost=req.lookup_cost)
+                    eos_ids_E=eos_1xE, sequence_keys_Bx2=key_1x2, sampling=sampling_1,
+                    lookup_cost=req.lookup_cost, min_new_B=min_new_1)
     fresh = one.state_from_prefill(params, heads, req_1, h_1xD, None, windows_K1)
     B = engine.shapes.batch
     merged = jax.tree.map(lambda b, s: _merge_row(b, s, slot, B),
@@ -252,6 +259,8 @@ def _finish(engine: engine_lib.Engine, params, heads, state: engine_lib.EngineSt
         max_new_B=req.max_new_B.at[slot].set(max_new_1[0]),
         prompt_lens_B=req.prompt_lens_B.at[slot].set(prompt_len_1[0]),
         sequence_keys_Bx2=req.sequence_keys_Bx2.at[slot].set(key_1x2[0]),
+        eos_ids_E=req.eos_ids_E.at[slot].set(eos_1xE[0]),
+        min_new_B=req.min_new_B.at[slot].set(min_new_1[0]),
         sampling=jax.tree.map(lambda b, s: b.at[slot].set(s[0]), req.sampling, sampling_1))
     return merged, req
 
@@ -262,11 +271,14 @@ def _cancel(state: engine_lib.EngineState, slot) -> engine_lib.EngineState:
 
 
 def _empty(engine: engine_lib.Engine, params, heads, eos_ids_E, windows_K1):
-    """A state and request with every slot free (done from the start)."""
+    """A state and request with every slot free (done from the start); each slot with its
+    own EOS list ([B, E]: `eos_ids_E` until a request says otherwise) and `min_tokens`."""
     B, S, T = engine.shapes.batch, engine.shapes.capacity, engine.shapes.prompt_block
     req = Request(tokens_BxS=jnp.zeros((B, S), jnp.int32),
                   prompt_lens_B=jnp.ones((B,), jnp.int32), max_new_B=jnp.zeros((B,), jnp.int32),
-                  eos_ids_E=eos_ids_E, sequence_keys_Bx2=jnp.zeros((B, 2), jnp.uint32),
+                  eos_ids_E=jnp.broadcast_to(eos_ids_E, (B,) + eos_ids_E.shape),
+                  min_new_B=jnp.zeros((B,), jnp.int32),
+                  sequence_keys_Bx2=jnp.zeros((B, 2), jnp.uint32),
                   sampling=SamplingArrays(temperature=jnp.ones((B,), jnp.float32),
                                           top_k=jnp.zeros((B,), jnp.int32),
                                           top_p=jnp.ones((B,), jnp.float32)))
@@ -457,6 +469,8 @@ class SlotEngine:
         self.last_rider: int | None = None  # positions of the chunk the last generate carried
         self._prompt_len = np.zeros((slots,), np.int64)
         self._reported = np.zeros((slots,), np.int64)  # new tokens already handed out
+        self._ignore_eos = [False] * slots  # a slot's request runs past EOS (its last
+        # token may be an EOS without having ended it)
         self._prefills: list[_Prefill] = []  # admitted prompts not yet prefilled, oldest first
         self.busy = [False] * slots
 
@@ -596,6 +610,7 @@ class SlotEngine:
     def _finish(self, p: _Prefill) -> None:
         self.state, self.req = self._run(*self._finish_call(p.slot, p.request, p.h_1xD))
         self._prompt_len[p.slot], self._reported[p.slot] = len(p.request.prompt_ids), 0
+        self._ignore_eos[p.slot] = p.request.ignore_eos
 
     def _finish_call(self, slot: int, request: SlotRequest, h_1xD):
         """(fn, static, donate, args) of the finish step `_finish` runs."""
@@ -607,11 +622,14 @@ class SlotEngine:
             temperature=np.asarray([max(s.temperature, 1e-6)], np.float32),
             top_k=np.asarray([s.top_k], np.int32), top_p=np.asarray([s.top_p], np.float32))
         key_1x2 = np.asarray(sequence_keys(s.seed, [request.sequence_index]))
+        eos_1xE = np.asarray(self._eos_ids_E)[None]
+        if request.ignore_eos:
+            eos_1xE = np.full_like(eos_1xE, -1)
         return (_finish, (self.engine,), (2, 3),
                 (self.model.params, self.model.heads, self.state, self.req, np.int32(slot),
                  h_1xD, prompt, np.asarray([n], np.int32),
                  np.asarray([request.max_new_tokens], np.int32), key_1x2, sampling_1,
-                 self._windows_K1))
+                 self._windows_K1, eos_1xE, np.asarray([request.min_tokens], np.int32)))
 
     def cancel(self, slot: int) -> None:
         """Stops `slot` now and frees it (its unreported tokens, or the rest of its
@@ -658,7 +676,8 @@ class SlotEngine:
             new = tokens_BxS[b, p + seen:p + n].tolist()
             self._reported[b] = n
             done = bool(done_B[b])
-            hit_eos = done and n > 0 and int(tokens_BxS[b, p + n - 1]) in self.eos_ids
+            hit_eos = (done and n > 0 and not self._ignore_eos[b]
+                       and int(tokens_BxS[b, p + n - 1]) in self.eos_ids)
             if done:
                 self.busy[b] = False
             updates.append(SlotUpdate(slot=b, new_token_ids=new, done=done, hit_eos=hit_eos))

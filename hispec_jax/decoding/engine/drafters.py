@@ -190,11 +190,16 @@ class ExitDrafter:
             ring_BxWxD=state.hidden[0] if K > 1 else None, capacity=S,
             block=h.blocks[0] if K > 1 else 1, rider=state.rider), state.cache, h.exits[0],
             state.draft_state.exit)
+        logits_BxV = d.logits_BxV
+        if K == 1:  # the draft level is the top level: no EOS before min_new_B
+            logits_BxV = emit.suppress_eos(logits_BxV[:, None], rnd.req.eos_ids_E,
+                                           (pos_B + 1 - rnd.req.prompt_lens_B)[:, None],
+                                           rnd.req.min_new_B)[:, 0]
         if rnd.greedy:
-            next_B = jnp.argmax(d.logits_BxV, axis=-1).astype(jnp.int32)
+            next_B = jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32)
             logp_BxV = None
         else:
-            logp_BxV = filtered_logprobs(d.logits_BxV, rnd.req.sampling)
+            logp_BxV = filtered_logprobs(logits_BxV, rnd.req.sampling)
             next_B = jax.vmap(jax.random.categorical)(rnd.keys(state, 0), logp_BxV)
             next_B = next_B.astype(jnp.int32)
         hidden, dists = state.hidden, state.dists

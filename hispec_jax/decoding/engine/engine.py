@@ -158,7 +158,9 @@ class Engine:
         if not greedy and K > 1 and not h.rule.needs_proposal_dists:
             raise ValueError("sampling with a speculative hierarchy needs a sampling acceptance rule")
         with jax.named_scope("first_token"):
-            logits_BxV = exit_logits(params, heads, cfg, h_BxD[:, None], top)[:, 0]
+            logits_BxV = emit.suppress_eos(exit_logits(params, heads, cfg, h_BxD[:, None], top),
+                                           req.eos_ids_E, jnp.zeros((B, 1), jnp.int32),
+                                           req.min_new_B)[:, 0]
             first_keys = jax.vmap(jax.random.fold_in)(req.sequence_keys_Bx2, jnp.full((B,), -1))
             first_B = choose_tokens(logits_BxV, greedy, req.sampling, first_keys)
             out = emit.start_output(req.tokens_BxS, req.prompt_lens_B, req.max_new_B)

@@ -270,6 +270,10 @@ class Round:
             state = state.replace(rider=result[2])
         with jax.named_scope("head"):
             logits_BxTxV = exit_logits(self.params, self.heads, cfg, h_BxTxD, hi)
+        if k == self.h.num_levels:  # the top level decides: no EOS before min_new_B
+            logits_BxTxV = emit.suppress_eos(
+                logits_BxTxV, self.req.eos_ids_E,
+                proposed_pos_BxT - self.req.prompt_lens_B[:, None], self.req.min_new_B)
         target_BxTxV = (logits_BxTxV if self.greedy
                         else filtered_logprobs(logits_BxTxV, self.req.sampling))
         fwd = Forward(start_B=start_B, n_B=n_B, positions_BxT=positions_BxT,
