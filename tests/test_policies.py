@@ -49,7 +49,7 @@ def test_every_policy_keeps_its_contract(protocol, policy):
 def test_the_hierarchy_is_typed_with_the_contracts():
     fields = {f.name: f.type for f in engine.Hierarchy.__dataclass_fields__.values()}
     assert fields["window_policy"] == "policies.WindowPolicy"
-    assert fields["draft_exit"] == "policies.DraftExitPolicy"
+    assert fields["drafter"] == "policies.Drafter"
     assert fields["rule"] == "policies.AcceptanceRule"
     assert fields["companion"] == "policies.Companion | None"
 
@@ -66,7 +66,8 @@ def test_every_method_is_made_of_policies(method, options, greedy):
     assert isinstance(h.drafter, engine.LookupDrafter) == ("lookup" in options
                                                            or method == "lookup")
     assert isinstance(h.window_policy, policies.WindowPolicy)
-    assert isinstance(h.draft_exit, policies.DraftExitPolicy)
+    if isinstance(h.drafter, engine.ExitDrafter):
+        assert isinstance(h.drafter.draft_exit, policies.DraftExitPolicy)
     assert isinstance(h.rule, policies.AcceptanceRule)
     assert h.companion is None or isinstance(h.companion, policies.Companion)
     assert (h.companion is not None) == (method == "sv")
