@@ -2,7 +2,8 @@
 with two devices each (JAX's multi-controller runtime over gloo): run as its own process by
 tests/test_multihost.py (XLA_FLAGS must be set before JAX starts). Process 0 (or the single
 process) prints one JSON object: {mesh: {method: token ids per prompt, the fraction of the
-model's weights this process holds}, "devices": ...}.
+model's weights this process holds}, "devices": ...}; process 1 prints only whether it
+received process 0's work (`distributed.broadcast_work`).
 
     python tests/multihost_cases.py MODEL_DIR                          # one process, 4 devices
     python tests/multihost_cases.py MODEL_DIR HOST:PORT 2 I            # process I of 2, 2 each
@@ -30,8 +31,8 @@ import jax  # noqa: E402
 from hispec_jax.models import sharding  # noqa: E402
 
 # Two prompts, so each data shard (one per process) decodes one; the second repeats itself
-# so that prompt lookup finds drafts.
-PROMPTS = [[1, 5, 7, 9, 11], [3, 4, 6, 3, 4, 6, 3, 4]]
+# so that prompt lookup finds drafts. test_multihost.py gives `hispec generate` the same.
+PROMPTS = ["the cat was", "hello world hello world"]
 METHODS = {
     "ar": dict(method="ar"),
     "lookup": dict(method="lookup", lookup=3),
@@ -66,8 +67,15 @@ def main() -> int:
                                          **METHODS[name])
             case[name] = result.token_ids
         out[mesh_text] = case
+    # host-side work from process 0 (the followers pass None): what a multi-host server
+    # would send every step; sized past one power of two to exercise the padding
+    work = {"step": 7, "prompts": PROMPTS, "note": "x" * 300}
+    received = hispec_jax.distributed.broadcast_work(
+        work if hispec_jax.distributed.is_leader() else None)
     if hispec_jax.distributed.is_leader():
         print(json.dumps(out), flush=True)
+    else:  # a follower reports only what it received
+        print(json.dumps({"follower_received_work": received == work}), flush=True)
     return 0
 
 
