@@ -4,6 +4,7 @@ early-exit models (`hispec_jax/train_heads/`)."""
 from __future__ import annotations
 
 from hispec_jax.cli import common
+from hispec_jax.cli import distributed as distributed_cli
 
 
 def add_parsers(subparsers) -> None:
@@ -33,6 +34,8 @@ def add_parsers(subparsers) -> None:
     heads.set_defaults(takes_overrides=True)
     heads.add_argument("--config", default="train_heads_default",
                        help="a configs/train_heads_*.py file or name (default: train_heads_default)")
+    add_training_mesh_flag(heads)
+    distributed_cli.add_distributed_flags(heads)
 
     vocab = common.add_command(
         subparsers, "draft-vocab", run_draft_vocab,
@@ -73,11 +76,24 @@ def run_pretrain(args) -> int:
     return 0
 
 
+def add_training_mesh_flag(parser) -> None:
+    parser.add_argument("--mesh", default=None, metavar="data=D,model=M",
+                        help="train over a device mesh: the batch split over 'data', the "
+                             "frozen model and the heads' vocabulary over 'model'; the sizes "
+                             "multiply to the device count (every host's, with the flags "
+                             "below); checkpoints resume on any mesh (default: one device)")
+
+
 def run_train_heads(args) -> int:
+    mesh_shape = common.mesh_arg(args)  # before JAX
+    several_hosts = distributed_cli.distributed_arg(args, needs_mesh=True)
     from hispec_jax.train_heads.config import load_config
     from hispec_jax.train_heads.train import train
 
-    train(load_config(args.config, common.config_overrides(args.extra)))
+    config = load_config(args.config, common.config_overrides(args.extra))
+    distributed_cli.initialize(several_hosts)
+    common.use_mesh(mesh_shape)  # train() trains over it
+    train(config, log=print if distributed_cli.is_leader() else lambda line: None)
     return 0
 
 
