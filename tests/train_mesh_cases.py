@@ -61,10 +61,11 @@ def model_dir(root: Path) -> Path:
 
 def run(root: Path, name: str, mesh_text: str | None, stop_at: int | None = None, **overrides):
     config = config_lib.load_config("train_heads_small", {"model_path": str(root / "model")})
-    config.update(workdir=str(root / name), cache_dir=str(root / "cache"),
-                  output_dir=str(root / name / "out"), progress_bar=False, total_steps=STEPS,
-                  warmup_steps=2, batch_size=4, checkpoint_every=2, eval_every=4,
-                  async_checkpoint=False, **overrides)
+    config.update({"workdir": str(root / name), "cache_dir": str(root / "cache"),
+                   "output_dir": str(root / name / "out"), "progress_bar": False,
+                   "total_steps": STEPS, "warmup_steps": 2, "batch_size": 4,
+                   "checkpoint_every": 2, "eval_every": 4, "async_checkpoint": False,
+                   **overrides})
 
     def log(line):
         if stop_at is not None and line.startswith(f"eval @ step {stop_at}:"):
