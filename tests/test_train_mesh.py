@@ -6,8 +6,10 @@ The runs take four fake CPU devices, so they run in their own process
 within float tolerance, with the feature cache and without it (the frozen base run in every
 step, sharded); a run stopped after 4 steps on data=2,model=2 and resumed on model=4 ends
 where the unbroken run ends; the stopped run's sharded orbax checkpoint restores onto
-data=4 and data=2,model=2 with identical values and each mesh's shardings. The flag checks
-run in this process.
+data=4 and data=2,model=2 with identical values and each mesh's shardings. The same for
+`hispec pretrain --small --mesh` (`pretrain_mesh_cases.py`): 6 steps on data=2,model=2 equal
+one device's, and a run cut after one step on data=2,model=2 and resumed on model=4 ends
+with the unbroken run's losses and weights. The flag checks run in this process.
 """
 
 import json
@@ -78,3 +80,30 @@ def test_train_heads_flag_errors(capsys, tmp_path, flags, message):
     err = capsys.readouterr().err
     assert err.startswith("hispec: error: ") and message in err
     assert len(err.strip().splitlines()) == 1
+
+
+# ----- hispec pretrain over a mesh (pretrain_mesh_cases.py) ----------------------------------
+
+@pytest.fixture(scope="module")
+def pretrain_runs(tmp_path_factory):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(TESTS.parent), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    proc = subprocess.run([sys.executable, str(TESTS / "pretrain_mesh_cases.py"),
+                           str(tmp_path_factory.mktemp("pretrain_mesh"))],
+                          capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_pretrain_loss_curve_on_2x2_equals_one_device(pretrain_runs):
+    one, mesh = pretrain_runs["one"], pretrain_runs["mesh_2x2"]
+    assert len(one) == len(mesh) == 6 and one[-1] < one[0]
+    np.testing.assert_allclose(mesh, one, rtol=2e-5)
+    np.testing.assert_allclose(*pretrain_runs["perplexity"], rtol=2e-5)
+
+
+def test_pretrain_cut_on_2x2_and_resumed_on_model_4_ends_as_unbroken(pretrain_runs):
+    assert pretrain_runs["cut_steps"] == 1 and pretrain_runs["resumed_steps"] == 5
+    resumed = [pretrain_runs["resumed"][str(s)] for s in range(6)]
+    np.testing.assert_allclose(resumed, pretrain_runs["mesh_2x2"], rtol=2e-5)
+    assert pretrain_runs["params_gap"] < 1e-5

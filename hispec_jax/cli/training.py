@@ -25,6 +25,8 @@ def add_parsers(subparsers) -> None:
     pre.add_argument("--small", action="store_true",
                      help="the config's 'small' variant: a tiny model, a few steps (~1 minute)")
     pre.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
+    add_training_mesh_flag(pre)
+    distributed_cli.add_distributed_flags(pre)
 
     heads = common.add_command(
         subparsers, "train-heads", run_train_heads,
@@ -58,13 +60,19 @@ def add_parsers(subparsers) -> None:
 
 
 def run_pretrain(args) -> int:
+    mesh_shape = common.mesh_arg(args)  # before JAX
+    several_hosts = distributed_cli.distributed_arg(args, needs_mesh=True)
     from hispec_jax.models.presets import PRESETS_DIR, apply_overrides
     from hispec_jax.train_heads.pretrain import load_pretrain_config, pretrain
 
     config = load_pretrain_config(args.config or PRESETS_DIR / "pretrain_default.py",
                                   small=args.small)
     apply_overrides(config, common.config_overrides(args.extra))
+    distributed_cli.initialize(several_hosts)
+    common.use_mesh(mesh_shape)  # pretrain() trains over it
     summary = pretrain(config, progress=not args.no_progress)
+    if not distributed_cli.is_leader():
+        return 0
     ev = summary["eval"]
     agreement = ", ".join(f"{e + 1}:{a:.3f}" for e, a in enumerate(ev["agreement_exits"]))
     loss = ("no steps this run" if summary["first_loss"] is None else
@@ -79,7 +87,7 @@ def run_pretrain(args) -> int:
 def add_training_mesh_flag(parser) -> None:
     parser.add_argument("--mesh", default=None, metavar="data=D,model=M",
                         help="train over a device mesh: the batch split over 'data', the "
-                             "frozen model and the heads' vocabulary over 'model'; the sizes "
+                             "model (and exit heads' vocabulary) over 'model'; the sizes "
                              "multiply to the device count (every host's, with the flags "
                              "below); checkpoints resume on any mesh (default: one device)")
 
