@@ -6,7 +6,9 @@ The runs take four fake CPU devices, so they run in their own process
 within float tolerance, with the feature cache and without it (the frozen base run in every
 step, sharded); a run stopped after 4 steps on data=2,model=2 and resumed on model=4 ends
 where the unbroken run ends; the stopped run's sharded orbax checkpoint restores onto
-data=4 and data=2,model=2 with identical values and each mesh's shardings. The same for
+data=4 and data=2,model=2 with identical values and each mesh's shardings; and
+`hispec train-heads` as two processes x two fake devices trains as one process on 2x2
+(test_multihost.py's helpers). The same for
 `hispec pretrain --small --mesh` (`pretrain_mesh_cases.py`): 6 steps on data=2,model=2 equal
 one device's, and a run cut after one step on data=2,model=2 and resumed on model=4 ends
 with the unbroken run's losses and weights. The flag checks run in this process.
@@ -22,6 +24,7 @@ import numpy as np
 import pytest
 
 from hispec_jax.cli import main
+from hispec_jax.train_heads.train import METRICS_FILENAME as METRICS
 
 TESTS = Path(__file__).resolve().parent
 
@@ -30,11 +33,11 @@ TESTS = Path(__file__).resolve().parent
 def runs(tmp_path_factory):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(TESTS.parent), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
-    proc = subprocess.run([sys.executable, str(TESTS / "train_mesh_cases.py"),
-                           str(tmp_path_factory.mktemp("train_mesh"))],
+    root = tmp_path_factory.mktemp("train_mesh")
+    proc = subprocess.run([sys.executable, str(TESTS / "train_mesh_cases.py"), str(root)],
                           capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return {**json.loads(proc.stdout.strip().splitlines()[-1]), "root": root}
 
 
 @pytest.mark.parametrize("curve", ["mesh_2x2", "mesh_2x2_tokens"])
@@ -65,6 +68,31 @@ def test_checkpoint_restores_onto_another_mesh(runs):
 
 def test_batch_not_divided_by_the_data_axis_is_refused(runs):
     assert "batch_size=3 is not a multiple of the mesh's data axis (2)" in runs["batch_error"]
+
+
+def test_train_heads_on_two_processes_equals_one(runs):
+    """`hispec train-heads` as two processes x two fake devices (gloo, a coordinator on
+    localhost) trains as train_mesh_cases' one process on data=2,model=2: same settings,
+    the same loss curve; process 0 alone writes the metrics and the heads."""
+    from test_multihost import env_with, free_port, run_together
+
+    root = runs["root"]
+    work = root / "two_processes"
+    overrides = {"model_path": root / "model", "workdir": work, "output_dir": work / "out",
+                 "progress_bar": False, "total_steps": 8, "warmup_steps": 2, "batch_size": 4,
+                 "checkpoint_every": 2, "eval_every": 4, "async_checkpoint": False}
+    address = f"127.0.0.1:{free_port()}"
+    commands = [[sys.executable, "-m", "hispec_jax.cli", "train-heads", "--config",
+                 "train_heads_small", "--mesh", "data=2,model=2",
+                 "--coordinator-address", address, "--num-processes", "2", "--process-id", str(i),
+                 f"--config.cache_dir={root / f'cache_{i}'}",
+                 *(f"--config.{k}={v}" for k, v in overrides.items())] for i in range(2)]
+    leader, follower = run_together(commands, env_with(2))
+    lines = [json.loads(line) for line in (work / METRICS).read_text().splitlines()]
+    losses = [r["loss"] for r in lines if r["event"] == "train"]
+    np.testing.assert_allclose(losses, runs["mesh_2x2"], rtol=2e-5)
+    assert "heads saved to" in leader.stdout and "heads saved to" not in follower.stdout
+    assert (work / "out" / "exit_heads.safetensors").is_file()
 
 
 @pytest.mark.parametrize("flags, message", [
