@@ -19,8 +19,11 @@ which is how the two-process tests run on one machine (tests/test_multihost.py).
 `broadcast_work` sends host-side work (a JSON value: a request, a step's slot plan) from
 process 0 to the followers, so that every process can run the same compiled programs on
 the same arguments; it is the mechanism a multi-host server needs (process 0 takes the HTTP
-requests). A process that dies makes the others' next collective fail (JAX's coordination
-service notices the missing heartbeat) instead of hanging for ever.
+requests). A process that dies stops the others instead of leaving them waiting: JAX's
+coordination service notices its missing heartbeats (`heartbeat_timeout_seconds`) and
+terminates every other process with "Terminating process because the JAX distributed
+service detected fatal errors. This most likely indicates that another task died"
+(tests/test_multihost.py).
 
 Standard library and JAX only; nothing here imports the rest of the package.
 """
@@ -49,7 +52,8 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
       local_device_ids: the local devices this process uses (default: all of them).
       initialization_timeout: seconds to wait for the other processes to join.
       heartbeat_timeout_seconds: after this long without a heartbeat from a process, the
-        others' collectives fail (a dead follower stops the run instead of hanging it).
+        others are terminated with JAX's error (a dead follower stops the run instead of
+        hanging it).
       **kwargs: passed on to `jax.distributed.initialize` (e.g. `cluster_detection_method`).
 
     Raises `ArgumentError` (a ValueError) for a process id outside [0, num_processes) or a
@@ -121,7 +125,8 @@ def broadcast_work(work: Any = None) -> Any:
     Two collectives (`multihost_utils.broadcast_one_to_all`): the encoded length, then the
     bytes padded to a power of two (so followers compile one program per size class, not one
     per message). Every process must call it the same number of times, in the same order.
-    A dead peer makes it raise (JAX's heartbeat) instead of waiting for ever."""
+    A dead peer ends the process within the heartbeat timeout (module docstring) instead
+    of leaving it waiting for ever."""
     import numpy as np
 
     if process_count() == 1:

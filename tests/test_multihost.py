@@ -6,7 +6,9 @@ their output must be identical to one process on four fake devices: AR, prompt l
 HiSpec on data=2,model=2 (model axis inside a process, data across) and AR on model=4
 (tensor parallel across the processes, where each process holds only part of the weights),
 through the Python API (`multihost_cases.py`) and through `hispec generate`, which prints
-on process 0 only. Every subprocess has a timeout, so a failure fails instead of hanging.
+on process 0 only; a follower that dies stops process 0 with JAX's error (within its
+heartbeat timeout) instead of leaving it waiting. Every subprocess has a timeout, so a
+failure fails instead of hanging.
 The flag checks (one-line errors, exit status 2, before JAX) run in this process.
 """
 
@@ -132,6 +134,27 @@ def test_cli_generate_two_processes_prints_on_process_0(model_dir, api_runs):
     assert [o["token_ids"] for o in leader["outputs"]] == api_runs[0]["data=2,model=2"]["hispec"]
     assert leader["stats"]["mesh"] == "data=2,model=2 (4 cpu devices)"
     assert "{" not in two[1].stdout and "tokens/s" not in two[1].stderr  # process 0 prints
+
+
+def test_a_dead_follower_stops_process_0_with_an_error_not_a_hang():
+    address = f"127.0.0.1:{free_port()}"
+    script = [sys.executable, str(TESTS / "multihost_follower_death.py"), address]
+    procs = [subprocess.Popen(script + [str(i)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env_with(1))
+             for i in range(2)]
+    try:
+        outs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    (leader_out, leader_err), (follower_out, _) = outs
+    assert "process 1 received {'step': 1}" in follower_out
+    assert "process 0 received {'step': 1}" in leader_out
+    assert "sent step 2" not in leader_out
+    assert procs[0].returncode != 0
+    assert "another task died" in leader_err or "heartbeat" in leader_err, leader_err[-3000:]
 
 
 @pytest.mark.parametrize("flags, message", [
