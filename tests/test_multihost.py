@@ -24,6 +24,8 @@ import pytest
 from hispec_jax import distributed
 from hispec_jax.cli import main
 
+pytestmark = pytest.mark.multihost
+
 TESTS = Path(__file__).resolve().parent
 TIMEOUT = 300  # seconds per subprocess (they take seconds; a hang fails here)
 

@@ -70,6 +70,7 @@ def test_batch_not_divided_by_the_data_axis_is_refused(runs):
     assert "batch_size=3 is not a multiple of the mesh's data axis (2)" in runs["batch_error"]
 
 
+@pytest.mark.multihost
 def test_train_heads_on_two_processes_equals_one(runs):
     """`hispec train-heads` as two processes x two fake devices (gloo, a coordinator on
     localhost) trains as train_mesh_cases' one process on data=2,model=2: same settings,

@@ -56,7 +56,7 @@ import optax
 from hispec_jax import datasets
 from hispec_jax.models import sharding
 from hispec_jax.models.config import ModelConfig
-from hispec_jax.models.model import Model, load_model, place_on_mesh, save_model
+from hispec_jax.models.model import Model, load_model, save_model
 from hispec_jax.models.params import Params, init_params
 from hispec_jax.models.presets import model_config_from_ml_collections
 from hispec_jax.models.transformer import scan_exits
