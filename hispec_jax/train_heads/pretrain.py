@@ -34,17 +34,16 @@ Shapes: B batch, T sequence length, D hidden, V vocab, L layers.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
 import logging
 import math
+import shutil
 import time
 from pathlib import Path
 from typing import Any
-
-import contextlib
-import shutil
 
 import flax.struct
 import jax
@@ -136,9 +135,10 @@ def training_progress(config: ml_collections.ConfigDict, step: int, elapsed_s: f
 
 def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation,
                     config: ml_collections.ConfigDict):
-    """A jitted `(state, batch [B, T+1], lr, weights [L], key data) -> (state, metrics)` for the
-    recipe in `config` (`exit_recipe`); the state is donated. The per-step exit weights
-    (curriculum) are an argument, so they never recompile; `key` draws the layer dropout."""
+    """A jitted `(state, batch [B, T+1], lr, weights [L], key data) -> (state, metrics)` for
+    the recipe in `config` (`exit_recipe`); the state is donated. The per-step exit weights
+    (curriculum) are an argument, so they never recompile; the key (its `key_data`, a plain
+    array that places on a mesh like any other) draws the layer dropout."""
     rates_L = jnp.asarray(exit_recipe.layer_dropout_rates(cfg.num_layers,
                                                           config.layer_dropout_max))
     use_dropout = config.layer_dropout_max > 0
@@ -413,8 +413,8 @@ def _pretrain(config: ml_collections.ConfigDict, progress: bool, mesh) -> dict[s
         # read straight into this run's shardings, whatever mesh wrote the checkpoint
         state, _ = ckpt.restore(ckpt.latest_step(), abstract_like(state))
         log.warning("resuming from %s at step %d", ckpt_dir, int(state.step))
-    start_step, start_elapsed = (int(x) if i == 0 else float(x) for i, x in enumerate(
-        sharding.host_values((state.step, state.elapsed_s))))
+    step_now, elapsed_now = sharding.host_values((state.step, state.elapsed_s))
+    start_step, start_elapsed = int(step_now), float(elapsed_now)
     # Training takes the backend's fast default matmul passes (TF32 / bfloat16 on GPUs and
     # TPUs); the exact "highest" precision is what decoding needs (ModelConfig).
     train_step = make_train_step(cfg.replace(matmul_precision="default"), tx, config)
