@@ -41,7 +41,13 @@ if TYPE_CHECKING:
     from hispec_jax.models.model import Model, load_model, save_model
 
 
+# Submodules reachable as attributes without importing them first.
+_SUBMODULES = ("distributed",)
+
+
 def __getattr__(name):
+    if name in _SUBMODULES:  # hispec_jax.distributed.initialize(...)
+        return _importlib.import_module(f"hispec_jax.{name}")
     if name not in _LAZY:
         raise AttributeError(f"module 'hispec_jax' has no attribute {name!r}")
     value = getattr(_importlib.import_module(_LAZY[name]), name)
@@ -50,7 +56,7 @@ def __getattr__(name):
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | set(_SUBMODULES))
 
 
 class _NoTorchAdvice(_logging.Filter):

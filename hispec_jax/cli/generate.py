@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from hispec_jax.cli import common, load_options
+from hispec_jax.cli import distributed as distributed_cli
 from hispec_jax.decoding import options as options_lib
 
 
@@ -82,6 +83,7 @@ def add_parsers(subparsers) -> None:
     gen.add_argument("--json", action="store_true",
                      help="print one JSON object (outputs and stats) instead of text")
     common.add_mesh_flag(gen)
+    distributed_cli.add_distributed_flags(gen)
     gen.add_argument("--stream", action="store_true",
                      help="print each prompt's text as it is decoded (prompts one after "
                           "another; docs/serving.md)")
@@ -198,9 +200,11 @@ def stream_summary_line(stats: dict) -> str:
 def run_generate(args) -> int:
     check_generate_args(args)  # before importing JAX or reading weights
     mesh_shape = common.mesh_arg(args)
+    several_hosts = distributed_cli.distributed_arg(args, needs_mesh=True)
 
     from hispec_jax.api import generate
 
+    distributed_cli.initialize(several_hosts)  # SPMD: every process decodes the same prompts
     common.use_mesh(mesh_shape)  # load_model shards onto it
     model_path = args.model or common.default_model_dir()
     startup = load_options.startup_line(model_path, args)  # a bad config fails here, alone
@@ -223,6 +227,8 @@ def run_generate(args) -> int:
                       ignore_eos=args.ignore_eos, temperature=args.temperature, top_k=args.top_k,
                       top_p=args.top_p, seed=args.seed, chat=args.chat, **options)
     texts = result.texts or [""] * len(result.token_ids)
+    if not distributed_cli.is_leader():  # process 0 prints the output
+        return 0
     if args.json:
         outputs = [{"prompt": p, "token_ids": ids, "text": t}
                    for p, ids, t in zip(args.prompts, result.token_ids, texts)]

@@ -4,6 +4,7 @@ early-exit models (`hispec_jax/train_heads/`)."""
 from __future__ import annotations
 
 from hispec_jax.cli import common
+from hispec_jax.cli import distributed as distributed_cli
 
 
 def add_parsers(subparsers) -> None:
@@ -24,6 +25,8 @@ def add_parsers(subparsers) -> None:
     pre.add_argument("--small", action="store_true",
                      help="the config's 'small' variant: a tiny model, a few steps (~1 minute)")
     pre.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
+    add_training_mesh_flag(pre)
+    distributed_cli.add_distributed_flags(pre)
 
     heads = common.add_command(
         subparsers, "train-heads", run_train_heads,
@@ -33,6 +36,8 @@ def add_parsers(subparsers) -> None:
     heads.set_defaults(takes_overrides=True)
     heads.add_argument("--config", default="train_heads_default",
                        help="a configs/train_heads_*.py file or name (default: train_heads_default)")
+    add_training_mesh_flag(heads)
+    distributed_cli.add_distributed_flags(heads)
 
     vocab = common.add_command(
         subparsers, "draft-vocab", run_draft_vocab,
@@ -55,13 +60,19 @@ def add_parsers(subparsers) -> None:
 
 
 def run_pretrain(args) -> int:
+    mesh_shape = common.mesh_arg(args)  # before JAX
+    several_hosts = distributed_cli.distributed_arg(args, needs_mesh=True)
     from hispec_jax.models.presets import PRESETS_DIR, apply_overrides
     from hispec_jax.train_heads.pretrain import load_pretrain_config, pretrain
 
     config = load_pretrain_config(args.config or PRESETS_DIR / "pretrain_default.py",
                                   small=args.small)
     apply_overrides(config, common.config_overrides(args.extra))
+    distributed_cli.initialize(several_hosts)
+    common.use_mesh(mesh_shape)  # pretrain() trains over it
     summary = pretrain(config, progress=not args.no_progress)
+    if not distributed_cli.is_leader():
+        return 0
     ev = summary["eval"]
     agreement = ", ".join(f"{e + 1}:{a:.3f}" for e, a in enumerate(ev["agreement_exits"]))
     loss = ("no steps this run" if summary["first_loss"] is None else
@@ -73,11 +84,24 @@ def run_pretrain(args) -> int:
     return 0
 
 
+def add_training_mesh_flag(parser) -> None:
+    parser.add_argument("--mesh", default=None, metavar="data=D,model=M",
+                        help="train over a device mesh: the batch split over 'data', the "
+                             "model (and exit heads' vocabulary) over 'model'; the sizes "
+                             "multiply to the device count (every host's, with the flags "
+                             "below); checkpoints resume on any mesh (default: one device)")
+
+
 def run_train_heads(args) -> int:
+    mesh_shape = common.mesh_arg(args)  # before JAX
+    several_hosts = distributed_cli.distributed_arg(args, needs_mesh=True)
     from hispec_jax.train_heads.config import load_config
     from hispec_jax.train_heads.train import train
 
-    train(load_config(args.config, common.config_overrides(args.extra)))
+    config = load_config(args.config, common.config_overrides(args.extra))
+    distributed_cli.initialize(several_hosts)
+    common.use_mesh(mesh_shape)  # train() trains over it
+    train(config, log=print if distributed_cli.is_leader() else lambda line: None)
     return 0
 
 

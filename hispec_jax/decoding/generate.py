@@ -271,12 +271,12 @@ def decode(model: Model, prompt_ids: list[list[int]], decoder: methods_lib.Decod
         out, raw_stats, _ = compiled(*args)
         jax.block_until_ready(out)
         run_seconds += time.perf_counter() - t0
-        tokens_BxS, prompt_lens_B, num_new_B = jax.device_get(
+        tokens_BxS, prompt_lens_B, num_new_B = sharding.host_values(  # several hosts too
             (out.tokens_BxS, req.prompt_lens_B, out.num_new_B))
         for b in range(len(batch)):
             p, n = int(prompt_lens_B[b]), int(num_new_B[b])
             token_ids.append(tokens_BxS[b, p:p + n].tolist())
-        method_stats.append(jax.device_get(raw_stats))
+        method_stats.append(sharding.host_values(raw_stats))
         batch_sequences.append(len(batch))
 
     new_tokens = sum(len(t) for t in token_ids)

@@ -94,7 +94,8 @@ def load_model(path, dtype: str | None = None, layer_layout: str | None = None,
       mesh: a `jax.sharding.Mesh` with axes ("data", "model") (`sharding.make_mesh`) to shard
         the parameters over (tensor parallel over "model", replicated over "data"); None: the
         mesh set by `jax.set_mesh`, if any, else one device. The checkpoint is read on the
-        host, then each device receives its shards.
+        host, then each device receives its shards; over several processes
+        (`hispec_jax.distributed`), each process places only its own devices' shards.
     """
     path = Path(path)
     layout = layer_layout or default_layer_layout()
@@ -120,8 +121,11 @@ def load_model(path, dtype: str | None = None, layer_layout: str | None = None,
     # the layout is arranged in host memory (NumPy compiles nothing), then placed at once
     cfg, params, heads, generation_config = hf_io.load_checkpoint(path, dtype=dtype, host=True)
     cfg = cfg.replace(matmul_precision=matmul_precision)
-    params, heads = jax.device_put((with_layer_layout(params, layout, out_major, fused,
-                                                      int8=bool(quantize)), heads))
+    params = with_layer_layout(params, layout, out_major, fused, int8=bool(quantize))
+    if mesh is None:
+        params, heads = jax.device_put((params, heads))
+    # on a mesh, each device receives only its shards from host memory (`place_on_mesh`;
+    # over several processes, each process places its own devices' shards)
     tokenizer = None
     if any((path / f).exists() for f in _TOKENIZER_FILES):
         from transformers import AutoTokenizer  # transformers' tokenizers need no torch

@@ -215,8 +215,33 @@ def replicated(tree, mesh: Mesh):
 
 def shard_arrays(tree, shardings):
     """`tree` placed by `shardings` (`jax.device_put`; numpy arrays go shard by shard to
-    their devices, arrays already placed so are returned as they are)."""
-    return jax.device_put(tree, shardings)
+    their devices, arrays already placed so are returned as they are).
+
+    Over several processes (a mesh with devices this process cannot address), each process
+    places only its own devices' shards, cut from its host copy
+    (`jax.make_array_from_callback`): every process must hold the same values, as SPMD
+    programs do (same checkpoint, same prompts), and no device receives a whole array."""
+    def one(x, s):
+        if s.is_fully_addressable or (isinstance(x, jax.Array) and not x.is_fully_addressable):
+            return jax.device_put(x, s)  # one process; or a global array resharded
+        host = np.asarray(x)
+        return jax.make_array_from_callback(host.shape, s, lambda index: host[index])
+
+    return jax.tree.map(one, tree, shardings)
+
+
+def host_values(tree):
+    """`jax.device_get(tree)`, also for arrays spread over several processes' devices:
+    those are gathered from every process first (`multihost_utils.process_allgather`, a
+    collective: every process must call this with the same tree). NumPy arrays out."""
+    def one(x):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            from jax.experimental import multihost_utils
+
+            return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+        return jax.device_get(x)
+
+    return jax.tree.map(one, tree)
 
 
 def shard_params(cfg: ModelConfig, params, heads, mesh: Mesh):

@@ -8,6 +8,10 @@ steps as two items:
     meta    JsonSave       {"step": n, "data_position": n (next batch index),
                             "run": the settings a resumed run must agree with}
 
+Arrays are saved sharded (orbax writes each shard once, from the process that holds it) and
+restored into the shardings of the target the resuming run passes (`abstract_like`), whatever
+mesh wrote them.
+
 Saves are asynchronous (orbax writes to a temporary directory and renames it when done), so
 a run killed with SIGKILL mid-save leaves the previous checkpoint as the latest complete one.
 """
@@ -58,5 +62,9 @@ class Checkpointer:
 
 
 def abstract_like(tree: Any) -> Any:
-    """`jax.ShapeDtypeStruct`s of a pytree of arrays (a restore target)."""
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+    """`jax.ShapeDtypeStruct`s of a pytree of arrays, with their shardings (a restore
+    target: orbax reads each array straight into these shardings, so a checkpoint written
+    on one device mesh restores onto another, each process reading only its shards)."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                                       sharding=getattr(x, "sharding", None)),
+                        tree)

@@ -19,25 +19,32 @@ AdamW steps (clip_by_global_norm; linear warmup, then a cosine over training pro
 num_steps, or elapsed / time_budget_s when a wall-clock budget is set and that is further
 along) -> held-out evaluation (perplexity, per-exit top-1 agreement with the final layer,
 over all held-out tokens and over the assistant replies only) -> a HF directory
-(`save_model` + tokenizer + generation_config.json). The training state is snapshotted to
-`work_dir/state.msgpack` so an interrupted run resumes at the same batch.
+(`save_model` + tokenizer + generation_config.json). The training state is checkpointed
+with orbax to `work_dir/checkpoints` so an interrupted run resumes at the same batch.
+
+Over a device mesh (`pretrain(..., mesh=)`, `hispec pretrain --mesh data=D,model=M`) the
+parameters and their optimizer state are sharded by `models.sharding`'s rule table (tensor
+parallel over "model"; created shard by shard, never whole on one device), the batches
+split over "data"; checkpoints are sharded and restore onto any mesh
+(`train_heads/mesh.py`). Over several processes every process runs the same loop; process 0
+writes the metrics, the summary and the model.
 
 Shapes: B batch, T sequence length, D hidden, V vocab, L layers.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
 import logging
 import math
-import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
 
-import flax.serialization
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -46,16 +53,19 @@ import numpy as np
 import optax
 
 from hispec_jax import datasets
+from hispec_jax.models import sharding
 from hispec_jax.models.config import ModelConfig
 from hispec_jax.models.model import Model, load_model, save_model
 from hispec_jax.models.params import Params, init_params
 from hispec_jax.models.presets import model_config_from_ml_collections
 from hispec_jax.models.transformer import scan_exits
 from hispec_jax.train_heads import data, exit_recipe, on_policy
+from hispec_jax.train_heads import mesh as mesh_lib
+from hispec_jax.train_heads.checkpoint import Checkpointer, abstract_like
 
 log = logging.getLogger(__name__)
 
-STATE_FILENAME = "state.msgpack"
+CHECKPOINT_SUBDIR = "checkpoints"
 SUMMARY_FILENAME = "training_summary.json"
 PACKAGE_DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[1] / "default_model"
 
@@ -125,9 +135,10 @@ def training_progress(config: ml_collections.ConfigDict, step: int, elapsed_s: f
 
 def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation,
                     config: ml_collections.ConfigDict):
-    """A jitted `(state, batch [B, T+1], lr, weights [L], key) -> (state, metrics)` for the
-    recipe in `config` (`exit_recipe`); the state is donated. The per-step exit weights
-    (curriculum) are an argument, so they never recompile; `key` draws the layer dropout."""
+    """A jitted `(state, batch [B, T+1], lr, weights [L], key data) -> (state, metrics)` for
+    the recipe in `config` (`exit_recipe`); the state is donated. The per-step exit weights
+    (curriculum) are an argument, so they never recompile; the key (its `key_data`, a plain
+    array that places on a mesh like any other) draws the layer dropout."""
     rates_L = jnp.asarray(exit_recipe.layer_dropout_rates(cfg.num_layers,
                                                           config.layer_dropout_max))
     use_dropout = config.layer_dropout_max > 0
@@ -141,7 +152,8 @@ def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation,
         return exit_recipe.combine_losses(terms, weights_L, config.distill_weight), terms
 
     @functools.partial(jax.jit, donate_argnums=(0,))
-    def train_step(state: TrainState, batch, lr, weights_L, key):
+    def train_step(state: TrainState, batch, lr, weights_L, key_data):
+        key = jax.random.wrap_key_data(key_data)
         (loss, terms), grads = jax.value_and_grad(loss_fn, has_aux=True)(
             state.params, batch, weights_L, key)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
@@ -184,14 +196,16 @@ def _metrics(nll, agree, correct, tokens) -> dict[str, Any]:
             "accuracy_exits": [round(float(x), 4) for x in correct / max(tokens, 1)]}
 
 
-def evaluate(params: Params, cfg: ModelConfig, batches, reply_masks=None) -> dict[str, Any]:
+def evaluate(params: Params, cfg: ModelConfig, batches, reply_masks=None,
+             mesh=None) -> dict[str, Any]:
     """Held-out metrics over `batches` ([B, T+1] arrays), per exit e = 1..L.
 
     Returns {"tokens", "perplexity" (final layer), "ce_exits" [L], "agreement_exits" [L]
     (top-1 agreement of exit e with the final layer: the greedy acceptance rate),
     "accuracy_exits" [L] (top-1 next-token accuracy)} over every target token. With
     `reply_masks` ([B, T+1] 0/1 arrays aligned with `batches`, 1 on assistant-reply tokens),
-    the same metrics over the target tokens inside replies are under "replies".
+    the same metrics over the target tokens inside replies are under "replies". On a
+    `mesh`, the batches split over "data".
     """
     L = cfg.num_layers
     W = 1 if reply_masks is None else 2
@@ -202,8 +216,11 @@ def evaluate(params: Params, cfg: ModelConfig, batches, reply_masks=None) -> dic
         if masks is not None:
             weights.append(np.asarray(next(masks))[:, 1:].astype(np.float32))
         weights = np.stack(weights)
-        n, a, c = jax.device_get(_eval_batch(params, cfg, jnp.asarray(batch),
-                                             jnp.asarray(weights)))
+        # the weights [W, B, T] split over "data" by their batch axis
+        placed_batch = mesh_lib.place_batch(np.asarray(batch), mesh)
+        placed_weights = (jax.device_put(weights) if mesh is None else sharding.shard_arrays(
+            weights, sharding.named_sharding((None, "batch"), weights.shape, mesh)))
+        n, a, c = sharding.host_values(_eval_batch(params, cfg, placed_batch, placed_weights))
         nll, agree, correct = nll + n, agree + a, correct + c
         tokens += weights.sum(axis=(1, 2))
     out = _metrics(nll[0], agree[0], correct[0], tokens[0])
@@ -297,10 +314,11 @@ def prepare_data(config: ml_collections.ConfigDict, work_dir: Path, tokenizer=No
     return tokenizer, train, evals, eval_masks
 
 
-def load_init_model(config: ml_collections.ConfigDict, cfg: ModelConfig) -> Model:
+def load_init_model(config: ml_collections.ConfigDict, cfg: ModelConfig, mesh=None) -> Model:
     """The `init_from` HF directory as float32 stacked-layer params; ValueError naming the
     fields where its architecture differs from `config.model`."""
-    model = load_model(Path(config.init_from).expanduser(), dtype="float32", layer_layout="scan")
+    model = load_model(Path(config.init_from).expanduser(), dtype="float32", layer_layout="scan",
+                       mesh=mesh)
     differ = [f for f in dataclasses.fields(ModelConfig)
               if getattr(model.cfg, f.name) != getattr(cfg, f.name)]
     if differ:
@@ -315,10 +333,31 @@ def load_init_model(config: ml_collections.ConfigDict, cfg: ModelConfig) -> Mode
 
 # ----- the run -------------------------------------------------------------------------
 
-def _save_state(state: TrainState, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(flax.serialization.to_bytes(jax.device_get(state)))
-    os.replace(tmp, path)
+def initial_state(config: ml_collections.ConfigDict, cfg: ModelConfig,
+                  tx: optax.GradientTransformation, params: Params | None, mesh) -> TrainState:
+    """The state at step 0: `params` (the init_from model's) or new ones from `config.seed`;
+    on a mesh, created shard by shard by the rule table, the optimizer state sharded as the
+    parameters (one program, so no device ever holds a whole array)."""
+    def make(params):
+        if params is None:
+            params = init_params(cfg, jax.random.key(config.seed), init_std=config.init_std)
+        return TrainState(step=jnp.zeros((), jnp.int32), elapsed_s=jnp.zeros((), jnp.float32),
+                          params=params, opt_state=tx.init(params))
+
+    if mesh is None:
+        return make(params)
+    if params is None:
+        shapes = jax.eval_shape(lambda: make(None).params)
+        shardings = sharding.param_shardings(cfg, shapes, mesh)
+        params = jax.jit(lambda: make(None).params, out_shardings=shardings)()
+    return jax.jit(make)(params)
+
+
+def _replicated(mesh, *values):
+    """Host scalars and small arrays replicated on the mesh (as they are on one device)."""
+    if mesh is None:
+        return values
+    return sharding.shard_arrays(values, sharding.replicated(values, mesh))
 
 
 def resolve_dirs(config: ml_collections.ConfigDict) -> tuple[Path, Path]:
@@ -327,11 +366,22 @@ def resolve_dirs(config: ml_collections.ConfigDict) -> tuple[Path, Path]:
     return out, Path(config.work_dir).expanduser()
 
 
-def pretrain(config: ml_collections.ConfigDict, progress: bool = True) -> dict[str, Any]:
+def pretrain(config: ml_collections.ConfigDict, progress: bool = True,
+             mesh=None) -> dict[str, Any]:
     """Trains, evaluates and saves a model per `config` (configs/pretrain_default.py).
 
-    Returns the training summary (also written to `out_dir/training_summary.json`).
+    `mesh`: a device mesh ("data", "model") to train over (module docstring); None: the
+    mesh set by `jax.set_mesh`, if any, else one device. A checkpoint written on one mesh
+    resumes on any other. Returns the training summary (also written to
+    `out_dir/training_summary.json`).
     """
+    if mesh is None and not jax.sharding.get_mesh().empty:
+        mesh = jax.sharding.get_mesh()
+    with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+        return _pretrain(config, progress, mesh)
+
+
+def _pretrain(config: ml_collections.ConfigDict, progress: bool, mesh) -> dict[str, Any]:
     from tqdm import tqdm
 
     out_dir, work_dir = resolve_dirs(config)
@@ -343,26 +393,28 @@ def pretrain(config: ml_collections.ConfigDict, progress: bool = True) -> dict[s
                          f"{config.num_steps!r}")
     exit_recipe.validate_recipe(config, cfg.num_layers)
     validate_data(config)
-    init_model = load_init_model(config, cfg) if config.init_from else None
+    mesh_lib.check_batch(config.data.batch_size, mesh)
+    init_model = load_init_model(config, cfg, mesh) if config.init_from else None
 
     t0 = time.time()
     tokenizer, train_batches, eval_batches, eval_masks = prepare_data(
         config, work_dir, init_model.tokenizer if init_model is not None else None, init_model)
     data_seconds = time.time() - t0
 
-    if init_model is not None:
-        params = init_model.params
-    else:
-        params = init_params(cfg, jax.random.key(config.seed), init_std=config.init_std)
-    tx = make_optimizer(config.optim, params)
-    state = TrainState(step=jnp.zeros((), jnp.int32), elapsed_s=jnp.zeros((), jnp.float32),
-                       params=params, opt_state=tx.init(params))
-    state_path = work_dir / STATE_FILENAME
-    if config.resume and state_path.exists():
-        state = flax.serialization.from_bytes(state, state_path.read_bytes())
-        state = jax.tree.map(jnp.asarray, state)
-        log.warning("resuming from %s at step %d", state_path, int(state.step))
-    start_step, start_elapsed = int(state.step), float(state.elapsed_s)
+    params = init_model.params if init_model is not None else None
+    tx = make_optimizer(config.optim, params if params is not None
+                        else jax.eval_shape(lambda: init_params(cfg, jax.random.key(0))))
+    state = initial_state(config, cfg, tx, params, mesh)
+    ckpt_dir = work_dir / CHECKPOINT_SUBDIR
+    if not config.resume and ckpt_dir.exists():
+        shutil.rmtree(ckpt_dir)
+    ckpt = Checkpointer(ckpt_dir, max_to_keep=1, async_save=False)
+    if config.resume and ckpt.latest_step() is not None:
+        # read straight into this run's shardings, whatever mesh wrote the checkpoint
+        state, _ = ckpt.restore(ckpt.latest_step(), abstract_like(state))
+        log.warning("resuming from %s at step %d", ckpt_dir, int(state.step))
+    step_now, elapsed_now = sharding.host_values((state.step, state.elapsed_s))
+    start_step, start_elapsed = int(step_now), float(elapsed_now)
     # Training takes the backend's fast default matmul passes (TF32 / bfloat16 on GPUs and
     # TPUs); the exact "highest" precision is what decoding needs (ModelConfig).
     train_step = make_train_step(cfg.replace(matmul_precision="default"), tx, config)
@@ -382,7 +434,7 @@ def pretrain(config: ml_collections.ConfigDict, progress: bool = True) -> dict[s
     def flush(pending):
         # Metrics are fetched one step late, so the host never blocks dispatch.
         step, lr, metrics = pending
-        m = jax.device_get(metrics)
+        m = sharding.host_values(metrics)
         return {"step": step, "loss": float(m["loss"]), "ce_final": float(m["ce_exits"][-1]),
                 "ce_exits": [round(float(x), 4) for x in m["ce_exits"]],
                 "kl_exits": [round(float(x), 4) for x in m["kl_exits"]],
@@ -390,10 +442,16 @@ def pretrain(config: ml_collections.ConfigDict, progress: bool = True) -> dict[s
                 "grad_norm": float(m["grad_norm"]), "lr": lr}
 
     def save_state():
-        _save_state(state.replace(elapsed_s=jnp.float32(elapsed())), state_path)
+        done = int(sharding.host_values(state.step))
+        if done == ckpt.latest_step():  # saved at this step already (the last periodic save)
+            return
+        ckpt.save(done, state.replace(elapsed_s=_replicated(mesh, np.asarray(elapsed(),
+                                                                             np.float32))[0]),
+                  {"step": done})
 
     steps_done = start_step
-    with open(log_path, "a") as log_file:
+    leader = mesh_lib.is_leader()  # process 0 writes the run's files
+    with open(log_path, "a") if leader else contextlib.nullcontext() as log_file:
         for step, batch in train_batches.batches_from(start_step, config.num_steps - start_step):
             if training_progress(config, step, elapsed()) >= 1.0:
                 log.warning("time budget %.0f s used up at step %d", config.time_budget_s, step)
@@ -401,9 +459,11 @@ def pretrain(config: ml_collections.ConfigDict, progress: bool = True) -> dict[s
             progress_now = training_progress(config, step, elapsed())
             lr = learning_rate(config.optim, step, progress_now)
             weights_L = exit_recipe.step_exit_weights(config, cfg.num_layers, step, progress_now)
-            state, metrics = train_step(state, jnp.asarray(batch), jnp.float32(lr),
-                                        jnp.asarray(weights_L),
-                                        jax.random.fold_in(dropout_key, step))
+            state, metrics = train_step(state, mesh_lib.place_batch(np.asarray(batch), mesh),
+                                        *_replicated(mesh, np.float32(lr),
+                                                     np.asarray(weights_L, np.float32),
+                                                     jax.random.key_data(jax.random.fold_in(
+                                                         dropout_key, step))))
             if pending is not None:
                 rec = flush(pending)
                 if (rec["step"] + 1) % config.log_every == 0 or rec["step"] == start_step:
@@ -412,8 +472,9 @@ def pretrain(config: ml_collections.ConfigDict, progress: bool = True) -> dict[s
                     rec["elapsed_s"] = elapsed()
                     t_window, tokens_window = now, 0
                     history.append(rec)
-                    log_file.write(json.dumps(rec) + "\n")
-                    log_file.flush()
+                    if leader:
+                        log_file.write(json.dumps(rec) + "\n")
+                        log_file.flush()
                     bar.set_postfix(loss=f"{rec['loss']:.3f}", ce=f"{rec['ce_final']:.3f}",
                                     tok_s=f"{rec['tokens_per_second']:.0f}", lr=f"{lr:.1e}")
             pending = (step, lr, metrics)
@@ -430,15 +491,17 @@ def pretrain(config: ml_collections.ConfigDict, progress: bool = True) -> dict[s
             rec = flush(pending)
             rec["elapsed_s"] = elapsed()
             history.append(rec)
-            log_file.write(json.dumps(rec) + "\n")
+            if leader:
+                log_file.write(json.dumps(rec) + "\n")
     bar.close()
     train_seconds = time.time() - t_start
     if config.checkpoint_every:
         save_state()
+    ckpt.close()
 
     n_eval = min(config.eval_batches, eval_batches.batches_per_epoch)
     metrics = evaluate(state.params, cfg, (eval_batches.batch(i) for i in range(n_eval)),
-                       (eval_masks.batch(i) for i in range(n_eval)))
+                       (eval_masks.batch(i) for i in range(n_eval)), mesh)
 
     save_model_dir(out_dir, cfg, state.params, tokenizer, config.save_dtype)
     summary = {
@@ -459,7 +522,8 @@ def pretrain(config: ml_collections.ConfigDict, progress: bool = True) -> dict[s
         "num_params": int(sum(x.size for x in jax.tree.leaves(state.params))),
         "config": config.to_dict(),
     }
-    (out_dir / SUMMARY_FILENAME).write_text(json.dumps(summary, indent=2) + "\n")
+    if leader:
+        (out_dir / SUMMARY_FILENAME).write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
 
@@ -467,8 +531,10 @@ def save_model_dir(out_dir: Path, cfg: ModelConfig, params: Params, tokenizer,
                    save_dtype: str) -> None:
     """HF directory: weights stored as `save_dtype`, config.json keeping `cfg.dtype` (float32
     by default, so both hispec and transformers load the bfloat16 file as float32)."""
-    stored = jax.tree.map(lambda p: np.asarray(jax.device_get(p)).astype(jnp.dtype(save_dtype)),
-                          params)
+    stored = jax.tree.map(lambda p: np.asarray(p).astype(jnp.dtype(save_dtype)),
+                          sharding.host_values(params))  # gathered from every process
+    if not mesh_lib.is_leader():
+        return
     generation_config = {"bos_token_id": tokenizer.bos_token_id,
                          "eos_token_id": tokenizer.eos_token_id}
     save_model(Model(cfg=cfg, params=stored, tokenizer=tokenizer,

@@ -23,6 +23,7 @@ lines of steps at or after its checkpoint, so the file always describes one clea
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import json
 import shutil
@@ -34,9 +35,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hispec_jax.models import hf_io
-from hispec_jax.models.model import Model, load_model, save_model
+from hispec_jax.models import hf_io, sharding
+from hispec_jax.models.model import Model, load_model, place_on_mesh, save_model
 from hispec_jax.models.params import ExitHeads, with_layer_layout
+from hispec_jax.train_heads import mesh as mesh_lib
 from hispec_jax.train_heads import steps
 from hispec_jax.train_heads.checkpoint import Checkpointer, abstract_like
 from hispec_jax.train_heads.config import check_config
@@ -87,9 +89,13 @@ class TrainResult:
 
 
 class MetricsLog:
-    """Appends JSON lines to `path`, first dropping lines of steps >= `resume_step`."""
+    """Appends JSON lines to `path`, first dropping lines of steps >= `resume_step`; writes
+    nothing unless `enabled` (the processes other than 0 of a multi-host run)."""
 
-    def __init__(self, path: Path, resume_step: int):
+    def __init__(self, path: Path, resume_step: int, enabled: bool = True):
+        self._file = None
+        if not enabled:
+            return
         path.parent.mkdir(parents=True, exist_ok=True)
         kept = []
         if path.exists() and resume_step > 0:
@@ -104,15 +110,17 @@ class MetricsLog:
         self._file = open(path, "a")
 
     def write(self, record: dict[str, Any]) -> None:
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
+        if self._file is not None:
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
 
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
 
 
 def _train_record(step: int, metrics, head_layers) -> dict[str, Any]:
-    m = jax.device_get(metrics)
+    m = sharding.host_values(metrics)
     return {"event": "train", "step": step, "loss": float(m["loss"]),
             "kl": {str(e): float(v) for e, v in zip(head_layers, m["kl"])},
             "top1": {str(e): float(v) for e, v in zip(head_layers, m["top1"])},
@@ -121,17 +129,19 @@ def _train_record(step: int, metrics, head_layers) -> dict[str, Any]:
 
 def evaluate(heads: ExitHeads, model: Model, rows: np.ndarray, batch_size: int,
              settings: steps.StepSettings) -> dict[str, dict[str, float]]:
-    """Held-out per-exit top-1 agreement with the final layer and exact KL (×T²)."""
+    """Held-out per-exit top-1 agreement with the final layer and exact KL (×T²); on the
+    model's mesh, the rows split over "data"."""
     sums = None
     for first in range(0, len(rows), batch_size):
         chunk = rows[first:first + batch_size]
         valid = np.arange(batch_size) < len(chunk)
         if len(chunk) < batch_size:
             chunk = np.concatenate([chunk, np.repeat(chunk[-1:], batch_size - len(chunk), 0)])
-        out = steps.eval_step(heads, model.params, jnp.asarray(chunk), jnp.asarray(valid),
+        out = steps.eval_step(heads, model.params,
+                              *mesh_lib.place_batch((chunk, valid), model.mesh),
                               settings=settings)
         sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
-    sums = jax.device_get(sums)
+    sums = sharding.host_values(sums)
     n = float(sums["tokens"])
     return {str(e): {"top1_agreement": float(sums["top1"][i]) / n, "kl": float(sums["kl"][i]) / n}
             for i, e in enumerate(settings.head_layers)}
@@ -144,13 +154,17 @@ def save_heads(model: Model, heads: ExitHeads, output_dir: str) -> str:
     into the model directory. Otherwise the model's files are copied there first (or the
     in-memory model is saved, when it has no directory), then the heads.
     """
-    # weights in the model's dtype; a draft vocabulary's token ids stay integers
-    cast = jax.tree.map(lambda x: np.asarray(x if jnp.issubdtype(x.dtype, jnp.integer)
-                                             else jnp.asarray(x, model.cfg.dtype)), heads)
+    # weights in the model's dtype; a draft vocabulary's token ids stay integers (gathered
+    # from every process of a multi-host run: all of them call this, process 0 writes)
+    cast = jax.tree.map(lambda x: np.asarray(x if np.issubdtype(x.dtype, np.integer)
+                                             else np.asarray(x, model.cfg.dtype)),
+                        sharding.host_values(heads))
     source = Path(model.path).resolve() if model.path else None
     target = Path(output_dir).expanduser().resolve() if output_dir else source
     if target is None:
         raise ValueError("output_dir is empty and the model has no directory to save heads in")
+    if not mesh_lib.is_leader():
+        return str(target)
     if target != source:
         if source is not None:
             target.mkdir(parents=True, exist_ok=True)
@@ -219,17 +233,17 @@ def _batch_pipeline(config, model: Model, rows: TokenRows, order: RowOrder,
     """(batch(step) -> device batch, run_step(state, batch), cache build seconds)."""
     if not config.feature_cache:
         def batch(step):
-            return jax.device_put(rows.train[order.rows(step)])
+            return mesh_lib.place_batch(rows.train[order.rows(step)], model.mesh)
 
         def run_step(state, b):
             return steps.train_step_tokens(state, model.params, b, settings=settings, opt=opt)
         return batch, run_step, 0.0
 
-    def compute(chunk):
-        return compute_features(model.params, jnp.asarray(chunk), cfg=settings.cfg,
-                                head_layers=settings.head_layers,
-                                temperature=settings.temperature, top_k=settings.top_k,
-                                hidden_dtype=config.cache_dtype)
+    def compute(chunk):  # host arrays (every process gets all rows' features)
+        return sharding.host_values(compute_features(
+            model.params, mesh_lib.place_batch(chunk, model.mesh), cfg=settings.cfg,
+            head_layers=settings.head_layers, temperature=settings.temperature,
+            top_k=settings.top_k, hidden_dtype=config.cache_dtype))
 
     cache_settings = {"model": _model_fingerprint(model), "head_layers": list(settings.head_layers),
                       "temperature": settings.temperature, "top_k": settings.top_k,
@@ -243,7 +257,7 @@ def _batch_pipeline(config, model: Model, rows: TokenRows, order: RowOrder,
     shared = shared_head_params(model.params, settings.cfg)
 
     def batch(step):
-        return jax.device_put(cache.gather(order.rows(step)))
+        return mesh_lib.place_batch(cache.gather(order.rows(step)), model.mesh)
 
     def run_step(state, b):
         return steps.train_step_cached(state, b, shared, settings=settings, opt=opt)
@@ -268,7 +282,8 @@ def _resume(ckpt: Checkpointer, state, run_meta: dict[str, Any], log):
     return state, start
 
 
-def train(config, model: Model | None = None, log: Callable[[str], None] = print) -> TrainResult:
+def train(config, model: Model | None = None, log: Callable[[str], None] = print,
+          mesh=None) -> TrainResult:
     """Runs (or resumes) the head-distillation run `config` describes (module docstring).
 
     Args:
@@ -276,15 +291,30 @@ def train(config, model: Model | None = None, log: Callable[[str], None] = print
         `model` is given.
       model: an already loaded model (its parameters are only read).
       log: where progress lines go.
+      mesh: a device mesh ("data", "model") to train over (`sharding.make_mesh`; `mesh.py`
+        says what is sharded how); None: the given model's mesh, else the mesh set by
+        `jax.set_mesh`, if any, else one device. A checkpoint written on one mesh resumes
+        on any other.
     """
+    if mesh is None:
+        mesh = model.mesh if model is not None else None
+    if mesh is None and not jax.sharding.get_mesh().empty:
+        mesh = jax.sharding.get_mesh()
+    with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+        return _train(config, model, log, mesh)
+
+
+def _train(config, model: Model | None, log: Callable[[str], None], mesh) -> TrainResult:
     from tqdm.auto import tqdm
 
     check_config(config)
+    mesh_lib.check_batch(config.batch_size, mesh)
     if model is None:
         model = load_model(config.model_path, dtype=config.model_dtype or None,
-                           layer_layout="scan")
+                           layer_layout="scan", mesh=mesh)
     # The feature pass scans the stacked layers.
-    model = dataclasses.replace(model, params=with_layer_layout(model.params, "scan"))
+    model = place_on_mesh(dataclasses.replace(model, params=with_layer_layout(model.params,
+                                                                              "scan")), mesh)
     cfg = model.cfg
     head_layers = check_head_layers(cfg, config.head_layers)
     rank = check_rank(cfg, config.head_rank or None)
@@ -319,9 +349,13 @@ def train(config, model: Model | None = None, log: Callable[[str], None] = print
                                   loss=config.loss)
     adapter = dict(adapter_width=config.head_adapter_width or None,
                    adapter_act=config.head_adapter_act, projection=config.head_projection)
-    state = steps.init_state(init_heads(model.params, cfg, head_layers, rank, **adapter,
-                                        seed=config.seed),
-                             steps.make_optimizer(opt), config.seed)
+    heads = mesh_lib.place_heads(cfg, init_heads(model.params, cfg, head_layers, rank,
+                                                 **adapter, seed=config.seed), mesh)
+    if mesh is None:
+        state = steps.init_state(heads, steps.make_optimizer(opt), config.seed)
+    else:  # on the mesh: the optimizer state sharded as the heads, the rest replicated
+        state = jax.jit(lambda h: steps.init_state(h, steps.make_optimizer(opt),
+                                                   config.seed))(heads)
 
     workdir = Path(config.workdir).expanduser()
     ckpt_dir = workdir / CHECKPOINT_SUBDIR
@@ -333,7 +367,8 @@ def train(config, model: Model | None = None, log: Callable[[str], None] = print
                 for k in RESUME_KEYS}
     run_meta.update(total_steps=total_steps, model=cfg.to_hf_dict())
     state, start = _resume(ckpt, state, run_meta, log)
-    metrics_log = MetricsLog(workdir / METRICS_FILENAME, resume_step=start)
+    metrics_log = MetricsLog(workdir / METRICS_FILENAME, resume_step=start,
+                             enabled=mesh_lib.is_leader())
 
     tokens_per_step = config.batch_size * config.seq_len
     kind = ("shared-projection" if config.head_projection == "shared"
@@ -342,7 +377,8 @@ def train(config, model: Model | None = None, log: Callable[[str], None] = print
         kind += f" {config.head_adapter_act} adapter (width {config.head_adapter_width})"
     log(f"train-heads: {len(head_layers)} {kind} heads at exits {list(head_layers)}; "
         f"{rows.source}, {len(rows.train)} rows used; {total_steps} steps of "
-        f"{tokens_per_step} tokens; feature_cache={config.feature_cache}")
+        f"{tokens_per_step} tokens; feature_cache={config.feature_cache}; "
+        f"{sharding.describe(mesh)}")
     batch, run_step, cache_build_seconds = _batch_pipeline(config, model, rows, order, settings,
                                                            opt, log)
 

@@ -1,0 +1,196 @@
+"""Several processes, one mesh (`hispec_jax.distributed`, `hispec_jax/cli/distributed.py`).
+
+Two CPU processes with two fake devices each form a mesh of four over JAX's
+multi-controller runtime (gloo collectives, a coordinator on localhost at a free port);
+their output must be identical to one process on four fake devices: AR, prompt lookup and
+HiSpec on data=2,model=2 (model axis inside a process, data across) and AR on model=4
+(tensor parallel across the processes, where each process holds only part of the weights),
+through the Python API (`multihost_cases.py`) and through `hispec generate`, which prints
+on process 0 only; a follower that dies stops process 0 with JAX's error (within its
+heartbeat timeout) instead of leaving it waiting. Every subprocess has a timeout, so a
+failure fails instead of hanging.
+The flag checks (one-line errors, exit status 2, before JAX) run in this process.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hispec_jax import distributed
+from hispec_jax.cli import main
+
+pytestmark = pytest.mark.multihost
+
+TESTS = Path(__file__).resolve().parent
+TIMEOUT = 300  # seconds per subprocess (they take seconds; a hang fails here)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def env_with(devices: int) -> dict:
+    """This environment with the worktree on PYTHONPATH and `devices` fake CPU devices."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    return {**os.environ, "JAX_PLATFORMS": "cpu",
+            "XLA_FLAGS": f"{flags} --xla_force_host_platform_device_count={devices}".strip(),
+            "PYTHONPATH": os.pathsep.join([str(TESTS.parent), os.environ.get("PYTHONPATH", "")]
+                                          ).rstrip(os.pathsep)}
+
+
+def run_together(commands: list[list[str]], env: dict) -> list[subprocess.CompletedProcess]:
+    """Runs the commands at once (the processes of one run); kills them all on a timeout or
+    when one fails (its peers would wait for it)."""
+    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=env) for c in commands]
+    results = []
+    try:
+        for proc, command in zip(procs, commands):
+            out, err = proc.communicate(timeout=TIMEOUT)
+            results.append(subprocess.CompletedProcess(command, proc.returncode, out, err))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    for r in results:
+        assert r.returncode == 0, r.stderr[-4000:]
+    return results
+
+
+def last_json(stdout: str) -> dict:
+    """The JSON line of a process's stdout (gloo prints its connection lines there too)."""
+    return json.loads([line for line in stdout.splitlines() if line.startswith("{")][-1])
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A 3-layer random model with a word-level tokenizer: 4 query heads, 2 KV heads."""
+    import jax
+
+    from conftest import build_tokenizer
+    from hispec_jax.models.config import ModelConfig
+    from hispec_jax.models.model import Model, save_model
+    from hispec_jax.models.params import init_params
+
+    cfg = ModelConfig(model_type="llama", vocab_size=128, hidden_size=64, intermediate_size=128,
+                      num_layers=3, num_heads=4, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-6,
+                      max_position_embeddings=256, tie_word_embeddings=False, dtype="float32")
+    path = tmp_path_factory.mktemp("multihost_model")
+    save_model(Model(cfg=cfg, params=init_params(cfg, jax.random.key(0), init_std=0.3)), path)
+    build_tokenizer().save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def api_runs(model_dir):
+    """(one process on 4 devices, process 0 of 2 on 2 devices each, process 1's stdout)."""
+    script = [sys.executable, str(TESTS / "multihost_cases.py"), model_dir]
+    one = run_together([script], env_with(4))[0]
+    address = f"127.0.0.1:{free_port()}"
+    two = run_together([script + [address, "2", str(i)] for i in range(2)], env_with(2))
+    return last_json(one.stdout), last_json(two[0].stdout), two[1].stdout
+
+
+CASES = [("data=2,model=2", m) for m in ("ar", "lookup", "hispec")] + [("model=4", "ar")]
+
+
+@pytest.mark.parametrize("mesh,method", CASES, ids=[f"{m}-{k}" for m, k in CASES])
+def test_two_processes_decode_as_one(api_runs, mesh, method):
+    one, two, _ = api_runs
+    assert (one["devices"], one["local_devices"]) == (4, 4)
+    assert (two["devices"], two["local_devices"]) == (4, 2)
+    assert len(two[mesh][method]) == 2 and all(len(t) == 8 for t in two[mesh][method])
+    assert two[mesh][method] == one[mesh][method]
+    assert two[mesh][method] == one["data=2,model=2"]["ar"]  # greedy speculation is exact
+
+
+def test_each_process_holds_its_shards_only_and_followers_get_the_work(api_runs):
+    one, two, follower_stdout = api_runs
+    # model=4 splits the weights across the processes: each holds about half (norms and
+    # the 2 KV heads' projections, which 4 does not divide, are replicated)
+    assert two["model=4"]["weights_held"] < 0.75
+    assert one["model=4"]["weights_held"] == 1.0
+    # data=2,model=2: the model axis inside each process, a whole replica per process
+    assert two["data=2,model=2"]["weights_held"] == 1.0
+    assert last_json(follower_stdout) == {"follower_received_work": True}  # and no tokens
+
+
+def test_cli_generate_two_processes_prints_on_process_0(model_dir, api_runs):
+    args = [sys.executable, "-m", "hispec_jax.cli", "generate", "--model", model_dir,
+            "--mesh", "data=2,model=2", "--method", "hispec", "--draft-exit", "1",
+            "--verify-exits", "2", "--draft-len", "2", "--verify-window", "2",
+            "--max-new-tokens", "8", "--ignore-eos", "--json",
+            "the cat was", "hello world hello world"]  # multihost_cases.PROMPTS
+    address = f"127.0.0.1:{free_port()}"
+    two = run_together([args + ["--coordinator-address", address, "--num-processes", "2",
+                                "--process-id", str(i)] for i in range(2)], env_with(2))
+    leader = last_json(two[0].stdout)
+    assert [o["token_ids"] for o in leader["outputs"]] == api_runs[0]["data=2,model=2"]["hispec"]
+    assert leader["stats"]["mesh"] == "data=2,model=2 (4 cpu devices)"
+    assert "{" not in two[1].stdout and "tokens/s" not in two[1].stderr  # process 0 prints
+
+
+def test_a_dead_follower_stops_process_0_with_an_error_not_a_hang():
+    address = f"127.0.0.1:{free_port()}"
+    script = [sys.executable, str(TESTS / "multihost_follower_death.py"), address]
+    procs = [subprocess.Popen(script + [str(i)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env_with(1))
+             for i in range(2)]
+    try:
+        outs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    (leader_out, leader_err), (follower_out, _) = outs
+    assert "process 1 received {'step': 1}" in follower_out
+    assert "process 0 received {'step': 1}" in leader_out
+    assert "sent step 2" not in leader_out
+    assert procs[0].returncode != 0
+    assert "another task died" in leader_err or "heartbeat" in leader_err, leader_err[-3000:]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--process-id", "1"], "--process-id 1: needs --num-processes"),
+    (["--num-processes", "2", "--process-id", "2"], "--process-id 2: must be in 0..1"),
+    (["--num-processes", "0", "--process-id", "0"], "--num-processes 0: must be an integer >= 1"),
+    (["--coordinator-address", "localhost", "--num-processes", "2", "--process-id", "0"],
+     "--coordinator-address localhost: must be HOST:PORT"),
+    (["--coordinator-address", "h:99999", "--num-processes", "2", "--process-id", "0"],
+     "--coordinator-address h:99999: must be HOST:PORT with a port in 1..65535"),
+    (["--num-processes", "2"], "--num-processes: also give --coordinator-address and "
+                               "--process-id"),
+    (["--coordinator-address", "h:1234", "--num-processes", "2", "--process-id", "0"],
+     "give --mesh data=D,model=M"),
+    (["--distributed"], "--distributed: a run over several hosts decodes over a device mesh"),
+])
+def test_generate_flag_errors(capsys, flags, message):
+    assert main(["generate", "--method", "ar", *flags, "hello"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hispec: error: ") and message in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_check_arguments():
+    distributed.check_arguments(None, None, None)  # detected (Cloud TPU)
+    distributed.check_arguments("10.0.0.1:8476", 4, 3)
+    distributed.check_arguments("[::1]:8476", 2, 0)
+    with pytest.raises(distributed.ArgumentError) as e:
+        distributed.check_arguments("10.0.0.1", 2, 0)
+    assert e.value.argument == "coordinator_address"
+    with pytest.raises(ValueError, match="process_id"):
+        distributed.check_arguments(None, 2, -1)
+
+
+def test_broadcast_work_on_one_process():
+    assert distributed.broadcast_work({"step": 3, "slots": [1, 2]}) == {"step": 3,
+                                                                         "slots": [1, 2]}
