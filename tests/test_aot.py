@@ -150,7 +150,7 @@ def test_method_lowers_like_generate_does():
         out, _, cache = engine.lower().out_info
         assert out.tokens_BxS.shape == (BATCH, capacity), method
         assert out.num_new_B.shape == (BATCH,), method
-        assert cache.k.shape == (decoder.cache_layers(cfg), BATCH, cfg.num_kv_heads, capacity,
+        assert cache.k.shape == (decoder.cache_layers, BATCH, cfg.num_kv_heads, capacity,
                                  cfg.head_dim), method
 
 

@@ -173,7 +173,7 @@ def _tiny():
 
 
 def test_plan_files_are_keyed_by_model_device_and_batch(tmp_path, monkeypatch):
-    monkeypatch.setenv("HISPEC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr("hispec_jax.planner.plan.cache_dir", lambda: tmp_path / "plans")
     model = _tiny()
     p = plan_lib.Plan(exits=(1, 4), windows=(2,))
     plan_lib.save_plan_file(plan_lib.plan_path(model, 2), plan_lib.plan_payload(model, 2, [p]))
@@ -186,7 +186,7 @@ def test_plan_files_are_keyed_by_model_device_and_batch(tmp_path, monkeypatch):
 def test_generate_auto_uses_the_saved_plan_and_equals_ar(tmp_path, monkeypatch):
     from hispec_jax import generate
 
-    monkeypatch.setenv("HISPEC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr("hispec_jax.planner.plan.cache_dir", lambda: tmp_path / "plans")
     model = _tiny()
     p = plan_lib.Plan(exits=(1, 4), windows=(2,))
     plan_lib.save_plan_file(plan_lib.plan_path(model, 2), plan_lib.plan_payload(model, 2, [p]))
@@ -207,7 +207,7 @@ def test_tune_cli_on_a_tiny_model(tmp_path, monkeypatch, capsys):
     from hispec_jax.models.model import load_model
     from hispec_jax.planner import calibrate, tune
 
-    monkeypatch.setenv("HISPEC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr("hispec_jax.planner.plan.cache_dir", lambda: tmp_path / "cache" / "plans")
     monkeypatch.setattr(calibrate.Settings, "quick", classmethod(lambda cls: cls(
         num_prompts=2, max_prompt_tokens=8, new_tokens=12, block_sizes=(1, 4), repeats=1,
         capacity=64)))
@@ -258,7 +258,7 @@ def test_tune_verify_measures_every_plan_and_saves_the_fastest(tmp_path, monkeyp
     from hispec_jax import generate
     from hispec_jax.planner import tune as tune_lib
 
-    monkeypatch.setenv("HISPEC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr("hispec_jax.planner.plan.cache_dir", lambda: tmp_path / "plans")
     model = _tiny()
     plans = [plan_lib.Plan(exits=(4,), predicted_tokens_per_second=50.0),
              plan_lib.Plan(exits=(1, 4), windows=(2,), predicted_tokens_per_second=49.0,
@@ -383,7 +383,7 @@ def test_lookup_plan_round_trips_and_auto_runs_it_equal_to_ar(tmp_path, monkeypa
     assert plan_lib.Plan.from_json(json.loads(json.dumps(p.to_json()))) == p
     with pytest.raises(ValueError, match="fixed windows"):
         plan_lib.Plan(exits=(1, 4), windows=(2,), lookup=3, adaptive=True)
-    monkeypatch.setenv("HISPEC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr("hispec_jax.planner.plan.cache_dir", lambda: tmp_path / "plans")
     model = _tiny()
     plan_lib.save_plan_file(plan_lib.plan_path(model, 1), plan_lib.plan_payload(model, 1, [p]))
     prompts = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6]]  # copyable context: the lookup drafts

@@ -167,7 +167,7 @@ def test_lookup_under_exit_plan_round_trips_and_auto_runs_it_equal_to_ar(tmp_pat
 
     assert (plan.name(), plan.method_options()) == (name, options)
     assert plan_lib.Plan.from_json(json.loads(json.dumps(plan.to_json()))) == plan
-    monkeypatch.setenv("HISPEC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr("hispec_jax.planner.plan.cache_dir", lambda: tmp_path / "plans")
     model = _tiny()
     plan_lib.save_plan_file(plan_lib.plan_path(model, 1), plan_lib.plan_payload(model, 1, [plan]))
     assert plan_lib.load_plan(model, 1) == plan  # the cached tune

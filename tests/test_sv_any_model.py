@@ -16,7 +16,7 @@ PROMPT = "the cat sat on the mat"
 @pytest.fixture
 def quick(monkeypatch, tmp_path):
     """A tiny quick profile, cached under tmp_path; counts the profiles made."""
-    monkeypatch.setenv("HISPEC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr("hispec_jax.planner.plan.cache_dir", lambda: tmp_path / "cache" / "plans")
     monkeypatch.setattr(calibrate.Settings, "quick", classmethod(lambda cls: cls(
         num_prompts=2, max_prompt_tokens=8, new_tokens=8, block_sizes=(1,), repeats=1,
         capacity=64)))

@@ -25,7 +25,6 @@ from hispec_jax.decoding.lookup import PromptLookup
 from hispec_jax.decoding.windows import (DRAFT_LEN_RANGE, VERIFY_WINDOW_RANGE, AdaptiveWindows,
                                          FixedWindows, power_of_two_blocks)
 from hispec_jax.models import heads as heads_lib
-from hispec_jax.models.config import ModelConfig
 from hispec_jax.models.model import Model
 
 
@@ -52,7 +51,9 @@ class Decoder:
             raise ValueError(f"windows={self.windows} exceed the hierarchy's bounds "
                              f"max_windows={self.hierarchy.max_windows}")
 
-    def cache_layers(self, cfg: ModelConfig) -> int:
+    @property
+    def cache_layers(self) -> int:
+        """Layers the KV cache holds: [0, top exit)."""
         return self.hierarchy.exits[-1]
 
     def lookahead(self) -> int:

@@ -1,6 +1,6 @@
 """A plan (the hierarchy `tune` chose) and the plan file.
 
-Plan files live in `$HISPEC_CACHE_DIR/plans/` (default `~/.cache/hispec_jax/plans/`), one per
+Plan files live in `$HISPEC_CACHE/plans/` (default `~/.cache/hispec/plans/`), one per
 (model, device, batch size): `<model key>-<device key>-b<B>.json`. `hispec tune --out`
 writes one anywhere else (e.g. next to the model); `load_plan` also looks in the model's
 directory for `plans/<device key>-b<B>.json`.
@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ import numpy as np
 from hispec_jax.decoding import methods
 from hispec_jax.decoding.costs import device_key
 from hispec_jax.models.model import Model
+from hispec_jax.models.pull import default_cache_dir
 
 FORMAT_VERSION = 1
 
@@ -151,8 +151,9 @@ def model_key(model: Model) -> str:
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("HISPEC_CACHE_DIR", "~/.cache/hispec_jax")
-    return Path(base).expanduser() / "plans"
+    """`$HISPEC_CACHE/plans` (`pull.default_cache_dir`: the one cache root, beside the pulled
+    models, the compiled programs and the pass costs)."""
+    return default_cache_dir() / "plans"
 
 
 def plan_path(model: Model, batch_size: int) -> Path:

@@ -16,7 +16,7 @@ the latency model that turns expected accepted tokens into goodput. The profile 
 
 `profile_for` is what `hispec generate --method sv` uses, so SV works on any model: the
 model directory's profile when it is for the requested exits, else one cached for (model,
-device, exits) in `$HISPEC_CACHE_DIR/sv_profiles/`, else a quick profile made now (progress
+device, exits) in `$HISPEC_CACHE/sv_profiles/`, else a quick profile made now (progress
 reported, then cached there).
 """
 

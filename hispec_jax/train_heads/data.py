@@ -19,10 +19,11 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from hispec_jax.datasets import conversation_text, reply_spans
+from hispec_jax.models.pull import default_cache_dir
 
 UNK, BOS, EOS = "<unk>", "<s>", "</s>"
 SPECIAL_TOKENS = (UNK, BOS, EOS)  # ids 0, 1, 2 (Llama's order)
-DEFAULT_CACHE_DIR = Path(os.environ.get("HISPEC_CACHE_DIR", "~/.cache/hispec_jax")).expanduser()
+DEFAULT_CACHE_DIR = default_cache_dir()  # $HISPEC_CACHE: the one cache root (`models.pull`)
 
 
 # ----- assistant replies ---------------------------------------------------------------
