@@ -4,7 +4,8 @@ README.md's and BENCHMARKS.md's tables are rendered from the records
 (benchmarks/render_results.py) and must be committed as rendered; every speedup ("1.85x") and
 throughput ("64.2 tok/s") that README.md, BENCHMARKS.md or a notebook states is the value of
 a record, and so is every one a docs/ page states (a study that was not adopted is a sentence
-naming the commit that holds it, without its figures); every record names what ran and
+naming the commit that holds it, without its figures), and a docs section names the kept
+output of the record it quotes or links BENCHMARKS.md; every record names what ran and
 where its output is kept, and that output exists and holds the value."""
 
 import importlib.util
@@ -133,6 +134,39 @@ def test_docs_are_held_to_the_rule():
     section = ("## A study\n\nlookup ran 7.77x AR (study in git at commit b5ad122:\n"
                "`benchmarks/results_lookup/level_blocks_ab.txt`).\n")
     assert unrecorded_figures(section) == ["7.77x"]
+
+
+def records_of(figure: str) -> list[dict]:
+    value = float(figure.replace(",", ""))
+    places = len(figure.split(".")[1]) if "." in figure else 0
+    return [r for r in RECORDS
+            if isinstance(r["value"], (int, float)) and round(float(r["value"]), places) == value]
+
+
+def uncited_figures(section: str) -> list[str]:
+    """Figures of a docs section that are no record the section points to: a record counts
+    when the section names its kept output's file or links BENCHMARKS.md (which shows it),
+    so a figure cannot pass by matching an unrelated record's value."""
+    def cited(record: dict) -> bool:
+        return Path(record["output"]).name in section or "BENCHMARKS.md" in section
+    return [m.group(0) for m in FIGURE.finditer(prose(section))
+            if not all(any(cited(r) for r in records_of(g)) for g in m.groups() if g is not None)]
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "docs").glob("*.md")), ids=lambda p: p.name)
+def test_docs_figures_point_to_their_record(path):
+    bare = [f"{section.splitlines()[0][:60]}: {uncited_figures(section)}"
+            for section in re.split(r"^#+ ", path.read_text(), flags=re.M)
+            if uncited_figures(section)]
+    assert not bare, "\n".join(bare)
+
+
+def test_a_figure_matching_an_unrelated_record_fails():
+    figure = next(r for r in RECORDS if r["metric"] == "x_ar" and isinstance(r["value"], float))
+    text = f"## A study\n\nlookup ran {figure['value']}x AR on some other day.\n"
+    assert not unrecorded_figures(text)
+    assert uncited_figures(text) == [f"{figure['value']}x"]
+    assert uncited_figures(text + f"(output: `{figure['output']}`)\n") == []
 
 
 def test_the_figure_pattern_finds_figures():
