@@ -7,6 +7,7 @@ untied), Llama 2 style (MHA, untied) and Qwen3 (q/k norm, explicit head_dim != D
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -247,6 +248,39 @@ def users_codegen(monkeypatch):
     jax.clear_caches()  # no executable compiled otherwise may be reused
     yield
     jax.clear_caches()
+
+
+def free_port() -> int:
+    """A TCP port on localhost that nothing listens on now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serving(app, timeout: float = 60):
+    """`app` (an ASGI app, e.g. `server.build_app(...)`) served by uvicorn in a thread on a
+    free localhost port; yields its base URL ("http://127.0.0.1:PORT") and stops it after."""
+    import threading
+    import time
+
+    import uvicorn
+
+    port = free_port()
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.time() + timeout
+    while not srv.started:
+        assert time.time() < deadline and thread.is_alive(), "the server did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        srv.should_exit = True
+        thread.join(30)
 
 
 def shipped_model_scanned():

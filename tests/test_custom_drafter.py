@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import threading
-import time
 import urllib.request
 from typing import Any, ClassVar
 
@@ -28,7 +26,7 @@ from hispec_jax.decoding.engine.state import gather_positions
 from hispec_jax.decoding.methods import Decoder
 from hispec_jax.models.transformer import embed
 
-from conftest import shipped_model_scanned
+from conftest import serving, shipped_model_scanned
 
 PROMPTS = ["Once upon a time", "Why is the sky blue?", "Hello"]
 NEW = 10
@@ -178,22 +176,11 @@ def test_generate_stream_with_it_is_ar(model, ar, decoder):
 
 
 def test_served_with_it_answers_as_ar(model, ar, decoder):
-    uvicorn = pytest.importorskip("uvicorn")
     openai = pytest.importorskip("openai")
     from hispec_jax.serving import server as server_lib
 
     app = server_lib.build_app(model, decoder, slots=2, max_cache_len=128, warmup=False)
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning")
-    srv = uvicorn.Server(config)
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 60
-    while not srv.started:
-        assert time.time() < deadline and thread.is_alive(), "the server did not start"
-        time.sleep(0.05)
-    port = srv.servers[0].sockets[0].getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
-    try:
+    with serving(app) as url:
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0,
                                timeout=300)
         for prompt, text in zip(PROMPTS, ar.texts):
@@ -205,9 +192,6 @@ def test_served_with_it_answers_as_ar(model, ar, decoder):
         assert health["plan"] == "custom + bigram k=3 exits 24"
         with urllib.request.urlopen(url + "/metrics", timeout=30) as m:
             metrics = m.read().decode()
-        line = next(x for x in metrics.splitlines() if x.startswith(
-            'hispec:spec_decode_num_accepted_tokens_total{drafter="bigram",engine="greedy"'))
-        assert float(line.split()[-1]) > 0
-    finally:
-        srv.should_exit = True
-        thread.join(30)
+    line = next(x for x in metrics.splitlines() if x.startswith(
+        'hispec:spec_decode_num_accepted_tokens_total{drafter="bigram",engine="greedy"'))
+    assert float(line.split()[-1]) > 0

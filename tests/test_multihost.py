@@ -14,7 +14,6 @@ The flag checks (one-line errors, exit status 2, before JAX) run in this process
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -24,16 +23,12 @@ import pytest
 from hispec_jax import distributed
 from hispec_jax.cli import main
 
+from conftest import free_port
+
 pytestmark = pytest.mark.multihost
 
 TESTS = Path(__file__).resolve().parent
 TIMEOUT = 300  # seconds per subprocess (they take seconds; a hang fails here)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def env_with(devices: int) -> dict:

@@ -7,10 +7,8 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -20,20 +18,14 @@ import pytest
 
 import hispec_jax
 
-from conftest import shipped_model_scanned
+from conftest import free_port, serving, shipped_model_scanned
 
 openai = pytest.importorskip("openai")
-uvicorn = pytest.importorskip("uvicorn")
+pytest.importorskip("uvicorn")  # the servers below
 
 METHOD = "layerskip"
 HISPEC = "import sys; from hispec_jax.cli import main; sys.exit(main())"  # the `hispec` command
 PROMPTS = ["Once upon a time", "The cat sat on the mat and", "Hello", "Why is the sky blue?"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -46,17 +38,8 @@ def server(model):
     from hispec_jax.serving import server as server_lib
 
     app = server_lib.build_app(model, METHOD, slots=3, max_cache_len=128, warmup=False)
-    port = _free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 60
-    while not srv.started:
-        assert time.time() < deadline and thread.is_alive(), "the server did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    srv.should_exit = True
-    thread.join(30)
+    with serving(app) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -268,7 +251,7 @@ def test_a_client_that_disconnects_mid_stream_frees_its_slot(server):
 
 
 def test_sigterm_stops_the_server_cleanly():
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([sys.executable, "-c", HISPEC, "serve", "--port", str(port),
                              "--max-cache-len", "64", "--slots", "1", "--method", "ar",

@@ -10,8 +10,6 @@ greedy loop over the final layer's logits with EOS masked (`scan_exits`, no cach
 from __future__ import annotations
 
 import dataclasses
-import threading
-import time
 
 import jax
 import jax.numpy as jnp
@@ -20,10 +18,10 @@ import pytest
 
 import hispec_jax
 
-from conftest import shipped_model_scanned
+from conftest import serving, shipped_model_scanned
 
 openai = pytest.importorskip("openai")
-uvicorn = pytest.importorskip("uvicorn")
+pytest.importorskip("uvicorn")  # the servers below
 
 BANG = 3  # "!"
 PROMPT = "Hello"
@@ -44,25 +42,12 @@ def method(request):
 
 @pytest.fixture(scope="module")
 def client(model, method):
-    import socket
-
     from hispec_jax.serving import server as server_lib
 
     app = server_lib.build_app(model, method, slots=2, max_cache_len=64, warmup=False)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 60
-    while not srv.started:
-        assert time.time() < deadline and thread.is_alive(), "the server did not start"
-        time.sleep(0.05)
-    yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused",
-                        max_retries=0, timeout=120)
-    srv.should_exit = True
-    thread.join(30)
+    with serving(app) as url:
+        yield openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0,
+                            timeout=120)
 
 
 def _masked_greedy(model, prompt_ids: list[int], max_new: int, min_tokens: int) -> list[int]:

@@ -8,7 +8,6 @@ compiling at first use (`--no-warmup`) to keep the module short."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -20,18 +19,14 @@ import pytest
 import hispec_jax
 from hispec_jax.decoding import recommended
 
+from conftest import free_port
+
 openai = pytest.importorskip("openai")
 
 HISPEC = "import sys; from hispec_jax.cli import main; sys.exit(main())"  # the `hispec` command
 PROMPTS = ["Once upon a time", "The cat sat on the mat and", "Hello", "Why is the sky blue?",
            "In the beginning"]
 BUDGETS = [9, 4, 6, 8, 5]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +37,7 @@ def model():
 
 @pytest.fixture(scope="module")
 def mesh_server(tmp_path_factory):
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=(
         os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip())
     log = tmp_path_factory.mktemp("serve") / "serve.log"

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -17,9 +15,9 @@ import pytest
 import hispec_jax
 from hispec_jax import cli
 
-from conftest import shipped_model_scanned
+from conftest import serving, shipped_model_scanned
 
-uvicorn = pytest.importorskip("uvicorn")
+pytest.importorskip("uvicorn")  # the servers below
 parser = pytest.importorskip("prometheus_client.parser")
 
 PLAN_REASON = ("the model's recommended plan (recommended_plan.json): hispec exits 4,12,24, "
@@ -79,33 +77,25 @@ def served():
     logging.getLogger("hispec.serve").addHandler(lines)
     logging.getLogger("hispec.serve").setLevel(logging.INFO)
     app = server_lib.build_app(model, slots=2, max_cache_len=64)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    deadline, seen = time.time() + 900, []
-    while True:
-        assert time.time() < deadline and thread.is_alive(), "the server did not become ready"
-        try:
-            status, body = _health(url)
-        except OSError:  # not listening yet
-            time.sleep(0.05)
-            continue
-        seen.append((status, body))
-        if status == 200:
-            break
-        if len(seen) == 1:  # /metrics answers while the engine thread is busy compiling
-            seen.append((_get(url + "/metrics")[0], {"scrape": True}))
-        time.sleep(0.2)
-    while any(e["rows_to_compile"] for e in _health(url)[1]["engines"].values()):
-        time.sleep(0.2)  # the rounds loops over fewer slots compile after readiness
-    logging.getLogger("hispec.serve").removeHandler(lines)
-    yield url, seen, lines.lines
-    srv.should_exit = True
-    thread.join(30)
+    with serving(app) as url:
+        deadline, seen = time.time() + 900, []
+        while True:
+            assert time.time() < deadline, "the server did not become ready"
+            try:
+                status, body = _health(url)
+            except OSError:  # not listening yet
+                time.sleep(0.05)
+                continue
+            seen.append((status, body))
+            if status == 200:
+                break
+            if len(seen) == 1:  # /metrics answers while the engine thread is busy compiling
+                seen.append((_get(url + "/metrics")[0], {"scrape": True}))
+            time.sleep(0.2)
+        while any(e["rows_to_compile"] for e in _health(url)[1]["engines"].values()):
+            time.sleep(0.2)  # the rounds loops over fewer slots compile after readiness
+        logging.getLogger("hispec.serve").removeHandler(lines)
+        yield url, seen, lines.lines
 
 
 def test_health_is_loading_until_the_warm_up_ends_and_names_the_plan(served):

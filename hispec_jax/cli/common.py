@@ -131,12 +131,14 @@ def check_model_path(model: str) -> int | None:
 
 # ---- device meshes ---------------------------------------------------------------------
 
-def add_mesh_flag(parser) -> None:
-    parser.add_argument("--mesh", default=None, metavar="data=D,model=M",
-                        help="decode over a device mesh: sequences split over 'data', weights "
-                             "and KV heads over 'model' (tensor parallel); the sizes must "
-                             "multiply to the device count; an axis left out has size 1 "
-                             "(default: one device; docs/tpu.md)")
+MESH_HELP = ("decode over a device mesh: sequences split over 'data', weights and KV heads "
+             "over 'model' (tensor parallel); the sizes must multiply to the device count; an "
+             "axis left out has size 1 (default: one device; docs/tpu.md)")
+
+
+def add_mesh_flag(parser, help: str = MESH_HELP) -> None:
+    """`--mesh data=D,model=M` (parsed by `mesh_arg`); `help` says what the command splits."""
+    parser.add_argument("--mesh", default=None, metavar="data=D,model=M", help=help)
 
 
 def mesh_arg(args) -> dict[str, int] | None:

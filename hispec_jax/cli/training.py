@@ -6,6 +6,11 @@ from __future__ import annotations
 from hispec_jax.cli import common
 from hispec_jax.cli import distributed as distributed_cli
 
+TRAINING_MESH_HELP = ("train over a device mesh: the batch split over 'data', the model (and "
+                      "exit heads' vocabulary) over 'model'; the sizes multiply to the device "
+                      "count (every host's, with the flags below); checkpoints resume on any "
+                      "mesh (default: one device)")
+
 
 def add_parsers(subparsers) -> None:
     pre = common.add_command(
@@ -25,7 +30,7 @@ def add_parsers(subparsers) -> None:
     pre.add_argument("--small", action="store_true",
                      help="the config's 'small' variant: a tiny model, a few steps (~1 minute)")
     pre.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
-    add_training_mesh_flag(pre)
+    common.add_mesh_flag(pre, TRAINING_MESH_HELP)
     distributed_cli.add_distributed_flags(pre)
 
     heads = common.add_command(
@@ -36,7 +41,7 @@ def add_parsers(subparsers) -> None:
     heads.set_defaults(takes_overrides=True)
     heads.add_argument("--config", default="train_heads_default",
                        help="a configs/train_heads_*.py file or name (default: train_heads_default)")
-    add_training_mesh_flag(heads)
+    common.add_mesh_flag(heads, TRAINING_MESH_HELP)
     distributed_cli.add_distributed_flags(heads)
 
     vocab = common.add_command(
@@ -82,14 +87,6 @@ def run_pretrain(args) -> int:
           f"held-out perplexity {ev['perplexity']:.2f}; "
           f"top-1 agreement with the final layer by exit: {agreement}")
     return 0
-
-
-def add_training_mesh_flag(parser) -> None:
-    parser.add_argument("--mesh", default=None, metavar="data=D,model=M",
-                        help="train over a device mesh: the batch split over 'data', the "
-                             "model (and exit heads' vocabulary) over 'model'; the sizes "
-                             "multiply to the device count (every host's, with the flags "
-                             "below); checkpoints resume on any mesh (default: one device)")
 
 
 def run_train_heads(args) -> int:
