@@ -294,6 +294,14 @@ _PROGRAMS: dict[Any, Any] = {}
 _PROGRAMS_LOCK = threading.Lock()
 
 
+def clear_programs() -> None:
+    """Drops this process's slot programs (`_program`): their executables and the memory
+    mappings XLA:CPU holds for them; a later use loads or compiles them again. Engines built
+    before keep the programs they already hold."""
+    with _PROGRAMS_LOCK:
+        _PROGRAMS.clear()
+
+
 def _program(fn, static: tuple, donate: tuple[int, ...], args, mesh=None, batch: int = 0):
     """`fn(*static, *args)` compiled for the shapes and dtypes of `args` (arrays or
     `jax.ShapeDtypeStruct`s), donating `args[i]` for i in `donate`: once per process, with
