@@ -24,10 +24,11 @@ from hispec_jax.models.model import Model
 from hispec_jax.planner import tune as tune_lib
 
 
-def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int = 64,
+def generate(model: Model, prompts, *, method: str | None = None, max_new_tokens: int = 64,
              batch_size: int | None = None, ignore_eos: bool = False, temperature: float = 0.0,
              top_k: int = 0, top_p: float = 1.0, seed: int = 0, max_cache_len: int | None = None,
-             chat: bool = False, mesh=None, **method_options) -> GenerationResult:
+             chat: bool = False, mesh=None, draft: Model | None = None,
+             **method_options) -> GenerationResult:
     """Generates continuations of `prompts`: `decoding.generate.generate`'s arguments and
     result, and also method="auto": the plan `hispec tune` saved for this model, device and
     batch size (a quick tune first when there is none, said on stderr). Auto takes no
@@ -38,6 +39,7 @@ def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int =
     exits, else it makes a quick one now (`planner.sv_profile.profile_for`: progress on
     stderr, then cached). `stats["sv_profile"]` says which ("model directory: PATH",
     "cached quick profile: PATH", "quick profile made now: PATH", or "given: ...")."""
+    model, method = generate_lib.with_draft(model, method, draft)
     if method != "auto":
         profile_source: list[str] = []
         if method == "sv" and method_options.get("sv_profile") is None:
@@ -56,6 +58,9 @@ def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int =
     # The same checks, in the same order, as decoding's, before anything is tuned.
     sampling, max_new_tokens = generate_lib.check_request(max_new_tokens, temperature, top_k,
                                                           top_p, seed)
+    if model.draft is not None:
+        raise ValueError("method 'auto' does not choose plans with a draft model yet: pass "
+                         "method='draft' (or 'layerskip' / 'hispec') with it")
     options_lib.check_method_options("auto", num_layers=model.cfg.num_layers,
                                      **method_options)  # none: the tuned plan sets them
     prompt_ids = generate_lib.prompt_token_ids(model, prompts, chat)

@@ -52,6 +52,7 @@ class BigramDrafter:
 
     runs_layers: ClassVar[bool] = False
     block_passes: ClassVar[bool] = True
+    draws: ClassVar[bool] = False
 
     def check(self, h) -> None:
         if h.exits[0] != 0 or len(h.exits) < 2 or h.max_windows[0] != self.k:
@@ -82,7 +83,7 @@ class BigramDrafter:
     def steps(self, block: int) -> int:
         return 1
 
-    def init(self, batch: int, ring: int) -> BigramState:
+    def init(self, batch: int, ring: int, capacity: int) -> BigramState:
         return BigramState(proposed_B=jnp.zeros((batch,), jnp.int32))
 
     def init_counters(self, num_layers: int) -> BigramCounters:

@@ -81,11 +81,42 @@ def apply_default_plan(args, model_path: str, num_layers: int | None) -> None:
     args.plan_reason = GIVEN_METHOD
     if args.method is not None:
         return
+    if getattr(args, "draft_model", None) is not None:
+        args.method, args.plan_reason = "draft", "a draft model was given (--draft-model)"
+        return
     args.method, plan_options, args.plan_reason = recommended.default_plan_for(model_path,
                                                                                num_layers)
     for name, value in plan_options.items():
         if getattr(args, name, None) is None:
             setattr(args, name, value)
+
+
+def check_draft_model(args, model_path: str) -> None:
+    """`--draft-model` (when given): a local path or a Hub id (resolved into
+    `args.draft_model`) whose config.json gives the target's vocabulary size (the rest of
+    `Model.with_draft`'s checks, GGUF files' and the tokenizers', run once both are
+    loaded). Reads no weights."""
+    if getattr(args, "draft_model", None) is None:
+        return
+    from hispec_jax.models import hub  # standard library until a Hub id needs resolving
+
+    args.draft_model = hub.resolve(args.draft_model)
+    check_model_path(args.draft_model, "--draft-model")
+    theirs, ours = _vocab_size(args.draft_model), _vocab_size(model_path)
+    if theirs is not None and ours is not None and theirs != ours:
+        raise ValueError(f"--draft-model {args.draft_model}: its vocabulary has {theirs} "
+                         f"entries, the model's {ours}: a draft model must share its target's "
+                         "vocabulary (a smaller model of the same family)")
+
+
+def _vocab_size(model: str) -> int | None:
+    """The vocabulary size a HF directory's config.json gives (None: a GGUF file, or none
+    given)."""
+    config_file = Path(model) / "config.json"
+    if not config_file.is_file():
+        return None
+    size = json.loads(config_file.read_text()).get("vocab_size")
+    return size if isinstance(size, int) else None
 
 
 def model_path(args) -> str:
@@ -105,27 +136,28 @@ def model_path(args) -> str:
     return args.model
 
 
-def check_model_path(model: str) -> int | None:
-    """Checks `--model` without reading weights; returns the model's layer count when its
-    config.json says it (HF directories), else None. Raises ValueError naming the problem."""
+def check_model_path(model: str, flag: str = "--model") -> int | None:
+    """Checks `--model` (or another `flag` naming a model) without reading weights; returns
+    the model's layer count when its config.json says it (HF directories), else None.
+    Raises ValueError naming the problem."""
     path = Path(model)
     if path.suffix.lower() == ".gguf":
         if not path.is_file():
-            raise ValueError(f"--model {model}: no such GGUF file")
+            raise ValueError(f"{flag} {model}: no such GGUF file")
         return None
     if not path.exists():
-        raise ValueError(f"--model {model}: no such directory (expected a Hugging Face model "
+        raise ValueError(f"{flag} {model}: no such directory (expected a Hugging Face model "
                          "directory or a .gguf file)")
     if not path.is_dir():
-        raise ValueError(f"--model {model}: not a directory or a .gguf file")
+        raise ValueError(f"{flag} {model}: not a directory or a .gguf file")
     config_file = path / "config.json"
     if not config_file.is_file():
-        raise ValueError(f"--model {model}: the directory has no config.json (expected a "
+        raise ValueError(f"{flag} {model}: the directory has no config.json (expected a "
                          "Hugging Face model directory or a .gguf file)")
     try:
         layers = json.loads(config_file.read_text()).get("num_hidden_layers")
     except (OSError, ValueError, AttributeError) as e:
-        raise ValueError(f"--model {model}: config.json is not readable JSON ({e})")
+        raise ValueError(f"{flag} {model}: config.json is not readable JSON ({e})")
     return layers if isinstance(layers, int) and layers >= 1 else None
 
 

@@ -119,6 +119,19 @@ def add_method_arguments(parser) -> None:
                         help="prompt lookup: propose every matched token, without the "
                              "acceptance gate that shortens proposals to what their estimated "
                              "acceptance pays for (for A/B measurement; docs/lookup.md)")
+    parser.add_argument("--draft-model", default=None, metavar="PATH",
+                        help="a draft model: a smaller model of the same vocabulary (Hugging "
+                             "Face directory, .gguf file or Hub id; loaded with the same "
+                             "--dtype / --quantize / --matmul-precision) as level 0: method "
+                             "draft (the default with it) verifies its drafts with the final "
+                             "layer, layerskip / hispec with their exits first")
+    parser.add_argument("--draft-k", type=int, default=None, metavar="K",
+                        help="draft model: most tokens drafted per round, 1.."
+                             f"{options_lib.MAX_DRAFT_K} (default: {options_lib.DEFAULT_DRAFT_K})")
+    parser.add_argument("--no-draft-gate", dest="draft_gate", action="store_const",
+                        const=False, default=None,
+                        help="draft model: draft K tokens every round, without the acceptance "
+                             "gate that drafts fewer where they do not pay")
     parser.add_argument("--exit-gate", action="store_true",
                         help="layerskip / hispec without --lookup: shorten each sequence's "
                              "draft window to what its drafts' estimated acceptance pays for "
@@ -133,7 +146,8 @@ def method_options(args) -> dict:
             "acceptance": args.acceptance, "sv_profile": args.sv_profile, "tau": args.tau,
             "anneal": args.anneal, "depth_bound": args.depth_bound, "width": args.width,
             "lookup": args.lookup, "max_ngram": args.max_ngram,
-            "lookup_gate": args.lookup_gate, "exit_gate": args.exit_gate}
+            "lookup_gate": args.lookup_gate, "exit_gate": args.exit_gate,
+            "draft_k": args.draft_k, "draft_gate": args.draft_gate}
 
 
 def check_generate_args(args) -> None:
@@ -143,6 +157,7 @@ def check_generate_args(args) -> None:
     the prompts. Raises ValueError naming the flag, the value and what is allowed."""
     model_path = common.model_path(args)
     num_layers = common.check_model_path(model_path)
+    common.check_draft_model(args, model_path)
     common.apply_default_plan(args, model_path, num_layers)
     try:
         options_lib.check_positive_int("max_new_tokens", args.max_new_tokens)
@@ -150,7 +165,7 @@ def check_generate_args(args) -> None:
             options_lib.check_positive_int("batch_size", args.batch_size)
         options_lib.check_sampling(args.temperature, args.top_k, args.top_p, args.seed)
         options_lib.check_method_options(args.method, num_layers=num_layers,
-                                         **method_options(args))
+                                         draft=args.draft_model, **method_options(args))
     except options_lib.OptionError as e:
         raise common.usage_error(e) from None
     if args.sv_profile is not None and not Path(args.sv_profile).exists():
@@ -211,6 +226,7 @@ def run_generate(args) -> int:
     if args.plan_reason != common.GIVEN_METHOD:  # the default plan: which, and why
         print(f"plan: {args.method} ({args.plan_reason})", file=sys.stderr, flush=True)
     model = load_options.load(args, model_path, startup=startup)
+    model = load_options.with_draft_model(args, model)
     options = method_options(args)
     if args.stream:
         if args.method == "sv" and args.sv_profile is None:  # as `generate` (api.py) does

@@ -77,3 +77,19 @@ def load(args, path: str, startup: str | None = None, **kwargs):
 
     options = {**kwargs, **load_kwargs(args)}
     return load_model(path, **options)
+
+
+def with_draft_model(args, model):
+    """`model` with `--draft-model` (loaded with the same flags, on the same mesh: its own
+    startup line first) as its draft model (`Model.with_draft`); `model` itself without
+    one."""
+    if getattr(args, "draft_model", None) is None:
+        return model
+    print("draft " + startup_line(args.draft_model, args), file=sys.stderr, flush=True)
+    from hispec_jax.models.model import load_model
+
+    draft = load_model(args.draft_model, mesh=model.mesh, **load_kwargs(args))
+    try:
+        return model.with_draft(draft)
+    except ValueError as e:
+        raise ValueError(f"--draft-model {args.draft_model}: {e}") from None

@@ -124,6 +124,7 @@ def _check(args, sampling: bool) -> None:
     model_path = common.model_path(args)
     num_layers = common.check_model_path(model_path)
     args.mesh_shape = common.mesh_arg(args)
+    common.check_draft_model(args, model_path)
     common.apply_default_plan(args, model_path, num_layers)
     try:
         if sampling:
@@ -132,6 +133,7 @@ def _check(args, sampling: bool) -> None:
         if args.max_cache_len is not None:
             options_lib.check_positive_int("max_cache_len", args.max_cache_len)
         options_lib.check_method_options(args.method, num_layers=num_layers,
+                                         draft=args.draft_model,
                                          **generate_cli.method_options(args))
     except options_lib.OptionError as e:
         raise common.usage_error(e) from None
@@ -141,7 +143,8 @@ def _load(args, startup: str | None = None):
     """The model with the load flags, sharded over `--mesh` where one is given
     (`common.use_mesh`)."""
     common.use_mesh(args.mesh_shape)
-    return load_options.load(args, args.model or common.default_model_dir(), startup=startup)
+    model = load_options.load(args, args.model or common.default_model_dir(), startup=startup)
+    return load_options.with_draft_model(args, model)
 
 
 def run_chat(args) -> int:

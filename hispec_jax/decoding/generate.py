@@ -127,10 +127,10 @@ def plan_shapes(max_prompt_len: int, max_new_tokens: int, lookahead: int, max_le
     return min(block, PREFILL_CHUNK, capacity), max(capacity, need)
 
 
-def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int = 64,
+def generate(model: Model, prompts, *, method: str | None = None, max_new_tokens: int = 64,
              batch_size: int | None = None, ignore_eos: bool = False, temperature: float = 0.0,
              top_k: int = 0, top_p: float = 1.0, seed: int = 0, max_cache_len: int | None = None,
-             chat: bool = False, mesh=None, lookup_cost=None,
+             chat: bool = False, mesh=None, lookup_cost=None, draft: Model | None = None,
              **method_options) -> GenerationResult:
     """Generates continuations of `prompts` with a decoding method.
 
@@ -138,8 +138,9 @@ def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int =
       model: a loaded `Model`.
       prompts: a string, a list of strings, or a list of token-id lists.
       method: "ar" (autoregressive), "exit" (early-exit inference from `exit_layer`),
-        "layerskip", "hispec", "sv", "specbound" or "lookup" (see `methods.make_method`), or a
-        `methods.Decoder`. ("auto", the plan `hispec tune` saved, is resolved above
+        "layerskip", "hispec", "sv", "specbound", "lookup" or "draft" (see
+        `methods.make_method`), or a `methods.Decoder`. None: "draft" when the model has a
+        draft model (`draft=`, `Model.with_draft`), else "ar". ("auto", the plan `hispec tune` saved, is resolved above
         decoding: `hispec_jax.generate`, `hispec_jax/api.py`.)
       max_new_tokens: per-sequence budget of new tokens (>= 1).
       batch_size: split prompts into batches of this many (default: one batch).
@@ -159,6 +160,9 @@ def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int =
         `gate.PassCost`, e.g. `gate.measure_pass_cost(model)`; default: this host's stored
         measurement of the model's passes, else the backend's: `device_costs.for_model`).
         Arrays: a new value never recompiles.
+      draft: a draft model (a smaller `Model` with the target's vocabulary) as level 0:
+        method "draft" verifies its drafts with the final layer, "layerskip" / "hispec"
+        with their exits first (`Model.with_draft`; checked before anything compiles).
       **method_options: the method's settings (e.g. exit_layer, draft_exit, verify_exits,
         draft_len, verify_window, adaptive, acceptance="tokenwise"|"blockwise").
 
@@ -168,6 +172,7 @@ def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int =
     the runs, stats).
     """
     sampling, max_new_tokens = check_request(max_new_tokens, temperature, top_k, top_p, seed)
+    model, method = with_draft(model, method, draft)
     decoder = method_decoder(model, method, sampling, method_options)
     prompt_ids = prompt_token_ids(model, prompts, chat)
     batch_size = check_batch_size(batch_size, len(prompt_ids))
@@ -176,6 +181,16 @@ def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int =
                   max_new_tokens=max_new_tokens, batch_size=batch_size, ignore_eos=ignore_eos,
                   max_cache_len=max_cache_len, chat=chat, mesh=mesh, reuse_compiled=named,
                   lookup_cost=lookup_cost)
+
+
+def with_draft(model: Model, method, draft: Model | None) -> tuple[Model, Any]:
+    """(`model` with `draft` as its draft model, the method: None means "draft" when the
+    model has a draft model, else "ar")."""
+    if draft is not None:
+        model = model.with_draft(draft)
+    if method is None:
+        method = "draft" if model.draft is not None else "ar"
+    return model, method
 
 
 def check_request(max_new_tokens, temperature, top_k, top_p, seed) -> tuple[SamplingParams, int]:

@@ -20,7 +20,8 @@ from hispec_jax.decoding import options as options_lib
 from hispec_jax.decoding import recommended
 from hispec_jax.decoding.acceptance import RULES, GreedyAcceptance
 from hispec_jax.decoding.draft import DynamicDraftExit, StaticDraftExit
-from hispec_jax.decoding.engine import Counters, ExitDrafter, Hierarchy, LookupDrafter
+from hispec_jax.decoding.engine import (Counters, DraftModelDrafter, ExitDrafter, Hierarchy,
+                                       LookupDrafter)
 from hispec_jax.decoding.lookup import PromptLookup
 from hispec_jax.decoding.windows import (DRAFT_LEN_RANGE, VERIFY_WINDOW_RANGE, AdaptiveWindows,
                                          FixedWindows, power_of_two_blocks)
@@ -176,7 +177,8 @@ def make_method(model: Model, method: str, *, exit_layer: int | None = None,
                 anneal: float | None = None, depth_bound: int | None = None,
                 width: int | None = None, lookup: int | None = None,
                 max_ngram: int | None = None, lookup_gate: bool | None = None,
-                exit_gate: bool = False, greedy: bool = True):
+                exit_gate: bool = False, draft_k: int | None = None,
+                draft_gate: bool | None = None, greedy: bool = True):
     """The decoding method object for `method` and its options; ValueError on bad settings.
 
     Methods: "ar" (K = 1, top = L), "exit" (K = 1, top = exit_layer), "layerskip"
@@ -188,7 +190,10 @@ def make_method(model: Model, method: str, *, exit_layer: int | None = None,
     n-gram drafts of up to `lookup` tokens, matching suffixes of up to `max_ngram` tokens,
     verified by the final layer: `lookup.py`). `lookup=k` with "layerskip" or "hispec" puts
     the lookup drafter below their levels: its drafts are verified by the draft exit first;
-    a round without a match is the draft exit's own draft step.
+    a round without a match is the draft exit's own draft step. "draft" (a draft model, the
+    model's `with_draft`: up to `draft_k` drafts a round verified by the final layer,
+    `engine/draft_model.py`); a model with a draft model under "layerskip" or "hispec" puts
+    it below their levels, its drafts verified by the draft exit first.
     Defaults: the model's recommended plan for "layerskip" / "hispec" when it has one and
     no exits are given (`recommended.py`: its exits, and its windows where none are given),
     else the paper's (§3.3, §6): draft_exit ~ L/8, verify_exits ~ (L/4,), draft_len 2,
@@ -198,7 +203,8 @@ def make_method(model: Model, method: str, *, exit_layer: int | None = None,
     The acceptance gates (`gate.py`, docs/lookup.md): `lookup_gate` (default on) shortens
     each lookup proposal to what its estimated acceptance pays for; `exit_gate` (default
     off; "layerskip" and "hispec" without lookup) shortens each draft exit's window the same
-    way (docs/engine.md, "The exit drafter's gate").
+    way (docs/engine.md, "The exit drafter's gate"); `draft_gate` (default on) each draft
+    model's window.
     """
     cfg = model.cfg
     L = cfg.num_layers
@@ -210,7 +216,12 @@ def make_method(model: Model, method: str, *, exit_layer: int | None = None,
         verify_exits=verify_exits, draft_len=draft_len, verify_window=verify_window,
         adaptive=adaptive, acceptance=acceptance, sv_profile=sv_profile, tau=tau,
         anneal=anneal, depth_bound=depth_bound, width=width, lookup=lookup, max_ngram=max_ngram,
-        lookup_gate=lookup_gate, exit_gate=exit_gate)
+        lookup_gate=lookup_gate, exit_gate=exit_gate, draft=model.draft, draft_k=draft_k,
+        draft_gate=draft_gate)
+    if method == "draft":
+        rule, schedule = _sampling_rule(acceptance, greedy)
+        return _with_draft(Decoder(Hierarchy(exits=(L,), rule=rule, schedule=schedule)),
+                           model, draft_k, draft_gate)
     if method == "lookup":
         rule, schedule = _sampling_rule(acceptance, greedy)
         return _with_lookup(Decoder(Hierarchy(exits=(L,), rule=rule, schedule=schedule)),
@@ -272,7 +283,23 @@ def make_method(model: Model, method: str, *, exit_layer: int | None = None,
                           rule=rule, schedule=schedule,
                           drafter=ExitDrafter(StaticDraftExit(), gate=bool(exit_gate)))
     decoder = Decoder(hierarchy=hierarchy, windows=windows, source=source)
+    if model.draft is not None:
+        return _with_draft(decoder, model, draft_k, draft_gate)
     return decoder if lookup is None else _with_lookup(decoder, lookup, max_ngram, lookup_gate)
+
+
+def _with_draft(decoder: Decoder, model: Model, k: int | None,
+                gate: bool | None = None) -> Decoder:
+    """The decoder with `model`'s draft model (`Model.with_draft`) as a new level 0 (exit
+    0: none of the target's layers) below its levels; its window (and static bound) is k;
+    `gate` None: the gate on."""
+    k = options_lib.DEFAULT_DRAFT_K if k is None else int(k)
+    drafter = DraftModelDrafter(cfg=model.draft.cfg, k=k, per_layer=model.draft.per_layer,
+                                gate=True if gate is None else bool(gate))
+    h = decoder.hierarchy
+    hierarchy = dataclasses.replace(h, exits=(0,) + h.exits, max_windows=(k,) + h.max_windows,
+                                    drafter=drafter)
+    return Decoder(hierarchy=hierarchy, windows=(k,) + decoder.windows, source=decoder.source)
 
 
 def _with_lookup(decoder: Decoder, lookup: int | None, max_ngram: int | None,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import numbers
 
-METHODS = ("ar", "exit", "layerskip", "hispec", "sv", "specbound", "lookup",
+METHODS = ("ar", "exit", "layerskip", "hispec", "sv", "specbound", "lookup", "draft",
            "auto")  # auto: a saved plan
 SPECULATIVE_METHODS = ("layerskip", "hispec", "sv", "specbound")
 # Options only some methods take (the rest: SPECULATIVE_OPTIONS, exit_layer).
@@ -32,6 +32,11 @@ ACCEPTANCE_RULES = ("blockwise", "tokenwise")
 LOOKUP_METHODS = ("lookup", "layerskip", "hispec")
 # The exit drafter's acceptance gate (`gate.py`): methods whose level 0 is a static draft exit.
 EXIT_GATE_METHODS = ("layerskip", "hispec")
+# A draft model (`engine/draft_model.py`): method "draft" (drafts verified by the final
+# layer), or a draft model under the exits of these methods.
+DRAFT_METHODS = ("draft", "layerskip", "hispec")
+MAX_DRAFT_K = 32  # most tokens a draft model drafts a round
+DEFAULT_DRAFT_K = 5
 MAX_LOOKUP = 64  # most tokens one lookup proposes (every pass's block grows with it)
 MAX_NGRAM = 16
 # k = 16 and 8-grams with the "ngram" schedule (a 1-gram match proposes 4 tokens, a 2- to
@@ -109,32 +114,38 @@ def check_method_options(method, *, num_layers: int | None = None, exit_layer=No
                          draft_exit=None, verify_exits=None, draft_len=None, verify_window=None,
                          adaptive=False, acceptance=None, sv_profile=None, tau=None,
                          anneal=None, depth_bound=None, width=None, lookup=None,
-                         max_ngram=None, lookup_gate=None, exit_gate=False) -> None:
+                         max_ngram=None, lookup_gate=None, exit_gate=False, draft=None,
+                         draft_k=None, draft_gate=None) -> None:
     """Raises `OptionError` if `method` or its options are invalid.
 
     Checks what needs no weights: the method name, which options the method takes, integer
     ranges (layers in [1, num_layers] when `num_layers` is given), strictly increasing
     explicit exits, the acceptance rule and the acceptance gates (`lookup_gate` False turns
-    the lookup drafter's off, `exit_gate` True turns the exit drafter's on). `None` / False
-    mean "not given" (`lookup_gate`: None).
+    the lookup drafter's off, `exit_gate` True turns the exit drafter's on), and the draft
+    model's settings (`draft`: whether a draft model is given, a model or its path; `draft_k`,
+    `draft_gate`). `None` / False mean "not given" (`lookup_gate`, `draft_gate`: None).
     """
     if method not in METHODS:
         raise OptionError("method", method, f"must be one of {', '.join(METHODS)}",
                           f"method={method!r} is not one of {METHODS}")
     _check_lookup(method, lookup, max_ngram, adaptive)
     _check_gates(method, lookup, lookup_gate, exit_gate)
-    if method == "lookup":
+    _check_draft(method, draft, draft_k, draft_gate, lookup=lookup, adaptive=adaptive,
+                 exit_gate=exit_gate)
+    if method in ("lookup", "draft"):
         given = {"exit_layer": exit_layer, "draft_exit": draft_exit, "verify_exits": verify_exits,
                  "draft_len": draft_len, "verify_window": verify_window,
                  "adaptive": adaptive or None, "sv_profile": sv_profile, "tau": tau,
                  "anneal": anneal, "depth_bound": depth_bound, "width": width}
         given = {k: v for k, v in given.items() if v is not None}
+        takes = ("lookup, max_ngram" if method == "lookup" else "draft_k, draft_gate")
+        under = "lookup=K" if method == "lookup" else "a draft model"
         if given:
             name = sorted(given)[0]
-            raise OptionError(name, given[name], "method 'lookup' takes only lookup, "
-                              "max_ngram and acceptance",
-                              f"method 'lookup' does not take {', '.join(sorted(given))} "
-                              "(it has no exit level; use lookup=K under layerskip or hispec)")
+            raise OptionError(name, given[name], f"method {method!r} takes only {takes} and "
+                              "acceptance",
+                              f"method {method!r} does not take {', '.join(sorted(given))} "
+                              f"(it has no exit level; use {under} under layerskip or hispec)")
         if acceptance is not None and acceptance not in ACCEPTANCE_RULES:
             raise OptionError("acceptance", acceptance,
                               f"must be one of {', '.join(ACCEPTANCE_RULES)}",
@@ -278,6 +289,42 @@ def _check_lookup(method, lookup, max_ngram, adaptive) -> None:
             raise OptionError("max_ngram", max_ngram, f"must be an integer in [1, {MAX_NGRAM}]",
                               f"max_ngram must be an integer in [1, {MAX_NGRAM}] (the longest "
                               f"suffix matched), got {max_ngram!r}")
+
+
+def _check_draft(method, draft, draft_k, draft_gate, *, lookup, adaptive, exit_gate) -> None:
+    """A draft model only for `DRAFT_METHODS` (method "draft" needs one), without lookup,
+    adaptive windows or the exit gate; `draft_k` in [1, MAX_DRAFT_K] and `draft_gate` (a
+    bool) only with a draft model."""
+    given = draft is not None and draft is not False
+    if method == "draft" and not given:
+        raise OptionError("draft", draft, "method 'draft' needs a draft model",
+                          "method 'draft' needs a draft model (draft=MODEL; on the command "
+                          "line --draft-model PATH)")
+    if given:
+        if method not in DRAFT_METHODS:
+            raise OptionError("draft", "a draft model", f"only methods {', '.join(DRAFT_METHODS)} "
+                              "take it", f"method {method!r} does not take a draft model (only "
+                              f"{', '.join(DRAFT_METHODS)} do: 'draft' verifies its drafts with "
+                              "the final layer, the others with their exits first)")
+        for name, value in (("lookup", lookup), ("adaptive", adaptive or None),
+                            ("exit_gate", exit_gate or None)):
+            if value is not None:
+                raise OptionError(name, value, "does not combine with a draft model",
+                                  f"{name} does not combine with a draft model (the draft "
+                                  "model is level 0; its own gate is draft_gate)")
+    for name, value in (("draft_k", draft_k), ("draft_gate", draft_gate)):
+        if value is not None and not given:
+            raise OptionError(name, value, "needs a draft model",
+                              f"{name} needs a draft model (draft=MODEL; on the command line "
+                              "--draft-model PATH)")
+    if draft_k is not None and (not _is_int(draft_k) or not 1 <= draft_k <= MAX_DRAFT_K):
+        raise OptionError("draft_k", draft_k, f"must be an integer in [1, {MAX_DRAFT_K}] "
+                          "(tokens drafted per round)",
+                          f"draft_k must be an integer in [1, {MAX_DRAFT_K}] (tokens the draft "
+                          f"model drafts per round), got {draft_k!r}")
+    if draft_gate is not None and not isinstance(draft_gate, bool):
+        raise OptionError("draft_gate", draft_gate, "must be True or False",
+                          f"draft_gate must be True or False, got {draft_gate!r}")
 
 
 def _check_gates(method, lookup, lookup_gate, exit_gate) -> None:

@@ -25,7 +25,8 @@ Implementations (what each method is made of, `methods.make_method`):
 
     Drafter           engine.ExitDrafter (an exit of the model: every method but lookup;
                       its acceptance gate shortens windows that do not pay, `gate.py`),
-                      engine.LookupDrafter (prompt lookup, `lookup.py`)
+                      engine.LookupDrafter (prompt lookup, `lookup.py`),
+                      engine.DraftModelDrafter (a draft model, `engine/draft_model.py`)
     DraftExitPolicy   draft.StaticDraftExit (every draft exits at e_0), draft.DynamicDraftExit
                       (SpecBound: each draft exits at its first confident layer)
     WindowPolicy      windows.FixedWindows (ar, layerskip, hispec), windows.AdaptiveWindows
@@ -35,7 +36,7 @@ Implementations (what each method is made of, `methods.make_method`):
                       (sampling: exact, HiSpec App. G / blockwise verification)
     Companion         sv.SVSelector (SV: how many drafts the final layer verifies)
 
-A new drafter (a suffix tree, a draft model) is a new `Drafter` class, a new
+A new drafter (a suffix tree, another model) is a new `Drafter` class, a new
 verification-length signal a new `Companion`: the round asks them and holds no code of
 its own for either. A policy's per-sequence state lives in the loop state (`WindowState`,
 the drafter's state); every array argument carries its shape in its name (B batch, T block
@@ -66,8 +67,10 @@ class Drafter(Protocol):
     (`engine.EngineState`); the methods that take a state return the updated state.
     `runs_layers`: level 0 runs layers [0, e_0) and buffers their states for level 1
     (False: it runs none, sits at exit e_0 = 0; level 1 starts from the token embeddings,
-    level 0 keeps no ring). `block_passes`: its proposals reach level 1 as blocks of several
-    positions at once (the rounds then compile with the platform's plain XLA options).
+    level 0 keeps no ring of states). `block_passes`: its proposals reach level 1 as blocks
+    of several positions at once (the rounds then compile with the platform's plain XLA
+    options). `draws`: when sampling, its proposals are draws from a distribution q that it
+    keeps in the engine's ring `dists[0]` (False: deterministic proposals, no ring).
 
     Besides the round, a drafter describes itself (`label`, `describe`, `plan_options`,
     `gated`), says whether a prefill chunk can ride a round (`carries_prefill`), and owns
@@ -78,6 +81,7 @@ class Drafter(Protocol):
 
     runs_layers: bool
     block_passes: bool
+    draws: bool
 
     def label(self, h) -> str:
         """A short name for metrics: "exit4", "lookup"."""
@@ -120,8 +124,9 @@ class Drafter(Protocol):
     def steps(self, block: int) -> int:
         """The most draft steps one round runs (static)."""
 
-    def init(self, batch: int, ring: int) -> Any:
-        """The drafter's per-sequence state (a pytree; `ring` = the hierarchy's ring size)."""
+    def init(self, batch: int, ring: int, capacity: int) -> Any:
+        """The drafter's per-sequence state (a pytree; `ring` = the hierarchy's ring size,
+        `capacity` = S, the positions each sequence's buffers hold)."""
 
     def ready(self, state: Any, window_ready_B: jax.Array, pending_B: jax.Array) -> jax.Array:
         """[B] bool: level 1 verifies the `pending_B` positions (`window_ready_B`: the window

@@ -11,6 +11,7 @@ import jax
 
 from hispec_jax.models import gguf_io, hf_io, sharding
 from hispec_jax.models.config import MATMUL_PRECISIONS, ModelConfig
+from hispec_jax.models.draft_weights import DraftWeights, check_pair
 from hispec_jax.models.heads import head_kind
 from hispec_jax.models.params import (LAYER_LAYOUTS, WEIGHT_QUANTIZATIONS, ExitHeads, Params,
                                       default_layer_layout, with_layer_layout)
@@ -55,6 +56,28 @@ class Model:
         if eos is None:
             return ()
         return tuple(int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]))
+
+    @property
+    def draft(self) -> DraftWeights | None:
+        """The draft model's weights paired with this model (`with_draft`), or None."""
+        return self.params.get("draft") if isinstance(self.params, dict) else None
+
+    def with_draft(self, draft: "Model") -> "Model":
+        """This model with `draft` (a smaller `Model` of the same vocabulary) as its draft
+        model: its weights join this model's parameters as `params["draft"]`
+        (`draft_weights.py`), placed on this model's mesh, so the draft model drafter
+        (method "draft", or `draft=` under "layerskip" / "hispec") finds them in every
+        compiled loop. ValueError (one line) for a pair that does not share the vocabulary
+        (`draft_weights.check_pair`), before anything compiles."""
+        if not isinstance(draft, Model):
+            raise ValueError(f"draft must be a loaded Model, got {type(draft).__name__}")
+        if draft.draft is not None:
+            raise ValueError("the draft model has a draft model of its own: one draft level")
+        check_pair(self, draft)
+        draft = place_on_mesh(draft, self.mesh) if self.mesh is not None else draft
+        params = {k: v for k, v in self.params.items() if k != "draft"}
+        params["draft"] = DraftWeights(params=draft.params, cfg=draft.cfg)
+        return dataclasses.replace(self, params=params)
 
     def exit_head_kinds(self) -> dict[int, str]:
         """Which head every exit uses: {exit: "shared" | "full" | "low_rank"}."""

@@ -138,7 +138,13 @@ def _is_spec(x) -> bool:
 
 def param_axes(cfg: ModelConfig, params) -> Any:
     """Logical axes of every parameter, as a pytree shaped like `params` (either layer
-    layout: the per-layer dicts of the "unrolled" layout drop the leading "layers" axis)."""
+    layout: the per-layer dicts of the "unrolled" layout drop the leading "layers" axis; a
+    draft model's, `params["draft"]`, by its own architecture and the same rules)."""
+    if "draft" in params:
+        draft = params["draft"]
+        rest = {k: v for k, v in params.items() if k != "draft"}
+        return {**param_axes(cfg, rest),
+                "draft": draft.replace(params=param_axes(draft.cfg, draft.params))}
     axes = jax.tree.map(lambda s: s.axes, param_specs(cfg), is_leaf=_is_spec)
     if isinstance(params["layers"], (tuple, list)):
         # fused projections carry their own axes (`params.FUSED_AXES`); out-major ones

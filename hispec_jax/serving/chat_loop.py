@@ -85,7 +85,7 @@ def warm_up(model, *, method, capacity: int, history: list[dict], max_new_tokens
                           **options)
 
 
-def chat_loop(model, *, method="ar", max_new_tokens: int = 256, max_cache_len: int | None = None,
+def chat_loop(model, *, method=None, max_new_tokens: int = 256, max_cache_len: int | None = None,
               system: str | None = None, stdin=None, stdout=None, stderr=None,
               warmup: bool = True, progress: StartupProgress | None = None,
               **options) -> int:

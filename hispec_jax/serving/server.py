@@ -165,9 +165,12 @@ def _measure_pass_cost(engines: list[slots_lib.SlotEngine]) -> None:
 def choose_plan(model, method, method_options: dict,
                 reason: str = "given") -> tuple[object, dict, str]:
     """(method, method options, reason): `method` as given (for `reason`), or with None
-    the model's default plan (`recommended.default_plan`) with the given options on top."""
+    the model's default plan (`recommended.default_plan`; a model with a draft model:
+    "draft") with the given options on top."""
     if method is not None:
         return method, method_options, reason
+    if model.draft is not None:
+        return "draft", method_options, "a draft model was given"
     method, options, reason = recommended.default_plan(model)
     given = {k: v for k, v in method_options.items() if v is not None and v is not False}
     return method, {**options, **given}, reason

@@ -97,6 +97,8 @@ def _setup(model, prompt, *, method, max_new_tokens, ignore_eos, temperature, to
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
     if model.tokenizer is None:
         raise ValueError("generate_stream needs a model with a tokenizer (it yields text)")
+    if method is None:  # as `generate`: the draft model when there is one
+        method = "draft" if model.draft is not None else "ar"
     decoder, plan = make_decoder(model, method, sampling.greedy, method_options)
     all_ids = tokenize(model, chat_lib.chat_prompt_ids(model, prompt) if chat else prompt)
     if len(all_ids) != 1:
@@ -116,7 +118,7 @@ def _setup(model, prompt, *, method, max_new_tokens, ignore_eos, temperature, to
                   method if isinstance(method, str) else "custom")
 
 
-def warm_up_stream(model, prompt, *, on_phase=None, method="ar", max_new_tokens: int = 64,
+def warm_up_stream(model, prompt, *, on_phase=None, method=None, max_new_tokens: int = 64,
                    ignore_eos: bool = False, temperature: float = 0.0, top_k: int = 0,
                    top_p: float = 1.0, seed: int = 0, max_cache_len: int | None = None,
                    chat: bool = False, mesh=None, **method_options) -> int:
@@ -136,14 +138,15 @@ def warm_up_stream(model, prompt, *, on_phase=None, method="ar", max_new_tokens:
     return slots_lib.backend_compiles() - before
 
 
-def generate_stream(model, prompt, *, method="ar", max_new_tokens: int = 64,
+def generate_stream(model, prompt, *, method=None, max_new_tokens: int = 64,
                     ignore_eos: bool = False, temperature: float = 0.0, top_k: int = 0,
                     top_p: float = 1.0, seed: int = 0, max_cache_len: int | None = None,
                     chat: bool = False, mesh=None, **method_options) -> TextStream:
     """Streams the continuation of one prompt (a string, token ids, or with `chat=True` a
     conversation) as text deltas. Arguments as `generate`'s (`mesh`: a device mesh with axes
     ("data", "model") to decode over; default: the model's own); everything is checked
-    before this returns (a bad setting raises here, not at the first delta).
+    before this returns (a bad setting raises here, not at the first delta). `method`
+    None: "draft" for a model with a draft model (`Model.with_draft`), else "ar".
 
     Yields only text that is final (an incomplete multi-byte character or a trailing space
     waits for the next token); the deltas join to `generate(...).texts[0]`.

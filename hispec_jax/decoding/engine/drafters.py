@@ -14,6 +14,8 @@ suffix tree, a draft model) is a new class, here or in the user's own module
                     its acceptance gate says the drafts do not pay)
     LookupDrafter   prompt lookup (n-gram, `lookup.py`): one lookup a round proposes up to k
                     tokens at once, and runs no layer
+    DraftModelDrafter  a smaller model of the same vocabulary (`draft_model.py`): one token
+                    per draft step with its own KV cache, up to k steps a round
 
 Each method takes the round (`round.Round`: params, heads, cfg, hierarchy `h`, `greedy`,
 request `req`, per-pass PRNG `keys`) and the loop state (`state.EngineState`).
@@ -106,6 +108,7 @@ class ExitDrafter:
 
     runs_layers: ClassVar[bool] = True
     block_passes: ClassVar[bool] = False
+    draws: ClassVar[bool] = True  # sampling: its drafts are draws from exit e_0's q
 
     def check(self, h) -> None:
         if h.exits[0] < 1:
@@ -158,7 +161,8 @@ class ExitDrafter:
     def steps(self, block: int) -> int:
         return block
 
-    def init(self, batch: int, ring: int) -> ExitDraftState:
+    def init(self, batch: int, ring: int, capacity: int) -> ExitDraftState:
+        del capacity
         gate = None
         if self.gate:  # the window policy's windows until a first verification
             gate = ExitGateState(
@@ -331,6 +335,7 @@ class LookupDrafter:
     # its proposals reach level 1 as blocks of positions (the rounds compile with the
     # platform's plain XLA options: `compile_cache.rounds_options`)
     block_passes: ClassVar[bool] = True
+    draws: ClassVar[bool] = False  # deterministic proposals: q one-hot
 
     def check(self, h) -> None:
         if h.exits[0] != 0:
@@ -393,8 +398,8 @@ class LookupDrafter:
         del block
         return 1
 
-    def init(self, batch: int, ring: int) -> LookupState:
-        del ring
+    def init(self, batch: int, ring: int, capacity: int) -> LookupState:
+        del ring, capacity
         return LookupState(proposed_B=jnp.zeros((batch,), jnp.int32),
                            gate=gate_lib.GateState.init(batch, self.lookup.max_ngram,
                                                        runs=True))

@@ -167,18 +167,22 @@ class Engine:
             out, _ = emit.append_block(out, first_B[:, None], jnp.ones_like(first_B),
                                        req.eos_ids_E, req.max_new_B)
         dtype = jnp.dtype(cfg.dtype)
-        # (a drafter that runs no layer keeps no states or distributions: its rings are empty)
-        ring = lambda k: h.ring if k or h.drafter.runs_layers else 0
+        # (a drafter that runs no layer keeps no states, one that does not draw keeps no
+        # distributions: its rings are empty)
+        S = req.tokens_BxS.shape[1]
+        ring = lambda k, level_0: h.ring if k or level_0 else 0
         return EngineState(
             out=out,
             cache=cache,
             processed_BxK=jnp.broadcast_to(req.prompt_lens_B[:, None], (B, K)).astype(jnp.int32),
-            hidden=tuple(jnp.zeros((B, ring(k), cfg.hidden_size), dtype) for k in range(K - 1)),
+            hidden=tuple(jnp.zeros((B, ring(k, h.drafter.runs_layers), cfg.hidden_size), dtype)
+                         for k in range(K - 1)),
             rejected_pos_BxW=jnp.full((B, h.ring), -1, jnp.int32),
             rejected_tok_BxW=jnp.zeros((B, h.ring), jnp.int32),
             windows=h.window_policy.init(windows_K1, B),
-            draft_state=h.drafter.init(B, h.ring),
-            dists=tuple(jnp.full((B, ring(k), cfg.vocab_size), -jnp.inf, jnp.float32)
+            draft_state=h.drafter.init(B, h.ring, S),
+            dists=tuple(jnp.full((B, ring(k, h.drafter.draws), cfg.vocab_size), -jnp.inf,
+                                 jnp.float32)
                         for k in range(K - 1)) if (not greedy or h.keeps_dists) and K > 1 else (),
             draws_B=jnp.zeros((B,), jnp.int32),
             counters=Counters.zeros(K, max(h.blocks, default=0), cfg.num_layers,
