@@ -65,6 +65,15 @@ VOCAB_LAYOUT = "unrolled, draft vocabularies"
 # prompts entering one by one as slots free up, each with its offline sequence index.
 SLOT_CASES = ["hispec", "hispec_sampling"]
 
+# A draft model (`engine/draft_model.py`; one layer, 4 query heads and 2 KV heads) under
+# the final layer, sharded by the same rules as its target, offline and in the slots.
+DRAFT_CFG = CFG.replace(num_layers=1, hidden_size=32, intermediate_size=64, num_heads=4)
+DRAFT_METHODS = {
+    "draft": dict(method="draft", draft_k=3),
+    "draft_sampling": dict(method="draft", draft_k=3, temperature=0.8, top_k=20, seed=7),
+}
+DRAFT_CASES = [("data=2,model=4", ["draft", "draft_sampling"])]
+
 
 def slots_tokens(model, name: str, mesh_text: str) -> list[list[int]]:
     from hispec_jax.decoding import methods as methods_lib
@@ -72,7 +81,7 @@ def slots_tokens(model, name: str, mesh_text: str) -> list[list[int]]:
     from hispec_jax.models.model import place_on_mesh
     from hispec_jax.serving.slots import SlotEngine, SlotRequest
 
-    opts = dict(METHODS[name])
+    opts = dict({**METHODS, **DRAFT_METHODS}[name])
     method = opts.pop("method")
     sampling = SamplingParams(**{k: opts.pop(k) for k in ("temperature", "top_k", "seed")
                                  if k in opts})
@@ -147,6 +156,25 @@ def main() -> int:
                         "reference": reference[name],
                         "sharded": slots_tokens(models["unrolled"], name, "data=2,model=4"),
                         "stats_mesh": "data=2,model=4 (8 cpu devices)"})
+    draft = Model(cfg=DRAFT_CFG, params=with_layer_layout(
+        init_params(DRAFT_CFG, jax.random.key(1), init_std=0.3), "unrolled"))
+    with_draft = models["unrolled"].with_draft(draft)
+    for mesh_text, names in DRAFT_CASES:
+        mesh = sharding.make_mesh(mesh_text)
+        for name in names:
+            opts = DRAFT_METHODS[name]
+            ref = ar if "temperature" not in opts else generate(
+                with_draft, PROMPTS, max_new_tokens=MAX_NEW, ignore_eos=True, **opts).token_ids
+            r = generate(with_draft, PROMPTS, max_new_tokens=MAX_NEW, ignore_eos=True,
+                         mesh=mesh, **opts)
+            results.append({"mesh": mesh_text, "layout": "draft model", "method": name,
+                            "reference": ref, "sharded": r.token_ids,
+                            "stats_mesh": r.stats.get("mesh"),
+                            "compile_seconds": r.stats["compile_seconds"]})
+            results.append({"mesh": mesh_text, "layout": "draft model, slots", "method": name,
+                            "reference": ref,
+                            "sharded": slots_tokens(with_draft, name, mesh_text),
+                            "stats_mesh": f"{mesh_text} (8 cpu devices)"})
     mesh = sharding.make_mesh("data=2,model=4")
     placed_heads = sharding.heads_shardings(CFG, vocab_model.heads, mesh)
     specs_heads = {f"head {e} {k}": str(placed_heads[e][k].spec)
@@ -159,6 +187,8 @@ def main() -> int:
     for name in ("wqkv", "w_gate_up"):
         specs[f"fused {name} model=2"] = str(placed_fused["layers"][0][name].spec)
     specs.update(specs_heads)
+    placed_draft = sharding.param_shardings(CFG, with_draft.params, mesh)["draft"].params
+    specs["draft wq"] = str(placed_draft["layers"][0]["wq"].spec)
     for mesh_text in ("data=2,model=4", "data=4,model=2"):
         cache = KVCache.zeros(CFG, batch=4, capacity=32)
         specs[f"cache {mesh_text}"] = str(

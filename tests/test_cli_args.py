@@ -74,6 +74,19 @@ CASES = [
      ["--verify-window 3", "'sv'"]),
     ("sv_blockwise", ["--method", "sv", "--acceptance", "blockwise", PROMPT],
      ["--acceptance blockwise", "token-wise"]),
+    # a draft model (`engine/draft_model.py`): its path, its vocabulary, its method
+    ("draft_model_missing", ["--draft-model", "/nonexistent/d", PROMPT],
+     ["--draft-model /nonexistent/d", "no such directory"]),
+    ("draft_model_other_vocabulary", ["--draft-model", "{tmp}/small_vocab", PROMPT],
+     ["--draft-model", "its vocabulary has 7 entries, the model's 2048"]),
+    ("draft_method_without_model", ["--method", "draft", PROMPT],
+     ["--draft-model", "'draft' needs a draft model"]),
+    ("draft_k_without_draft_model", ["--method", "ar", "--draft-k", "3", PROMPT],
+     ["--draft-k 3", "needs a draft model"]),
+    ("draft_model_with_ar", ["--method", "ar", "--draft-model", DEFAULT, PROMPT],
+     ["--draft-model", "method 'ar' does not take a draft model"]),
+    ("draft_k_zero", ["--draft-model", DEFAULT, "--draft-k", "0", PROMPT],
+     ["--draft-k 0", "[1, 32]"]),
     # argparse's own errors (unknown choices, non-numbers) are just as early
     ("unknown_method", ["--method", "beam", PROMPT], ["--method", "beam", "choose from"]),
     ("top_k_not_int", ["--top-k", "x", PROMPT], ["--top-k", "'x'"]),
@@ -110,6 +123,8 @@ def rejected(tmp_path_factory):
     that interpreter ended up importing."""
     tmp = tmp_path_factory.mktemp("no_config")
     (tmp / "notes.txt").write_text("not a model")
+    (tmp / "small_vocab").mkdir()
+    (tmp / "small_vocab" / "config.json").write_text(json.dumps({"vocab_size": 7}))
     argvs = [[a.replace("{tmp}", str(tmp)) for a in argv] for _, argv, _ in CASES]
     proc = subprocess.run([sys.executable, "-c", _DRIVER, json.dumps(argvs)],
                           capture_output=True, text=True, timeout=120,

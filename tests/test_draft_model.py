@@ -144,3 +144,142 @@ def test_draft_model_settings_are_checked(method, options, message):
     with pytest.raises(OptionError, match=message):
         generate(_tiny(29, 0, layers=4), [[1, 2]], method=method, draft=_tiny(29, 1),
                  **options)
+
+
+# ---- sampling: the target's distribution exactly ----------------------------------------
+def _exact_setup():
+    """The enumerable model of tests/test_sampling_exact.py (VOCAB tokens) and a one-layer
+    draft model of its vocabulary whose q differs from the target's p."""
+    from test_sampling_exact import VOCAB, small_model
+
+    cfg = ModelConfig(model_type="llama", vocab_size=VOCAB, hidden_size=16, intermediate_size=32,
+                      num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8,
+                      max_position_embeddings=64)
+    return small_model(), Model(cfg=cfg, params=init_params(cfg, jax.random.PRNGKey(3),
+                                                            init_std=0.5))
+
+
+def _sampled(target, draft, method, seed, **options):
+    from test_sampling_exact import N_SAMPLES, NEW as N_NEW, PROMPT
+
+    return generate(target, [PROMPT] * N_SAMPLES, method=method, draft=draft,
+                    max_new_tokens=N_NEW, ignore_eos=True, temperature=1.0, top_k=3, seed=seed,
+                    **options)
+
+
+@pytest.mark.parametrize("method,options", [
+    ("draft", {"acceptance": "tokenwise", "draft_k": 2}),
+    ("draft", {"acceptance": "blockwise", "draft_k": 3, "draft_gate": False}),
+    ("layerskip", {"draft_exit": 2, "draft_len": 1}),  # draft model -> exit 2 -> L
+])
+def test_sampling_keeps_the_target_distribution_exactly(method, options):
+    from test_sampling_exact import N_SAMPLES, chi_square_test, exact_ar_distribution
+
+    from hispec_jax.decoding.sampling import SamplingParams
+
+    target, draft = _exact_setup()
+    probs = exact_ar_distribution(target, SamplingParams(temperature=1.0, top_k=3, seed=21))
+    r = _sampled(target, draft, method, 21, **options)
+    assert 0 < r.stats["draft_model"]["acceptance_rate"] < 1  # drafts kept and rejected
+    stat, threshold = chi_square_test(r.token_ids, probs, N_SAMPLES)
+    assert stat < threshold, (stat, threshold)
+
+
+def test_the_same_test_catches_a_drafter_that_misstates_its_q(monkeypatch):
+    """The drafts drawn from q but verified as if drawn from a uniform q: biased output."""
+    from test_sampling_exact import N_SAMPLES, chi_square_test, exact_ar_distribution
+
+    import jax.numpy as jnp
+
+    from hispec_jax.decoding.engine import draft_model
+    from hispec_jax.decoding.sampling import SamplingParams
+
+    def uniform_logq(self, rnd, state, proposed_pos_BxT, proposed_BxT):
+        V = rnd.cfg.vocab_size
+        return jnp.full(proposed_BxT.shape + (V,), -np.log(V), jnp.float32)
+
+    from hispec_jax.decoding import engine as engine_lib
+
+    engine_lib.clear_compiled()  # the loop compiled above is the same engine: trace it anew
+    monkeypatch.setattr(draft_model.DraftModelDrafter, "proposal_logq", uniform_logq)
+    target, draft = _exact_setup()
+    probs = exact_ar_distribution(target, SamplingParams(temperature=1.0, top_k=3, seed=21))
+    r = _sampled(target, draft, "draft", 21, acceptance="tokenwise", draft_k=2)
+    engine_lib.clear_compiled()  # no later test may run the mutant
+    stat, threshold = chi_square_test(r.token_ids, probs, N_SAMPLES)
+    assert stat > threshold, (stat, threshold)
+
+
+# ---- streaming and serving --------------------------------------------------------------
+def test_generate_stream_with_a_draft_model_is_ar(loaded):
+    import hispec_jax
+
+    target, draft = loaded["llama3"]
+    ar = generate(target, PROMPTS[:1], max_new_tokens=NEW, ignore_eos=True)
+    stream = hispec_jax.generate_stream(target.with_draft(draft), PROMPTS[0],
+                                        max_new_tokens=NEW, ignore_eos=True)
+    text = "".join(stream)
+    assert stream.result.token_ids == ar.token_ids
+    ar_text = "".join(hispec_jax.generate_stream(target, PROMPTS[0], max_new_tokens=NEW,
+                                                 ignore_eos=True))
+    assert text == ar_text  # (the streams' detokenizer: the test tokenizer joins no spaces)
+    assert stream.result.stats["method"] == "draft"
+    assert stream.result.stats["draft_model"]["proposed"] > 0
+
+
+def test_served_with_a_draft_model_answers_as_ar(loaded):
+    """`hispec serve --draft-model`'s app: greedy answers are AR's through the openai
+    client; /health names the plan, /metrics counts the draft model's proposals."""
+    import json
+    import urllib.request
+
+    from conftest import serving
+
+    openai = pytest.importorskip("openai")
+    from hispec_jax.serving import server as server_lib
+
+    import hispec_jax
+
+    target, draft = loaded["llama3"]
+    ar = [("".join(hispec_jax.generate_stream(target, p, max_new_tokens=NEW, ignore_eos=True)))
+          for p in PROMPTS[:3]]
+    app = server_lib.build_app(target.with_draft(draft), None, slots=2, max_cache_len=96,
+                               warmup=False)
+    with serving(app) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0,
+                               timeout=300)
+        for prompt, text in zip(PROMPTS[:3], ar):
+            r = client.completions.create(model=client.models.list().data[0].id,
+                                          prompt=prompt, max_tokens=NEW, temperature=0,
+                                          extra_body={"ignore_eos": True})
+            assert r.choices[0].text == text
+        with urllib.request.urlopen(url + "/health", timeout=30) as h:
+            health = json.loads(h.read().decode())
+        with urllib.request.urlopen(url + "/metrics", timeout=30) as m:
+            metrics = m.read().decode()
+    assert health["plan"] == "draft model llama 2x32 k=5", health
+    assert health["reason"] == "a draft model was given"
+    line = next(x for x in metrics.splitlines() if x.startswith(
+        'hispec:spec_decode_num_draft_tokens_total{drafter="draft",engine="greedy"'))
+    assert float(line.split()[-1]) > 0
+
+
+def test_command_line_draft_model_gives_ar_output(pairs, capsys):
+    """`hispec generate --draft-model D`: method draft by default, AR's tokens, the draft's
+    own startup line."""
+    import json
+
+    from hispec_jax import cli
+
+    _, target_dir, _, draft_dir = pairs["llama3"]
+    base = ["generate", "--model", str(target_dir), "--max-new-tokens", "12", "--ignore-eos",
+            "--json", PROMPTS[0]]
+    assert cli.main(base + ["--method", "ar"]) == 0
+    ar = json.loads(capsys.readouterr().out)
+    assert cli.main(base + ["--draft-model", str(draft_dir), "--draft-k", "3"]) == 0
+    out, err = capsys.readouterr()
+    got = json.loads(out)
+    assert got["outputs"][0]["token_ids"] == ar["outputs"][0]["token_ids"]
+    assert got["stats"]["method"] == "draft" and got["stats"]["draft_model"]["k"] == 3
+    assert f"draft model {draft_dir}: 2 layers" in err
+    assert "plan: draft (a draft model was given (--draft-model))" in err

@@ -5,7 +5,8 @@ device count must be set before JAX starts): AR, LayerSkip, HiSpec greedy and Hi
 sampling with a fixed seed give the same tokens sharded and unsharded, on data x model
 meshes 2x4, 4x2, 8x1 and 1x8, with a batch of 3 (padded for every data axis, never
 dropped) and 2 KV heads (fewer than the model axis of 4 and 8: replicated there); and
-HiSpec (greedy and sampling) with trained exit heads that carry draft vocabularies, on 2x4.
+HiSpec (greedy and sampling) with trained exit heads that carry draft vocabularies, on 2x4;
+a draft model (greedy and sampling), offline and in serving's slots, on 2x4.
 Greedy methods sharded give unsharded AR's tokens. The rule
 table's partition specs are checked here on abstract meshes at 8B/70B shapes.
 """
@@ -48,7 +49,12 @@ CASE_IDS = [(mesh, layout, method) for mesh, layout, methods in [
     ("data=2,model=4", "unrolled, draft vocabularies",
      ["hispec", "hispec_sampling"]),
     # mesh_cases.SLOT_CASES: serving's slot engine on the mesh
-    ("data=2,model=4", "slots", ["hispec", "hispec_sampling"])] for method in methods]
+    ("data=2,model=4", "slots", ["hispec", "hispec_sampling"]),
+    # mesh_cases.DRAFT_CASES: a draft model under the final layer, offline and in the slots
+    ("data=2,model=4", "draft model", ["draft"]),
+    ("data=2,model=4", "draft model, slots", ["draft"]),
+    ("data=2,model=4", "draft model", ["draft_sampling"]),
+    ("data=2,model=4", "draft model, slots", ["draft_sampling"])] for method in methods]
 
 
 @pytest.mark.parametrize("mesh,layout,method", CASE_IDS,
@@ -73,6 +79,7 @@ def test_driver_shards_by_the_rules(decoded):
     assert specs["wk"] == str(P())                       # 2 KV heads on model=4: replicated
     assert specs["w_down"] == str(P(None, "model"))      # MLP width
     assert specs["lm_head"] == str(P(None, "model"))     # vocabulary
+    assert specs["draft wq"] == str(P(None, "model"))    # the draft's 4 query heads too
     assert specs["head 1 proj"] == str(P(None, "model"))          # K = 40 columns over 4
     assert specs["head 2 proj_up"] == str(P())                     # K = 30: replicated
     assert specs["head 1 vocab"] == specs["head 2 vocab"] == str(P())  # ids on every device

@@ -55,7 +55,8 @@ def default_model_dir() -> str:
 
 
 # Options whose flag is not "--" + their name (the flag turns a default off).
-FLAGS = {"lookup_gate": "--no-lookup-gate"}
+FLAGS = {"lookup_gate": "--no-lookup-gate", "draft": "--draft-model",
+         "draft_gate": "--no-draft-gate"}
 
 
 def flag(name: str) -> str:

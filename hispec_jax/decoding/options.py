@@ -302,8 +302,10 @@ def _check_draft(method, draft, draft_k, draft_gate, *, lookup, adaptive, exit_g
                           "line --draft-model PATH)")
     if given:
         if method not in DRAFT_METHODS:
-            raise OptionError("draft", "a draft model", f"only methods {', '.join(DRAFT_METHODS)} "
-                              "take it", f"method {method!r} does not take a draft model (only "
+            raise OptionError("draft", draft if isinstance(draft, str) else None,
+                              f"method {method!r} does not take a draft model (only "
+                              f"{', '.join(DRAFT_METHODS)} do)",
+                              f"method {method!r} does not take a draft model (only "
                               f"{', '.join(DRAFT_METHODS)} do: 'draft' verifies its drafts with "
                               "the final layer, the others with their exits first)")
         for name, value in (("lookup", lookup), ("adaptive", adaptive or None),

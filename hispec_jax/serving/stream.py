@@ -179,7 +179,7 @@ def generate_stream(model, prompt, *, method=None, max_new_tokens: int = 64,
         new = len(detok.token_ids)
         stream.result = GenerationResult(
             token_ids=[detok.token_ids], texts=[detok.text], prompt_token_ids=[list(prompt_ids)],
-            stats={"method": method if isinstance(method, str) else "custom",
+            stats={"method": setup.method_name,
                    "model": model_name(model), "model_path": model.path,
                    **({"plan": plan.name()} if plan is not None else {}),
                    "new_tokens": new, "seconds": seconds,
