@@ -294,27 +294,33 @@ def choose(accept_B: jax.Array, length_B: jax.Array, matched_B: jax.Array, part_
 
 
 # ------------------------------------------------------------- the exit drafter's gate
-def exit_round_cost(batch, window, draft_fraction, verify_fraction, cost: PassCost):
+def exit_round_cost(batch, window, draft_fraction, verify_fraction, cost: PassCost,
+                    bonus: bool = False):
     """What a round of an exit drafter at window W costs, in units of one row of a full
     pass: W + 1 draft steps over the b rows of the batch through the draft exit's share
     f_0 of the model, then level 1's pass over b (W + 1) rows through its share f_1:
 
         cost(W) = (W + 1) f_0 cost(b, 1) + f_1 cost(b, W + 1)
-    """
+
+    With `bonus` (a draft model: W drafts, and level 1's last position a placeholder it
+    replaces with its own token) the round runs W draft steps, not W + 1."""
     n = jnp.asarray(window, jnp.float32) + 1.0
     b = jnp.asarray(batch, jnp.float32)
-    return (n * draft_fraction * pass_cost(b, 1, cost)
+    steps = n - 1.0 if bonus else n
+    return (steps * draft_fraction * pass_cost(b, 1, cost)
             + verify_fraction * pass_cost(b, n, cost))
 
 
 def choose_window(accept_B: jax.Array, limit_B: jax.Array, part_B: jax.Array,
                   max_window: int, draft_fraction, verify_fraction, cost: PassCost, *,
-                  joint: bool) -> jax.Array:
+                  joint: bool, bonus: bool = False) -> jax.Array:
     """The exit drafter's gated windows: [B] int32 in [0, limit_B].
 
     A round at window W drafts W + 1 tokens, of which level 1 keeps E(W + 1) in
     expectation (`expected_tokens`: a geometric run, then the correction); it costs
-    `exit_round_cost`. Each candidate W = 0 .. `max_window` (the compiled bound) is scored
+    `exit_round_cost`. With `bonus` (a draft model) a round at W drafts W tokens and level
+    1 emits E(W + 1) (the run, then the correction or, after W kept, its bonus token); W = 0
+    is an AR step. Each candidate W = 0 .. `max_window` (the compiled bound) is scored
     by expected tokens per unit of cost, and the best one wins (the longest among equals).
     A sequence whose drafts do not pay gets W = 0: one draft, checked by a one-position
     pass, the least a round of an exit drafter does.
@@ -337,11 +343,11 @@ def choose_window(accept_B: jax.Array, limit_B: jax.Array, part_B: jax.Array,
     tokens_BxJ = expected_tokens(accept_B[:, None], m_BxJ)
     if joint:
         score_J = jnp.sum(jnp.where(part_B[:, None], tokens_BxJ, 0.0), axis=0) / exit_round_cost(
-            B, W_J, draft_fraction, verify_fraction, cost)
+            B, W_J, draft_fraction, verify_fraction, cost, bonus)
         score_BxJ = jnp.broadcast_to(score_J[None, :], tokens_BxJ.shape)
     else:
         score_BxJ = tokens_BxJ / exit_round_cost(1, W_J, draft_fraction, verify_fraction,
-                                                 cost)[None, :]
+                                                 cost, bonus)[None, :]
     best_B = max_window - jnp.argmax(score_BxJ[:, ::-1], axis=1)
     return jnp.minimum(W_J[best_B], limit_B).astype(jnp.int32)
 

@@ -1,25 +1,35 @@
-"""Level 0 as a draft model: a smaller model of the target's family drafts k tokens a round,
-autoregressively, with its own KV cache, inside the compiled loop (HSD's draft level;
-classic speculative decoding when the target's final layer verifies it directly).
+"""Level 0 as a draft model: a smaller model of the target's family drafts up to k tokens a
+round, autoregressively, with its own KV cache, inside the compiled loop (HSD's draft
+level; classic speculative decoding when the target's final layer verifies it directly).
 
 The draft's weights are the target's `params["draft"]` (`models/draft_weights.py`); its KV
-cache, how far that cache is written, the distributions it drew from (sampling) and its
-acceptance gate live in the drafter's loop state (`DraftModelState`).
+cache, how far that cache is written, the round's window and the distributions it drew from
+(sampling) live in the drafter's loop state (`DraftModelState`) and the engine's ring.
 
-One round, for a sequence whose newest token x_c sits at c_0 = c_1 = c:
+One round of a sequence whose newest token x_c sits at c_0 = c_1 = c, at window w:
 
-    draft step j (j = 1..w)   the draft model runs the token at c_0 (position c + j - 1),
-                              writes its keys/values, proposes y_j at c + j; c_0 += 1
-    level 1                   one pass of the target over the token embeddings of
-                              positions [c, c + w) (x_c, y_1 .. y_{w-1}) checks y_1 .. y_w
+    draft step j = 1..w     the draft model runs position c + j - 1 (the first step also
+                            c - 1 when its cache stops there: the last round's bonus),
+                            writes its keys/values and proposes y_j at c + j
+    the last step (or none  writes a placeholder at c + w + 1: level 1's block is complete
+    when w = 0)
+    level 1                 one pass of the target over positions [c, c + w] (x_c, y_1 ..
+                            y_w) checks y_1 .. y_w and the placeholder: after a rejection
+                            its correction, after w kept drafts its own next token (the
+                            bonus) replaces the placeholder, so a round emits up to w + 1
+                            tokens for w draft steps; w = 0 is an AR step
 
-The draft's cache holds positions < d (`cached_B`). Level 1 (or any level above) rolls c_0
-back to a rejected position; d then exceeds c_0 and is cut to it at the next draft step
-(keys/values past it are overwritten before anything reads them: every query sees only
-positions <= its own). When d < c_0 (a new sequence's prompt; a draft window the gate
-skipped), the first draft step catches up first: the draft model runs positions [d, c_0)
-in chunks of `chunk` (`catch_up`), so prefill, the serving slots and the prefill riders
-need to know nothing of the draft model.
+    positions    c    c+1  ...  c+w   c+w+1
+    tokens       x_c  y_1  ...  y_w   ?        (? : placeholder, q one-hot)
+    draft runs   c    c+1  ...  c+w-1          (its cache: positions < d = c + w)
+
+The draft's cache holds positions < d (`cached_B`). A verifier rolls c_0 back to a rejected
+position; d then exceeds c_0 and is cut to it at the next draft step (keys/values past it
+are overwritten before anything reads them: every query sees only positions <= its own).
+When d < c_0 - 1 (a new sequence's prompt; rounds the gate ran at w = 0), the first draft
+step catches up first: the draft model runs positions [d, c_0 - 1) in chunks of `chunk`
+(`catch_up`), so prefill, the serving slots and the prefill riders need to know nothing of
+the draft model.
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ import jax
 import jax.numpy as jnp
 
 from hispec_jax.decoding import gate as gate_lib
+from hispec_jax.decoding import lookup as lookup_lib
 from hispec_jax.decoding.engine.state import (gather_positions, ring_read, ring_write,
                                               scatter_tokens)
 from hispec_jax.decoding.prefill import block_positions
@@ -67,39 +78,56 @@ class DraftModelState:
     Attributes:
       cache: the draft model's KV cache (its own layers, heads and width; S as the target's).
       cached_B: [B] int32, d: the draft's cache holds positions < d of each sequence.
+      window_B: [B] int32, w: the drafts of the sequence's current round (set at its first
+        draft step).
+      sealed_B: [B] bool, the round's placeholder is written (level 1's block is complete).
       checked_B: [B] int32, the drafts level 1's pending verification checks.
       estimate: with the gate, `gate.GateState` with one bucket (decayed counts of the
         drafts level 1 kept and of its rejections); else None.
-      window_B: with the gate, [B] int32, the gated window W of the next round (W + 1
-        drafts); else None.
+      gated_B: with the gate, [B] int32, its window for the next round; else None.
+      idle_B: with the gate, [B] int32, rounds in a row at window 0 (after `PROBE_ROUNDS`
+        the gate drafts one token, so that its estimate follows a draft that starts to
+        agree); else None.
     """
 
     cache: KVCache
     cached_B: jax.Array
+    window_B: jax.Array
+    sealed_B: jax.Array
     checked_B: jax.Array
     estimate: gate_lib.GateState | None = None
-    window_B: jax.Array | None = None
+    gated_B: jax.Array | None = None
+    idle_B: jax.Array | None = None
+
+
+# Rounds at window 0 after which the gate drafts one token again.
+PROBE_ROUNDS = 16
+# The placeholder closing a round's block (any id: level 1 replaces it unless it is the
+# token level 1 chooses there, which then stands as accepted).
+PLACEHOLDER = 0
 
 
 @dataclasses.dataclass(frozen=True)
 class DraftModelDrafter:
     """Level 0 as a draft model (module docstring). Each sequence drafts w tokens a round
-    (its level-1 window: at most k = `max_windows[0]`), and level 1 verifies them from their
+    (at most k = `max_windows[0]`, the window policy's window and what its budget still
+    needs) and level 1 verifies them, with the placeholder its bonus replaces, from their
     token embeddings (exit e_0 = 0: the target runs no layer for the draft). With `gate`,
-    the exit drafter's acceptance gate (`gate.choose_window`) picks each sequence's w in
-    1 .. k from its estimated acceptance at the request's pass costs, a draft step priced
-    at the draft model's share of a target pass (`pass_fractions`).
+    the exit drafter's acceptance gate (`gate.choose_window`, with the bonus) picks each
+    sequence's w in 0 .. k from its estimated acceptance at the request's pass costs, a draft
+    step priced at the draft model's share of a target pass (`pass_fractions`); w = 0 is an
+    AR step, and after `PROBE_ROUNDS` of them the gate drafts one token to look again.
 
     Sampling: each draft is drawn from the draft model's filtered distribution q, kept in
     the engine's ring `dists[0]` for level 1's acceptance rule (exact: min(1, p/q), the
-    residual on rejection).
+    residual on rejection); the placeholder's q is one-hot.
 
     Attributes:
       cfg: the draft model's architecture (the weights: the target's `params["draft"]`).
       k: the most tokens it drafts a round (level 1's largest window, `max_windows[0]`).
       per_layer: its layers (and so its cache) are per-layer buffers ("unrolled" layout).
       gate: the acceptance gate (default on).
-      chunk: positions per catch-up pass (a power of two).
+      chunk: positions per catch-up pass.
     """
 
     cfg: ModelConfig
@@ -164,35 +192,33 @@ class DraftModelDrafter:
 
     # ---- its shapes and state ------------------------------------------------------------
     def block(self, max_window: int) -> int:
-        return max_window  # w drafts: level 1's pass holds their w predecessors
+        return max_window + 1  # w drafts' predecessors and the last draft (the bonus)
 
     def level_blocks(self, block: int) -> tuple[int, ...]:
         # the gate varies w: every level above pays for what arrived, not for its block
         return power_of_two_blocks(block) if self.gate else ()
 
     def steps(self, block: int) -> int:
-        return block
+        return block - 1  # the placeholder comes with the last draft
 
     def init(self, batch: int, ring: int, capacity: int) -> DraftModelState:
         del ring
+        zeros = jnp.zeros((batch,), jnp.int32)
         state = DraftModelState(
             cache=KVCache.zeros(self.cfg, batch, capacity, per_layer=self.per_layer),
-            cached_B=jnp.zeros((batch,), jnp.int32), checked_B=jnp.zeros((batch,), jnp.int32))
+            cached_B=zeros, window_B=zeros, sealed_B=jnp.zeros((batch,), bool), checked_B=zeros)
         if not self.gate:
             return state
         # the window policy's windows until a first verification
         return state.replace(
             estimate=gate_lib.GateState.init(batch, 1).replace(
                 ngram_B=jnp.ones((batch,), jnp.int32)),
-            window_B=jnp.full((batch,), jnp.iinfo(jnp.int32).max - 1, jnp.int32))
+            gated_B=jnp.full((batch,), self.k, jnp.int32), idle_B=zeros)
 
     # ---- the round -----------------------------------------------------------------------
     def ready(self, state, window_ready_B: jax.Array, pending_B: jax.Array) -> jax.Array:
-        ready_B = window_ready_B | (pending_B >= state.windows.windows_BxK1[:, 0])
-        window_B = state.draft_state.window_B
-        if window_B is not None:  # the gate's window when it is the shorter one
-            ready_B |= pending_B >= window_B + 1
-        return ready_B
+        del pending_B
+        return window_ready_B | state.draft_state.sealed_B
 
     def _weights(self, rnd):
         draft = rnd.params.get("draft") if isinstance(rnd.params, dict) else None
@@ -201,44 +227,50 @@ class DraftModelDrafter:
                              "target's parameters (`Model.with_draft`)")
         return draft.params
 
-    def catch_up(self, params, tokens_BxS: jax.Array, ds: DraftModelState, c0_B: jax.Array,
-                 part_B: jax.Array) -> tuple[DraftModelState, jax.Array]:
-        """Runs the draft model over positions [d, c_0) of the sequences in `part_B`, in
-        chunks of `chunk` positions, until d = c_0 (no trip when every d already is).
-        Returns the state and [] the positions run."""
-        S, C = tokens_BxS.shape[1], self.chunk
-
-        def behind(carry):
-            ds, _ = carry
-            return jnp.any(part_B & (ds.cached_B < c0_B))
-
-        def chunk(carry):
-            ds, ran = carry
-            n_B = jnp.where(part_B, jnp.clip(c0_B - ds.cached_B, 0, C), 0)
-            positions_BxC = block_positions(ds.cached_B, n_B, C, S)
-            x_BxCxD = embed(params, gather_positions(tokens_BxS, positions_BxC))
-            _, cache = run_layers_cached(params, self.cfg, x_BxCxD, positions_BxC, ds.cache, 0,
-                                         self.cfg.num_layers)
-            return ds.replace(cache=cache, cached_B=ds.cached_B + n_B), ran + jnp.sum(n_B)
-
-        with jax.named_scope("draft_catch_up"):
-            return jax.lax.while_loop(behind, chunk, (ds, jnp.zeros((), jnp.int32)))
-
     def draft(self, rnd, state, part_B: jax.Array):
-        """One draft step: the draft model runs the token at c_0 (after catching up to it)
-        and proposes the token at c_0 + 1."""
+        """One draft step of the sequences in `part_B` whose round still drafts, and the
+        placeholder of those whose drafts are complete."""
+        out, c, ds = state.out, state.processed_BxK, state.draft_state
+        c1_B = c[:, 1]
+        # a sequence's round starts with nothing pending: its window for the round is the
+        # window policy's, the gate's, and what its budget still needs (w drafts: w + 1)
+        remaining_B = rnd.req.max_new_B - out.num_new_B - (c1_B + 1 - out.lengths_B)
+        w_B = jnp.minimum(state.windows.windows_BxK1[:, 0], remaining_B - 1)
+        if ds.gated_B is not None:
+            w_B = jnp.minimum(w_B, ds.gated_B)
+        window_B = jnp.where(part_B & (c[:, 0] == c1_B), jnp.clip(w_B, 0, self.k), ds.window_B)
+        state = state.replace(draft_state=ds.replace(window_B=window_B))
+        drafting_B = part_B & (c[:, 0] - c1_B < window_B)
+        state = jax.lax.cond(jnp.any(drafting_B),
+                             lambda s: self._step(rnd, s, drafting_B), lambda s: s, state)
+        return self._seal(rnd, state, part_B)
+
+    def _step(self, rnd, state, part_B: jax.Array):
+        """The draft model runs the token at c_0 (after catching up to it) for the
+        sequences in `part_B` and proposes the token at c_0 + 1."""
         params, cfg = self._weights(rnd), self.cfg
         out, c = state.out, state.processed_BxK
         S = out.tokens_BxS.shape[1]
         pos_B = c[:, 0]
         ds = state.draft_state
         ds = ds.replace(cached_B=jnp.minimum(ds.cached_B, pos_B))  # a level rolled back
-        ds, ran = self.catch_up(params, out.tokens_BxS, ds, pos_B, part_B)
-        positions_Bx1 = jnp.where(part_B, pos_B, S)[:, None]
-        x_Bx1xD = embed(params, gather_positions(out.tokens_BxS, pos_B[:, None]))
-        h_Bx1xD, cache = run_layers_cached(params, cfg, x_Bx1xD, positions_Bx1, ds.cache, 0,
-                                           cfg.num_layers)
-        logits_BxV = heads_lib.exit_logits(params, {}, cfg, h_Bx1xD, cfg.num_layers)[:, 0]
+        ds, ran = self.catch_up(params, out.tokens_BxS, ds, pos_B - 1, part_B)
+        # the last round's last draft (its cache stops one short: d = c_0 - 1) runs with it
+        two_B = part_B & (ds.cached_B < pos_B)
+
+        def run(T, ds):
+            start_B = pos_B - (two_B if T == 2 else 0)
+            n_B = jnp.where(part_B, 1 + (two_B if T == 2 else 0), 0)
+            positions_BxT = block_positions(start_B, n_B, T, S)
+            x_BxTxD = embed(params, gather_positions(out.tokens_BxS, positions_BxT))
+            h_BxTxD, cache = run_layers_cached(params, cfg, x_BxTxD, positions_BxT, ds.cache, 0,
+                                               cfg.num_layers)
+            last_Bx1 = (n_B - 1).clip(0)[:, None, None]
+            h_Bx1xD = jnp.take_along_axis(h_BxTxD, last_Bx1, axis=1)
+            return heads_lib.exit_logits(params, {}, cfg, h_Bx1xD, cfg.num_layers)[:, 0], cache
+
+        logits_BxV, cache = jax.lax.cond(jnp.any(two_B), lambda d: run(2, d),
+                                         lambda d: run(1, d), ds)
         dists = state.dists
         if rnd.greedy:
             next_B = jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32)
@@ -260,12 +292,56 @@ class DraftModelDrafter:
             processed_BxK=c.at[:, 0].add(part_B.astype(jnp.int32)), draft_state=ds,
             dists=dists, draws_B=state.draws_B + part_B, counters=counters)
 
+    def _seal(self, rnd, state, part_B: jax.Array):
+        """The placeholder after the round's last draft (q one-hot), which completes level
+        1's block: level 1's token replaces it (the bonus) unless it is that token."""
+        c, ds = state.processed_BxK, state.draft_state
+        sealing_B = part_B & ~ds.sealed_B & (c[:, 0] - c[:, 1] >= ds.window_B)
+        pos_B = c[:, 0] + 1
+        tokens_BxS = scatter_tokens(state.out.tokens_BxS, pos_B,
+                                    jnp.full_like(pos_B, PLACEHOLDER), sealing_B)
+        dists = state.dists
+        if not rnd.greedy:
+            one_hot_Bx1xV = lookup_lib.one_hot_logq(jnp.full_like(pos_B, PLACEHOLDER)[:, None],
+                                                    rnd.cfg.vocab_size)
+            dists = (ring_write(dists[0], pos_B[:, None], one_hot_Bx1xV, sealing_B[:, None]),
+                     ) + dists[1:]
+        return state.replace(out=state.out.replace(tokens_BxS=tokens_BxS),
+                             processed_BxK=c.at[:, 0].add(sealing_B.astype(jnp.int32)),
+                             draft_state=ds.replace(sealed_B=ds.sealed_B | sealing_B),
+                             dists=dists)
+
+    def catch_up(self, params, tokens_BxS: jax.Array, ds: DraftModelState, until_B: jax.Array,
+                 part_B: jax.Array) -> tuple[DraftModelState, jax.Array]:
+        """Runs the draft model over positions [d, until) of the sequences in `part_B`, in
+        chunks of `chunk` positions, until d = until (no trip when every d already is).
+        Returns the state and [] the positions run."""
+        S, C = tokens_BxS.shape[1], self.chunk
+
+        def behind(carry):
+            ds, _ = carry
+            return jnp.any(part_B & (ds.cached_B < until_B))
+
+        def chunk(carry):
+            ds, ran = carry
+            n_B = jnp.where(part_B, jnp.clip(until_B - ds.cached_B, 0, C), 0)
+            positions_BxC = block_positions(ds.cached_B, n_B, C, S)
+            x_BxCxD = embed(params, gather_positions(tokens_BxS, positions_BxC))
+            _, cache = run_layers_cached(params, self.cfg, x_BxCxD, positions_BxC, ds.cache, 0,
+                                         self.cfg.num_layers)
+            return ds.replace(cache=cache, cached_B=ds.cached_B + n_B), ran + jnp.sum(n_B)
+
+        with jax.named_scope("draft_catch_up"):
+            return jax.lax.while_loop(behind, chunk, (ds, jnp.zeros((), jnp.int32)))
+
     def verify_input(self, rnd, state, positions_BxT, valid_BxT, write_cache: bool):
-        """The drafts' predecessors' token embeddings: level 1 starts at layer 0."""
+        """The token embeddings of the block's positions: level 1 starts at layer 0."""
         del write_cache
-        lo, _ = rnd.h.layer_range(1)
-        ds = state.draft_state.replace(checked_B=jnp.sum(valid_BxT, axis=1).astype(jnp.int32))
+        ds = state.draft_state
+        n_B = jnp.sum(valid_BxT, axis=1).astype(jnp.int32)
+        ds = ds.replace(checked_B=jnp.maximum(n_B - ds.sealed_B, 0))  # drafts, not the placeholder
         tokens_BxT = gather_positions(state.out.tokens_BxS, positions_BxT)
+        lo, _ = rnd.h.layer_range(1)
         return embed(rnd.params, tokens_BxT), state.replace(draft_state=ds), lo, 0, 0
 
     def proposal_logq(self, rnd, state, proposed_pos_BxT, proposed_BxT):
@@ -273,8 +349,8 @@ class DraftModelDrafter:
         return None if rnd.greedy else ring_read(state.dists[0], proposed_pos_BxT)
 
     def record(self, rnd, state, part_B, accepted_B):
-        """Counts the drafts level 1 checked and kept; with the gate, updates each verified
-        sequence's acceptance estimate and picks its next window."""
+        """Counts the drafts level 1 checked and kept, opens the next round; with the gate,
+        updates each verified sequence's acceptance estimate and picks its next window."""
         ds = state.draft_state
         checked_B = jnp.where(part_B, ds.checked_B, 0)
         kept_B = jnp.minimum(accepted_B, checked_B)
@@ -283,16 +359,21 @@ class DraftModelDrafter:
         state = state.replace(counters=counters.replace(drafter=mine.replace(
             proposed=mine.proposed + jnp.sum(checked_B),
             accepted=mine.accepted + jnp.sum(kept_B))))
+        ds = ds.replace(sealed_B=ds.sealed_B & ~part_B)
         if ds.estimate is None:
-            return state
+            return state.replace(draft_state=ds)
         estimate = ds.estimate.record(checked_B, kept_B)
         draft_fraction, verify_fraction = self.pass_fractions(rnd)
-        # the gate's window W means W + 1 drafts (an exit drafter's round: `choose_window`)
-        window_B = gate_lib.choose_window(
-            estimate.of_match(estimate.ngram_B), state.windows.windows_BxK1[:, 0] - 1,
-            ~state.out.done_B, rnd.h.max_windows[0] - 1, draft_fraction, verify_fraction,
-            rnd.req.lookup_cost, joint=rnd.h.schedule == "sync")
-        return state.replace(draft_state=ds.replace(estimate=estimate, window_B=window_B))
+        gated_B = gate_lib.choose_window(
+            estimate.of_match(estimate.ngram_B), state.windows.windows_BxK1[:, 0],
+            ~state.out.done_B, self.k, draft_fraction, verify_fraction, rnd.req.lookup_cost,
+            joint=rnd.h.schedule == "sync", bonus=True)
+        # a sequence at window 0 drafts one token after PROBE_ROUNDS of them
+        idle_B = jnp.where(part_B, jnp.where(gated_B == 0, ds.idle_B + 1, 0), ds.idle_B)
+        probe_B = idle_B > PROBE_ROUNDS
+        gated_B = jnp.where(part_B, jnp.where(probe_B, 1, gated_B), ds.gated_B)
+        return state.replace(draft_state=ds.replace(
+            estimate=estimate, gated_B=gated_B, idle_B=jnp.where(probe_B, 0, idle_B)))
 
     def pass_fractions(self, rnd) -> tuple[float, float]:
         """(f_0, f_1): a draft step's and level 1's pass per row, as shares of a target pass
