@@ -79,6 +79,8 @@ def test_greedy_equals_ar_and_transformers_assisted_generation(pairs, loaded, ki
     ("draft", {"draft_gate": False, "draft_k": 3}),
     ("layerskip", {"draft_exit": 2, "draft_len": 2}),  # draft model -> exit 2 -> L
     ("hispec", {"draft_exit": 1, "verify_exits": (2,), "draft_len": 2, "verify_window": 2}),
+    ("draft", {"lookup": 4, "max_ngram": 2}),  # lookup -> draft model -> L
+    ("layerskip", {"draft_exit": 2, "draft_len": 2, "lookup": 3}),  # lookup -> draft -> 2 -> L
 ])
 def test_hierarchies_over_a_draft_model_equal_ar(loaded, method, options):
     target, draft = loaded["llama3"]
@@ -98,6 +100,21 @@ def test_a_draft_that_always_agrees_is_always_accepted(loaded):
     assert got.token_ids == ar.token_ids
     assert got.stats["draft_model"]["acceptance_rate"] == 1.0
     assert got.stats["tokens_per_round"] > 3.5  # 4 a round, less the budget's last one
+
+
+def test_lookup_tokens_the_draft_model_agrees_with_are_drafted_in_one_pass(loaded):
+    """prompt lookup -> draft model -> target, the target drafting for itself over a
+    prompt that repeats: lookup tokens kept, more drafts than draft-model passes."""
+    target, _ = loaded["llama3"]
+    ar = generate(target, PROMPTS[:2], max_new_tokens=32, ignore_eos=True)
+    prompts = [p + q for p, q in zip(ar.prompt_token_ids, ar.token_ids)]  # its own output
+    ar = generate(target, prompts, max_new_tokens=32, ignore_eos=True)
+    got = generate(target, prompts, draft=target, draft_k=6, draft_gate=False, lookup=4,
+                   max_new_tokens=32, ignore_eos=True)
+    assert got.token_ids == ar.token_ids
+    stats = got.stats["draft_model"]
+    assert stats["lookup"]["accepted"] > 0 and stats["drafted"] > stats["draft_steps"]
+    assert stats["acceptance_rate"] == 1.0
 
 
 # ---- refusals, before anything compiles ------------------------------------------------
@@ -136,7 +153,8 @@ def test_draft_options_without_a_draft_model_are_refused(method, options, messag
 @pytest.mark.parametrize("method,options,message", [
     ("ar", {}, "method 'ar' does not take a draft model"),
     ("sv", {}, "method 'sv' does not take a draft model"),
-    ("layerskip", {"lookup": 4}, "lookup does not combine with a draft model"),
+    ("draft", {"lookup": 4, "lookup_gate": False},
+     "lookup_gate does not combine with a draft model"),
     ("draft", {"draft_k": 0}, "draft_k must be an integer in"),
     ("draft", {"draft_gate": "yes"}, "draft_gate must be True or False"),
 ])
@@ -171,16 +189,27 @@ def _sampled(target, draft, method, seed, **options):
     ("draft", {"acceptance": "tokenwise", "draft_k": 2}),
     ("draft", {"acceptance": "blockwise", "draft_k": 3, "draft_gate": False}),
     ("layerskip", {"draft_exit": 2, "draft_len": 1}),  # draft model -> exit 2 -> L
+    # lookup -> draft model -> L, over a prompt whose last token occurred before (2: the
+    # lookup proposes 3 after it), no gate, 4 new tokens: prefill emits the first, the first
+    # round drafts 2, so the draft model's first pass checks 1 lookup token
+    ("draft", {"draft_k": 3, "draft_gate": False, "lookup": 2, "max_ngram": 1}),
 ])
-def test_sampling_keeps_the_target_distribution_exactly(method, options):
+def test_sampling_keeps_the_target_distribution_exactly(method, options, monkeypatch):
+    import test_sampling_exact
     from test_sampling_exact import N_SAMPLES, chi_square_test, exact_ar_distribution
 
     from hispec_jax.decoding.sampling import SamplingParams
 
+    if "lookup" in options:
+        monkeypatch.setattr(test_sampling_exact, "PROMPT", [1, 2, 3, 1, 2])
+        monkeypatch.setattr(test_sampling_exact, "NEW", 4)
     target, draft = _exact_setup()
     probs = exact_ar_distribution(target, SamplingParams(temperature=1.0, top_k=3, seed=21))
     r = _sampled(target, draft, method, 21, **options)
     assert 0 < r.stats["draft_model"]["acceptance_rate"] < 1  # drafts kept and rejected
+    if "lookup" in options:  # the draft model kept some lookup tokens and replaced others
+        lookup = r.stats["draft_model"]["lookup"]
+        assert 0 < lookup["accepted"] < lookup["proposed"]
     stat, threshold = chi_square_test(r.token_ids, probs, N_SAMPLES)
     assert stat < threshold, (stat, threshold)
 

@@ -340,7 +340,7 @@ def test_bad_lookup_settings_fail_before_compiling(method, options, match):
 @pytest.mark.parametrize("argv,expected", [
     ("--method lookup --lookup 0", "--lookup 0: must be an integer in [1, 64]"),
     ("--method lookup --lookup 100000", "--lookup 100000: must be an integer in [1, 64]"),
-    ("--method sv --lookup 4", "--lookup 4: only methods lookup, layerskip, hispec take it"),
+    ("--method sv --lookup 4", "--lookup 4: only methods lookup, layerskip, hispec, draft take it"),
     ("--method specbound --lookup 4", "--lookup 4: only methods lookup, layerskip, hispec"),
     ("--method layerskip --max-ngram 2", "--max-ngram 2: needs a lookup drafter"),
     ("--method lookup --max-ngram 0", "--max-ngram 0: must be an integer in [1, 16]"),

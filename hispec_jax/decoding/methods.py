@@ -221,7 +221,7 @@ def make_method(model: Model, method: str, *, exit_layer: int | None = None,
     if method == "draft":
         rule, schedule = _sampling_rule(acceptance, greedy)
         return _with_draft(Decoder(Hierarchy(exits=(L,), rule=rule, schedule=schedule)),
-                           model, draft_k, draft_gate)
+                           model, draft_k, draft_gate, lookup, max_ngram)
     if method == "lookup":
         rule, schedule = _sampling_rule(acceptance, greedy)
         return _with_lookup(Decoder(Hierarchy(exits=(L,), rule=rule, schedule=schedule)),
@@ -284,18 +284,24 @@ def make_method(model: Model, method: str, *, exit_layer: int | None = None,
                           drafter=ExitDrafter(StaticDraftExit(), gate=bool(exit_gate)))
     decoder = Decoder(hierarchy=hierarchy, windows=windows, source=source)
     if model.draft is not None:
-        return _with_draft(decoder, model, draft_k, draft_gate)
+        return _with_draft(decoder, model, draft_k, draft_gate, lookup, max_ngram)
     return decoder if lookup is None else _with_lookup(decoder, lookup, max_ngram, lookup_gate)
 
 
-def _with_draft(decoder: Decoder, model: Model, k: int | None,
-                gate: bool | None = None) -> Decoder:
+def _with_draft(decoder: Decoder, model: Model, k: int | None, gate: bool | None = None,
+                lookup: int | None = None, max_ngram: int | None = None) -> Decoder:
     """The decoder with `model`'s draft model (`Model.with_draft`) as a new level 0 (exit
     0: none of the target's layers) below its levels; its window (and static bound) is k;
-    `gate` None: the gate on."""
+    `gate` None: the gate on. `lookup` (k of a prompt lookup) puts prompt lookup below the
+    draft model: each draft step checks the lookup's tokens in the draft model's pass."""
     k = options_lib.DEFAULT_DRAFT_K if k is None else int(k)
+    below = None
+    if lookup is not None:
+        below = PromptLookup(max_tokens=int(lookup),
+                             max_ngram=(options_lib.DEFAULT_MAX_NGRAM if max_ngram is None
+                                        else int(max_ngram)), gate=False)
     drafter = DraftModelDrafter(cfg=model.draft.cfg, k=k, per_layer=model.draft.per_layer,
-                                gate=True if gate is None else bool(gate))
+                                gate=True if gate is None else bool(gate), lookup=below)
     h = decoder.hierarchy
     hierarchy = dataclasses.replace(h, exits=(0,) + h.exits, max_windows=(k,) + h.max_windows,
                                     drafter=drafter)

@@ -28,8 +28,9 @@ SPECULATIVE_OPTIONS = ("draft_exit", "verify_exits", "draft_len", "verify_window
                        "acceptance")
 ACCEPTANCE_RULES = ("blockwise", "tokenwise")
 # Prompt lookup (n-gram drafts, `lookup.py`): method "lookup" (drafts verified by the final
-# layer), or `lookup=k` under the exits of these methods.
-LOOKUP_METHODS = ("lookup", "layerskip", "hispec")
+# layer), or `lookup=k` under the exits of these methods, or under a draft model (which
+# checks the lookup's tokens in its own passes: `engine/draft_model.py`).
+LOOKUP_METHODS = ("lookup", "layerskip", "hispec", "draft")
 # The exit drafter's acceptance gate (`gate.py`): methods whose level 0 is a static draft exit.
 EXIT_GATE_METHODS = ("layerskip", "hispec")
 # A draft model (`engine/draft_model.py`): method "draft" (drafts verified by the final
@@ -130,15 +131,16 @@ def check_method_options(method, *, num_layers: int | None = None, exit_layer=No
                           f"method={method!r} is not one of {METHODS}")
     _check_lookup(method, lookup, max_ngram, adaptive)
     _check_gates(method, lookup, lookup_gate, exit_gate)
-    _check_draft(method, draft, draft_k, draft_gate, lookup=lookup, adaptive=adaptive,
-                 exit_gate=exit_gate)
+    _check_draft(method, draft, draft_k, draft_gate, lookup_gate=lookup_gate,
+                 adaptive=adaptive, exit_gate=exit_gate)
     if method in ("lookup", "draft"):
         given = {"exit_layer": exit_layer, "draft_exit": draft_exit, "verify_exits": verify_exits,
                  "draft_len": draft_len, "verify_window": verify_window,
                  "adaptive": adaptive or None, "sv_profile": sv_profile, "tau": tau,
                  "anneal": anneal, "depth_bound": depth_bound, "width": width}
         given = {k: v for k, v in given.items() if v is not None}
-        takes = ("lookup, max_ngram" if method == "lookup" else "draft_k, draft_gate")
+        takes = ("lookup, max_ngram" if method == "lookup"
+                 else "draft_k, draft_gate, lookup, max_ngram")
         under = "lookup=K" if method == "lookup" else "a draft model"
         if given:
             name = sorted(given)[0]
@@ -291,10 +293,12 @@ def _check_lookup(method, lookup, max_ngram, adaptive) -> None:
                               f"suffix matched), got {max_ngram!r}")
 
 
-def _check_draft(method, draft, draft_k, draft_gate, *, lookup, adaptive, exit_gate) -> None:
-    """A draft model only for `DRAFT_METHODS` (method "draft" needs one), without lookup,
-    adaptive windows or the exit gate; `draft_k` in [1, MAX_DRAFT_K] and `draft_gate` (a
-    bool) only with a draft model."""
+def _check_draft(method, draft, draft_k, draft_gate, *, lookup_gate, adaptive,
+                 exit_gate) -> None:
+    """A draft model only for `DRAFT_METHODS` (method "draft" needs one), without adaptive
+    windows, the exit gate or the lookup gate (a lookup under a draft model proposes to the
+    draft model, which checks its tokens in passes it runs anyway); `draft_k` in
+    [1, MAX_DRAFT_K] and `draft_gate` (a bool) only with a draft model."""
     given = draft is not None and draft is not False
     if method == "draft" and not given:
         raise OptionError("draft", draft, "method 'draft' needs a draft model",
@@ -308,12 +312,13 @@ def _check_draft(method, draft, draft_k, draft_gate, *, lookup, adaptive, exit_g
                               f"method {method!r} does not take a draft model (only "
                               f"{', '.join(DRAFT_METHODS)} do: 'draft' verifies its drafts with "
                               "the final layer, the others with their exits first)")
-        for name, value in (("lookup", lookup), ("adaptive", adaptive or None),
-                            ("exit_gate", exit_gate or None)):
+        for name, value in (("adaptive", adaptive or None), ("exit_gate", exit_gate or None),
+                            ("lookup_gate", lookup_gate)):
             if value is not None:
                 raise OptionError(name, value, "does not combine with a draft model",
                                   f"{name} does not combine with a draft model (the draft "
-                                  "model is level 0; its own gate is draft_gate)")
+                                  "model is the level above the lookup; its own gate is "
+                                  "draft_gate)")
     for name, value in (("draft_k", draft_k), ("draft_gate", draft_gate)):
         if value is not None and not given:
             raise OptionError(name, value, "needs a draft model",

@@ -41,6 +41,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from hispec_jax.decoding import acceptance as acceptance_lib
 from hispec_jax.decoding import gate as gate_lib
 from hispec_jax.decoding import lookup as lookup_lib
 from hispec_jax.decoding.engine.state import (gather_positions, ring_read, ring_write,
@@ -59,16 +60,22 @@ class DraftModelCounters:
     """The draft model drafter's counters (`Counters.drafter`), summed over the batch.
 
     Attributes:
-      steps: [] (sequence, draft step) pairs: tokens the draft model drafted.
+      steps: [] (sequence, draft step) pairs: passes of the draft model (catching up aside).
+      drafted: [] tokens drafted (more than `steps` where a lookup's tokens were kept).
       proposed: [] drafted tokens level 1 checked.
       accepted: [] of those, tokens level 1 kept.
       caught_up: [] positions the draft model ran to catch up (prompts, skipped windows).
+      lookup_proposed: [] with a lookup below the draft model, the tokens it proposed.
+      lookup_accepted: [] of those, tokens the draft model kept as its drafts.
     """
 
     steps: jax.Array
+    drafted: jax.Array
     proposed: jax.Array
     accepted: jax.Array
     caught_up: jax.Array
+    lookup_proposed: jax.Array
+    lookup_accepted: jax.Array
 
 
 @flax.struct.dataclass
@@ -122,12 +129,20 @@ class DraftModelDrafter:
     the engine's ring `dists[0]` for level 1's acceptance rule (exact: min(1, p/q), the
     residual on rejection); the placeholder's q is one-hot.
 
+    With `lookup` (prompt lookup -> draft model -> target), each draft step also feeds the
+    draft model the prompt lookup's tokens after c_0 (up to what the round still needs) and
+    keeps those its own choice agrees with, as a verifying level keeps drafts (greedy: its
+    argmax; sampling: token-wise rejection against the lookup's one-hot proposal, so each
+    kept or replaced token is still a draw from q): one draft-model pass then drafts up to
+    1 + m tokens. The gate prices a round as w passes all the same (a conservative price).
+
     Attributes:
       cfg: the draft model's architecture (the weights: the target's `params["draft"]`).
       k: the most tokens it drafts a round (level 1's largest window, `max_windows[0]`).
       per_layer: its layers (and so its cache) are per-layer buffers ("unrolled" layout).
       gate: the acceptance gate (default on).
       chunk: positions per catch-up pass.
+      lookup: prompt lookup below the draft model (its gate unused), or None.
     """
 
     cfg: ModelConfig
@@ -135,6 +150,7 @@ class DraftModelDrafter:
     per_layer: bool = True
     gate: bool = True
     chunk: int = 64
+    lookup: lookup_lib.PromptLookup | None = None
 
     runs_layers: ClassVar[bool] = False  # of the target: level 1 starts from the embeddings
     block_passes: ClassVar[bool] = True  # its drafts reach level 1 as blocks of positions
@@ -156,12 +172,16 @@ class DraftModelDrafter:
 
     def describe(self) -> str:
         c = self.cfg
+        below = ("" if self.lookup is None else
+                 f" over lookup k={self.lookup.max_tokens} n<={self.lookup.max_ngram}")
         return (f"draft model {c.model_type} {c.num_layers}x{c.hidden_size} k={self.k}"
-                + ("" if self.gate else " ungated"))
+                + ("" if self.gate else " ungated") + below)
 
     def plan_options(self) -> dict:
         """The method options that rebuild it over a model with this draft model."""
-        return {"draft_k": self.k, **({} if self.gate else {"draft_gate": False})}
+        lookup = ({} if self.lookup is None else
+                  {"lookup": self.lookup.max_tokens, "max_ngram": self.lookup.max_ngram})
+        return {"draft_k": self.k, **({} if self.gate else {"draft_gate": False}), **lookup}
 
     @property
     def gated(self) -> bool:
@@ -175,7 +195,8 @@ class DraftModelDrafter:
     def init_counters(self, num_layers: int) -> DraftModelCounters:
         del num_layers
         zero = jnp.zeros((), jnp.int32)
-        return DraftModelCounters(steps=zero, proposed=zero, accepted=zero, caught_up=zero)
+        return DraftModelCounters(steps=zero, drafted=zero, proposed=zero, accepted=zero,
+                                  caught_up=zero, lookup_proposed=zero, lookup_accepted=zero)
 
     def stats(self, h, total) -> dict:
         c = total.drafter
@@ -183,9 +204,12 @@ class DraftModelDrafter:
         return {"draft_model": {
             "layers": self.cfg.num_layers, "hidden_size": self.cfg.hidden_size,
             "k": self.k, "gate": self.gate,
-            "draft_steps": int(c.steps), "proposed": proposed, "accepted": accepted,
-            "acceptance_rate": accepted / proposed if proposed else None,
-            "caught_up_positions": int(c.caught_up), "verified_by_exit": h.exits[1]}}
+            "draft_steps": int(c.steps), "drafted": int(c.drafted), "proposed": proposed,
+            "accepted": accepted, "acceptance_rate": accepted / proposed if proposed else None,
+            "caught_up_positions": int(c.caught_up), "verified_by_exit": h.exits[1],
+            **({} if self.lookup is None else {"lookup": {
+                "k": self.lookup.max_tokens, "max_ngram": self.lookup.max_ngram,
+                "proposed": int(c.lookup_proposed), "accepted": int(c.lookup_accepted)}})}}
 
     def proposals(self, drafter_counters) -> tuple[Any, Any]:
         return drafter_counters.proposed, drafter_counters.accepted
@@ -247,50 +271,109 @@ class DraftModelDrafter:
 
     def _step(self, rnd, state, part_B: jax.Array):
         """The draft model runs the token at c_0 (after catching up to it) for the
-        sequences in `part_B` and proposes the token at c_0 + 1."""
-        params, cfg = self._weights(rnd), self.cfg
-        out, c = state.out, state.processed_BxK
-        S = out.tokens_BxS.shape[1]
+        sequences in `part_B` and proposes the token at c_0 + 1; with a lookup below it,
+        also the lookup's tokens after c_0, keeping those its own choice agrees with
+        (`_advance`)."""
+        params, c = self._weights(rnd), state.processed_BxK
         pos_B = c[:, 0]
         ds = state.draft_state
         ds = ds.replace(cached_B=jnp.minimum(ds.cached_B, pos_B))  # a level rolled back
-        ds, ran = self.catch_up(params, out.tokens_BxS, ds, pos_B - 1, part_B)
+        ds, ran = self.catch_up(params, state.out.tokens_BxS, ds, pos_B - 1, part_B)
         # the last round's last draft (its cache stops one short: d = c_0 - 1) runs with it
-        two_B = part_B & (ds.cached_B < pos_B)
+        known_B = jnp.where(part_B, 1 + (ds.cached_B < pos_B), 0)
+        counters = state.counters
+        state = state.replace(draft_state=ds, counters=counters.replace(
+            drafter=counters.drafter.replace(caught_up=counters.drafter.caught_up + ran)))
+        no_lookup = jnp.zeros((pos_B.shape[0], 0), jnp.int32), jnp.zeros_like(pos_B)
+        plain = lambda s: jax.lax.cond(
+            jnp.any(known_B == 2), lambda s: self._advance(rnd, s, part_B, known_B, *no_lookup, 2),
+            lambda s: self._advance(rnd, s, part_B, known_B, *no_lookup, 1), s)
+        if self.lookup is None:
+            return plain(state)
+        # the lookup proposes at most the drafts the round still needs after this step's own
+        left_B = ds.window_B - (pos_B - c[:, 1])
+        p = self.lookup.propose(state.out.tokens_BxS, pos_B, jnp.maximum(left_B - 1, 1))
+        m_B = jnp.where(part_B & p.matched_B, jnp.minimum(p.length_B, left_B - 1), 0)
+        T = 2 + self.lookup.max_tokens
+        return jax.lax.cond(jnp.any(m_B > 0),
+                            lambda s: self._advance(rnd, s, part_B, known_B, p.tokens_BxK, m_B, T),
+                            plain, state)
 
-        def run(T, ds):
-            start_B = pos_B - (two_B if T == 2 else 0)
-            n_B = jnp.where(part_B, 1 + (two_B if T == 2 else 0), 0)
-            positions_BxT = block_positions(start_B, n_B, T, S)
-            x_BxTxD = embed(params, gather_positions(out.tokens_BxS, positions_BxT))
-            h_BxTxD, cache = run_layers_cached(params, cfg, x_BxTxD, positions_BxT, ds.cache, 0,
-                                               cfg.num_layers)
-            last_Bx1 = (n_B - 1).clip(0)[:, None, None]
-            h_Bx1xD = jnp.take_along_axis(h_BxTxD, last_Bx1, axis=1)
-            return heads_lib.exit_logits(params, {}, cfg, h_Bx1xD, cfg.num_layers)[:, 0], cache
+    def _advance(self, rnd, state, part_B, known_B, proposed_BxM, m_B, T: int):
+        """One pass of the draft model over each sequence's `known_B` tokens ending at c_0
+        and its `m_B` lookup tokens after c_0 (a block of T >= known + m positions), and the
+        drafts it yields: the lookup tokens its own choice keeps (greedy: its argmax;
+        sampling: min(1, q(x)) against the lookup's one-hot proposal, so every draft is a
+        draw from q) and its own token after them. Writes d = c_0 + 1 + kept.
 
-        logits_BxV, cache = jax.lax.cond(jnp.any(two_B), lambda d: run(2, d),
-                                         lambda d: run(1, d), ds)
-        dists = state.dists
-        if rnd.greedy:
-            next_B = jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32)
+            block     x_{c-1}?  x_c    l_1     ...  l_m        (l: lookup tokens)
+            rows                q_1    q_2     ...  q_{m+1}    (the draft model's q at
+            drafts              y_1    y_2     ...  y_{m+1}     c+1 .. c+m+1)
+        """
+        params, cfg = self._weights(rnd), self.cfg
+        out, c, ds = state.out, state.processed_BxK, state.draft_state
+        S, M = out.tokens_BxS.shape[1], proposed_BxM.shape[1]
+        pos_B = c[:, 0]
+        start_B = pos_B - known_B + 1
+        positions_BxT = block_positions(start_B, known_B + m_B, T, S)
+        tokens_BxT = gather_positions(out.tokens_BxS, positions_BxT)
+        if M:
+            after_BxT = positions_BxT - pos_B[:, None] - 1  # index into the lookup's tokens
+            tokens_BxT = jnp.where(
+                after_BxT >= 0,
+                jnp.take_along_axis(proposed_BxM, jnp.clip(after_BxT, 0, M - 1), axis=1),
+                tokens_BxT)
+        h_BxTxD, cache = run_layers_cached(params, cfg, embed(params, tokens_BxT), positions_BxT,
+                                           ds.cache, 0, cfg.num_layers)
+        rows_BxR = (known_B - 1).clip(0)[:, None] + jnp.arange(M + 1)[None, :]
+        h_BxRxD = jnp.take_along_axis(h_BxTxD, jnp.minimum(rows_BxR, T - 1)[..., None], axis=1)
+        logits_BxRxV = heads_lib.exit_logits(params, {}, cfg, h_BxRxD, cfg.num_layers)
+        proposed_BxR = jnp.pad(proposed_BxM, ((0, 0), (0, 1)))
+        logq_BxRxV = None
+        if not rnd.greedy:
+            logq_BxRxV = filtered_logprobs(logits_BxRxV, rnd.req.sampling)
+        if not M:  # the draft model's own token only
+            if rnd.greedy:
+                next_B = jnp.argmax(logits_BxRxV[:, 0], axis=-1)
+            else:
+                next_B = jax.vmap(jax.random.categorical)(rnd.keys(state, 0), logq_BxRxV[:, 0])
+            verdict = acceptance_lib.Verdict(jnp.zeros_like(pos_B), next_B.astype(jnp.int32),
+                                             None)
+        elif rnd.greedy:
+            verdict = acceptance_lib.GreedyAcceptance().accept(
+                logits_BxRxV, None, proposed_BxR, m_B, None)
         else:
-            logq_BxV = filtered_logprobs(logits_BxV, rnd.req.sampling)
-            next_B = jax.vmap(jax.random.categorical)(rnd.keys(state, 0), logq_BxV)
-            next_B = next_B.astype(jnp.int32)
-            dists = (ring_write(dists[0], pos_B[:, None] + 1, logq_BxV[:, None],
-                                part_B[:, None]),) + dists[1:]
+            R = M + 1
+            lookup_BxRxV = jnp.where((jnp.arange(R)[None, :] < m_B[:, None])[..., None],
+                                     lookup_lib.one_hot_logq(proposed_BxR, logq_BxRxV.shape[-1]),
+                                     -jnp.inf)  # no proposal: the draw is from q itself
+            verdict = acceptance_lib.TokenwiseRejection().accept(
+                logq_BxRxV, lookup_BxRxV, proposed_BxR, m_B, rnd.keys(state, 0))
+        kept_B = jnp.where(part_B, verdict.num_accepted_B, 0)
+        n_B = jnp.where(part_B, kept_B + 1, 0)  # drafts this step adds
+        j_R = jnp.arange(M + 1)
+        drafts_BxR = jnp.where(j_R[None, :] < kept_B[:, None], proposed_BxR,
+                               verdict.next_token_B[:, None])
+        new_BxR = j_R[None, :] < n_B[:, None]
+        at_BxR = jnp.where(new_BxR, pos_B[:, None] + 1 + j_R[None, :], S)
+        batch_Bx1 = jnp.arange(pos_B.shape[0])[:, None]
+        tokens_BxS = out.tokens_BxS.at[batch_Bx1, at_BxR].set(drafts_BxR, mode="drop")
+        dists = state.dists
+        if logq_BxRxV is not None:
+            dists = (ring_write(dists[0], pos_B[:, None] + 1 + j_R[None, :], logq_BxRxV, new_BxR),
+                     ) + dists[1:]
         counters = state.counters
         mine = counters.drafter
         counters = counters.replace(
             actions_K=counters.actions_K.at[0].add(1),
             drafter=mine.replace(steps=mine.steps + jnp.sum(part_B),
-                                 caught_up=mine.caught_up + ran))
-        ds = ds.replace(cache=cache, cached_B=jnp.where(part_B, pos_B + 1, ds.cached_B))
+                                 drafted=mine.drafted + jnp.sum(n_B),
+                                 lookup_proposed=mine.lookup_proposed + jnp.sum(m_B * part_B),
+                                 lookup_accepted=mine.lookup_accepted + jnp.sum(kept_B)))
+        ds = ds.replace(cache=cache, cached_B=jnp.where(part_B, pos_B + 1 + kept_B, ds.cached_B))
         return state.replace(
-            out=out.replace(tokens_BxS=scatter_tokens(out.tokens_BxS, pos_B + 1, next_B, part_B)),
-            processed_BxK=c.at[:, 0].add(part_B.astype(jnp.int32)), draft_state=ds,
-            dists=dists, draws_B=state.draws_B + part_B, counters=counters)
+            out=out.replace(tokens_BxS=tokens_BxS), processed_BxK=c.at[:, 0].add(n_B),
+            draft_state=ds, dists=dists, draws_B=state.draws_B + part_B, counters=counters)
 
     def _seal(self, rnd, state, part_B: jax.Array):
         """The placeholder after the round's last draft (q one-hot), which completes level
