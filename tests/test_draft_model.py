@@ -117,6 +117,45 @@ def test_lookup_tokens_the_draft_model_agrees_with_are_drafted_in_one_pass(loade
     assert stats["acceptance_rate"] == 1.0
 
 
+@pytest.fixture(scope="module")
+def smaller(tmp_path_factory):
+    """A one-layer llama draft for llama3's two-layer draft model (HSD's lowest level)."""
+    small = build_hf_model("llama3", seed=2, **dict(DRAFT_DIMS, num_hidden_layers=1))
+    small_dir = tmp_path_factory.mktemp("llama3_smaller")
+    small.save_pretrained(small_dir, safe_serialization=True)
+    build_tokenizer().save_pretrained(small_dir)
+    return load_model(small_dir)
+
+
+@pytest.mark.parametrize("method,options", [
+    ("draft", {"draft_k": (2, 4)}),  # small -> draft model -> L
+    ("layerskip", {"draft_exit": 2, "draft_len": 2}),  # small -> draft model -> exit 2 -> L
+])
+def test_two_draft_models_equal_ar(loaded, smaller, method, options):
+    target, draft = loaded["llama3"]
+    ar = generate(target, PROMPTS, max_new_tokens=NEW, ignore_eos=True)
+    got = generate(target, PROMPTS, method=method, draft=(smaller, draft), max_new_tokens=NEW,
+                   ignore_eos=True, **options)
+    assert got.token_ids == ar.token_ids
+    inner = got.stats["draft_model"]["inner_draft_model"]
+    assert inner["layers"] == 1 and inner["proposed"] > 0
+
+
+def test_two_draft_models_that_always_agree_draft_k_plus_one_a_round(loaded):
+    """The target drafting for itself twice: every level keeps everything, the smaller
+    model's tokens save the draft model's passes."""
+    target, _ = loaded["llama3"]
+    got = generate(target, PROMPTS[:2], draft=(target, target), draft_k=(2, 4),
+                   draft_gate=False, max_new_tokens=25, ignore_eos=True)
+    ar = generate(target, PROMPTS[:2], max_new_tokens=25, ignore_eos=True)
+    assert got.token_ids == ar.token_ids
+    stats = got.stats["draft_model"]
+    assert stats["acceptance_rate"] == 1.0
+    assert stats["inner_draft_model"]["accepted"] == stats["inner_draft_model"]["proposed"] > 0
+    assert stats["drafted"] > 2 * stats["draft_steps"]  # 1 + 2 drafts a pass, less the ends
+    assert got.stats["tokens_per_round"] > 4.5  # k + 1 = 5 a round, less the budget's end
+
+
 # ---- refusals, before anything compiles ------------------------------------------------
 def _tiny(vocab: int, seed: int, layers: int = 2) -> Model:
     cfg = ModelConfig(model_type="llama", vocab_size=vocab, hidden_size=16, intermediate_size=32,
@@ -162,6 +201,20 @@ def test_draft_model_settings_are_checked(method, options, message):
     with pytest.raises(OptionError, match=message):
         generate(_tiny(29, 0, layers=4), [[1, 2]], method=method, draft=_tiny(29, 1),
                  **options)
+
+
+@pytest.mark.parametrize("drafts,options,message", [
+    (1, {"draft_k": (2, 4)}, "gives two draft models' k, the model has one draft model"),
+    (2, {"lookup": 4}, "lookup does not combine with two draft models"),
+    (3, {}, "one or two draft models"),
+    (2, {"draft_k": (2, 4, 6)}, "draft_k must be an integer in"),
+])
+def test_two_draft_models_settings_are_checked(drafts, options, message):
+    with pytest.raises(ValueError, match=message):
+        generate(_tiny(29, 0, layers=4), [[1, 2]], method="draft",
+                 draft=[_tiny(29, i + 1) for i in range(drafts)], **options)
+    with pytest.raises(ValueError, match="three draft models"):
+        _tiny(29, 0).with_draft(_tiny(29, 1).with_draft(_tiny(29, 2).with_draft(_tiny(29, 3))))
 
 
 # ---- sampling: the target's distribution exactly ----------------------------------------
@@ -210,6 +263,27 @@ def test_sampling_keeps_the_target_distribution_exactly(method, options, monkeyp
     if "lookup" in options:  # the draft model kept some lookup tokens and replaced others
         lookup = r.stats["draft_model"]["lookup"]
         assert 0 < lookup["accepted"] < lookup["proposed"]
+    stat, threshold = chi_square_test(r.token_ids, probs, N_SAMPLES)
+    assert stat < threshold, (stat, threshold)
+
+
+def test_sampling_with_two_draft_models_keeps_the_target_distribution(monkeypatch):
+    """small -> draft model -> L: the draft model checks the small model's draws with their
+    q' (token-wise rejection), so its drafts are draws from its q; 4 new tokens (prefill
+    emits the first, the first round drafts 2: the small model proposes 1)."""
+    import test_sampling_exact
+    from test_sampling_exact import N_SAMPLES, chi_square_test, exact_ar_distribution
+
+    from hispec_jax.decoding.sampling import SamplingParams
+
+    monkeypatch.setattr(test_sampling_exact, "NEW", 4)
+    target, draft = _exact_setup()
+    small = Model(cfg=draft.cfg, params=init_params(draft.cfg, jax.random.PRNGKey(4),
+                                                    init_std=0.5))
+    probs = exact_ar_distribution(target, SamplingParams(temperature=1.0, top_k=3, seed=21))
+    r = _sampled(target, (small, draft), "draft", 21, draft_k=(2, 3), draft_gate=False)
+    inner = r.stats["draft_model"]["inner_draft_model"]
+    assert 0 < inner["accepted"] < inner["proposed"]
     stat, threshold = chi_square_test(r.token_ids, probs, N_SAMPLES)
     assert stat < threshold, (stat, threshold)
 
@@ -291,6 +365,10 @@ def test_served_with_a_draft_model_answers_as_ar(loaded):
     line = next(x for x in metrics.splitlines() if x.startswith(
         'hispec:spec_decode_num_draft_tokens_total{drafter="draft",engine="greedy"'))
     assert float(line.split()[-1]) > 0
+    passes = next(x for x in metrics.splitlines() if x.startswith(
+        'hispec:spec_decode_drafter_events_total{drafter="draft",engine="greedy",'
+        'event="draft_passes"}'))
+    assert float(passes.split()[-1]) > 0
 
 
 def test_command_line_draft_model_gives_ar_output(pairs, capsys):
@@ -312,3 +390,12 @@ def test_command_line_draft_model_gives_ar_output(pairs, capsys):
     assert got["stats"]["method"] == "draft" and got["stats"]["draft_model"]["k"] == 3
     assert f"draft model {draft_dir}: 2 layers" in err
     assert "plan: draft (a draft model was given (--draft-model))" in err
+    # HSD's two draft models: the draft drafting for itself under the draft model
+    assert cli.main(base + ["--draft-model", str(draft_dir), "--smaller-draft-model",
+                            str(draft_dir), "--draft-k", "2,4"]) == 0
+    out, err = capsys.readouterr()
+    got = json.loads(out)
+    assert got["outputs"][0]["token_ids"] == ar["outputs"][0]["token_ids"]
+    inner = got["stats"]["draft_model"]["inner_draft_model"]
+    assert inner["k"] == 2 and inner["accepted"] == inner["proposed"] > 0
+    assert f"smaller draft model {draft_dir}: 2 layers" in err

@@ -98,16 +98,40 @@ def check_draft_model(args, model_path: str) -> None:
     `Model.with_draft`'s checks, GGUF files' and the tokenizers', run once both are
     loaded). Reads no weights."""
     if getattr(args, "draft_model", None) is None:
+        if getattr(args, "smaller_draft_model", None) is not None:
+            raise ValueError(f"--smaller-draft-model {args.smaller_draft_model}: needs "
+                             "--draft-model (the smaller model drafts for it)")
         return
     from hispec_jax.models import hub  # standard library until a Hub id needs resolving
 
     args.draft_model = hub.resolve(args.draft_model)
     check_model_path(args.draft_model, "--draft-model")
-    theirs, ours = _vocab_size(args.draft_model), _vocab_size(model_path)
-    if theirs is not None and ours is not None and theirs != ours:
-        raise ValueError(f"--draft-model {args.draft_model}: its vocabulary has {theirs} "
-                         f"entries, the model's {ours}: a draft model must share its target's "
-                         "vocabulary (a smaller model of the same family)")
+    ours = _vocab_size(model_path)
+    flags = [("--draft-model", "draft_model")]
+    if getattr(args, "smaller_draft_model", None) is not None:
+        args.smaller_draft_model = hub.resolve(args.smaller_draft_model)
+        check_model_path(args.smaller_draft_model, "--smaller-draft-model")
+        flags.append(("--smaller-draft-model", "smaller_draft_model"))
+    for flag, name in flags:
+        theirs = _vocab_size(getattr(args, name))
+        if theirs is not None and ours is not None and theirs != ours:
+            raise ValueError(f"{flag} {getattr(args, name)}: its vocabulary has {theirs} "
+                             f"entries, the model's {ours}: a draft model must share its "
+                             "target's vocabulary (a smaller model of the same family)")
+    two = len(flags) == 2
+    k = getattr(args, "draft_k", None)
+    if isinstance(k, tuple) and len(k) == 2 and not two:
+        raise ValueError(f"--draft-k {','.join(map(str, k))}: two values need "
+                         "--smaller-draft-model (the first is its k)")
+    if two and getattr(args, "lookup", None) is not None:
+        raise ValueError(f"--lookup {args.lookup}: does not combine with "
+                         "--smaller-draft-model (the smaller model drafts for the draft model)")
+
+
+def draft_ks(text: str):
+    """`--draft-k`: "K" -> K, "K',K" -> (K', K) (argparse type; ranges: `options.py`)."""
+    values = int_list(text)
+    return values[0] if len(values) == 1 else values
 
 
 def _vocab_size(model: str) -> int | None:

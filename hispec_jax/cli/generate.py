@@ -125,9 +125,15 @@ def add_method_arguments(parser) -> None:
                              "--dtype / --quantize / --matmul-precision) as level 0: method "
                              "draft (the default with it) verifies its drafts with the final "
                              "layer, layerskip / hispec with their exits first")
-    parser.add_argument("--draft-k", type=int, default=None, metavar="K",
+    parser.add_argument("--smaller-draft-model", default=None, metavar="PATH",
+                        help="a second, smaller draft model of the same vocabulary that drafts "
+                             "for --draft-model (HSD's two draft models; loaded the same way)")
+    parser.add_argument("--draft-k", type=common.draft_ks, default=None, metavar="K",
                         help="draft model: most tokens drafted per round, 1.."
-                             f"{options_lib.MAX_DRAFT_K} (default: {options_lib.DEFAULT_DRAFT_K})")
+                             f"{options_lib.MAX_DRAFT_K} (default: {options_lib.DEFAULT_DRAFT_K}); "
+                             "with --smaller-draft-model K',K: the smaller model's tokens per "
+                             f"pass of the draft model first (default: "
+                             f"{options_lib.DEFAULT_INNER_DRAFT_K},{options_lib.DEFAULT_DRAFT_K})")
     parser.add_argument("--no-draft-gate", dest="draft_gate", action="store_const",
                         const=False, default=None,
                         help="draft model: draft K tokens every round, without the acceptance "

@@ -81,14 +81,21 @@ def load(args, path: str, startup: str | None = None, **kwargs):
 
 def with_draft_model(args, model):
     """`model` with `--draft-model` (loaded with the same flags, on the same mesh: its own
-    startup line first) as its draft model (`Model.with_draft`); `model` itself without
-    one."""
+    startup line first) as its draft model (`Model.with_draft`), with
+    `--smaller-draft-model` as the draft model's own; `model` itself without one."""
     if getattr(args, "draft_model", None) is None:
         return model
     print("draft " + startup_line(args.draft_model, args), file=sys.stderr, flush=True)
     from hispec_jax.models.model import load_model
 
     draft = load_model(args.draft_model, mesh=model.mesh, **load_kwargs(args))
+    smaller = getattr(args, "smaller_draft_model", None)
+    if smaller is not None:
+        print("smaller draft " + startup_line(smaller, args), file=sys.stderr, flush=True)
+        try:
+            draft = draft.with_draft(load_model(smaller, mesh=model.mesh, **load_kwargs(args)))
+        except ValueError as e:
+            raise ValueError(f"--smaller-draft-model {smaller}: {e}") from None
     try:
         return model.with_draft(draft)
     except ValueError as e:

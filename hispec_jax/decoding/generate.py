@@ -162,7 +162,8 @@ def generate(model: Model, prompts, *, method: str | None = None, max_new_tokens
         Arrays: a new value never recompiles.
       draft: a draft model (a smaller `Model` with the target's vocabulary) as level 0:
         method "draft" verifies its drafts with the final layer, "layerskip" / "hispec"
-        with their exits first (`Model.with_draft`; checked before anything compiles).
+        with their exits first (`Model.with_draft`; checked before anything compiles); or
+        two, the smaller first, which drafts for the larger (`draft_k=(k', k)`).
       **method_options: the method's settings (e.g. exit_layer, draft_exit, verify_exits,
         draft_len, verify_window, adaptive, acceptance="tokenwise"|"blockwise").
 
@@ -183,9 +184,15 @@ def generate(model: Model, prompts, *, method: str | None = None, max_new_tokens
                   lookup_cost=lookup_cost)
 
 
-def with_draft(model: Model, method, draft: Model | None) -> tuple[Model, Any]:
+def with_draft(model: Model, method, draft) -> tuple[Model, Any]:
     """(`model` with `draft` as its draft model, the method: None means "draft" when the
-    model has a draft model, else "ar")."""
+    model has a draft model, else "ar"). `draft`: a `Model`, or two (smaller first: HSD's
+    two draft models, the smaller drafting for the larger)."""
+    if isinstance(draft, (tuple, list)):
+        if not 1 <= len(draft) <= 2:
+            raise ValueError(f"draft: one or two draft models (the smaller first), got "
+                             f"{len(draft)}")
+        draft = draft[0] if len(draft) == 1 else draft[1].with_draft(draft[0])
     if draft is not None:
         model = model.with_draft(draft)
     if method is None:

@@ -21,7 +21,7 @@ from hispec_jax.decoding import recommended
 from hispec_jax.decoding.acceptance import RULES, GreedyAcceptance
 from hispec_jax.decoding.draft import DynamicDraftExit, StaticDraftExit
 from hispec_jax.decoding.engine import (Counters, DraftModelDrafter, ExitDrafter, Hierarchy,
-                                       LookupDrafter)
+                                       InnerDraftModel, LookupDrafter)
 from hispec_jax.decoding.lookup import PromptLookup
 from hispec_jax.decoding.windows import (DRAFT_LEN_RANGE, VERIFY_WINDOW_RANGE, AdaptiveWindows,
                                          FixedWindows, power_of_two_blocks)
@@ -288,20 +288,36 @@ def make_method(model: Model, method: str, *, exit_layer: int | None = None,
     return decoder if lookup is None else _with_lookup(decoder, lookup, max_ngram, lookup_gate)
 
 
-def _with_draft(decoder: Decoder, model: Model, k: int | None, gate: bool | None = None,
+def _with_draft(decoder: Decoder, model: Model, k, gate: bool | None = None,
                 lookup: int | None = None, max_ngram: int | None = None) -> Decoder:
     """The decoder with `model`'s draft model (`Model.with_draft`) as a new level 0 (exit
-    0: none of the target's layers) below its levels; its window (and static bound) is k;
-    `gate` None: the gate on. `lookup` (k of a prompt lookup) puts prompt lookup below the
-    draft model: each draft step checks the lookup's tokens in the draft model's pass."""
-    k = options_lib.DEFAULT_DRAFT_K if k is None else int(k)
+    0: none of the target's layers) below its levels; its window (and static bound) is k
+    (an int, or (k', k) with two draft models: k' the smaller's tokens per pass of the
+    draft model); `gate` None: the gate on. Below the draft model: its own draft model
+    (HSD's two draft models) or `lookup` (k of a prompt lookup): each draft step checks
+    their tokens in the draft model's pass."""
+    ks = (k,) if k is None or isinstance(k, (int, np.integer)) else tuple(k)
+    draft = model.draft
+    inner = draft.params.get("draft") if isinstance(draft.params, dict) else None
+    if inner is None and len(ks) == 2:
+        raise ValueError(f"draft_k={list(ks)} gives two draft models' k, the model has one "
+                         "draft model")
+    if inner is not None and lookup is not None:
+        raise ValueError("lookup does not combine with two draft models (the smaller one "
+                         "drafts for the larger)")
     below = None
-    if lookup is not None:
-        below = PromptLookup(max_tokens=int(lookup),
-                             max_ngram=(options_lib.DEFAULT_MAX_NGRAM if max_ngram is None
-                                        else int(max_ngram)), gate=False)
-    drafter = DraftModelDrafter(cfg=model.draft.cfg, k=k, per_layer=model.draft.per_layer,
-                                gate=True if gate is None else bool(gate), lookup=below)
+    if inner is not None:
+        inner_k = ks[0] if len(ks) == 2 else options_lib.DEFAULT_INNER_DRAFT_K
+        below = {"inner": InnerDraftModel(cfg=inner.cfg, k=int(inner_k),
+                                          per_layer=inner.per_layer)}
+    elif lookup is not None:
+        below = {"lookup": PromptLookup(
+            max_tokens=int(lookup), max_ngram=(options_lib.DEFAULT_MAX_NGRAM
+                                               if max_ngram is None else int(max_ngram)),
+            gate=False)}
+    k = options_lib.DEFAULT_DRAFT_K if ks[-1] is None else int(ks[-1])
+    drafter = DraftModelDrafter(cfg=draft.cfg, k=k, per_layer=draft.per_layer,
+                                gate=True if gate is None else bool(gate), **(below or {}))
     h = decoder.hierarchy
     hierarchy = dataclasses.replace(h, exits=(0,) + h.exits, max_windows=(k,) + h.max_windows,
                                     drafter=drafter)

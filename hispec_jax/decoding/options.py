@@ -38,6 +38,8 @@ EXIT_GATE_METHODS = ("layerskip", "hispec")
 DRAFT_METHODS = ("draft", "layerskip", "hispec")
 MAX_DRAFT_K = 32  # most tokens a draft model drafts a round
 DEFAULT_DRAFT_K = 5
+# With two draft models (HSD), the smaller drafts this many tokens per pass of the larger.
+DEFAULT_INNER_DRAFT_K = 3
 MAX_LOOKUP = 64  # most tokens one lookup proposes (every pass's block grows with it)
 MAX_NGRAM = 16
 # k = 16 and 8-grams with the "ngram" schedule (a 1-gram match proposes 4 tokens, a 2- to
@@ -324,11 +326,16 @@ def _check_draft(method, draft, draft_k, draft_gate, *, lookup_gate, adaptive,
             raise OptionError(name, value, "needs a draft model",
                               f"{name} needs a draft model (draft=MODEL; on the command line "
                               "--draft-model PATH)")
-    if draft_k is not None and (not _is_int(draft_k) or not 1 <= draft_k <= MAX_DRAFT_K):
+    ks = draft_k if isinstance(draft_k, (tuple, list)) else (draft_k,)
+    if draft_k is not None and (not 1 <= len(ks) <= 2 or not all(
+            _is_int(k) and 1 <= k <= MAX_DRAFT_K for k in ks)):
         raise OptionError("draft_k", draft_k, f"must be an integer in [1, {MAX_DRAFT_K}] "
-                          "(tokens drafted per round)",
+                          "(tokens drafted per round), or two (the smaller draft model's "
+                          "first)",
                           f"draft_k must be an integer in [1, {MAX_DRAFT_K}] (tokens the draft "
-                          f"model drafts per round), got {draft_k!r}")
+                          f"model drafts per round), or two such integers with two draft "
+                          f"models (the smaller's per pass of the larger, then the larger's "
+                          f"per round), got {draft_k!r}")
     if draft_gate is not None and not isinstance(draft_gate, bool):
         raise OptionError("draft_gate", draft_gate, "must be True or False",
                           f"draft_gate must be True or False, got {draft_gate!r}")

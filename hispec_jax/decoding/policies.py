@@ -111,6 +111,10 @@ class Drafter(Protocol):
         """(tokens it proposed, tokens level 1 kept) from its counters; None: level 1's own
         counts (`Counters.proposed_K[1]`, `accepted_K[1]`) say it."""
 
+    # Optional: `events(drafter_counters) -> dict[str, count]`, its own counts that
+    # /metrics reports as hispec:spec_decode_drafter_events_total{event=...} (a draft
+    # model's passes, for one; `serving/metrics.py`).
+
     def check(self, h) -> None:
         """Raises ValueError when the hierarchy `h` cannot have this drafter as level 0."""
 

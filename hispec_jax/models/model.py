@@ -67,12 +67,15 @@ class Model:
         model: its weights join this model's parameters as `params["draft"]`
         (`draft_weights.py`), placed on this model's mesh, so the draft model drafter
         (method "draft", or `draft=` under "layerskip" / "hispec") finds them in every
-        compiled loop. ValueError (one line) for a pair that does not share the vocabulary
-        (`draft_weights.check_pair`), before anything compiles."""
+        compiled loop. The draft may have a draft model of its own (HSD's two draft models:
+        `target.with_draft(mid.with_draft(small))`), not a third. ValueError (one line) for
+        a pair that does not share the vocabulary (`draft_weights.check_pair`), before
+        anything compiles."""
         if not isinstance(draft, Model):
             raise ValueError(f"draft must be a loaded Model, got {type(draft).__name__}")
-        if draft.draft is not None:
-            raise ValueError("the draft model has a draft model of its own: one draft level")
+        inner = draft.draft
+        if inner is not None and isinstance(inner.params, dict) and "draft" in inner.params:
+            raise ValueError("three draft models: at most two (a draft model and its own)")
         check_pair(self, draft)
         draft = place_on_mesh(draft, self.mesh) if self.mesh is not None else draft
         params = {k: v for k, v in self.params.items() if k != "draft"}

@@ -18,6 +18,7 @@ Names follow vLLM's with a `hispec:` prefix:
     hispec:spec_decode_num_verifications_total{engine, level}
     hispec:spec_decode_num_rounds_total{engine}
     hispec:spec_decode_tokens_per_round{engine}
+    hispec:spec_decode_drafter_events_total{engine, drafter, event}   level 0's own counts
 
 A verifying level k (1 .. K-1) checks the drafts of the level below it: the drafter label
 is level 0's own (`Drafter.label`: "lookup" for the n-gram drafter, "exit<e>" for an exit)
@@ -182,8 +183,16 @@ class _Collector:
         per_round = GaugeMetricFamily("hispec:spec_decode_tokens_per_round",
                                       "Tokens a sequence emits per final-layer verification "
                                       "(1 for AR)", labels=["engine"])
+        events = CounterMetricFamily("hispec:spec_decode_drafter_events",
+                                     "Level 0's own counts (`Drafter.events`): a draft model's "
+                                     "passes, tokens drafted, positions caught up, ...",
+                                     labels=["engine", "drafter", "event"])
         for greedy, h in s.hierarchies.items():
             e, spec, K = engine_label(greedy), s.spec(greedy), len(h.exits)
+            own_events = getattr(h.drafter, "events", None)  # optional in `Drafter`
+            if own_events is not None and spec["drafter"] is not None:
+                for name, count in own_events(spec["drafter"]).items():
+                    events.add_metric([e, drafter_name(h, 1), name], int(count))
             rounds.add_metric([e], int(spec["rounds"]))
             for k in range(1, K):
                 lbl = [e, str(k), drafter_name(h, k)]
@@ -197,4 +206,4 @@ class _Collector:
                 checks.add_metric([e, str(k)], int(spec["verifications_K"][k]))
             top = int(spec["verifications_K"][K - 1]) if K > 1 else 0
             per_round.add_metric([e], int(spec["emitted"]) / top if top else 1.0)
-        yield from (drafts, accepted, rate, checks, rounds, per_round)
+        yield from (drafts, accepted, rate, checks, rounds, per_round, events)

@@ -5,7 +5,7 @@ hierarchy (docs/engine.md). One concept per module:
                       block lengths every pass is compiled at
     state.py          `EngineState`, `Counters`: the loop state, and its ring buffers
     drafters.py       level 0 (`ExitDrafter`, `LookupDrafter`): what a round drafts
-    draft_model.py    level 0 as a draft model (`DraftModelDrafter`)
+    draft_model.py    level 0 as a draft model (`DraftModelDrafter`; `InnerDraftModel` below it)
     round.py          `Round`: one speculation round (draft, verify, accept, rollback)
     engine.py         `Engine`, `Shapes`: the frozen compile key and the loop's functions
     compile_cache.py  the process-wide cache of compiled loops and its memory budget
@@ -19,7 +19,7 @@ from hispec_jax.decoding.engine import compile_cache
 from hispec_jax.decoding.engine.compile_cache import (COMPILER_OPTIONS, _COMPILED,
                                                       clear_compiled, compiler_options,
                                                       make_room, map_counts)
-from hispec_jax.decoding.engine.draft_model import DraftModelDrafter
+from hispec_jax.decoding.engine.draft_model import DraftModelDrafter, InnerDraftModel
 from hispec_jax.decoding.engine.drafters import ExitDrafter, LookupDrafter
 from hispec_jax.decoding.engine.engine import Engine, Shapes
 from hispec_jax.decoding.engine.hierarchy import Hierarchy
@@ -27,7 +27,7 @@ from hispec_jax.decoding.engine.round import Forward, Round
 from hispec_jax.decoding.engine.state import Counters, EngineState
 
 __all__ = ["COMPILER_OPTIONS", "Counters", "DraftModelDrafter", "Engine", "EngineState",
-           "ExitDrafter", "Forward", "Hierarchy", "LookupDrafter", "Round", "Shapes",
+           "ExitDrafter", "Forward", "Hierarchy", "InnerDraftModel", "LookupDrafter", "Round", "Shapes",
            "clear_compiled", "compile_cache", "compiler_options", "make_room", "map_counts"]
 
 

@@ -55,6 +55,131 @@ from hispec_jax.models.kv_cache import KVCache
 from hispec_jax.models.transformer import embed, run_layers_cached
 
 
+def catch_up(params, cfg: ModelConfig, chunk: int, tokens_BxS: jax.Array, cache: KVCache,
+             cached_B: jax.Array, until_B: jax.Array, part_B: jax.Array):
+    """Runs a draft model over positions [d, until) of the sequences in `part_B`, in chunks
+    of `chunk` positions, until d = until (no trip when every d already is).
+    Returns (cache, d [B], [] the positions run)."""
+    S = tokens_BxS.shape[1]
+
+    def behind(carry):
+        _, cached_B, _ = carry
+        return jnp.any(part_B & (cached_B < until_B))
+
+    def one_chunk(carry):
+        cache, cached_B, ran = carry
+        n_B = jnp.where(part_B, jnp.clip(until_B - cached_B, 0, chunk), 0)
+        positions_BxC = block_positions(cached_B, n_B, chunk, S)
+        x_BxCxD = embed(params, gather_positions(tokens_BxS, positions_BxC))
+        _, cache = run_layers_cached(params, cfg, x_BxCxD, positions_BxC, cache, 0,
+                                     cfg.num_layers)
+        return cache, cached_B + n_B, ran + jnp.sum(n_B)
+
+    with jax.named_scope("draft_catch_up"):
+        return jax.lax.while_loop(behind, one_chunk,
+                                  (cache, cached_B, jnp.zeros((), jnp.int32)))
+
+
+def _last_logits(params, cfg: ModelConfig, cache: KVCache, tokens_BxT: jax.Array,
+                 positions_BxT: jax.Array, last_B: jax.Array):
+    """One pass of a draft model over a block: the logits [B, V] of row `last_B` and the
+    cache with the block's keys and values."""
+    h_BxTxD, cache = run_layers_cached(params, cfg, embed(params, tokens_BxT), positions_BxT,
+                                       cache, 0, cfg.num_layers)
+    h_Bx1xD = jnp.take_along_axis(h_BxTxD, last_B.clip(0)[:, None, None], axis=1)
+    return heads_lib.exit_logits(params, {}, cfg, h_Bx1xD, cfg.num_layers)[:, 0], cache
+
+
+@flax.struct.dataclass
+class InnerState:
+    """The smaller draft model's cache (HSD: the level below the draft model) and d [B]:
+    it holds positions < d."""
+
+    cache: KVCache
+    cached_B: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class InnerDraftModel:
+    """The smaller of two draft models (HSD's lowest level): before each pass of the draft
+    model above it, it drafts up to `k` tokens autoregressively with its own cache, each a
+    draw from its filtered distribution q' (greedy: its argmax), for the draft model to
+    check as the target's levels check drafts (token-wise rejection with q'). Its weights
+    are the draft model's `params["draft"]`.
+
+    Attributes:
+      cfg: its architecture.
+      k: tokens it drafts per pass of the draft model above it (at most).
+      per_layer: its layers (and cache) are per-layer buffers.
+      chunk: positions per catch-up pass.
+    """
+
+    cfg: ModelConfig
+    k: int = 3
+    per_layer: bool = True
+    chunk: int = 64
+
+    def init(self, batch: int, capacity: int) -> InnerState:
+        return InnerState(cache=KVCache.zeros(self.cfg, batch, capacity, per_layer=self.per_layer),
+                          cached_B=jnp.zeros((batch,), jnp.int32))
+
+    def propose(self, params, tokens_BxS, st: InnerState, pos_B, m_B, greedy: bool, sampling,
+                key_Bx2):
+        """Drafts m_B (<= k) tokens after position c = `pos_B`: runs x_c (with x_{c-1}
+        when its cache stops there; first catching up to c - 1), then its own drafts.
+        Returns (tokens [B, k], log q' [B, k, V] or None (greedy), state, [] caught up)."""
+        S, cfg, K = tokens_BxS.shape[1], self.cfg, self.k
+        part_B = m_B > 0
+        cached_B = jnp.minimum(st.cached_B, pos_B)
+        cache, cached_B, ran = catch_up(params, cfg, self.chunk, tokens_BxS, st.cache, cached_B,
+                                        pos_B - 1, part_B)
+        known_B = jnp.where(part_B, 1 + (cached_B < pos_B), 0)
+
+        def first(T):
+            def run(cache):
+                positions_BxT = block_positions(pos_B - known_B + 1, known_B, T, S)
+                return _last_logits(params, cfg, cache, gather_positions(tokens_BxS, positions_BxT),
+                                    positions_BxT, known_B - 1)
+            return run
+
+        def choose(logits_BxV, j):
+            if greedy:
+                return jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32), None
+            logq_BxV = filtered_logprobs(logits_BxV, sampling)
+            keys_Bx2 = jax.vmap(lambda k: jax.random.fold_in(k, 1000 + j))(key_Bx2)
+            return jax.vmap(jax.random.categorical)(keys_Bx2, logq_BxV).astype(jnp.int32), logq_BxV
+
+        logits_BxV, cache = jax.lax.cond(jnp.any(known_B == 2), first(2), first(1), cache)
+        y_B, logq_BxV = choose(logits_BxV, 0)
+        tokens_BxK = jnp.zeros((pos_B.shape[0], K), jnp.int32).at[:, 0].set(y_B)
+        logq_BxKxV = None if greedy else jnp.zeros(logq_BxV.shape[:1] + (K,) + logq_BxV.shape[1:],
+                                                   jnp.float32).at[:, 0].set(logq_BxV)
+
+        def step(j, carry):
+            cache, tokens_BxK, logq_BxKxV = carry
+            on_B = j < m_B
+            positions_Bx1 = jnp.where(on_B, pos_B + j, S)[:, None]
+            logits_BxV, cache = _last_logits(params, cfg, cache, tokens_BxK[:, j - 1][:, None],
+                                             positions_Bx1, jnp.zeros_like(pos_B))
+            y_B, logq_BxV = choose(logits_BxV, j)
+            tokens_BxK = tokens_BxK.at[:, j].set(y_B)
+            if logq_BxKxV is not None:
+                logq_BxKxV = logq_BxKxV.at[:, j].set(logq_BxV)
+            return cache, tokens_BxK, logq_BxKxV
+
+        cache, tokens_BxK, logq_BxKxV = jax.lax.fori_loop(1, K, step,
+                                                          (cache, tokens_BxK, logq_BxKxV))
+        # it ran positions c .. c + m - 1; `kept` fixes how many of them stay valid
+        return tokens_BxK, logq_BxKxV, InnerState(cache=cache, cached_B=cached_B), ran
+
+    @staticmethod
+    def settle(st: InnerState, pos_B, m_B, kept_B) -> InnerState:
+        """After the draft model kept `kept_B` of the m_B drafts after c: its cache holds the
+        positions whose inputs stand, < min(c + m, c + 1 + kept)."""
+        valid_B = jnp.minimum(pos_B + m_B, pos_B + 1 + kept_B)
+        return st.replace(cached_B=jnp.where(m_B > 0, valid_B, st.cached_B))
+
+
 @flax.struct.dataclass
 class DraftModelCounters:
     """The draft model drafter's counters (`Counters.drafter`), summed over the batch.
@@ -65,8 +190,9 @@ class DraftModelCounters:
       proposed: [] drafted tokens level 1 checked.
       accepted: [] of those, tokens level 1 kept.
       caught_up: [] positions the draft model ran to catch up (prompts, skipped windows).
-      lookup_proposed: [] with a lookup below the draft model, the tokens it proposed.
-      lookup_accepted: [] of those, tokens the draft model kept as its drafts.
+      below_proposed: [] with a lookup or a smaller draft model below the draft model, the
+        tokens it proposed to the draft model.
+      below_accepted: [] of those, tokens the draft model kept as its drafts.
     """
 
     steps: jax.Array
@@ -74,8 +200,8 @@ class DraftModelCounters:
     proposed: jax.Array
     accepted: jax.Array
     caught_up: jax.Array
-    lookup_proposed: jax.Array
-    lookup_accepted: jax.Array
+    below_proposed: jax.Array
+    below_accepted: jax.Array
 
 
 @flax.struct.dataclass
@@ -95,6 +221,7 @@ class DraftModelState:
       idle_B: with the gate, [B] int32, rounds in a row at window 0 (after `PROBE_ROUNDS`
         the gate drafts one token, so that its estimate follows a draft that starts to
         agree); else None.
+      inner: with a smaller draft model below it, that model's state; else None.
     """
 
     cache: KVCache
@@ -105,6 +232,7 @@ class DraftModelState:
     estimate: gate_lib.GateState | None = None
     gated_B: jax.Array | None = None
     idle_B: jax.Array | None = None
+    inner: InnerState | None = None
 
 
 # Rounds at window 0 after which the gate drafts one token again.
@@ -143,6 +271,7 @@ class DraftModelDrafter:
       gate: the acceptance gate (default on).
       chunk: positions per catch-up pass.
       lookup: prompt lookup below the draft model (its gate unused), or None.
+      inner: a smaller draft model below it (HSD's two draft models), or None.
     """
 
     cfg: ModelConfig
@@ -151,6 +280,7 @@ class DraftModelDrafter:
     gate: bool = True
     chunk: int = 64
     lookup: lookup_lib.PromptLookup | None = None
+    inner: InnerDraftModel | None = None
 
     runs_layers: ClassVar[bool] = False  # of the target: level 1 starts from the embeddings
     block_passes: ClassVar[bool] = True  # its drafts reach level 1 as blocks of positions
@@ -174,6 +304,9 @@ class DraftModelDrafter:
         c = self.cfg
         below = ("" if self.lookup is None else
                  f" over lookup k={self.lookup.max_tokens} n<={self.lookup.max_ngram}")
+        if self.inner is not None:
+            i = self.inner.cfg
+            below = f" over draft model {i.model_type} {i.num_layers}x{i.hidden_size} k={self.inner.k}"
         return (f"draft model {c.model_type} {c.num_layers}x{c.hidden_size} k={self.k}"
                 + ("" if self.gate else " ungated") + below)
 
@@ -181,7 +314,8 @@ class DraftModelDrafter:
         """The method options that rebuild it over a model with this draft model."""
         lookup = ({} if self.lookup is None else
                   {"lookup": self.lookup.max_tokens, "max_ngram": self.lookup.max_ngram})
-        return {"draft_k": self.k, **({} if self.gate else {"draft_gate": False}), **lookup}
+        k = self.k if self.inner is None else (self.inner.k, self.k)
+        return {"draft_k": k, **({} if self.gate else {"draft_gate": False}), **lookup}
 
     @property
     def gated(self) -> bool:
@@ -196,7 +330,7 @@ class DraftModelDrafter:
         del num_layers
         zero = jnp.zeros((), jnp.int32)
         return DraftModelCounters(steps=zero, drafted=zero, proposed=zero, accepted=zero,
-                                  caught_up=zero, lookup_proposed=zero, lookup_accepted=zero)
+                                  caught_up=zero, below_proposed=zero, below_accepted=zero)
 
     def stats(self, h, total) -> dict:
         c = total.drafter
@@ -209,7 +343,18 @@ class DraftModelDrafter:
             "caught_up_positions": int(c.caught_up), "verified_by_exit": h.exits[1],
             **({} if self.lookup is None else {"lookup": {
                 "k": self.lookup.max_tokens, "max_ngram": self.lookup.max_ngram,
-                "proposed": int(c.lookup_proposed), "accepted": int(c.lookup_accepted)}})}}
+                "proposed": int(c.below_proposed), "accepted": int(c.below_accepted)}}),
+            **({} if self.inner is None else {"inner_draft_model": {
+                "layers": self.inner.cfg.num_layers, "hidden_size": self.inner.cfg.hidden_size,
+                "k": self.inner.k, "proposed": int(c.below_proposed),
+                "accepted": int(c.below_accepted)}})}}
+
+    def events(self, c) -> dict[str, Any]:
+        """Its counts for /metrics (`hispec:spec_decode_drafter_events_total`)."""
+        events = {"draft_passes": c.steps, "drafted": c.drafted, "caught_up": c.caught_up}
+        if self.lookup is not None or self.inner is not None:
+            events.update(below_proposed=c.below_proposed, below_accepted=c.below_accepted)
+        return events
 
     def proposals(self, drafter_counters) -> tuple[Any, Any]:
         return drafter_counters.proposed, drafter_counters.accepted
@@ -230,7 +375,8 @@ class DraftModelDrafter:
         zeros = jnp.zeros((batch,), jnp.int32)
         state = DraftModelState(
             cache=KVCache.zeros(self.cfg, batch, capacity, per_layer=self.per_layer),
-            cached_B=zeros, window_B=zeros, sealed_B=jnp.zeros((batch,), bool), checked_B=zeros)
+            cached_B=zeros, window_B=zeros, sealed_B=jnp.zeros((batch,), bool), checked_B=zeros,
+            inner=None if self.inner is None else self.inner.init(batch, capacity))
         if not self.gate:
             return state
         # the window policy's windows until a first verification
@@ -288,10 +434,14 @@ class DraftModelDrafter:
         plain = lambda s: jax.lax.cond(
             jnp.any(known_B == 2), lambda s: self._advance(rnd, s, part_B, known_B, *no_lookup, 2),
             lambda s: self._advance(rnd, s, part_B, known_B, *no_lookup, 1), s)
+        left_B = ds.window_B - (pos_B - c[:, 1])  # drafts the round still needs, >= 1
+        if self.inner is not None:
+            return jax.lax.cond(jnp.any(part_B & (left_B > 1)),
+                                lambda s: self._with_inner(rnd, s, part_B, known_B, left_B),
+                                plain, state)
         if self.lookup is None:
             return plain(state)
         # the lookup proposes at most the drafts the round still needs after this step's own
-        left_B = ds.window_B - (pos_B - c[:, 1])
         p = self.lookup.propose(state.out.tokens_BxS, pos_B, jnp.maximum(left_B - 1, 1))
         m_B = jnp.where(part_B & p.matched_B, jnp.minimum(p.length_B, left_B - 1), 0)
         T = 2 + self.lookup.max_tokens
@@ -299,7 +449,24 @@ class DraftModelDrafter:
                             lambda s: self._advance(rnd, s, part_B, known_B, p.tokens_BxK, m_B, T),
                             plain, state)
 
-    def _advance(self, rnd, state, part_B, known_B, proposed_BxM, m_B, T: int):
+    def _with_inner(self, rnd, state, part_B, known_B, left_B):
+        """The smaller draft model drafts up to its k tokens (what the round still needs
+        after this step's own) and the draft model checks them in its pass (`_advance`)."""
+        ds = state.draft_state
+        params = self._weights(rnd)
+        pos_B = state.processed_BxK[:, 0]
+        m_B = jnp.where(part_B, jnp.clip(left_B - 1, 0, self.inner.k), 0)
+        proposed_BxM, logq_BxMxV, inner, ran = self.inner.propose(
+            params["draft"].params, state.out.tokens_BxS, ds.inner, pos_B, m_B, rnd.greedy,
+            rnd.req.sampling, rnd.keys(state, 1))
+        counters = state.counters
+        state = state.replace(draft_state=ds.replace(inner=inner), counters=counters.replace(
+            drafter=counters.drafter.replace(caught_up=counters.drafter.caught_up + ran)))
+        return self._advance(rnd, state, part_B, known_B, proposed_BxM, m_B,
+                             2 + self.inner.k, logq_BxMxV)
+
+    def _advance(self, rnd, state, part_B, known_B, proposed_BxM, m_B, T: int,
+                 proposal_logq_BxMxV=None):
         """One pass of the draft model over each sequence's `known_B` tokens ending at c_0
         and its `m_B` lookup tokens after c_0 (a block of T >= known + m positions), and the
         drafts it yields: the lookup tokens its own choice keeps (greedy: its argmax;
@@ -344,11 +511,14 @@ class DraftModelDrafter:
                 logits_BxRxV, None, proposed_BxR, m_B, None)
         else:
             R = M + 1
-            lookup_BxRxV = jnp.where((jnp.arange(R)[None, :] < m_B[:, None])[..., None],
-                                     lookup_lib.one_hot_logq(proposed_BxR, logq_BxRxV.shape[-1]),
-                                     -jnp.inf)  # no proposal: the draw is from q itself
+            if proposal_logq_BxMxV is None:  # the lookup's: one-hot
+                below_BxRxV = lookup_lib.one_hot_logq(proposed_BxR, logq_BxRxV.shape[-1])
+            else:
+                below_BxRxV = jnp.pad(proposal_logq_BxMxV, ((0, 0), (0, 1), (0, 0)))
+            below_BxRxV = jnp.where((jnp.arange(R)[None, :] < m_B[:, None])[..., None],
+                                    below_BxRxV, -jnp.inf)  # no proposal: a draw from q itself
             verdict = acceptance_lib.TokenwiseRejection().accept(
-                logq_BxRxV, lookup_BxRxV, proposed_BxR, m_B, rnd.keys(state, 0))
+                logq_BxRxV, below_BxRxV, proposed_BxR, m_B, rnd.keys(state, 0))
         kept_B = jnp.where(part_B, verdict.num_accepted_B, 0)
         n_B = jnp.where(part_B, kept_B + 1, 0)  # drafts this step adds
         j_R = jnp.arange(M + 1)
@@ -368,9 +538,11 @@ class DraftModelDrafter:
             actions_K=counters.actions_K.at[0].add(1),
             drafter=mine.replace(steps=mine.steps + jnp.sum(part_B),
                                  drafted=mine.drafted + jnp.sum(n_B),
-                                 lookup_proposed=mine.lookup_proposed + jnp.sum(m_B * part_B),
-                                 lookup_accepted=mine.lookup_accepted + jnp.sum(kept_B)))
+                                 below_proposed=mine.below_proposed + jnp.sum(m_B * part_B),
+                                 below_accepted=mine.below_accepted + jnp.sum(kept_B)))
         ds = ds.replace(cache=cache, cached_B=jnp.where(part_B, pos_B + 1 + kept_B, ds.cached_B))
+        if ds.inner is not None and M:
+            ds = ds.replace(inner=InnerDraftModel.settle(ds.inner, pos_B, m_B, kept_B))
         return state.replace(
             out=out.replace(tokens_BxS=tokens_BxS), processed_BxK=c.at[:, 0].add(n_B),
             draft_state=ds, dists=dists, draws_B=state.draws_B + part_B, counters=counters)
@@ -396,26 +568,10 @@ class DraftModelDrafter:
 
     def catch_up(self, params, tokens_BxS: jax.Array, ds: DraftModelState, until_B: jax.Array,
                  part_B: jax.Array) -> tuple[DraftModelState, jax.Array]:
-        """Runs the draft model over positions [d, until) of the sequences in `part_B`, in
-        chunks of `chunk` positions, until d = until (no trip when every d already is).
-        Returns the state and [] the positions run."""
-        S, C = tokens_BxS.shape[1], self.chunk
-
-        def behind(carry):
-            ds, _ = carry
-            return jnp.any(part_B & (ds.cached_B < until_B))
-
-        def chunk(carry):
-            ds, ran = carry
-            n_B = jnp.where(part_B, jnp.clip(until_B - ds.cached_B, 0, C), 0)
-            positions_BxC = block_positions(ds.cached_B, n_B, C, S)
-            x_BxCxD = embed(params, gather_positions(tokens_BxS, positions_BxC))
-            _, cache = run_layers_cached(params, self.cfg, x_BxCxD, positions_BxC, ds.cache, 0,
-                                         self.cfg.num_layers)
-            return ds.replace(cache=cache, cached_B=ds.cached_B + n_B), ran + jnp.sum(n_B)
-
-        with jax.named_scope("draft_catch_up"):
-            return jax.lax.while_loop(behind, chunk, (ds, jnp.zeros((), jnp.int32)))
+        """The draft model's `catch_up` to `until_B`: the state and [] the positions run."""
+        cache, cached_B, ran = catch_up(params, self.cfg, self.chunk, tokens_BxS, ds.cache,
+                                        ds.cached_B, until_B, part_B)
+        return ds.replace(cache=cache, cached_B=cached_B), ran
 
     def verify_input(self, rnd, state, positions_BxT, valid_BxT, write_cache: bool):
         """The token embeddings of the block's positions: level 1 starts at layer 0."""
