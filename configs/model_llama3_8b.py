@@ -21,4 +21,5 @@ def get_config() -> ml_collections.ConfigDict:
     c.qk_norm = False
     c.dtype = "bfloat16"
     c.matmul_precision = "highest"  # exact float32 matmuls on GPU/TPU too (ModelConfig)
+    c.flat_attention_output = False  # a layout choice (ModelConfig)
     return c

@@ -313,27 +313,18 @@ def test_rounds_over_one_attention_span_add_the_one_span_options(model, monkeypa
     assert compile_cache.compiler_options() == base
 
 
-def test_flat_attention_output_barrier_changes_no_token(model, monkeypatch):
-    """`transformer.FLAT_ATTENTION_OUTPUT` (a GPU candidate: the o projection's input behind
-    an optimization barrier) puts one barrier per layer into the loop and leaves greedy
-    output as it was."""
-    from hispec_jax.models import transformer
-
+def test_flat_attention_output_barrier_changes_no_token(model):
+    """`ModelConfig.flat_attention_output` (a GPU candidate: the o projection's input behind
+    an optimization barrier) puts one barrier per layer into the loop, is part of the
+    compile key, and leaves greedy output as it was."""
+    flat = dataclasses.replace(model, cfg=model.cfg.replace(flat_attention_output=True))
     prompts = [[3, 5, 7], [11, 2]]
-
-    def run():
-        engine_lib.clear_compiled()
-        return generate(model, prompts, method="layerskip", draft_exit=2, max_new_tokens=12,
-                        ignore_eos=True).token_ids
-
-    shipped = run()
-    monkeypatch.setattr(transformer, "FLAT_ATTENTION_OUTPUT", frozenset({jax.default_backend()}))
+    run = lambda m: generate(m, prompts, method="layerskip", draft_exit=2, max_new_tokens=12,
+                             ignore_eos=True).token_ids
     barriers = lambda text: len(re.findall(r"optimization_barrier", text))
     shapes = Shapes(batch=1, capacity=CAPACITY, prompt_block=BLOCK)
-    engine = Engine.for_model(model, methods.make_method(model, "ar").hierarchy, shapes)
-    with_barrier = barriers(engine.lower().as_text())
-    monkeypatch.setattr(transformer, "FLAT_ATTENTION_OUTPUT", frozenset())
-    assert with_barrier > barriers(engine.lower().as_text())
-    monkeypatch.setattr(transformer, "FLAT_ATTENTION_OUTPUT", frozenset({jax.default_backend()}))
-    assert run() == shipped
-    engine_lib.clear_compiled()
+    engines = [Engine.for_model(m, methods.make_method(m, "ar").hierarchy, shapes)
+               for m in (model, flat)]
+    assert engines[0].program_key() != engines[1].program_key()
+    assert barriers(engines[1].lower().as_text()) > barriers(engines[0].lower().as_text())
+    assert run(flat) == run(model)

@@ -301,4 +301,4 @@ def test_an_engine_key_is_its_repr_and_the_trace_settings():
                                   Shapes(batch=1, capacity=64, prompt_block=16))
         key = engine.program_key()
         assert key.startswith(repr(engine)) and " at 0x" not in key
-        assert "flat_attention_output=" in key and "sharding_rules=" in key
+        assert "flat_attention_output=False" in key and "sharding_rules=" in key

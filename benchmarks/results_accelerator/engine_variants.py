@@ -16,10 +16,10 @@ bracket drift. Studies:
                          H200 run of 2026-11-26 had found the default model's AR step at 1.05
                          ms where its layers and head, timed alone, take 0.58 ms.
   flat-attention-output  the attention output flattened behind an optimization barrier before
-                         the o projection (`transformer.FLAT_ATTENTION_OUTPUT`): the 8B
+                         the o projection (`ModelConfig.flat_attention_output`): the 8B
                          profile of 2026-11-27 found XLA writing x_i * wo_io out in full.
   fused-projections      q/k/v as one product and gate/up as another (`params.fuse_layer`,
-                         on the backends of `params.FUSED_PROJECTIONS`): the models' weights
+                         `load_model(fused=True)`): the models' weights
                          are laid out again for each variant, 4 products a layer instead of 7.
   int8-weights           weight-only int8 layer projections (`params.quantize_layer`) against
                          the model's dtype; the default model's departures from its own
@@ -45,7 +45,6 @@ from hispec_jax.bench.oracle import in_layout
 from hispec_jax.bench.suite import MethodSpec, device_description
 from hispec_jax.decoding import engine as engine_lib
 from hispec_jax.models import params as params_lib
-from hispec_jax.models import transformer
 
 LOOP_COMMANDS = "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,CONDITIONAL,WHILE"
 
@@ -54,17 +53,12 @@ def compiler_options(options: dict):
     return lambda: engine_lib.COMPILER_OPTIONS.__setitem__(jax.default_backend(), options)
 
 
-def flat_attention_output(on: bool):
-    return lambda: setattr(transformer, "FLAT_ATTENTION_OUTPUT",
-                           frozenset({jax.default_backend()} if on else ()))
+# The studies' model switches, read by `relaid`.
+LAYOUT = {"int8": False, "fused": False, "flat_attention_output": False}
 
 
-def fused_projections(on: bool):
-    return lambda: setattr(params_lib, "FUSED_PROJECTIONS",
-                           frozenset({jax.default_backend()} if on else ()))
-
-
-INT8 = {"weights": False}  # the int8-weights study's switch, read by `relaid`
+def layout(**switches):
+    return lambda: LAYOUT.update(switches)
 
 
 SHIPPED_OPTIONS = {k: dict(v) for k, v in engine_lib.COMPILER_OPTIONS.items()}
@@ -75,7 +69,7 @@ def int8_weights(on: bool, triton_gemm: bool = False):
     `triton_gemm`, XLA:GPU's Triton GEMM emitter for every dot (a product whose operand is
     converted from int8 is then one fusion reading the int8 weight)."""
     def set_up():
-        INT8["weights"] = on
+        LAYOUT["int8"] = on
         options = dict(SHIPPED_OPTIONS.get(jax.default_backend(), {}))
         if triton_gemm:
             options["xla_gpu_triton_gemm_any"] = True
@@ -84,11 +78,15 @@ def int8_weights(on: bool, triton_gemm: bool = False):
 
 
 def relaid(model):
-    """`model` in its layout with the current defaults (out-major, fused: `params`) and
-    int8 weights where the study says so."""
-    layout = params_lib.layer_layout(model.params)
-    return dataclasses.replace(model, params=params_lib.with_layer_layout(
-        model.params, layout, int8=INT8["weights"] and layout == "unrolled"))
+    """`model` with the study's switches: fused projections, int8 weights (unrolled layout
+    only) and the flattened attention output (`LAYOUT`)."""
+    kind = params_lib.layer_layout(model.params)
+    unrolled = kind == "unrolled"
+    return dataclasses.replace(
+        model, cfg=model.cfg.replace(flat_attention_output=LAYOUT["flat_attention_output"]),
+        params=params_lib.with_layer_layout(model.params, kind,
+                                            fused=LAYOUT["fused"] and unrolled,
+                                            int8=LAYOUT["int8"] and unrolled))
 
 
 STUDIES = {  # study -> variant label -> set-up (the first label is what ships)
@@ -98,11 +96,11 @@ STUDIES = {  # study -> variant label -> set-up (the first label is what ships)
         "loop in command buffers": compiler_options(
             {"xla_gpu_enable_command_buffer": LOOP_COMMANDS})},
     "flat-attention-output": {
-        "as shipped": flat_attention_output(False),
-        "barrier before the o projection": flat_attention_output(True)},
+        "as shipped": layout(flat_attention_output=False),
+        "barrier before the o projection": layout(flat_attention_output=True)},
     "fused-projections": {
-        "as shipped": fused_projections(False),
-        "q/k/v and gate/up fused": fused_projections(True)},
+        "as shipped": layout(fused=False),
+        "q/k/v and gate/up fused": layout(fused=True)},
     "int8-weights": {
         "as shipped": int8_weights(False),
         "weight-only int8": int8_weights(True),
@@ -116,9 +114,8 @@ def time_variant(set_up, models: dict, progress) -> dict:
     for name, (model, specs, always_agree) in list(models.items()):  # in place: one copy
         models[name] = (relaid(model), specs, always_agree)
     out = {"compiler_options": engine_lib.compiler_options(),
-           "flat_attention_output": sorted(transformer.FLAT_ATTENTION_OUTPUT),
-           "fused_projections": sorted(params_lib.FUSED_PROJECTIONS),
-           "int8_weights": INT8["weights"]}
+           "flat_attention_output": LAYOUT["flat_attention_output"],
+           "fused_projections": LAYOUT["fused"], "int8_weights": LAYOUT["int8"]}
     for name, (model, specs, always_agree) in models.items():
         t0 = time.perf_counter()
         try:

@@ -32,10 +32,10 @@
 #   profile_8b             a profiler trace of 8B AR, its kernels summed by name and matched
 #                          to their HLO (profile_ar.py; H200: 28 s)
 #   oproj_barrier          8B AR and the default model with and without the optimization
-#                          barrier before the o projection (transformer.FLAT_ATTENTION_OUTPUT);
+#                          barrier before the o projection (ModelConfig.flat_attention_output);
 #                          the next lease's first part                                 ~150
 #   fused_8b               8B AR and the default model with q/k/v and gate/up fused into one
-#                          product each (params.FUSED_PROJECTIONS); the next lease's second
+#                          product each (load_model(fused=True)); the next lease's second
 #                          part                                                 ~150 (CPU-tested)
 #   int8_8b                8B AR and the default model with weight-only int8 projections
 #                          (load_model(quantize="int8")) against bf16            ~150 (CPU-tested)

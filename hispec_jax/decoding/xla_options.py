@@ -11,12 +11,12 @@ That case is a loop whose attention reads the whole cache, with no span branch
 (`transformer.attention_spans` gives one span: capacities below 256, e.g. 128 and 192, a
 short chat). There a decoding step's attention of one query (products and reductions,
 `transformer._attend_single_query`) reads the layer it just updated inline, and XLA:CPU's
-own reduction loops make the step twice as slow; YNNPACK's reductions do not (AR 1.9x
-faster on the shipped model, 1.4x on SmolLM2, at capacity 192). The rounds program of such
+own reduction loops make the step much slower; YNNPACK's reductions do not
+(docs/startup.md). The rounds program of such
 a loop adds `ONE_SPAN_OPTIONS`: the reductions only (a few hundred fusions, a fast load);
 not prompt lookup's, whose block passes gain nothing from them
 (`compile_cache.rounds_options`). With span branches the reductions run as fast without
-YNNPACK, and at 1024 slots 10 % slower with it (docs/startup.md).
+YNNPACK, and slower with it at large capacities (docs/startup.md).
 """
 
 YNN_FUSION_TYPES = "xla_cpu_experimental_ynn_fusion_type"

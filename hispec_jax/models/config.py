@@ -47,6 +47,12 @@ class ModelConfig:
         (with TF32, HiSpec's greedy output departs from AR's on an H100: docs/numerics.md).
         "default" is faster on GPUs/TPUs and gives up that guarantee; bfloat16 models'
         inputs are exact either way.
+      flat_attention_output: a layout choice, not architecture (no token changes): the
+        attention output, flattened to [B, T, N*H], passes an optimization barrier before
+        the o projection, which keeps XLA from bitcasting wo to [N, H, D] (on a GPU that
+        turned the projection into a full x_i * wo_io product and a second reduction;
+        docs/accelerator_checks.md). Off by default; the accelerator runbook times it. Part
+        of every compile key (the engine's key holds the config).
     """
 
     model_type: str
@@ -65,6 +71,7 @@ class ModelConfig:
     qk_norm: bool = False
     dtype: str = "float32"
     matmul_precision: str = "highest"
+    flat_attention_output: bool = False
 
     def __post_init__(self):
         if self.model_type not in SUPPORTED_MODEL_TYPES:

@@ -134,9 +134,8 @@ def _tied_head(x_BxTxD: jax.Array, embed_VxD: jax.Array, precision) -> jax.Array
     On XLA:CPU a block of 2..`EMBED_LHS_MAX_ROWS` rows is computed as `E @ x^T` -> [V, B, T],
     then transposed: the same products, with the large [V, D] matrix as the left operand.
     As `x @ E^T`, the YNNPACK GEMM that serves every dot of more than one row repacks the
-    whole embedding (113 MB on SmolLM2-135M) on each call, which makes the head of a short
-    verification block cost about 1.6x what it does as `E @ x^T` on a CPU
-    (docs/layer_layouts.md). One row stays `x @ E^T` (XLA's own matrix-vector product: the
+    whole embedding on each call, which makes the head of a short verification block cost
+    much more than it does as `E @ x^T` on a CPU (docs/layer_layouts.md). One row stays `x @ E^T` (XLA's own matrix-vector product: the
     AR step), and so do larger blocks (prefill chunks, training) and other backends, where
     the repacking is not measured. `weight_left_matmul`'s optimization barrier keeps XLA
     from folding the transpose back into `x @ E^T`. Only the summation order changes

@@ -263,13 +263,6 @@ FUSED_AXES = {"wqkv": ("embed", "kv_heads", None, "head_dim"), "w_gate_up": ("em
 # `name + SCALE_SUFFIX` (`quantize_layer`).
 SCALE_SUFFIX = "_scale"
 WEIGHT_QUANTIZATIONS = ("int8",)
-# Backends (`jax.default_backend()`) on which `load_model` fuses the unrolled layout's
-# projections by default (`default_fused`). None, as measured: on XLA:CPU (SmolLM2-135M,
-# 2 cores) a fused AR step took 0.94x the time, but a verify block of 4-16 positions
-# 1.11-1.18x and a batch of 8 at 1-2 positions 1.13-1.35x (the products' outputs are sliced
-# apart again; docs/layer_layouts.md, "Fused projections"); on a GPU a candidate the
-# accelerator runbook times (`engine_variants.py --study fused-projections`).
-FUSED_PROJECTIONS: frozenset[str] = frozenset()
 # Out-major storage of projection `name`: key `name + OUT_MAJOR_SUFFIX`, axes [out..., in...].
 OUT_MAJOR_SUFFIX = "_T"
 
@@ -431,9 +424,11 @@ def is_fused(params: Params) -> bool:
 
 
 def default_fused() -> bool:
-    """Whether `load_model` fuses the unrolled layout's projections: on the backends of
-    `FUSED_PROJECTIONS` (none by default, as measured; `fused=True` still selects it)."""
-    return jax.default_backend() in FUSED_PROJECTIONS
+    """Whether `load_model` fuses the unrolled layout's projections: on no backend. On
+    XLA:CPU the fused products are sliced apart again and verify blocks and batches cost
+    more (docs/layer_layouts.md, "Fused projections"); accelerators are not measured yet
+    (the runbook's fused-projections study). `fused=True` still selects it."""
+    return False
 
 
 def layer_layout(params: Params) -> str:
@@ -446,21 +441,19 @@ def default_layer_layout() -> str:
 
     Scanning slices each layer's weights out of the stacked arrays inside the loop, and
     XLA:CPU and XLA:GPU materialize those slices (copies of every layer's weights at every
-    decoding step): AR at Llama-3-8B shapes on an H100 is 2.6x faster unrolled, and on CPU
-    the scanned step accesses ~2x the analytic bytes; unrolled compiles in time linear in
-    depth (docs/layer_layouts.md). On TPU XLA reads the slices in place, and the scan keeps
+    decoding step: AR at 8B shapes on a GPU and on CPU is much faster unrolled); unrolled
+    compiles in time linear in depth (docs/layer_layouts.md). On TPU XLA reads the slices in place, and the scan keeps
     compile time flat (not measured by this project: no TPU)."""
     return "scan" if jax.default_backend() == "tpu" else "unrolled"
 
 
 def default_out_major() -> bool:
     """Whether the unrolled layout stores the layer projections out-major (the weight as a
-    block's left operand, `transformer.project`): no backend, as measured. It paid on XLA:CPU
-    while YNNPACK served its dots (a verify pass over 4-8 positions 10 % cheaper on
-    SmolLM2-135M, since YNNPACK repacked a right-hand weight on every call); with the
-    YNNPACK fusions off (`engine.COMPILER_OPTIONS["cpu"]`) a verify pass over 2-4 positions
-    costs 1.3x canonical and 0.96x at 8 (docs/layer_layouts.md). Accelerators are not
-    measured and keep the canonical order. `out_major=True` still selects it."""
+    block's left operand, `transformer.project`): on no backend. It paid on XLA:CPU only
+    while YNNPACK repacked a right-hand weight on every call; with the YNNPACK fusions off
+    (`engine.COMPILER_OPTIONS["cpu"]`) it costs more at short blocks (docs/layer_layouts.md).
+    Accelerators are not measured and keep the canonical order. `out_major=True` still
+    selects it."""
     return False
 
 

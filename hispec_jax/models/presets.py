@@ -104,9 +104,11 @@ def apply_overrides(cfg: ml_collections.ConfigDict, overrides: dict[str, str]) -
 
 def model_config_from_ml_collections(cfg: ml_collections.ConfigDict) -> ModelConfig:
     """The `ModelConfig` a preset describes; every ModelConfig field must be present, except
-    `matmul_precision` (a numerics setting, not architecture: "highest" when absent)."""
+    `matmul_precision` and `flat_attention_output` (numerics and layout settings, not
+    architecture: their defaults when absent)."""
     fields = [f.name for f in dataclasses.fields(ModelConfig)]
-    missing = [k for k in fields if k not in cfg and k != "matmul_precision"]
+    missing = [k for k in fields if k not in cfg
+               and k not in ("matmul_precision", "flat_attention_output")]
     if missing:
         raise ValueError(f"model config is missing key(s) {missing}")
     unknown = sorted(set(cfg.keys()) - set(fields))

@@ -214,9 +214,8 @@ def _over_used_slots(attend, seen_BxT, capacity: int, keys_BxKxSxH, values_BxKxS
         read      |<-------- n2 --------->|                   the first span >= max(seen)
 
     One `lax.switch` branch per span, each slicing statically, so a cache planned for long
-    requests costs what it holds: on SmolLM2 at S = 2048 with 330 slots valid a verify
-    pass over 8 positions takes 48.6 ms instead of 87.0, and each pass compiles in 2-3.5x
-    the time, every span being a branch (docs/layer_layouts.md). The masked slots past the
+    requests costs what it holds, at the price of longer compiles, every span being a
+    branch (docs/layer_layouts.md). The masked slots past the
     span contribute exp(-1e30 - m) = 0, so the result is the same up to the summation order
     of the softmax's sums.
 
@@ -253,14 +252,6 @@ def _attend_single_query(q_BxKxGxH, keys_BxKxSxH, values_BxKxSxH, visible_BxS):
     return jnp.sum(weighted, axis=-2).astype(values_BxKxSxH.dtype)
 
 
-# Platforms (`jax.default_backend()`) on which the attention output, flattened to
-# [B, T, N*H], passes an optimization barrier before the o projection. The barrier keeps
-# XLA from bitcasting wo to [N, H, D] to match the attention's [K, G, H] output, which on a
-# GPU turns the projection into a full x_i * wo_io product and a second reduction kernel
-# (docs/accelerator_checks.md). It changes no token; it is a candidate to be timed per
-# platform (the engine's accelerator probes set it), so it is empty by default. Read when a
-# loop is traced: `engine.clear_compiled()` after a change.
-FLAT_ATTENTION_OUTPUT: frozenset[str] = frozenset()
 
 
 def _attention_output(layer_params, cfg: ModelConfig, out_BxTxKxGxH):
@@ -269,7 +260,7 @@ def _attention_output(layer_params, cfg: ModelConfig, out_BxTxKxGxH):
     B, T = out_BxTxKxGxH.shape[:2]
     NH = cfg.num_heads * cfg.head_dim
     flat_BxTxNH = out_BxTxKxGxH.reshape(B, T, NH)
-    if jax.default_backend() in FLAT_ATTENTION_OUTPUT:
+    if cfg.flat_attention_output:  # (`ModelConfig.flat_attention_output`)
         flat_BxTxNH = jax.lax.optimization_barrier(flat_BxTxNH)
     return project(layer_params, "wo", flat_BxTxNH, cfg.precision)
 

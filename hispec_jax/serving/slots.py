@@ -41,11 +41,8 @@ speculation shrinks towards AR steps as slots fill and comes back as they empty,
 recompilation. Outputs do not change: a greedy sequence's tokens are AR's whatever the
 batch, and a sampling sequence's draws and gate never depend on the rest of the batch.
 
-A riding chunk costs the streams its extra compute, not a pass: on SmolLM2-135M with 7
-slots decoding on a 2-core CPU, an AR round with 16 prompt positions riding it takes 1.26x
-a round alone, a round and a separate chunk of 16 1.87x (prompt lookup: 1.26x and 1.35x);
-with 64 riding 2.22x, separately 2.85x (lookup: 1.68x and 1.83x); docs/serving.md,
-"Resumable runs and slots". Which of the two chunk sizes rides is the scheduler's choice
+A riding chunk costs the streams its extra compute, not a pass of its own (measured in
+docs/serving.md, "Resumable runs and slots"). Which of the two chunk sizes rides is the scheduler's choice
 (its time budget).
 
 The compiled programs of an engine are a fixed set, whatever the prompts: the empty state,

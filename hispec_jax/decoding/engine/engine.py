@@ -22,7 +22,7 @@ from hispec_jax.decoding.engine.state import Counters, EngineState
 from hispec_jax.decoding.prefill import prefill
 from hispec_jax.decoding.request import Request
 from hispec_jax.decoding.sampling import SamplingArrays, choose_tokens
-from hispec_jax.models import sharding, transformer
+from hispec_jax.models import sharding
 from hispec_jax.models.config import ModelConfig
 from hispec_jax.models.heads import exit_logits
 from hispec_jax.models.kv_cache import KVCache
@@ -61,8 +61,7 @@ class Program:
 
 def _trace_settings() -> str:
     """The module settings a trace reads, for the program keys."""
-    return (f"flat_attention_output={sorted(transformer.FLAT_ATTENTION_OUTPUT)}"
-            f"\nsharding_rules={sorted(sharding.RULES.items())}")
+    return f"sharding_rules={sorted(sharding.RULES.items())}"
 
 
 def _signature(tree) -> tuple:
@@ -300,7 +299,7 @@ class Engine:
         """The loop's key in the cross-process program cache: this engine's repr (its fields
         are frozen dataclasses, tuples, tree definitions and shardings: equal text across
         processes exactly when the engines are equal) and the module settings the trace
-        reads (`transformer.FLAT_ATTENTION_OUTPUT`, `sharding.RULES`)."""
+        reads (`sharding.RULES`)."""
         return f"{self!r}\n{_trace_settings()}"
 
     def prefill_key(self) -> str:
