@@ -33,7 +33,7 @@ STAT_KEYS = ("exits", "acceptance_rate_per_level", "final_acceptance_rate", "tru
              "layer_passes", "actions_per_level", "rounds", "new_tokens", "tokens_per_round",
              "verified_length_histogram", "draft_exit_histogram", "lookup",
              "head_evals_per_exit", "work_per_token", "head_work_per_token", "ar_work_per_token",
-             "work_speedup")
+             "work_speedup", "draft_model")
 
 
 @dataclasses.dataclass(frozen=True)
