@@ -242,12 +242,12 @@ def specs(model, lookup: int | None, recommended: bool = False, draft=None,
     from hispec_jax.decoding import options as options_lib
 
     k = {} if lookup is None else {"lookup": lookup}
-    draft, _ = methods.default_exits(model)
+    exit_, _ = methods.default_exits(model)
     out = [suite.MethodSpec.of("ar", "ar"),
            suite.MethodSpec.of("lookup", "lookup", **k),
-           suite.MethodSpec.of(f"layerskip d={draft}", "layerskip", draft_exit=draft),
-           suite.MethodSpec.of(f"lookup under layerskip d={draft}", "layerskip",
-                               draft_exit=draft, lookup=lookup or _under_exits_k())]
+           suite.MethodSpec.of(f"layerskip d={exit_}", "layerskip", draft_exit=exit_),
+           suite.MethodSpec.of(f"lookup under layerskip d={exit_}", "layerskip",
+                               draft_exit=exit_, lookup=lookup or _under_exits_k())]
     if recommended:  # make_method's defaults: the model's recommended plan
         for method in ("layerskip", "hispec"):
             name = f"{method} (recommended: {_describe(methods.make_method(model, method))})"
