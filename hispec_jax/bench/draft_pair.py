@@ -18,13 +18,16 @@ rounds (`suite.compare`, decoding loop time) beside AR, and is checked token-ide
 AR. What a round costs by the gate's cost model (`gate.exit_round_cost` with the bonus),
 in units of the target's AR step:
 
-    cost(w)  = w f_0 + C(1, w + 1)        f_0: a draft step's share of a target pass
+    cost(w)  = w f_0 + C(1, T)            f_0: a draft step's share of a target pass
     speedup  = tokens per round / cost(w)        (w: draft steps per round, as run)
 
 with C(1, T) the target's pass over T positions over its AR step as timed here
-(`gate.time_passes`, the pass-cost tool's timing), and f_0 twice: by multiply-adds, as the
-gate prices it (`DraftModelDrafter.pass_fractions`), and as timed here (the draft model's
-AR step over the target's). Efficiency is measured over predicted speedup.
+(`gate.time_passes`, the pass-cost tool's timing) at the block the loop compiles (T = k + 1
+ungated; gated, the power of two >= w + 1, `DraftModelDrafter.level_blocks`), and f_0
+twice: by multiply-adds, as the gate prices it (`DraftModelDrafter.pass_fractions`), and as
+timed here (the draft model's AR step over the target's). Efficiency is measured over
+predicted speedup. The last columns put the same in milliseconds: a round's wall time in
+the loop against its passes timed alone; the difference is the engine's own work.
 
     hispec bench-tool draft-model                       # 24 x 512 target, 6-layer drafts
     hispec bench-tool draft-model --layers 8 --hidden 64 --draft-layers 2 --rounds 1
@@ -35,6 +38,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import types
 from pathlib import Path
@@ -102,6 +106,7 @@ def run(target: Model, agree: Model, disagree: Model, *, k: int, prompts: int, p
     """Times AR, the agreeing draft (ungated and gated) and the disagreeing one (gated and
     ungated) on `target` side by side, and prices each row by the cost model."""
     tick = progress or (lambda msg: None)
+    load_start = os.getloadavg()[0]
     rng = np.random.RandomState(seed)
     token_prompts = [rng.randint(3, target.cfg.vocab_size, prompt_len).tolist()
                      for _ in range(prompts)]
@@ -122,11 +127,12 @@ def run(target: Model, agree: Model, disagree: Model, *, k: int, prompts: int, p
     tick("pass costs")
     context = prompt_len + max_new_tokens // 2
     pass_capacity = -(-(context + 2 * k + 2) // 64) * 64
-    target_s = suite_time_passes(target, [(1, T) for T in range(1, k + 2)], context,
+    top = max(k + 1, power_of_two(k + 1))  # the gated loop's blocks are powers of two
+    target_s = suite_time_passes(target, [(1, T) for T in range(1, top + 1)], context,
                                  pass_capacity, repeats)
     draft_s = suite_time_passes(agree, [(1, 1)], context, pass_capacity, repeats)
     random_s = suite_time_passes(disagree, [(1, 1)], context, pass_capacity, repeats)
-    C = {T: target_s[1, T] / target_s[1, 1] for T in range(1, k + 2)}
+    C = {T: target_s[1, T] / target_s[1, 1] for T in range(1, top + 1)}
     f_macs = draft_fraction_by_macs(target, agree, k)
     f_timed = {"always agrees": draft_s[1, 1] / target_s[1, 1],
                "never agrees": random_s[1, 1] / target_s[1, 1]}
@@ -145,27 +151,49 @@ def run(target: Model, agree: Model, disagree: Model, *, k: int, prompts: int, p
                "new_tokens": stats["new_tokens"],
                "acceptance_rate": dm.get("acceptance_rate"),
                "draft_steps": dm.get("draft_steps"), "proposed": dm.get("proposed")}
+        # wall time per round (rounds of every prompt; the prompts run one after another)
+        row["ms_per_round"] = 1e3 * float(np.median(result.seconds)) / stats["rounds"]
         if spec.method == "draft":
             steps_per_round = dm["draft_steps"] / stats["rounds"]
-            # a round's block: w drafts and the bonus's position (the gate's windows vary:
-            # priced at the mean window, blocks interpolated)
-            block = steps_per_round + 1
-            lo = int(np.floor(block))
-            hi = min(lo + 1, k + 1)
-            c_block = C[lo] + (block - lo) * (C[hi] - C[lo])
+            c_block = block_cost(C, steps_per_round, k, gated=dict(spec.options).get(
+                "draft_gate", True))
             for tag, f in (("macs", f_macs), ("timed", f_timed[drafts])):
                 cost = steps_per_round * f + c_block
                 row[f"predicted_x_ar_{tag}"] = stats["tokens_per_round"] / cost
                 row[f"efficiency_{tag}"] = row["x_ar"] / row[f"predicted_x_ar_{tag}"]
             row["draft_steps_per_round"] = steps_per_round
+            # the round's passes as timed alone: the rest is the engine's own
+            row["predicted_ms_per_round"] = 1e3 * (steps_per_round * f_timed[drafts]
+                                                   + c_block) * target_s[1, 1]
+        else:
+            row["predicted_ms_per_round"] = 1e3 * target_s[1, 1]
         rows.append(row)
-    return {"device": suite.device_description(), "target": describe(target),
+    return {"device": suite.device_description(),
+            "load_average": [round(load_start, 2), round(os.getloadavg()[0], 2)],
+            "target": describe(target),
             "draft": describe(agree), "k": k, "prompts": prompts, "prompt_len": prompt_len,
             "max_new_tokens": max_new_tokens, "rounds": rounds, "capacity": capacity,
             "pass_context": context, "target_pass_seconds": {T: target_s[1, T] for T in C},
             "C": C, "draft_step_seconds": draft_s[1, 1], "random_draft_step_seconds": random_s[1, 1],
             "f_draft_macs": f_macs, "f_draft_timed": f_timed["always agrees"],
             "f_random_draft_timed": f_timed["never agrees"], "rows": rows}
+
+
+def power_of_two(n: int) -> int:
+    return 1 << (max(n, 1) - 1).bit_length()
+
+
+def block_cost(C: dict[int, float], steps_per_round: float, k: int, gated: bool) -> float:
+    """C(1, T) of the block level 1 runs at a mean of `steps_per_round` drafts: k + 1
+    ungated (its one compiled block); gated, the power-of-two block of w + 1 positions
+    (`DraftModelDrafter.level_blocks`), interpolated between the blocks of the two windows
+    around the mean."""
+    if not gated:
+        return C[k + 1]
+    lo_w = int(np.floor(steps_per_round))
+    hi_w = min(lo_w + 1, k)
+    lo, hi = C[power_of_two(lo_w + 1)], C[power_of_two(hi_w + 1)]
+    return lo + (steps_per_round - lo_w) * (hi - lo)
 
 
 def suite_time_passes(model: Model, shapes, context: int, capacity: int, repeats: int):
@@ -187,11 +215,13 @@ def markdown(report: dict[str, Any]) -> str:
              f"(always agrees: the target's own first layers; never agrees: random weights). "
              f"k = {k}; {report['prompts']} random prompts of {report['prompt_len']} tokens, "
              f"{report['max_new_tokens']} new tokens, batch 1, greedy, "
-             f"{report['rounds']} interleaved rounds (median, decoding loop time).", "",
+             f"{report['rounds']} interleaved rounds (median, decoding loop time). Load "
+             f"average {report['load_average'][0]:.2f} at the start, "
+             f"{report['load_average'][1]:.2f} at the end.", "",
              "| drafts | method | tokens/s | x AR | paired x AR | tokens / round | draft steps / round "
              "| acceptance | predicted x AR (f_0 by MACs) | efficiency | predicted x AR (f_0 timed) "
-             "| efficiency | identical to AR |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| efficiency | ms / round | its passes alone, ms | identical to AR |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["rows"]:
         lines.append(
             f"| {r['drafts']} | {r['name']} | {r['tokens_per_second']:.1f} | {r['x_ar']:.3f} "
@@ -199,6 +229,7 @@ def markdown(report: dict[str, Any]) -> str:
             f"| {f(r.get('draft_steps_per_round'))} | {f(r['acceptance_rate'], 3)} "
             f"| {f(r.get('predicted_x_ar_macs'), 3)} | {f(r.get('efficiency_macs'), 3)} "
             f"| {f(r.get('predicted_x_ar_timed'), 3)} | {f(r.get('efficiency_timed'), 3)} "
+            f"| {r['ms_per_round']:.1f} | {r['predicted_ms_per_round']:.1f} "
             f"| {r['identical_to_ar']} |")
     C = ", ".join(f"T={T}: {c:.2f}" for T, c in report["C"].items())
     lines += ["", f"Target pass over T positions / its AR step (context {report['pass_context']}): "
