@@ -54,9 +54,12 @@ def tune(model: Model, batch_size: int = 1, *, quick: bool = False,
             settings.new_tokens, batch_size, settings.capacity, progress, k=max(draft_ks))
         priced = draft_plans.plans(draft["alpha"], draft["step_ratio"], cal.costs,
                                    model.cfg.num_layers, draft_ks, draft_gate)
-        best = max(priced, key=lambda p: p.predicted_tokens_per_second)
-        ranked = sorted(plans + priced, key=lambda p: -p.predicted_tokens_per_second)[:top]
-        plans = ranked if best in ranked else ranked[:max(top - 1, 1)] + [best]
+        # the search's list stays whole (its top, then the best of each kind); the draft
+        # plans that rank among the top join it, the best of them always
+        speed = lambda p: -p.predicted_tokens_per_second  # noqa: E731
+        ranked = sorted(plans + priced, key=speed)[:top]
+        joining = [p for p in priced if p in ranked] or [min(priced, key=speed)]
+        plans = sorted(plans + joining, key=speed)
     path = None
     if save:
         payload = plan_lib.plan_payload(model, batch_size, plans, cal,
