@@ -174,8 +174,7 @@ def test_tune_ranks_measured_draft_plans_with_the_others(tmp_path, monkeypatch):
     assert draft["alpha"] > 0.99 and draft["k"] == 3 and 0 < draft["step_ratio"]
     names = [p.name() for p in report["plans"]]
     assert any(n.startswith("draft model k=") for n in names)
-    assert [p.predicted_tokens_per_second for p in report["plans"]] == sorted(
-        (p.predicted_tokens_per_second for p in report["plans"]), reverse=True)
+    assert report["chosen_by"].startswith("measurement")  # --verify ranks by measurement
     rows = {r["plan"]: r for r in report["verify"]}
     drafted = [n for n in names if n.startswith("draft model")]
     assert all(rows[n]["measured_tokens_per_second"] > 0 for n in drafted)
