@@ -24,7 +24,7 @@ def test_listing_names_every_tool_with_its_description(capsys):
             assert any(line.split()[:1] == [tool] and line.endswith(description)
                        for line in lines), tool
     assert set(tools.TOOLS) == {"compare", "oracle", "pass-cost", "accelerator", "serve", "tasks",
-                                "work"}
+                                "work", "draft-model"}
 
 
 def test_listing_imports_neither_jax_nor_torch():

@@ -33,26 +33,33 @@ STAT_KEYS = ("exits", "acceptance_rate_per_level", "final_acceptance_rate", "tru
              "layer_passes", "actions_per_level", "rounds", "new_tokens", "tokens_per_round",
              "verified_length_histogram", "draft_exit_histogram", "lookup",
              "head_evals_per_exit", "work_per_token", "head_work_per_token", "ar_work_per_token",
-             "work_speedup")
+             "work_speedup", "draft_model")
 
 
 @dataclasses.dataclass(frozen=True)
 class MethodSpec:
     """A named hispec-jax decoding method: `generate(model, ..., method=method, **options)`
     (`lookup_cost`: the pass costs its gates weigh, a `gate.PassCost`; None: `generate`'s
-    default, this host's kept measurement or the backend's)."""
+    default, this host's kept measurement or the backend's; `draft`: a draft `Model` the
+    method runs with, `Model.with_draft`, so the other rows of a comparison keep the model
+    without one)."""
 
     name: str
     method: str
     options: tuple[tuple[str, Any], ...] = ()
     lookup_cost: Any = dataclasses.field(default=None, compare=False)
+    draft: Any = dataclasses.field(default=None, compare=False)
 
     @classmethod
-    def of(cls, name: str, method: str, lookup_cost=None, **options) -> "MethodSpec":
-        return cls(name, method, tuple(sorted(options.items())), lookup_cost)
+    def of(cls, name: str, method: str, lookup_cost=None, draft=None, **options) -> "MethodSpec":
+        return cls(name, method, tuple(sorted(options.items())), lookup_cost, draft)
+
+    def bound(self, model: Model) -> Model:
+        """The model this method decodes: `model` with the spec's draft model, if any."""
+        return model if self.draft is None else model.with_draft(self.draft)
 
     def decoder(self, model: Model) -> methods.Decoder:
-        return methods.make_method(model, self.method, **dict(self.options))
+        return methods.make_method(self.bound(model), self.method, **dict(self.options))
 
 
 @dataclasses.dataclass
@@ -119,6 +126,7 @@ def hispec_runner(model: Model, prompts: list[list[int]], spec: MethodSpec, *,
     EOS is ignored (every prompt gets `max_new_tokens`) unless `stop_at_eos`: then each
     prompt stops at `generate_lib.stop_token_ids(model, chat)` (`chat`: the prompts were
     rendered with the chat template, so its end-of-turn tokens stop them too)."""
+    model = spec.bound(model)
     decoder = spec.decoder(model)
     prompt_ids = generate_lib.prompt_token_ids(model, prompts)
     stops = generate_lib.stop_token_ids(model, chat) if stop_at_eos else ()

@@ -158,6 +158,13 @@ def parse_args(argv=None):
                    help="--auto: choose the plan by timing the tune's plans (the best 2 "
                         "predicted and the best of each kind) on the calibration prompts, as "
                         "`hispec tune --verify` does")
+    p.add_argument("--draft-model", default=None, metavar="PATH",
+                   help="also a draft model row: PATH (a smaller model of the same vocabulary) "
+                        "drafts for the model (method draft)")
+    p.add_argument("--draft-k", type=int, default=None, metavar="K",
+                   help="--draft-model: most drafts a round (default 5)")
+    p.add_argument("--no-draft-gate", dest="draft_gate", action="store_const", const=False,
+                   default=None, help="--draft-model: K drafts every round (no acceptance gate)")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     return p.parse_args(argv)
 
@@ -184,6 +191,27 @@ def check_args(args) -> None:
             raise ValueError(f"--lookup {args.lookup}: {e.allowed}") from None
     if args.model is not None and not os.path.exists(args.model):
         raise ValueError(f"--model {args.model}: no such file or directory")
+    check_draft_args(args)
+
+
+def check_draft_args(args) -> None:
+    """--draft-model, --draft-k, --no-draft-gate: one-line errors before anything loads."""
+    draft = getattr(args, "draft_model", None)
+    if draft is None:
+        for name in ("draft_k", "draft_gate"):
+            if getattr(args, name, None) is not None:
+                flag = "--no-draft-gate" if name == "draft_gate" else "--draft-k"
+                raise ValueError(f"{flag} sets the draft model's row: give --draft-model too")
+        return
+    if not os.path.exists(draft):
+        raise ValueError(f"--draft-model {draft}: no such file or directory")
+    if args.draft_k is not None:
+        from hispec_jax.decoding import options as options_lib
+
+        try:
+            options_lib.check_method_options("draft", draft=draft, draft_k=args.draft_k)
+        except options_lib.OptionError as e:
+            raise ValueError(f"--draft-k {args.draft_k}: {e.allowed}") from None
 
 
 def hf_runner(hf_model, prompts, new_tokens: int, name: str, lookup: int | None = None,
@@ -205,24 +233,32 @@ def hf_runner(hf_model, prompts, new_tokens: int, name: str, lookup: int | None 
     return suite.Runner(name, warmup, lambda: run().seconds[0])
 
 
-def specs(model, lookup: int | None, recommended: bool = False):
-    """Our methods of the comparison (AR first: the reference)."""
+def specs(model, lookup: int | None, recommended: bool = False, draft=None,
+          draft_k: int | None = None, draft_gate: bool | None = None):
+    """Our methods of the comparison (AR first: the reference); with `draft` (a draft
+    `Model`), its row too (method "draft", `draft_k`, `draft_gate`)."""
     from hispec_jax.bench import suite
     from hispec_jax.decoding import methods
+    from hispec_jax.decoding import options as options_lib
 
     k = {} if lookup is None else {"lookup": lookup}
-    draft, _ = methods.default_exits(model)
+    exit_, _ = methods.default_exits(model)
     out = [suite.MethodSpec.of("ar", "ar"),
            suite.MethodSpec.of("lookup", "lookup", **k),
-           suite.MethodSpec.of(f"layerskip d={draft}", "layerskip", draft_exit=draft),
-           suite.MethodSpec.of(f"lookup under layerskip d={draft}", "layerskip",
-                               draft_exit=draft, lookup=lookup or _under_exits_k())]
+           suite.MethodSpec.of(f"layerskip d={exit_}", "layerskip", draft_exit=exit_),
+           suite.MethodSpec.of(f"lookup under layerskip d={exit_}", "layerskip",
+                               draft_exit=exit_, lookup=lookup or _under_exits_k())]
     if recommended:  # make_method's defaults: the model's recommended plan
         for method in ("layerskip", "hispec"):
             name = f"{method} (recommended: {_describe(methods.make_method(model, method))})"
             out += [suite.MethodSpec.of(name, method),
                     suite.MethodSpec.of(f"lookup under {name}", method,
                                         lookup=lookup or _under_exits_k())]
+    if draft is not None:
+        k = options_lib.DEFAULT_DRAFT_K if draft_k is None else draft_k
+        options = {"draft_k": k, **({} if draft_gate is None else {"draft_gate": draft_gate})}
+        name = f"draft model k={k}" + (" ungated" if draft_gate is False else "")
+        out.append(suite.MethodSpec.of(name, "draft", draft=draft, **options))
     return out
 
 
@@ -277,7 +313,9 @@ def run_task(model, hf_model, task: str, args, costs_from=None) -> dict:
 
     prompts, calibration = split_prompts(model, task, args)
     N = args.max_new_tokens
-    ours = specs(model, args.lookup, getattr(args, "recommended", False))
+    ours = specs(model, args.lookup, getattr(args, "recommended", False),
+                 getattr(args, "draft", None), getattr(args, "draft_k", None),
+                 getattr(args, "draft_gate", None))
     auto = None
     if getattr(args, "auto", False):
         report = tune_for_task(model, calibration, args,
@@ -330,7 +368,7 @@ def run_task(model, hf_model, task: str, args, costs_from=None) -> dict:
     ar = results[0].tokens_per_second
     rows = []
     for i, r in enumerate(results):
-        look = (r.stats or {}).get("lookup") or {}
+        look = (r.stats or {}).get("lookup") or (r.stats or {}).get("draft_model") or {}
         rows.append({"name": r.name, "tokens_per_second": r.tokens_per_second,
                      "x_ar": r.tokens_per_second / ar, "identical_to_ar": r.identical_to_ar,
                      # ours only: transformers' prefill is not ours
@@ -407,7 +445,7 @@ def markdown(result: dict) -> str:
     lines = [f"{result['task']} ({len(result['prompt_lengths'])} prompts, {each})", "",
              "| method | tokens/s | x our AR | loop x our AR | "
              + ("auto's tune predicted (loop) | " if result.get("auto") else "")
-             + "same tokens as AR | lookup accepted / proposed | work / token | work speedup |",
+             + "same tokens as AR | drafts accepted / proposed (lookup, draft model) | work / token | work speedup |",
              "|---|---|---|---|---|---|---|---|" + ("---|" if result.get("auto") else "")]
     f = lambda x: "" if x is None else f"{x:.2f}"
     for row in result["rows"]:
@@ -444,6 +482,13 @@ def run(args, load_options: dict | None = None) -> list[dict]:
 
     model_path = args.model or hispec_jax.DEFAULT_MODEL_DIR
     model = hispec_jax.load_model(model_path, **(load_options or {}))
+    args.draft = None
+    if getattr(args, "draft_model", None) is not None:  # its row's; the other rows run without
+        args.draft = hispec_jax.load_model(args.draft_model, **(load_options or {}))
+        try:
+            model.with_draft(args.draft)
+        except ValueError as e:
+            raise ValueError(f"--draft-model {args.draft_model}: {e}") from None
     hf_model = None
     if not args.no_transformers:
         from hispec_jax.bench import hf_baselines
@@ -455,7 +500,8 @@ def run(args, load_options: dict | None = None) -> list[dict]:
     def save():  # after every task, so a run cut short keeps the tasks it finished
         if args.out:
             with open(args.out, "w") as f:
-                json.dump({"args": vars(args), "model": model_path,
+                json.dump({"args": {k: v for k, v in vars(args).items() if k != "draft"},
+                       "model": model_path,
                            "loadavg_end": os.getloadavg(), "results": results}, f, indent=2)
 
     for task in args.tasks:

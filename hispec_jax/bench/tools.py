@@ -22,6 +22,7 @@ import sys
 # tool name -> module of hispec_jax.bench
 TOOLS: dict[str, str] = {
     "compare": "compare",
+    "draft-model": "draft_pair",
     "oracle": "oracle",
     "pass-cost": "pass_cost",
     "accelerator": "accelerator",

@@ -9,7 +9,8 @@ arguments and what they run; `main` below only assembles them.
                   hispec bench-tool TOOL [args]    one benchmark tool (`bench/tools.py`):
                       compare (methods side by side), oracle, pass-cost (the lookup
                       gate's pass costs on this host), accelerator, serve, tasks, work
-                      (work per token of every method)
+                      (work per token of every method), draft-model (a draft that
+                      always / never agrees against AR and the cost model)
     planner.py    hispec tune | profile-sv
     serving.py    hispec chat | serve              streamed chat, the OpenAI-compatible server
     doctor.py     hispec doctor                    backend, devices, versions, caches

@@ -100,6 +100,16 @@ def add_parsers(subparsers) -> None:
     bench.add_argument("--auto-verify", action="store_true",
                        help="--tasks --auto: choose auto's plan by timing the tune's plans on "
                             "the calibration prompts (as hispec tune --verify)")
+    bench.add_argument("--draft-model", default=None, metavar="PATH",
+                       help="--tasks: also a draft model row (method draft): PATH, a smaller "
+                            "model of the same vocabulary (Hugging Face directory, Hub id or "
+                            "GGUF file), drafts for --model; greedy-checked against AR as "
+                            "every row")
+    bench.add_argument("--draft-k", type=int, default=None, metavar="K",
+                       help="--tasks --draft-model: most drafts a round (default 5)")
+    bench.add_argument("--no-draft-gate", dest="draft_gate", action="store_const", const=False,
+                       default=None,
+                       help="--tasks --draft-model: K drafts every round, no acceptance gate")
     load_options.add_load_flags(bench)
     common.add_mesh_flag(bench)
 
@@ -136,6 +146,11 @@ def run_tasks(args) -> int:
     argv += ["--auto"] if args.auto else []
     argv += ["--auto-verify"] if args.auto_verify else []
     argv += ["--auto-prompts", str(args.auto_prompts)] if args.auto_prompts is not None else []
+    common.check_draft_model(args, common.model_path(args) if args.model is not None
+                             else common.default_model_dir())
+    argv += ["--draft-model", args.draft_model] if args.draft_model is not None else []
+    argv += ["--draft-k", str(args.draft_k)] if args.draft_k is not None else []
+    argv += ["--no-draft-gate"] if args.draft_gate is False else []
     parsed = tasks.parse_args(argv)
     tasks.check_args(parsed)  # one-line errors (ValueError) before anything loads
     Path(args.out_dir).mkdir(parents=True, exist_ok=True)
@@ -148,7 +163,8 @@ def run_tasks(args) -> int:
 def run_bench(args) -> int:
     if args.tasks is not None:
         return run_tasks(args)
-    for name in ("stop_at_eos", "lookup", "recommended", "auto", "auto_prompts", "auto_verify"):
+    for name in ("stop_at_eos", "lookup", "recommended", "auto", "auto_prompts", "auto_verify",
+                 "draft_model", "draft_k", "draft_gate"):
         if getattr(args, name) not in (None, False):
             raise ValueError(f"{common.flag(name)} is a --tasks flag: give --tasks too")
     mesh_shape = common.mesh_arg(args)  # before importing JAX

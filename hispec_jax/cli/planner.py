@@ -51,6 +51,17 @@ def add_parsers(subparsers) -> None:
                            "decides whether prompt lookup pays (prompts up to 512 tokens)")
     tune.add_argument("--chat", action="store_true",
                       help="with --task: render the prompts with the model's chat template")
+    tune.add_argument("--draft-model", default=None, metavar="PATH",
+                      help="also a draft model's plans (method draft): PATH, a smaller model of "
+                           "the same vocabulary, priced by its acceptance on the calibration "
+                           "prompts and its step's cost here, ranked with the other plans; the "
+                           "plan file is the pair's")
+    tune.add_argument("--draft-k", type=int, default=None, metavar="K",
+                      help="--draft-model: price only k = K (default: k = "
+                           + ", ".join(map(str, (1, 2, 3, 4, 5, 6, 8))) + ")")
+    tune.add_argument("--no-draft-gate", dest="draft_gate", action="store_const", const=False,
+                      default=None,
+                      help="--draft-model: its plans draft k tokens every round (no gate)")
     common.add_mesh_flag(tune)
 
     prof = common.add_command(
@@ -93,9 +104,12 @@ def run_tune(args) -> int:
             raise ValueError(f"--task {args.task}: expected one of {', '.join(tasks_lib.TASKS)}")
     elif args.chat:
         raise ValueError("--chat renders --task prompts; give --task too")
+    draft = check_draft_flags(args)
     common.check_model_path(common.model_path(args))
+    common.check_draft_model(args, args.model or common.default_model_dir())
     common.use_mesh(common.mesh_arg(args))  # load_model shards onto it
     model = load_options.load(args, args.model or common.default_model_dir())
+    model = load_options.with_draft_model(args, model)
     settings, prompts = None, None
     if args.task is not None:  # the task's prompts (long: passages, code), a cache to hold them
         from hispec_jax.planner import calibrate
@@ -110,7 +124,7 @@ def run_tune(args) -> int:
         out=args.out, verify=args.verify, verify_prompts=args.verify_prompts,
         verify_tokens=args.verify_tokens, verify_repeats=args.verify_repeats,
         choose_measured=not args.keep_predicted, plot=args.plot,
-        progress=lambda msg: print(f"[tune] {msg}", file=sys.stderr))
+        progress=lambda msg: print(f"[tune] {msg}", file=sys.stderr), **draft)
     print("\n".join(tune_lib.summary_lines(report)))
     if args.recommend:
         command = "hispec tune" + (" --verify" if args.verify else "") + (
@@ -118,6 +132,26 @@ def run_tune(args) -> int:
         path = tune_lib.save_recommended(model, report, command)
         print(f"wrote the model's recommended plan to {path}")
     return 0
+
+
+def check_draft_flags(args) -> dict:
+    """--draft-model's companions (one-line errors): `tune`'s draft keyword arguments."""
+    if args.draft_model is None:
+        for name in ("draft_k", "draft_gate"):
+            if getattr(args, name) is not None:
+                raise ValueError(f"{common.flag(name)} prices a draft model's plans: give "
+                                 "--draft-model too")
+        return {}
+    draft = {}
+    if args.draft_k is not None:
+        try:
+            options_lib.check_method_options("draft", draft=args.draft_model, draft_k=args.draft_k)
+        except options_lib.OptionError as e:
+            raise common.usage_error(e) from None
+        draft["draft_ks"] = (args.draft_k,)
+    if args.draft_gate is False:
+        draft["draft_gate"] = False
+    return draft
 
 
 def run_profile_sv(args) -> int:

@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 
 from hispec_jax.decoding import methods
@@ -44,6 +45,10 @@ class Plan:
         below exits (d, L) or (d, i, ..., L) the drafter is level 0 under LayerSkip /
         HiSpec (`lookup=k`): exit d verifies its drafts, and the windows are the levels
         above it (`Nd`: L, or i, verifies once Nd + 1 tokens are pending).
+      draft_k: k of a draft model drafting for the final layer (method "draft", exits
+        (L,)), 0: none. Such a plan runs only on the model with the same draft model
+        (`Model.with_draft`, `--draft-model`): its plan file is keyed by both.
+      draft_gate: with `draft_k`, whether the acceptance gate picks each round's window.
     """
 
     exits: tuple[int, ...]
@@ -55,6 +60,8 @@ class Plan:
     predicted_work_per_token: float | None = None
     predicted_work_speedup: float | None = None
     lookup: int = 0
+    draft_k: int = 0
+    draft_gate: bool = True
 
     def __post_init__(self):
         if self.lookup and self.adaptive:
@@ -62,6 +69,8 @@ class Plan:
 
     @property
     def method(self) -> str:
+        if self.draft_k:
+            return "draft"
         if self.lookup and len(self.exits) == 1:
             return "lookup"
         return {1: "ar", 2: "layerskip"}.get(len(self.exits), "hispec")
@@ -74,6 +83,8 @@ class Plan:
 
     def method_options(self) -> dict[str, Any]:
         """Options of `make_method(model, self.method, **options)`."""
+        if self.draft_k:
+            return {"draft_k": self.draft_k, **({} if self.draft_gate else {"draft_gate": False})}
         if self.lookup and len(self.exits) == 1:
             return {"lookup": self.lookup}
         if len(self.exits) == 1:
@@ -94,12 +105,19 @@ class Plan:
         for AR, LayerSkip, HiSpec and the lookup alone or under them (a lookup level's own
         window is its k)."""
         h = decoder.hierarchy
-        k = h.drafter.plan_options().get("lookup", 0)
+        options = h.drafter.plan_options()
+        k = options.get("lookup", 0)
+        if options.get("draft_k"):  # a draft model for the final layer
+            return cls(exits=tuple(e for e in h.exits if e), draft_k=options["draft_k"],
+                       draft_gate=options.get("draft_gate", True))
         return cls(exits=tuple(e for e in h.exits if e), windows=tuple(decoder.windows[1 if k else 0:]),
                    adaptive=h.adaptive, lookup=k)
 
     def decoder(self, model: Model, greedy: bool = True) -> methods.Decoder:
         """The plan as a `Decoder` (middle levels of K >= 4 get their own windows)."""
+        if self.draft_k and model.draft is None:
+            raise ValueError(f"the plan '{self.name()}' drafts with a draft model: give the "
+                             "model the draft model it was tuned with (--draft-model)")
         decoder = methods.make_method(model, self.method, greedy=greedy, **self.method_options())
         if len(self.exits) > 3 and not self.adaptive:
             windows = tuple(self.windows)
@@ -111,6 +129,8 @@ class Plan:
         return decoder
 
     def name(self) -> str:
+        if self.draft_k:
+            return f"draft model k={self.draft_k}" + ("" if self.draft_gate else " ungated")
         if self.lookup and len(self.exits) == 1:
             return f"lookup k={self.lookup}"
         if self.lookup:
@@ -145,6 +165,11 @@ def model_key(model: Model) -> str:
     embed = np.asarray(model.params["embed"])
     h.update(np.ascontiguousarray(embed[:4]).tobytes())
     h.update(np.float64(np.asarray(embed, np.float64).sum()).tobytes())
+    if model.draft is not None:  # a draft model's plans are the pair's
+        draft = model.params["draft"]
+        h.update(repr(draft.cfg).encode())
+        leaves = jax.tree.leaves(draft.params["layers"])
+        h.update(np.float64(np.asarray(leaves[0], np.float64).sum()).tobytes())
     name = Path(model.path).name if model.path else "model"
     name = re.sub(r"[^A-Za-z0-9_.-]+", "-", name)[:40] or "model"
     return f"{name}-{h.hexdigest()[:12]}"

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -20,36 +21,64 @@ from hispec_jax.decoding import generate as generate_lib
 from hispec_jax.decoding import recommended as recommended_lib
 from hispec_jax.models.model import Model
 from hispec_jax.planner import calibrate as calibrate_lib
+from hispec_jax.planner import draft_plans
 from hispec_jax.planner import latency, plan as plan_lib, search as search_lib
 
 
 def tune(model: Model, batch_size: int = 1, *, quick: bool = False,
          settings: calibrate_lib.Settings | None = None, prompts=None, max_levels: int = 3,
          top: int = 8, out: str | Path | None = None, save: bool = True,
-         progress=None, costs_from: calibrate_lib.Calibration | None = None) -> dict[str, Any]:
+         progress=None, costs_from: calibrate_lib.Calibration | None = None,
+         draft_ks=draft_plans.CANDIDATE_KS, draft_gate: bool = True) -> dict[str, Any]:
     """Calibrates on this device, searches, saves the plan file; returns
     {"plans": [Plan, ...] best predicted first, "calibration": Calibration, "path": saved
     file, "search_seconds", "chosen_by": "prediction"}.
-    `costs_from`: reuse an earlier calibration's costs (`calibrate.calibrate`)."""
+    `costs_from`: reuse an earlier calibration's costs (`calibrate.calibrate`).
+    A model with a draft model (`Model.with_draft`): its plans at each k of `draft_ks`
+    (`draft_plans`: measured acceptance, this device's costs) are ranked with the others,
+    the best of them always kept; the plan file is the pair's (`plan.model_key`)."""
     settings = settings or (calibrate_lib.Settings.quick() if quick else calibrate_lib.Settings())
-    cal = calibrate_lib.calibrate(model, batch_size, prompts=prompts, settings=settings,
+    target = without_draft(model)  # the exits and lookup are the target's alone
+    cal = calibrate_lib.calibrate(target, batch_size, prompts=prompts, settings=settings,
                                   progress=progress, costs_from=costs_from)
     t0 = time.perf_counter()
     plans = search_lib.search(cal.exits, cal.alpha_of, cal.costs, max_levels=max_levels, top=top,
-                              work=latency.work_costs(model), lookup=cal.lookup,
-                              known=recommended_hierarchies(model))
+                              work=latency.work_costs(target), lookup=cal.lookup,
+                              known=recommended_hierarchies(target))
     search_seconds = time.perf_counter() - t0
+    draft = None
+    if model.draft is not None:  # its plans, priced by the same costs, join the ranking
+        draft = draft_plans.measure(
+            model, prompts or calibrate_lib.calibration_prompts(target, settings.num_prompts,
+                                                                settings.max_prompt_tokens),
+            settings.new_tokens, batch_size, settings.capacity, progress, k=max(draft_ks))
+        priced = draft_plans.plans(draft["alpha"], draft["step_ratio"], cal.costs,
+                                   model.cfg.num_layers, draft_ks, draft_gate)
+        # the search's list stays whole (its top, then the best of each kind); the draft
+        # plans that rank among the top join it, the best of them always
+        speed = lambda p: -p.predicted_tokens_per_second  # noqa: E731
+        ranked = sorted(plans + priced, key=speed)[:top]
+        joining = [p for p in priced if p in ranked] or [min(priced, key=speed)]
+        plans = sorted(plans + joining, key=speed)
     path = None
     if save:
         payload = plan_lib.plan_payload(model, batch_size, plans, cal,
                                         {"search_seconds": round(search_seconds, 2),
-                                         "chosen_by": "prediction",
+                                         "chosen_by": "prediction", "draft_model": draft,
                                          "settings": vars(settings) if hasattr(settings, "__dict__")
                                          else None})
         path = plan_lib.save_plan_file(Path(out) if out else plan_lib.plan_path(model, batch_size),
                                        payload)
     return {"plans": plans, "calibration": cal, "path": path, "search_seconds": search_seconds,
-            "chosen_by": "prediction"}
+            "chosen_by": "prediction", "draft_model": draft}
+
+
+def without_draft(model: Model) -> Model:
+    """`model` without its draft model (itself when it has none)."""
+    if model.draft is None:
+        return model
+    return dataclasses.replace(model, params={k: v for k, v in model.params.items()
+                                              if k != "draft"})
 
 
 def recommended_hierarchies(model: Model) -> list[tuple[tuple[int, ...], tuple[int, ...], bool]]:
@@ -78,24 +107,26 @@ def measure_plans(model: Model, plans: list, batch_size: int, prompts: list[list
     end-to-end tokens/s for the same request. Every plan is compiled first (one call
     each), then timed in `repeats` interleaved rounds (plan 1, plan 2, ..., plan 1, ...)
     and the median kept, so a change of the machine's load hits every plan alike."""
-    decoders = [plan.decoder(model) for plan in plans]
+    # a draft model's plans run on the pair, the others on the target alone
+    models = [model if plan.draft_k else without_draft(model) for plan in plans]
+    decoders = [plan.decoder(m) for plan, m in zip(plans, models)]
 
-    def call(decoder):
+    def call(model, decoder):
         return generate_lib.generate(model, prompts, method=decoder, max_new_tokens=new_tokens,
                                      batch_size=batch_size, ignore_eos=True,
                                      max_cache_len=max_cache_len)
 
     results = []
-    for plan, decoder in zip(plans, decoders):
+    for plan, m, decoder in zip(plans, models, decoders):
         if progress:
             progress(f"verify {plan.name()} (compile)")
-        results.append(call(decoder))
+        results.append(call(m, decoder))
     seconds: list[list[float]] = [[] for _ in plans]
     for r in range(repeats):
         if progress:
             progress(f"verify: timing round {r + 1}/{repeats}")
-        for i, decoder in enumerate(decoders):
-            results[i] = call(decoder)
+        for i, (m, decoder) in enumerate(zip(models, decoders)):
+            results[i] = call(m, decoder)
             seconds[i].append(results[i].stats["decode_seconds"])
     rows = []
     batches = -(-len(prompts) // batch_size)
@@ -143,12 +174,12 @@ def tune_and_verify(model: Model, batch_size: int = 1, *, quick: bool = False,
                     verify_prompts: int = 4, verify_tokens: int = 64, verify_repeats: int = 3,
                     choose_measured: bool = True,
                     plot=None, settings: calibrate_lib.Settings | None = None,
-                    prompts=None, progress=None) -> dict[str, Any]:
-    """`hispec tune`: `tune`, then (with `verify`) measured tokens/s of the printed plans on
+                    prompts=None, progress=None, **draft) -> dict[str, Any]:
+    """`hispec tune`: `tune` (`draft`: its draft_ks, draft_gate), then (with `verify`) measured tokens/s of the printed plans on
     held-out prompts and a predicted-vs-measured plot; with `choose_measured` the plan file
     is saved again with the fastest measured plan first (what method="auto" runs)."""
     report = tune(model, batch_size, quick=quick, settings=settings, prompts=prompts,
-                  max_levels=max_levels, top=top, out=out, progress=progress)
+                  max_levels=max_levels, top=top, out=out, progress=progress, **draft)
     report["verify"] = None
     if verify:
         if progress:
@@ -229,6 +260,11 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
              f"layer {1e6 * c.layer(1):.0f} us (T=1), head {1e6 * c.head(1):.0f} us, "
              f"pass {1e6 * c.pass_s:.0f} us, round {1e6 * c.round_s:.0f} us, "
              f"prefill {1e3 * c.prefill_s:.1f} ms"]
+    draft = report.get("draft_model")
+    if draft:
+        lines.append(f"draft model: per-token acceptance {draft['alpha']:.3f} ({draft['accepted']} "
+                     f"of {draft['proposed']} drafts kept at k={draft['k']}, ungated); a draft "
+                     f"step costs {draft['step_ratio']:.3f} of the target's AR step")
     measured = {r["plan"]: r for r in (report.get("verify") or [])}
     header = (f"{'plan':40s} {'pred tok/s':>10s} {'pred x AR':>9s} {'tok/round':>9s} "
               f"{'work/tok':>8s} {'work x AR':>9s}")

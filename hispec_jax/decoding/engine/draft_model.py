@@ -283,7 +283,11 @@ class DraftModelDrafter:
     inner: InnerDraftModel | None = None
 
     runs_layers: ClassVar[bool] = False  # of the target: level 1 starts from the embeddings
-    block_passes: ClassVar[bool] = True  # its drafts reach level 1 as blocks of positions
+    # Its rounds are single-position decoding steps (the draft model's, and at w = 0 the
+    # target's AR step), so they compile as AR's do (`compile_cache.rounds_options`): with
+    # XLA:CPU's YNNPACK reductions where one attention span reads the cache, which made
+    # its rounds about a tenth faster on CPU (docs/draft_model.md).
+    block_passes: ClassVar[bool] = False
     draws: ClassVar[bool] = True  # sampling: its drafts are draws from q (`dists[0]`)
 
     def check(self, h) -> None:

@@ -1,0 +1,184 @@
+"""A draft model in `hispec bench --tasks` and `hispec tune` (`--draft-model`, `--draft-k`,
+`--no-draft-gate`): its row is timed beside AR and checked equal to it, its plans are priced
+by measured acceptance and this device's costs and ranked with the others, and bad input is
+a one-line error (exit status 2) before anything compiles. Tiny random models."""
+
+import json
+
+import jax
+import pytest
+
+from hispec_jax import cli
+from hispec_jax.models.config import ModelConfig
+from hispec_jax.models.model import Model
+from hispec_jax.models.params import init_params, with_layer_layout
+from hispec_jax.planner import draft_plans, latency, plan as plan_lib
+from hispec_jax.planner.latency import Costs
+
+COSTS = Costs(batch=1, num_layers=4, block_sizes=(1, 4, 16, 32),
+              layer_s=(1e-4, 1.3e-4, 2.5e-4, 4e-4), head_s=(5e-5, 6e-5, 1e-4, 1.6e-4),
+              pass_s=3e-5, round_s=5e-5)
+
+
+def _tiny(layers: int = 4, seed: int = 1, vocab: int = 96) -> Model:
+    cfg = ModelConfig(model_type="llama", vocab_size=vocab, hidden_size=32, intermediate_size=48,
+                      num_layers=layers, num_heads=4, num_kv_heads=2, head_dim=8,
+                      max_position_embeddings=256)
+    params = init_params(cfg, jax.random.PRNGKey(seed), init_std=0.3)
+    return Model(cfg=cfg, params=with_layer_layout(params, "unrolled"))
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    """{name: directory} of a tiny target, a draft of its vocabulary and one of another."""
+    from hispec_jax import save_model
+
+    root = tmp_path_factory.mktemp("pair")
+    out = {"target": root / "target", "draft": root / "draft", "other": root / "other"}
+    save_model(_tiny(), out["target"])
+    save_model(_tiny(layers=1, seed=2), out["draft"])
+    save_model(_tiny(layers=1, seed=3, vocab=80), out["other"])
+    return out
+
+
+# ---- bad input: one line, exit status 2, nothing compiled --------------------------------
+def _rejects(argv, capsys, *expected):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    for text in expected:
+        assert text in err, (text, err)
+
+
+def test_bench_and_tune_reject_bad_draft_flags(dirs, capsys):
+    target, draft, other = (str(dirs[k]) for k in ("target", "draft", "other"))
+    _rejects(["bench", "--model", target, "--draft-model", draft], capsys,
+             "--draft-model is a --tasks flag")
+    _rejects(["bench", "--tasks", "chat", "--model", target, "--draft-k", "3"], capsys,
+             "--draft-k", "give --draft-model too")
+    _rejects(["bench", "--tasks", "chat", "--model", target, "--no-draft-gate"], capsys,
+             "--no-draft-gate", "give --draft-model too")
+    _rejects(["bench", "--tasks", "chat", "--model", target, "--draft-model", "/nonexistent"],
+             capsys, "--draft-model /nonexistent")
+    _rejects(["bench", "--tasks", "chat", "--model", target, "--draft-model", other], capsys,
+             "vocabulary has 80 entries, the model's 96")
+    _rejects(["bench", "--tasks", "chat", "--model", target, "--draft-model", draft,
+              "--draft-k", "0"], capsys, "--draft-k 0")
+    _rejects(["tune", "--model", target, "--draft-k", "3"], capsys, "--draft-k",
+             "give --draft-model too")
+    _rejects(["tune", "--model", target, "--draft-model", "/nonexistent"], capsys,
+             "--draft-model /nonexistent")
+    _rejects(["tune", "--model", target, "--draft-model", other], capsys,
+             "vocabulary has 80 entries, the model's 96")
+    _rejects(["tune", "--model", target, "--draft-model", draft, "--draft-k", "99"], capsys,
+             "--draft-k 99")
+
+
+def test_bench_tasks_passes_the_draft_flags_on(dirs, tmp_path, monkeypatch, capsys):
+    from hispec_jax.bench import tasks
+
+    seen = {}
+    monkeypatch.setattr(tasks, "run", lambda args, load_options=None: seen.update(vars(args)))
+    assert cli.main(["bench", "--tasks", "chat", "--model", str(dirs["target"]), "--draft-model",
+                     str(dirs["draft"]), "--draft-k", "3", "--no-draft-gate",
+                     "--no-transformers", "--out-dir", str(tmp_path)]) == 0
+    assert seen["draft_model"] == str(dirs["draft"])
+    assert seen["draft_k"] == 3 and seen["draft_gate"] is False
+
+
+def test_the_draft_row_runs_on_the_pair_and_equals_ar():
+    """`tasks.specs` with a draft model: its row decodes with the draft (the other rows
+    without it), and the comparison checks it token-identical to AR."""
+    from hispec_jax.bench import suite, tasks
+
+    target, draft = _tiny(), _tiny(layers=1, seed=2)
+    specs = tasks.specs(target, None, draft=draft, draft_k=3, draft_gate=False)
+    assert specs[-1].name == "draft model k=3 ungated" and specs[-1].method == "draft"
+    assert all(s.draft is None for s in specs[:-1])
+    chosen = [specs[0], specs[-1]]
+    prompts = [[5, 6, 7, 8], [9, 10, 11]]
+    runners, _ = suite.loop_time_runners(target, prompts, chosen, 10)
+    ar, got = suite.compare(runners, 1)
+    assert got.identical_to_ar and got.token_ids == ar.token_ids
+    assert got.stats["draft_model"]["k"] == 3 and got.stats["draft_model"]["proposed"] > 0
+
+
+# ---- the planner ----------------------------------------------------------------------------
+def test_draft_plan_round_trips_and_needs_its_draft_model():
+    from hispec_jax.decoding import methods
+
+    plan = plan_lib.Plan(exits=(4,), draft_k=3, draft_gate=False)
+    assert plan.method == "draft" and plan.kind == "draft"
+    assert plan.method_options() == {"draft_k": 3, "draft_gate": False}
+    assert plan.name() == "draft model k=3 ungated"
+    assert plan_lib.Plan.from_json(json.loads(json.dumps(plan.to_json()))) == plan
+    target, draft = _tiny(), _tiny(layers=1, seed=2)
+    pair = target.with_draft(draft)
+    decoder = plan.decoder(pair)
+    assert plan_lib.Plan.of_decoder(decoder) == plan
+    assert plan_lib.Plan.of_decoder(methods.make_method(pair, "draft", draft_k=4)) == \
+        plan_lib.Plan(exits=(4,), draft_k=4)
+    with pytest.raises(ValueError, match="drafts with a draft model"):
+        plan.decoder(target)
+    assert plan_lib.model_key(pair) != plan_lib.model_key(target)  # the pair's plan file
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.3, 0.7, 0.95, 1.0])
+def test_per_token_acceptance_inverts_the_expected_run(alpha):
+    k = 6
+    kept = sum(alpha ** i for i in range(1, k + 1))  # expected drafts kept a round
+    got = draft_plans.per_token_acceptance(round(kept * 1000), k * 1000, k)
+    assert got == pytest.approx(alpha, abs=2e-3)
+
+
+def test_draft_plans_are_priced_by_the_renewal_formula():
+    ar = latency.predict((4,), (), [], COSTS)
+    step = 0.1 * COSTS.stage(0, 4, 1)
+    agree = draft_plans.plans(1.0, 0.1, COSTS, 4, ks=(2, 4))
+    for plan, k in zip(agree, (2, 4)):
+        assert plan.tokens_per_round == k + 1
+        block = latency.blocks((k,))[0]
+        cost = COSTS.round_s + k * step + COSTS.stage(0, 4, block)
+        assert plan.predicted_tokens_per_second == pytest.approx((k + 1) / cost)
+        assert plan.predicted_speedup == pytest.approx(plan.predicted_tokens_per_second
+                                                       / ar.tokens_per_second)
+        assert plan.predicted_speedup > 1
+    assert all(p.predicted_speedup < 1 for p in draft_plans.plans(0.0, 0.1, COSTS, 4))
+
+
+def test_tune_ranks_measured_draft_plans_with_the_others(tmp_path, monkeypatch):
+    """`tune` on a pair (calibration replaced by fixed costs and acceptance): the draft
+    model's acceptance and step cost are measured, its plans join the ranking (the best of
+    them always kept), the plan file is the pair's, and --verify times them on the pair."""
+    from hispec_jax.planner import calibrate, tune as tune_lib
+
+    monkeypatch.setattr("hispec_jax.planner.plan.cache_dir", lambda: tmp_path / "plans")
+    target = _tiny()
+    pair = target.with_draft(target)  # the target drafting for itself: always agrees
+    cal = calibrate.Calibration(exits=(1, 2, 3, 4), alpha=jax.numpy.full((4, 4), 0.5),
+                                costs=COSTS, tokens=0, seconds=0.0, loop={})
+    seen = {}
+
+    def fake_calibrate(model, *a, **k):
+        seen["calibrated"] = model
+        return cal
+
+    monkeypatch.setattr(calibrate, "calibrate", fake_calibrate)
+    settings = calibrate.Settings(num_prompts=2, max_prompt_tokens=8, new_tokens=12,
+                                  block_sizes=(1, 4), repeats=1, capacity=64, lookup=0)
+    report = tune_lib.tune_and_verify(pair, 1, settings=settings, top=3, verify=True,
+                                      verify_prompts=2, verify_tokens=8, verify_repeats=1,
+                                      draft_ks=(2, 3))
+    assert seen["calibrated"].draft is None  # the exits are the target's alone
+    draft = report["draft_model"]
+    assert draft["alpha"] > 0.99 and draft["k"] == 3 and 0 < draft["step_ratio"]
+    names = [p.name() for p in report["plans"]]
+    assert any(n.startswith("draft model k=") for n in names)
+    assert report["chosen_by"].startswith("measurement")  # --verify ranks by measurement
+    rows = {r["plan"]: r for r in report["verify"]}
+    drafted = [n for n in names if n.startswith("draft model")]
+    assert all(rows[n]["measured_tokens_per_second"] > 0 for n in drafted)
+    payload = json.loads(plan_lib.plan_path(pair, 1).read_text())
+    assert payload["model"] == plan_lib.model_key(pair) and payload["draft_model"]["k"] == 3
+    assert any("draft model: per-token acceptance" in line
+               for line in tune_lib.summary_lines(report))
