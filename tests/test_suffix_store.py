@@ -1,0 +1,191 @@
+"""Drafts from earlier requests (decoding/suffix_store.py): the store's search against plain
+Python, the host ring (eviction, scopes), and the serving slots with a store: every
+request's tokens are offline `generate`'s, a repeated request drafts from the store (its
+counters say so), and a new store compiles nothing."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import hispec_jax
+from hispec_jax.decoding import methods as methods_lib
+from hispec_jax.decoding import suffix_store
+from hispec_jax.decoding.lookup import PromptLookup
+from hispec_jax.decoding.suffix_store import NO_SCOPE, SENTINEL, StoreArrays, SuffixStore
+from hispec_jax.serving import slots as slots_lib
+from hispec_jax.serving.slots import SlotEngine, SlotRequest
+
+from conftest import shipped_model_scanned
+from test_engine import PROPERTY_SETTINGS
+
+
+# ------------------------------------------------------------------ 1. the store's search
+def reference_store_proposal(store, scopes, seq_scope, tokens, c, k, max_ngram, limit, cap):
+    """Plain Python: the longest suffix n (>= MIN_STORE_NGRAM) of tokens[:c + 1] occurring
+    in the store within the sequence's scope and followed by a token of the same entry; of
+    those the most recent (highest end); proposes what follows, up to the entry's end."""
+    if seq_scope == NO_SCOPE:
+        return None
+    seq, R = tokens[:c + 1], len(store)
+    for n in range(max_ngram, suffix_store.MIN_STORE_NGRAM - 1, -1):
+        if n > c + 1:
+            continue
+        suffix = seq[c - n + 1:]
+        for j in range(R - 2, n - 2, -1):
+            if (store[j - n + 1:j + 1] == suffix and scopes[j] == seq_scope
+                    and store[j + 1] != SENTINEL):
+                run = []
+                for t in store[j + 1:]:
+                    if t == SENTINEL:
+                        break
+                    run.append(t)
+                return run[:min(k, limit, cap(n))], n
+    return None
+
+
+@settings(max_examples=60, **PROPERTY_SETTINGS)
+@given(data=st.data())
+def test_store_proposal_equals_reference(data):
+    B, S, R = data.draw(st.integers(1, 3)), 12, data.draw(st.integers(2, 30))
+    k, max_ngram = data.draw(st.integers(1, 8)), data.draw(st.integers(1, 5))
+    vocab = data.draw(st.integers(2, 4))
+    store = data.draw(st.lists(st.sampled_from(list(range(vocab)) + [SENTINEL]),
+                               min_size=R, max_size=R))
+    scopes = [NO_SCOPE if t == SENTINEL else data.draw(st.integers(0, 1)) for t in store]
+    seq_scopes = [data.draw(st.sampled_from([NO_SCOPE, 0, 1])) for _ in range(B)]
+    rows = [data.draw(st.lists(st.integers(0, vocab - 1), min_size=S, max_size=S))
+            for _ in range(B)]
+    newest = [data.draw(st.integers(0, S - 1)) for _ in range(B)]
+    limit = [data.draw(st.integers(1, k)) for _ in range(B)]
+    lookup = PromptLookup(k, max_ngram)
+    arrays = StoreArrays(tokens_R=jnp.asarray(store, jnp.int32),
+                         scope_R=jnp.asarray(scopes, jnp.int32),
+                         scope_B=jnp.asarray(seq_scopes, jnp.int32))
+    prop = suffix_store.propose(lookup, arrays, jnp.asarray(rows, jnp.int32),
+                                jnp.asarray(newest, jnp.int32), jnp.asarray(limit, jnp.int32))
+    for b in range(B):
+        want = reference_store_proposal(store, scopes, seq_scopes[b], rows[b], newest[b], k,
+                                        max_ngram, limit[b], lambda n: int(lookup.ngram_tokens(n)))
+        assert bool(prop.matched_B[b]) == (want is not None)
+        if want is not None:
+            got_n = int(prop.length_B[b])
+            assert (prop.tokens_BxK[b, :got_n].tolist(), int(prop.ngram_B[b])) == want
+
+
+def test_the_own_context_wins_ties_and_the_longer_match_wins():
+    lookup = PromptLookup(4, 4)
+    # own context: ... 5 6 7 | 5 6 7 -> a 3-gram own match; the store holds a 4-gram one
+    tokens = jnp.asarray([[9, 5, 6, 7, 1, 5, 6, 7]], jnp.int32)
+    c = jnp.asarray([7], jnp.int32)
+    limit = jnp.asarray([4], jnp.int32)
+    own = lookup.propose(tokens, c, limit)
+    assert int(own.ngram_B[0]) == 3
+    for store, want_store in (([1, 5, 6, 7, 2, 2, SENTINEL], True),    # 4-gram: longer
+                              ([0, 5, 6, 7, 2, 2, SENTINEL], False)):  # 3-gram: a tie
+        arrays = StoreArrays(tokens_R=jnp.asarray(store, jnp.int32),
+                             scope_R=jnp.zeros((len(store),), jnp.int32),
+                             scope_B=jnp.zeros((1,), jnp.int32))
+        prop, from_store = suffix_store.prefer_longer(
+            own, suffix_store.propose(lookup, arrays, tokens, c, limit))
+        assert bool(from_store[0]) == want_store
+        if want_store:
+            assert prop.tokens_BxK[0, :int(prop.length_B[0])].tolist() == [2, 2]
+        else:
+            assert prop.tokens_BxK[0].tolist() == own.tokens_BxK[0].tolist()
+
+
+# ------------------------------------------------------------------ 2. the host ring
+def test_the_ring_evicts_the_oldest_and_keeps_entries_apart():
+    store = SuffixStore(size=10, prompt_tail=1)
+    a, b = store.scope_of("alice"), store.scope_of(None)
+    assert (a, b, store.scope_of("alice")) == (0, 1, 0)
+    store.add(a, [7, 8], [1, 2, 3])             # 8 1 2 3 |
+    store.add(b, [9], [4, 5])                   # 9 4 5 |
+    tokens, scopes = store.host_arrays()
+    assert tokens.tolist() == [SENTINEL] * 1 + [8, 1, 2, 3, SENTINEL, 9, 4, 5, SENTINEL]
+    assert scopes.tolist() == [NO_SCOPE, a, a, a, a, NO_SCOPE, b, b, b, NO_SCOPE]
+    store.add(b, [6], [6, 6])                   # 6 6 6 | evicts the oldest four
+    tokens, _ = store.host_arrays()
+    assert tokens.tolist() == [3, SENTINEL, 9, 4, 5, SENTINEL, 6, 6, 6, SENTINEL]
+    store.add(NO_SCOPE, [1], [1, 2])            # an opted-out request enters nothing
+    assert store.version == 3 and store.host_arrays()[0].tolist() == tokens.tolist()
+    assert store.describe() == {"tokens": 10, "requests_added": 3, "tokens_added": 10,
+                                "scopes": 2}
+
+
+# ------------------------------------------------------------------ 3. the serving slots
+REPEATED = "Repeat after me exactly: the quick brown fox jumps over the lazy dog near the river"
+OTHER = "Why is the sky blue?"
+
+
+@pytest.fixture(scope="module")
+def model():
+    return shipped_model_scanned()
+
+
+def _engine(model, store, greedy=True, method="lookup"):
+    decoder = methods_lib.make_method(model, method, greedy=greedy)
+    return SlotEngine(model, decoder, slots=2, capacity=160, greedy=greedy,
+                      eos_ids=model.eos_token_ids, store=store)
+
+
+def _run(eng, prompt_ids, budget, scope, sampling=None):
+    """One request alone in slot 0; returns (tokens, the drafter's counters' increase)."""
+    before = eng.counters().drafter
+    req = SlotRequest(tuple(prompt_ids), budget, scope=scope,
+                      **({} if sampling is None else {"sampling": sampling}))
+    eng.insert(0, req)
+    got = []
+    while eng.busy[0]:
+        for u in eng.generate(4):
+            got += u.new_token_ids
+    after = eng.counters().drafter
+    return got, {f: int(getattr(after, f)) - int(getattr(before, f))
+                 for f in ("proposed", "accepted", "store_proposed", "store_accepted")}
+
+
+def test_a_repeated_request_drafts_from_the_store_with_the_tokens_of_generate(model):
+    ids = [list(model.tokenizer(p)["input_ids"]) for p in (REPEATED, OTHER)]
+    want = [hispec_jax.generate(model, p, method="lookup", max_new_tokens=40).token_ids[0]
+            for p in (REPEATED, OTHER)]
+    store = SuffixStore(size=512)
+    eng = _engine(model, store)
+    scope = store.scope_of(None)
+    first, c1 = _run(eng, ids[0], 40, scope)
+    assert first == want[0] and c1["store_proposed"] == 0  # nothing stored yet
+    assert store.version == 1
+    compiles = slots_lib.backend_compiles()
+    second, c2 = _run(eng, ids[0], 40, scope)  # a new store: same shapes
+    assert slots_lib.backend_compiles() == compiles
+    assert second == want[0]
+    assert c2["store_accepted"] > 0 and c2["accepted"] > c1["accepted"]
+    # another scope (tenant) and an opted-out request draft nothing from the store
+    for other_scope in (store.scope_of("mallory"), NO_SCOPE):
+        got, c = _run(eng, ids[0], 40, other_scope)
+        assert got == want[0] and c["store_proposed"] == 0
+    assert store.version == 3  # mallory's entered; the opted-out one did not
+    other, _ = _run(eng, ids[1], 40, scope)
+    assert other == want[1]
+
+
+def test_without_a_lookup_drafter_the_engine_keeps_no_store(model):
+    eng = _engine(model, SuffixStore(size=64), method="ar")
+    assert eng.store is None and eng.req.store is None
+
+
+def test_sampling_with_a_store_drafts_from_it(model):
+    """Sampling stays exact by construction (one-hot q, as every lookup proposal: the
+    chi-square tests of test_lookup.py); here the store's drafts reach the sampling rounds
+    and the tokens are valid."""
+    ids = list(model.tokenizer(REPEATED)["input_ids"])
+    store = SuffixStore(size=512)
+    eng = _engine(model, store, greedy=False)
+    sampling = hispec_jax.SamplingParams(temperature=0.3, seed=3)
+    first, _ = _run(eng, ids, 32, 0, sampling)
+    store.add(0, ids, first)  # the same tokens again: the next draw's likely path
+    _, c = _run(eng, ids, 32, 0, sampling)
+    assert c["store_proposed"] > 0
