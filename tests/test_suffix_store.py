@@ -189,3 +189,65 @@ def test_sampling_with_a_store_drafts_from_it(model):
     store.add(0, ids, first)  # the same tokens again: the next draw's likely path
     _, c = _run(eng, ids, 32, 0, sampling)
     assert c["store_proposed"] > 0
+
+
+# ------------------------------------------------------------------ 4. hispec serve
+def _metric(text: str, name: str, **labels) -> float:
+    """A sample's value in the Prometheus text format (0 when it is absent)."""
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def _from_store(url: str) -> tuple[float, float]:
+    """/metrics: (proposed, accepted) greedy lookup tokens that came from earlier requests."""
+    import urllib.request
+
+    text = urllib.request.urlopen(url + "/metrics", timeout=30).read().decode()
+    return tuple(_metric(text, f"hispec:spec_decode_num_{w}_tokens_by_source_total",
+                         engine="greedy", source="earlier_requests")
+                 for w in ("draft", "accepted"))
+
+
+def test_serve_drafts_from_earlier_requests_with_unchanged_outputs(model):
+    import json
+    import urllib.request
+
+    openai = pytest.importorskip("openai")
+    from hispec_jax.serving import server as server_lib
+
+    from conftest import serving
+
+    def answers(url, **extra):
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0,
+                               timeout=120)
+        return client.completions.create(model=name, prompt=REPEATED, max_tokens=40,
+                                         temperature=0, **extra).choices[0].text
+
+    name = "m"
+    app = server_lib.build_app(model, "lookup", slots=2, max_cache_len=160, warmup=False,
+                               served_name=name, store_tokens=1024)
+    with serving(app) as url:
+        health = json.loads(urllib.request.urlopen(url + "/health", timeout=30).read())
+        assert health["cross_request"] is True
+        assert health["cross_request_store"]["tokens"] == 1024
+        first = answers(url)
+        assert _from_store(url) == (0.0, 0.0)
+        second = answers(url)
+        assert second == first
+        proposed, accepted = _from_store(url)
+        assert proposed > 0 and accepted > 0
+        # another tenant's request and an opted-out one draft nothing from the store
+        assert answers(url, user="mallory") == first
+        assert answers(url, extra_body={"hispec": {"cross_request": False}}) == first
+        assert _from_store(url) == (proposed, accepted)
+        health = json.loads(urllib.request.urlopen(url + "/health", timeout=30).read())
+        assert health["cross_request_store"]["requests_added"] == 3  # not the opted-out one
+    app = server_lib.build_app(model, "lookup", slots=2, max_cache_len=160, warmup=False,
+                               served_name=name, cross_request=False)
+    with serving(app) as url:
+        health = json.loads(urllib.request.urlopen(url + "/health", timeout=30).read())
+        assert health["cross_request"] is False and health["cross_request_store"] is None
+        assert answers(url) == answers(url) == first
+        assert _from_store(url) == (0.0, 0.0)
