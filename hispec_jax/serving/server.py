@@ -230,13 +230,13 @@ def build_app(model, method=None, *, slots: int = 8, max_cache_len: int | None =
     plan = {"method": method if isinstance(method, str) else "custom",
             "plan": describe(engines[True], method), "reason": reason,
             "cross_request": store is not None}
-    log.info("plan: %s (%s)%s", plan["plan"], reason,
+    reads_store = getattr(engines[True].engine.hierarchy.drafter, "reads_store", False)
+    log.info("plan: %s (%s)%s%s", plan["plan"], reason,
+             (f"; drafts from earlier requests: on (a store of {store.size} tokens in memory, "
+              "scoped per user; --no-cross-request turns it off)" if store is not None
+              else "; drafts from earlier requests: off (--no-cross-request)" if reads_store
+              else ""),
              "; warming up (compiling every program) before taking requests" if warmup else "")
-    log.info("drafts from earlier requests: %s", (
-        f"on (a store of {store.size} tokens in memory, scoped per user; "
-        "--no-cross-request turns it off)" if store is not None
-        else "off (--no-cross-request)" if not cross_request
-        else "off (the plan has no prompt lookup)"))
     scheduler = Scheduler(engines, rounds_per_step=rounds_per_step,
                           prefill_share=prefill_share,
                           warmup=(functools.partial(warm_up, measure_pass_cost=measure_pass_cost)
