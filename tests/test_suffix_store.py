@@ -177,18 +177,39 @@ def test_without_a_lookup_drafter_the_engine_keeps_no_store(model):
     assert eng.store is None and eng.req.store is None
 
 
-def test_sampling_with_a_store_drafts_from_it(model):
-    """Sampling stays exact by construction (one-hot q, as every lookup proposal: the
-    chi-square tests of test_lookup.py); here the store's drafts reach the sampling rounds
-    and the tokens are valid."""
-    ids = list(model.tokenizer(REPEATED)["input_ids"])
-    store = SuffixStore(size=512)
-    eng = _engine(model, store, greedy=False)
-    sampling = hispec_jax.SamplingParams(temperature=0.3, seed=3)
-    first, _ = _run(eng, ids, 32, 0, sampling)
-    store.add(0, ids, first)  # the same tokens again: the next draw's likely path
-    _, c = _run(eng, ids, 32, 0, sampling)
-    assert c["store_proposed"] > 0
+def test_sampling_with_a_store_matches_the_exact_distribution():
+    """Through the serving slots, the store filling as requests finish: the first tokens
+    after PROMPT (a 4-token vocabulary, so the store matches in most rounds) follow AR
+    sampling's exact distribution, and the store's drafts are both kept and rejected. (The
+    same run with test_sampling_exact's broken rule, rejected drafts resampled from p, fails
+    the chi-square by a wide margin, as its negative control in test_lookup.py does.)"""
+    from test_sampling_exact import NEW, PROMPT, chi_square_test, exact_ar_distribution
+    from test_sampling_exact import small_model
+
+    small, n = small_model(), 3000
+    sampling = hispec_jax.SamplingParams(temperature=1.0, seed=19)
+    probs = exact_ar_distribution(small, sampling)
+    store = SuffixStore(size=256)
+    decoder = methods_lib.make_method(small, "lookup", lookup=3, max_ngram=3, greedy=False)
+    eng = SlotEngine(small, decoder, slots=32, capacity=16, greedy=False, eos_ids=(),
+                     store=store)
+    samples, waiting, owner = {}, list(range(n)), {}
+    while waiting or owner:
+        for slot in eng.free_slots():
+            if waiting:
+                i = waiting.pop()
+                eng.admit(slot, SlotRequest(tuple(PROMPT), NEW, sampling, sequence_index=i,
+                                            ignore_eos=True, scope=0))
+                owner[slot], samples[i] = i, []
+        eng.prefill()
+        for u in eng.generate(4):
+            samples[owner[u.slot]] += u.new_token_ids
+            if u.done:
+                del owner[u.slot]
+    c = eng.counters().drafter
+    assert 0 < int(c.store_accepted) < int(c.store_proposed), c
+    stat, threshold = chi_square_test(list(samples.values()), probs, n)
+    assert stat < threshold, (stat, threshold)
 
 
 # ------------------------------------------------------------------ 4. hispec serve
