@@ -76,17 +76,21 @@ def _health(url: str) -> dict:
 
 # a method's suffix -> the server's prefill scheduler: `default+ride` against `default+budget`
 SCHEDULERS = {"ride": "--ride-prefill", "budget": "--no-ride-prefill"}
+# a method's suffix -> the server with or without its store of earlier requests:
+# `default+store` against `default+nostore`
+SUFFIXES = {**SCHEDULERS, "store": "--cross-request", "nostore": "--no-cross-request"}
 
 
 def server_flags(method: str, args) -> list[str]:
-    """The `hispec serve` flags of `method`: METHOD[+SCHEDULER], METHOD `default` for no
-    --method (the model's default plan), SCHEDULER `ride` (--ride-prefill) or `budget`
-    (--no-ride-prefill; without a suffix, --ride-prefill where the bench was given it)."""
-    base, _, scheduler = method.partition("+")
+    """The `hispec serve` flags of `method`: METHOD[+SUFFIX...], METHOD `default` for no
+    --method (the model's default plan), SUFFIX `ride` (--ride-prefill) or `budget`
+    (--no-ride-prefill; without either, --ride-prefill where the bench was given it), and
+    `store` / `nostore` (--cross-request / --no-cross-request: prompt lookup with or
+    without earlier requests' tokens)."""
+    base, *suffixes = method.split("+")
     flags = [] if base == DEFAULT_METHOD else ["--method", base]
-    if scheduler:
-        flags.append(SCHEDULERS[scheduler])
-    elif args.ride_prefill:
+    flags += [SUFFIXES[s] for s in suffixes]
+    if args.ride_prefill and not set(suffixes) & set(SCHEDULERS):
         flags.append("--ride-prefill")
     return flags
 
@@ -297,8 +301,13 @@ def measure(method: str, url: str, args, requests: list[tuple], want: dict,
     plan = health.get("plan", method)  # what runs, as the server says it
     compiles_ready = health["compiles"]
     run_clients(url, name, [requests[:2]])  # the HTTP path, not measured
-    alone, alone_s = run_clients(url, name, [requests[:args.alone_requests]])
-    work = [requests[c::args.clients] for c in range(args.clients)]
+    if args.distinct_requests:  # warm-up, alone and load: disjoint parts of the mix
+        first, rest = 2 + args.alone_requests, requests[2 + args.alone_requests:]
+        alone, alone_s = run_clients(url, name, [requests[2:first]])
+    else:
+        rest = requests
+        alone, alone_s = run_clients(url, name, [requests[:args.alone_requests]])
+    work = [rest[c::args.clients] for c in range(args.clients)]
     load_start = time.time()
     load, load_s = run_clients(url, name, work)
     steps = step_summary(_read_steps(step_log), load_start, time.time())
@@ -447,6 +456,11 @@ def parse_args(argv):
                    help="every server's --prefill-share (default: the server's)")
     p.add_argument("--ride-prefill", action="store_true",
                    help="start every server with --ride-prefill")
+    p.add_argument("--distinct-requests", action="store_true",
+                   help="send every request of the mix once: the HTTP warm-up, the lone "
+                        "client and the clients under load take disjoint parts of it (2, "
+                        "--alone-requests, the rest), so a server that drafts from earlier "
+                        "requests (`hispec serve`'s store) is never timed on a repeat")
     p.add_argument("--startup-timeout", type=float, default=600)
     p.add_argument("--log-dir", default=os.path.join(tempfile.gettempdir(), "hispec-bench-serve"),
                    help="where the servers' logs go, serve-METHOD.log (created; default: "
@@ -458,9 +472,9 @@ def parse_args(argv):
     if args.task != "sharegpt" and args.task not in tasks.TASKS:
         p.error(f"--task {args.task}: expected sharegpt or one of {', '.join(tasks.TASKS)}")
     for method in args.methods.split(","):
-        scheduler = method.partition("+")[2]
-        if scheduler and scheduler not in SCHEDULERS:
-            p.error(f"--methods {method}: expected METHOD, METHOD+ride or METHOD+budget")
+        if any(s not in SUFFIXES for s in method.split("+")[1:]):
+            p.error(f"--methods {method}: expected METHOD, METHOD+ride, METHOD+budget or "
+                    "METHOD+store or METHOD+nostore")
     if args.chat and args.task == "sharegpt":
         p.error("--chat renders --task prompts; give a --task")
     for name in ("clients", "requests", "alone_requests", "slots", "max_cache_len", "repeats"):
@@ -468,6 +482,9 @@ def parse_args(argv):
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     if not args.max_tokens:
         p.error("--max-tokens: give at least one budget")
+    if args.distinct_requests and args.requests < 2 + args.alone_requests + args.clients:
+        p.error("--distinct-requests: --requests must hold the 2 warm-up requests, "
+                "--alone-requests and at least one per client")
     return args
 
 

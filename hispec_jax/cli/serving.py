@@ -104,6 +104,16 @@ def add_parsers(subparsers) -> None:
                             "pass costs for the lookup gate where none are kept (minutes on a "
                             "CPU; `hispec bench-tool pass-cost` does it beforehand; "
                             "docs/lookup.md; default: off)")
+    serve.add_argument("--cross-request", action=argparse.BooleanOptionalAction, default=False,
+                       help="where the plan has prompt lookup, draft also from the tokens of "
+                            "earlier requests (a store in this process's memory, never on "
+                            "disk, scoped per request `user`; a request opts out with "
+                            "\"hispec\": {\"cross_request\": false}); outputs never change "
+                            "(docs/serving.md; default: off, until measured to pay: "
+                            "BENCHMARKS.md)")
+    serve.add_argument("--store-tokens", type=int, default=None, metavar="R",
+                       help="tokens the store of earlier requests holds, the oldest evicted "
+                            "first (default: 16384)")
     serve.add_argument("--prefill-share", type=float, default=1.0, metavar="X",
                        help="prefill time between two rounds of the decoding slots, as a "
                             "multiple of a round's (default: 1; at least one chunk each "
@@ -172,7 +182,7 @@ def run_serve(args) -> int:
     _check(args, sampling=False)
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port {args.port}: must be in [0, 65535]")
-    for name in ("slots", "rounds_per_step", "prefill_chunk"):
+    for name in ("slots", "rounds_per_step", "prefill_chunk", "store_tokens"):
         if getattr(args, name) is None:
             continue
         try:
@@ -207,6 +217,9 @@ def run_serve(args) -> int:
                            prefill_share=args.prefill_share, step_log=args.step_log,
                            ride_prefill=args.ride_prefill,
                            measure_pass_cost=args.measure_pass_cost,
+                           cross_request=args.cross_request,
+                           **({} if args.store_tokens is None
+                              else {"store_tokens": args.store_tokens}),
                            **({} if args.prefill_chunk is None
                               else {"prefill_chunk": args.prefill_chunk}),
                            **generate_cli.method_options(args))

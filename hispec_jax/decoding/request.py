@@ -7,6 +7,7 @@ import jax
 
 from hispec_jax.decoding.gate import PassCost, default_pass_cost
 from hispec_jax.decoding.sampling import SamplingArrays
+from hispec_jax.decoding.suffix_store import StoreArrays
 
 
 @flax.struct.dataclass
@@ -27,6 +28,10 @@ class Request:
       min_new_B: [B] int32, new tokens before which a sequence's EOS is suppressed
         (`emit.suppress_eos`: the server's `min_tokens`), or None (offline loops: no
         suppression, nothing compiled for it).
+      store: earlier requests' tokens the lookup drafter also drafts from
+        (`suffix_store.StoreArrays`: [R] tokens and scopes, each sequence's [B] scope), or
+        None (offline loops: nothing compiled for it). A new store of the same R never
+        recompiles.
     """
 
     tokens_BxS: jax.Array
@@ -37,3 +42,4 @@ class Request:
     sampling: SamplingArrays
     lookup_cost: PassCost = flax.struct.field(default_factory=default_pass_cost)
     min_new_B: jax.Array | None = None
+    store: StoreArrays | None = None

@@ -15,6 +15,8 @@ Names follow vLLM's with a `hispec:` prefix:
     hispec:spec_decode_num_draft_tokens_total{engine, level, drafter}
     hispec:spec_decode_num_accepted_tokens_total{engine, level, drafter}
     hispec:spec_decode_acceptance_rate{engine, level, drafter}
+    hispec:spec_decode_num_draft_tokens_by_source_total{engine, source}
+    hispec:spec_decode_num_accepted_tokens_by_source_total{engine, source}
     hispec:spec_decode_num_verifications_total{engine, level}
     hispec:spec_decode_num_rounds_total{engine}
     hispec:spec_decode_tokens_per_round{engine}
@@ -25,7 +27,10 @@ is level 0's own (`Drafter.label`: "lookup" for the n-gram drafter, "exit<e>" fo
 at level 1, else "exit<e>" for the exit that drafted them; level 1 counts what the drafter
 says it proposed (`Drafter.proposals`: a lookup round without a match proposes nothing). A
 round of a sequence, for tokens per round, is one verification by the top level (the
-final layer): the tokens it emits per such pass (1 for AR).
+final layer): the tokens it emits per such pass (1 for AR). The `_by_source` counters split
+level 1's where the drafter says where its drafts came from (`Drafter.sources`, prompt
+lookup: "context", the sequence's own prompt and output, and "earlier_requests", the
+server's store of earlier requests' tokens).
 """
 
 from __future__ import annotations
@@ -187,12 +192,21 @@ class _Collector:
                                      "Level 0's own counts (`Drafter.events`): a draft model's "
                                      "passes, tokens drafted, positions caught up, ...",
                                      labels=["engine", "drafter", "event"])
+        by_source = [CounterMetricFamily(f"hispec:spec_decode_num_{what}_tokens_by_source",
+                                         f"Draft tokens {verb} at level 1, by where the "
+                                         "drafter found them", labels=["engine", "source"])
+                     for what, verb in (("draft", "proposed"), ("accepted", "accepted"))]
         for greedy, h in s.hierarchies.items():
             e, spec, K = engine_label(greedy), s.spec(greedy), len(h.exits)
             own_events = getattr(h.drafter, "events", None)  # optional in `Drafter`
             if own_events is not None and spec["drafter"] is not None:
                 for name, count in own_events(spec["drafter"]).items():
                     events.add_metric([e, drafter_name(h, 1), name], int(count))
+            sources = getattr(h.drafter, "sources", None)
+            if sources is not None and spec["drafter"] is not None:
+                for source, counts in sources(spec["drafter"]).items():
+                    for family, n in zip(by_source, counts):
+                        family.add_metric([e, source], int(n))
             rounds.add_metric([e], int(spec["rounds"]))
             for k in range(1, K):
                 lbl = [e, str(k), drafter_name(h, k)]
@@ -206,4 +220,4 @@ class _Collector:
                 checks.add_metric([e, str(k)], int(spec["verifications_K"][k]))
             top = int(spec["verifications_K"][K - 1]) if K > 1 else 0
             per_round.add_metric([e], int(spec["emitted"]) / top if top else 1.0)
-        yield from (drafts, accepted, rate, checks, rounds, per_round, events)
+        yield from (drafts, accepted, rate, checks, rounds, per_round, events, *by_source)

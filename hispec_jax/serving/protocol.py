@@ -11,7 +11,9 @@ Supported: max_tokens / max_completion_tokens, temperature, top_p, top_k (an ext
 vLLM's), stop (up to 4 strings), seed, stream, stream_options.include_usage, n = 1, user,
 and vLLM's sampling extensions that load tools send: ignore_eos (decode past EOS and
 end-of-turn tokens, to the token budget) and min_tokens (EOS and end-of-turn tokens
-suppressed in the model's choice until that many new tokens; at most the budget).
+suppressed in the model's choice until that many new tokens; at most the budget), and this
+server's own `hispec` options (`{"cross_request": false}`: no drafts from earlier requests,
+and this one's tokens kept for none).
 Parameters that would change the output in ways the engine cannot honour (n > 1, logprobs,
 tools, penalties, logit_bias, response formats, echo, suffix, best_of > 1) are rejected, not
 ignored.
@@ -70,6 +72,15 @@ class Message(_Strict):
         return {"role": "system" if self.role == "developer" else self.role, "content": content}
 
 
+class HispecOptions(_Strict):
+    """This server's own request options (`"hispec": {...}`, `extra_body` in the openai
+    client)."""
+
+    # draft from earlier requests' tokens, and leave this one's for later ones (where the
+    # server keeps a store: `hispec serve`, docs/serving.md); False: neither
+    cross_request: StrictBool = True
+
+
 class SamplingRequest(_Strict):
     """The fields both endpoints share."""
 
@@ -87,6 +98,8 @@ class SamplingRequest(_Strict):
     # vLLM's extensions (`extra_body` in the openai client)
     ignore_eos: StrictBool = False
     min_tokens: StrictInt = Field(default=0, ge=0)
+    # this server's extensions
+    hispec: HispecOptions | None = None
     # Known OpenAI parameters the engine does not implement: rejected unless neutral.
     logprobs: Union[StrictBool, StrictInt, None] = None
     top_logprobs: StrictInt | None = None

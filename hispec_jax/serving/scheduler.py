@@ -64,6 +64,7 @@ from typing import TextIO
 import jax
 
 from hispec_jax.decoding.sampling import SamplingParams
+from hispec_jax.decoding.suffix_store import NO_SCOPE
 from hispec_jax.serving import metrics as metrics_lib
 from hispec_jax.serving import slots as slots_lib
 
@@ -93,6 +94,8 @@ class Job:
       last_token_at: when the job's latest tokens were handed out (inter-token latency).
       ignore_eos, min_tokens: vLLM's extensions (`slots.SlotRequest`): run past EOS; no
         EOS before this many new tokens.
+      scope: the scope of earlier requests' tokens it drafts from and enters
+        (`slots.SlotRequest.scope`).
     """
 
     prompt_ids: list[int]
@@ -107,6 +110,7 @@ class Job:
     last_token_at: float | None = None
     ignore_eos: bool = False
     min_tokens: int = 0
+    scope: int = NO_SCOPE
 
     def deliver(self, event) -> None:
         try:
@@ -255,8 +259,10 @@ class Scheduler:
             "measuring_pass_cost": self.engines[g].pass_cost_pending,
             "rows_to_compile": self.engines[g].rows_to_compile()}
             for g in self.engines}
+        store = next((e.store for e in self.engines.values() if e.store is not None), None)
         return {"engines": engines, **self.stats.snapshot(),
-                "compiles": slots_lib.backend_compiles()}
+                "compiles": slots_lib.backend_compiles(),
+                "cross_request_store": None if store is None else store.describe()}
 
     # ---- the engine thread --------------------------------------------------------------
     def _admit(self) -> bool:
@@ -280,7 +286,7 @@ class Scheduler:
                 job = waiting.popleft()
                 engine.admit(slot, slots_lib.SlotRequest(
                     tuple(job.prompt_ids), job.max_new_tokens, job.sampling,
-                    ignore_eos=job.ignore_eos, min_tokens=job.min_tokens))
+                    ignore_eos=job.ignore_eos, min_tokens=job.min_tokens, scope=job.scope))
                 running[slot] = job
                 self.stats.admitted(len(job.prompt_ids))
             busy |= bool(running)

@@ -27,6 +27,7 @@ import time
 
 from hispec_jax.decoding import device_costs
 from hispec_jax.decoding import recommended
+from hispec_jax.decoding import suffix_store
 from hispec_jax.decoding.generate import model_name
 from hispec_jax.serving import api_server
 from hispec_jax.serving import prompts as prompts_lib
@@ -40,11 +41,15 @@ DEFAULT_CACHE_LEN = 1024
 
 def build_engines(model, method="ar", *, slots: int = 8, max_cache_len: int | None = None,
                   prefill_chunk: int = slots_lib.PREFILL_CHUNK, ride_prefill: bool = False,
+                  cross_request: bool = False,
+                  store_tokens: int = suffix_store.DEFAULT_STORE_TOKENS,
                   **method_options) -> dict[bool, slots_lib.SlotEngine]:
     """{greedy: SlotEngine} for greedy (True) and sampling (False) requests. Every request
     stops at EOS and at the chat template's end-of-turn markers; prompts enter their slots
     in chunks of `prefill_chunk` positions (`ride_prefill`: riding the rounds where they
-    can, `SlotEngine`)."""
+    can, `SlotEngine`). With `cross_request`, where the plan has prompt lookup, both engines
+    share one store of `store_tokens` tokens of earlier requests that the lookup also
+    drafts from (`suffix_store.SuffixStore`, in memory only; `SlotEngine.store`)."""
     if not isinstance(slots, int) or slots < 1:
         raise ValueError(f"slots must be an integer >= 1, got {slots!r}")
     capacity = max_cache_len or min(DEFAULT_CACHE_LEN, model.cfg.max_position_embeddings)
@@ -55,6 +60,7 @@ def build_engines(model, method="ar", *, slots: int = 8, max_cache_len: int | No
     if prompts_lib.has_chat_template(model):
         eos = prompts_lib.conversation_ids(model, [{"role": "user", "content": "x"}])[1]
     engines = {}
+    store = suffix_store.SuffixStore(store_tokens) if cross_request else None
     for greedy in (True, False):
         decoder, _ = make_decoder(model, method, greedy, method_options)
         if decoder.lookahead() + 2 > capacity:
@@ -63,7 +69,7 @@ def build_engines(model, method="ar", *, slots: int = 8, max_cache_len: int | No
         engines[greedy] = slots_lib.SlotEngine(model, decoder, slots=slots, capacity=capacity,
                                                greedy=greedy, eos_ids=eos,
                                                prefill_chunk=prefill_chunk,
-                                               ride_prefill=ride_prefill)
+                                               ride_prefill=ride_prefill, store=store)
     return engines
 
 
@@ -198,7 +204,8 @@ def build_app(model, method=None, *, slots: int = 8, max_cache_len: int | None =
               plan_reason: str = "given", prefill_chunk: int = slots_lib.PREFILL_CHUNK,
               prefill_share: float = 1.0, step_log: str | os.PathLike | None = None,
               ride_prefill: bool = False, measure_pass_cost: bool = False,
-              **method_options):
+              cross_request: bool = False,
+              store_tokens: int = suffix_store.DEFAULT_STORE_TOKENS, **method_options):
     """The ASGI app serving `model` with `method` (None: the model's default plan) over
     `slots` slots per engine; with `warmup`, its engine thread compiles everything before
     it takes requests (/health: 503 "loading" until then). `plan_reason`: why a given
@@ -210,14 +217,27 @@ def build_app(model, method=None, *, slots: int = 8, max_cache_len: int | None =
     else a small one).
     `step_log`: a file that gets each engine step as a JSON line (`scheduler.StepLog`).
     `measure_pass_cost` (`hispec serve --measure-pass-cost`): the warm-up measures this
-    host's pass costs for the lookup gate where none are kept (`warm_up`)."""
+    host's pass costs for the lookup gate where none are kept (`warm_up`).
+    `cross_request` (`hispec serve --cross-request`; off by default: on the one workload
+    measured it did not pay, BENCHMARKS.md): where the plan has prompt
+    lookup, it also drafts from a store of `store_tokens` tokens of earlier requests,
+    scoped per `user` field (`build_engines`; /health says so)."""
     method, method_options, reason = choose_plan(model, method, method_options, plan_reason)
     engines = build_engines(model, method, slots=slots, max_cache_len=max_cache_len,
                             prefill_chunk=prefill_chunk, ride_prefill=ride_prefill,
+                            cross_request=cross_request, store_tokens=store_tokens,
                             **method_options)
+    store = engines[True].store
     plan = {"method": method if isinstance(method, str) else "custom",
-            "plan": describe(engines[True], method), "reason": reason}
-    log.info("plan: %s (%s)%s", plan["plan"], reason,
+            "plan": describe(engines[True], method), "reason": reason,
+            "cross_request": store is not None}
+    reads_store = getattr(engines[True].engine.hierarchy.drafter, "reads_store", False)
+    log.info("plan: %s (%s)%s%s", plan["plan"], reason,
+             (f"; drafts from earlier requests: on (a store of {store.size} tokens in memory, "
+              "scoped per user)" if store is not None
+              else "; drafts from earlier requests: off (--cross-request turns them on)"
+              if reads_store
+              else ""),
              "; warming up (compiling every program) before taking requests" if warmup else "")
     scheduler = Scheduler(engines, rounds_per_step=rounds_per_step,
                           prefill_share=prefill_share,

@@ -26,6 +26,7 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel
 
 from hispec_jax.decoding.sampling import SamplingParams
+from hispec_jax.decoding.suffix_store import NO_SCOPE
 from hispec_jax.serving import detok as detok_lib
 from hispec_jax.serving import protocol
 from hispec_jax.serving.protocol import APIError
@@ -153,6 +154,16 @@ class OpenAIServing:
                               top_p=1.0 if body.top_p is None else float(body.top_p),
                               seed=seed % 2 ** 32)
 
+    def scope(self, body: protocol.SamplingRequest, sampling: SamplingParams) -> int:
+        """The scope of earlier requests' tokens the request drafts from and enters
+        (`suffix_store.SuffixStore.scope_of`: one per `user` field); `NO_SCOPE` where the
+        engine keeps no store or the request opts out (`"hispec": {"cross_request":
+        false}`)."""
+        store = self.scheduler.engine_for(sampling).store
+        if store is None or (body.hispec is not None and not body.hispec.cross_request):
+            return NO_SCOPE
+        return store.scope_of(body.user)
+
     def budget(self, prompt_ids: list[int], max_tokens: int | None, param: str,
                sampling: SamplingParams) -> int:
         """The token budget: `max_tokens` checked against what fits the slot's cache."""
@@ -191,7 +202,8 @@ class OpenAIServing:
             raise APIError(503, "the engine is not running", type_="server_error")
         job = Job(prompt_ids=prompt_ids, max_new_tokens=budget, sampling=sampling,
                   loop=asyncio.get_running_loop(), queue=asyncio.Queue(),
-                  ignore_eos=body.ignore_eos, min_tokens=body.min_tokens)
+                  ignore_eos=body.ignore_eos, min_tokens=body.min_tokens,
+                  scope=self.scope(body, sampling))
         gen = Generation(id=self.id_prefix + secrets.token_hex(12), created=int(time.time()),
                          prompt_ids=prompt_ids, job=job,
                          text=OutputText(self.model.tokenizer, stops),

@@ -70,6 +70,7 @@ from hispec_jax.decoding import device_costs
 from hispec_jax.decoding import engine as engine_lib
 from hispec_jax.decoding import methods as methods_lib
 from hispec_jax.decoding import program_cache
+from hispec_jax.decoding import suffix_store
 from hispec_jax.decoding.engine import compile_cache
 from hispec_jax.decoding.generate import MIN_PROMPT_BLOCK
 from hispec_jax.decoding.prefill import MAX_SMALL, block_positions, prefill_chunk, small_chunk
@@ -118,6 +119,8 @@ class SlotRequest:
         budget, EOS tokens included, as offline `generate(ignore_eos=True)`.
       min_tokens: its EOS is suppressed (never drawn nor accepted: `emit.suppress_eos`)
         until it has this many new tokens; 0: from the first.
+      scope: with a store of earlier requests (`SlotEngine(store=...)`), the scope it drafts
+        from and its tokens enter (`SuffixStore.scope_of`); `suffix_store.NO_SCOPE`: neither.
     """
 
     prompt_ids: tuple[int, ...]
@@ -126,6 +129,7 @@ class SlotRequest:
     sequence_index: int = 0
     ignore_eos: bool = False
     min_tokens: int = 0
+    scope: int = suffix_store.NO_SCOPE
 
 
 def _merge_row(big, small, slot, batch: int):
@@ -238,7 +242,7 @@ def _chunk(cfg, stop: int, params, cache, slot, tokens_1xC, start, prompt_len_1)
 
 def _finish(engine: engine_lib.Engine, params, heads, state: engine_lib.EngineState,
             req: Request, slot, h_1xD, prompt_1xS, prompt_len_1, max_new_1, key_1x2,
-            sampling_1: SamplingArrays, windows_K1, eos_1xE, min_new_1):
+            sampling_1: SamplingArrays, windows_K1, eos_1xE, min_new_1, scope_1):
     """Writes the per-sequence state of a prefilled prompt (`Engine.state_from_prefill`
     as a batch of one) into row `slot` of the state and of the request (output buffer,
     c_k, rings, windows, drafter state, keys, its EOS ids and `min_tokens`...); the cache
@@ -259,6 +263,9 @@ def _finish(engine: engine_lib.Engine, params, heads, state: engine_lib.EngineSt
         eos_ids_E=req.eos_ids_E.at[slot].set(eos_1xE[0]),
         min_new_B=req.min_new_B.at[slot].set(min_new_1[0]),
         sampling=jax.tree.map(lambda b, s: b.at[slot].set(s[0]), req.sampling, sampling_1))
+    if req.store is not None:  # the scope it drafts from (`scope_1`: [1] int32)
+        req = req.replace(store=req.store.replace(
+            scope_B=req.store.scope_B.at[slot].set(scope_1[0])))
     return merged, req
 
 
@@ -416,11 +423,15 @@ class SlotEngine:
       ride_prefill: let a prefill chunk ride a round (`generate(ride=True)`) where the
         engine's round is one pass over every layer (AR, prompt lookup); a compiled
         program more per chunk size, the round over all B rows with such a chunk riding it.
+      store: a `suffix_store.SuffixStore` of earlier requests' tokens (shared by the
+        process's engines) that a drafter reading one (`Drafter.reads_store`: prompt
+        lookup) drafts from, and that every request finished here (EOS or budget) with a
+        scope enters; None, or a drafter that reads none: no store.
     """
 
     def __init__(self, model, decoder: methods_lib.Decoder, *, slots: int, capacity: int,
                  greedy: bool, eos_ids: tuple[int, ...], prefill_chunk: int = PREFILL_CHUNK,
-                 ride_prefill: bool = False):
+                 ride_prefill: bool = False, store: suffix_store.SuffixStore | None = None):
         if not isinstance(prefill_chunk, int) or prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be an integer >= 1, got {prefill_chunk!r}")
         data = sharding.axis_size(model.mesh, "data")
@@ -439,6 +450,12 @@ class SlotEngine:
         self._windows_K1 = decoder.windows_array()
         self.state, self.req = self._run(_empty, (self.engine,), (), (
             model.params, model.heads, self._eos_ids_E, self._windows_K1))
+        if not getattr(decoder.hierarchy.drafter, "reads_store", False):
+            store = None
+        self.store, self._store_version = store, None
+        if store is not None:
+            self.req = self.req.replace(store=suffix_store.empty_arrays(store.size, slots))
+        self._scope = np.full((slots,), suffix_store.NO_SCOPE, np.int64)
         # the pass costs the lookup gate weighs: this host's measurement if stored; a new
         # one (`use_pass_cost`, from any thread) takes effect at the next `generate`
         cost, self.pass_cost_source = device_costs.for_model(model)
@@ -450,8 +467,8 @@ class SlotEngine:
         if slots > 1:  # the batch axis of every leaf, from the shapes of a one-slot state
             one = dataclasses.replace(self.engine, shapes=dataclasses.replace(shapes, batch=1))
             self._layout = batch_layout((self.state, self.req), jax.eval_shape(
-                lambda: _empty(one, model.params, model.heads, self._eos_ids_E,
-                               self._windows_K1)))
+                lambda: self._with_store(_empty(one, model.params, model.heads,
+                                                self._eos_ids_E, self._windows_K1), 1)))
         self.last_rows = slots  # the rows the last `generate` ran
         # the rounds loops compiled so far, by row count (`_program`s: at first use, or ahead
         # of time by `compile_rounds`, from any thread)
@@ -482,6 +499,13 @@ class SlotEngine:
     @property
     def slots(self) -> int:
         return self.engine.shapes.batch
+
+    def _with_store(self, state_req, batch: int):
+        """(state, request) with an empty store for `batch` sequences if the engine has one."""
+        state, req = state_req
+        if self.store is None:
+            return state, req
+        return state, req.replace(store=suffix_store.empty_arrays(self.store.size, batch))
 
     def _program_of(self, fn, static: tuple, donate: tuple[int, ...], args):
         """`fn(*static, *args)` compiled for this engine's device or mesh (`_program`)."""
@@ -616,6 +640,7 @@ class SlotEngine:
         self.state, self.req = self._run(*self._finish_call(p.slot, p.request, p.h_1xD))
         self._prompt_len[p.slot], self._reported[p.slot] = len(p.request.prompt_ids), 0
         self._ignore_eos[p.slot] = p.request.ignore_eos
+        self._scope[p.slot] = p.request.scope
 
     def _finish_call(self, slot: int, request: SlotRequest, h_1xD):
         """(fn, static, donate, args) of the finish step `_finish` runs."""
@@ -634,7 +659,8 @@ class SlotEngine:
                 (self.model.params, self.model.heads, self.state, self.req, np.int32(slot),
                  h_1xD, prompt, np.asarray([n], np.int32),
                  np.asarray([request.max_new_tokens], np.int32), key_1x2, sampling_1,
-                 self._windows_K1, eos_1xE, np.asarray([request.min_tokens], np.int32)))
+                 self._windows_K1, eos_1xE, np.asarray([request.min_tokens], np.int32),
+                 None if self.store is None else np.asarray([request.scope], np.int32)))
 
     def cancel(self, slot: int) -> None:
         """Stops `slot` now and frees it (its unreported tokens, or the rest of its
@@ -666,6 +692,11 @@ class SlotEngine:
         if self._new_pass_cost is not None:
             cost, self.pass_cost_source = self._new_pass_cost
             self.req, self._new_pass_cost = self.req.replace(lookup_cost=cost), None
+        if self.store is not None and self._store_version != self.store.version:
+            self._store_version = self.store.version  # a new copy: same shapes, no compile
+            tokens_R, scope_R = self.store.host_arrays()
+            self.req = self.req.replace(store=self.req.store.replace(
+                tokens_R=jnp.asarray(tokens_R), scope_R=jnp.asarray(scope_R)))
         rows = self.riding_rows() if ride else None
         self.last_rider = None
         if rows is not None:
@@ -685,6 +716,9 @@ class SlotEngine:
                        and int(tokens_BxS[b, p + n - 1]) in self.eos_ids)
             if done:
                 self.busy[b] = False
+                if self.store is not None:
+                    self.store.add(int(self._scope[b]), tokens_BxS[b, :p].tolist(),
+                                   tokens_BxS[b, p:p + n].tolist())
             updates.append(SlotUpdate(slot=b, new_token_ids=new, done=done, hit_eos=hit_eos))
         return updates
 

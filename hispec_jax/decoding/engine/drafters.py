@@ -37,6 +37,7 @@ from hispec_jax.decoding import emit
 from hispec_jax.decoding import gate as gate_lib
 from hispec_jax.decoding import lookup as lookup_lib
 from hispec_jax.decoding import policies
+from hispec_jax.decoding import suffix_store
 from hispec_jax.decoding.draft import StaticDraftExit
 from hispec_jax.decoding.engine.state import (gather_positions, ring_read, ring_write,
                                               scatter_tokens)
@@ -295,11 +296,16 @@ class LookupCounters:
       proposed: [] tokens it proposed (matches only; the no-match placeholder is not
         counted).
       accepted: [] of those, tokens level 1 accepted.
+      store_matches, store_proposed, store_accepted: [] the part of each that came from
+        earlier requests (`Request.store`, `suffix_store.py`); 0 without a store.
     """
 
     matches: jax.Array
     proposed: jax.Array
     accepted: jax.Array
+    store_matches: jax.Array
+    store_proposed: jax.Array
+    store_accepted: jax.Array
 
 
 @flax.struct.dataclass
@@ -311,10 +317,12 @@ class LookupState:
         match).
       gate: `gate.GateState`: each sequence's acceptance estimates per n-gram length of the
         match and per whether it is on a run, and the n behind its pending proposal.
+      from_store_B: [B] bool, the pending proposal came from earlier requests' tokens.
     """
 
     proposed_B: jax.Array
     gate: gate_lib.GateState
+    from_store_B: jax.Array
 
 
 @dataclasses.dataclass(frozen=True)
@@ -336,6 +344,9 @@ class LookupDrafter:
     # platform's plain XLA options: `compile_cache.rounds_options`)
     block_passes: ClassVar[bool] = True
     draws: ClassVar[bool] = False  # deterministic proposals: q one-hot
+    # it also drafts from earlier requests' tokens where the request holds them
+    # (`Request.store`, `suffix_store.py`): the server keeps such a store for it
+    reads_store: ClassVar[bool] = True
 
     def check(self, h) -> None:
         if h.exits[0] != 0:
@@ -369,7 +380,8 @@ class LookupDrafter:
     def init_counters(self, num_layers: int) -> LookupCounters:
         del num_layers
         zero = jnp.zeros((), jnp.int32)
-        return LookupCounters(matches=zero, proposed=zero, accepted=zero)
+        return LookupCounters(matches=zero, proposed=zero, accepted=zero, store_matches=zero,
+                              store_proposed=zero, store_accepted=zero)
 
     def stats(self, h, total) -> dict:
         """What it proposed and what level 1 kept."""
@@ -380,12 +392,22 @@ class LookupDrafter:
             "lookups": int(total.actions_K[0]), "matches": int(c.matches),
             "proposed": proposed, "accepted": accepted,
             "acceptance_rate": accepted / proposed if proposed else None,
-            "verified_by_exit": h.exits[1]}}
+            "verified_by_exit": h.exits[1],
+            "from_earlier_requests": {"matches": int(c.store_matches),
+                                      "proposed": int(c.store_proposed),
+                                      "accepted": int(c.store_accepted)}}}
 
     def proposals(self, drafter_counters) -> tuple[Any, Any]:
         """(proposed, accepted) tokens: the matches' (a round without one is level 1's AR
         step, not a draft)."""
         return drafter_counters.proposed, drafter_counters.accepted
+
+    def sources(self, drafter_counters) -> dict[str, tuple[Any, Any]]:
+        """(proposed, accepted) tokens by where the match was: the sequence's own prompt
+        and output, or earlier requests (the server's store)."""
+        c = drafter_counters
+        return {"context": (c.proposed - c.store_proposed, c.accepted - c.store_accepted),
+                "earlier_requests": (c.store_proposed, c.store_accepted)}
 
     def block(self, max_window: int) -> int:
         return max_window  # one lookup: at most k positions
@@ -402,7 +424,8 @@ class LookupDrafter:
         del ring, capacity
         return LookupState(proposed_B=jnp.zeros((batch,), jnp.int32),
                            gate=gate_lib.GateState.init(batch, self.lookup.max_ngram,
-                                                       runs=True))
+                                                       runs=True),
+                           from_store_B=jnp.zeros((batch,), bool))
 
     def ready(self, state, window_ready_B, pending_B):
         del state, window_ready_B
@@ -425,6 +448,10 @@ class LookupDrafter:
         limit_B = jnp.clip(jnp.minimum(state.windows.windows_BxK1[:, 0], remaining_B), 1, k)
         with jax.named_scope("lookup"):
             prop = self.lookup.propose(out.tokens_BxS, c[:, 0], limit_B)
+            from_store_B = jnp.zeros_like(prop.matched_B)
+            if rnd.req.store is not None:  # earlier requests' tokens: the longer match wins
+                prop, from_store_B = suffix_store.prefer_longer(prop, suffix_store.propose(
+                    self.lookup, rnd.req.store, out.tokens_BxS, c[:, 0], limit_B))
             length_B = prop.length_B
             if self.lookup.gate:  # greedy: one block for the batch; sampling: each alone
                 length_B = gate_lib.choose(
@@ -436,15 +463,19 @@ class LookupDrafter:
         tokens_BxS = out.tokens_BxS.at[jnp.arange(c.shape[0])[:, None], slots_BxK].set(
             prop.tokens_BxK, mode="drop")
         matched_B = part_B & prop.matched_B
+        stored_B = matched_B & from_store_B
         counters, mine = state.counters, state.counters.drafter
         counters = counters.replace(
             actions_K=counters.actions_K.at[0].add(1),
             drafter=mine.replace(
                 matches=mine.matches + jnp.sum(matched_B),
-                proposed=mine.proposed + jnp.sum(jnp.where(matched_B, n_B, 0))))
+                proposed=mine.proposed + jnp.sum(jnp.where(matched_B, n_B, 0)),
+                store_matches=mine.store_matches + jnp.sum(stored_B),
+                store_proposed=mine.store_proposed + jnp.sum(jnp.where(stored_B, n_B, 0))))
         ds = ds.replace(
             proposed_B=jnp.where(part_B, jnp.where(matched_B, n_B, 0), ds.proposed_B),
-            gate=ds.gate.replace(ngram_B=jnp.where(part_B, prop.ngram_B, ds.gate.ngram_B)))
+            gate=ds.gate.replace(ngram_B=jnp.where(part_B, prop.ngram_B, ds.gate.ngram_B)),
+            from_store_B=jnp.where(part_B, stored_B, ds.from_store_B))
         return state.replace(
             out=out.replace(tokens_BxS=tokens_BxS), processed_BxK=c.at[:, 0].add(n_B),
             draft_state=ds, counters=counters)
@@ -473,7 +504,9 @@ class LookupDrafter:
         mine = counters.drafter
         return state.replace(
             counters=counters.replace(drafter=mine.replace(
-                accepted=mine.accepted + jnp.sum(kept_B))),
+                accepted=mine.accepted + jnp.sum(kept_B),
+                store_accepted=mine.store_accepted + jnp.sum(
+                    jnp.where(ds.from_store_B, kept_B, 0)))),
             windows=windows.replace(windows_BxK1=windows.windows_BxK1.at[:, 0].set(
                 self.lookup.adapt(windows.windows_BxK1[:, 0], looked_B, kept_B))),
             draft_state=ds.replace(gate=ds.gate.record(looked_B, kept_B)))

@@ -1,0 +1,185 @@
+"""Drafts from earlier requests: a store of their tokens that the compiled lookup searches
+beside the sequence's own context (docs/lookup.md, "Drafts from earlier requests").
+
+SuffixDecoding (Oliveira et al., "SuffixDecoding: Extreme Speculative Decoding for
+Emerging AI Applications", arXiv 2411.04975) drafts from a suffix tree over earlier
+outputs on the host. Here the earlier tokens stay on the device as one fixed-shape buffer,
+and the round searches it as prompt lookup searches the sequence (`lookup.py`): the same
+vectorised comparisons, over R positions instead of S. No host round trip, and a new
+buffer of the same shape never recompiles.
+
+    store tokens_R   | p p p a b c d e | p p a b c x y | ... | . . . .     (oldest first)
+                     entry: the prompt's last tokens, the output, then SENTINEL (|)
+    scope_R          | 0 0 0 0 0 0 0 0 | 1 1 1 1 1 1 1 | ...               (tenant of each)
+    sequence         ... q r a b c ?                    suffix (a, b, c), n = 3
+    match            the most recent end of (a, b, c) in the store within the sequence's
+                     scope, followed by a token: proposes what followed it (x y, up to k,
+                     never past the entry's SENTINEL)
+
+The sentinel (-1) equals no token, so no match crosses two entries; a sequence whose scope
+is `NO_SCOPE` (a request that opted out) never matches. The round uses the store's match
+where it is longer than the sequence's own (`prefer_longer`; the own context wins ties),
+and its n is the confidence the acceptance gate buckets by, as for an own match.
+
+`SuffixStore` is the host side, one per server process: finished requests' tokens enter a
+ring of R tokens (the oldest evicted), and `arrays()` hands the engine a new device copy.
+It lives in memory only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hispec_jax.decoding import lookup as lookup_lib
+
+SENTINEL = -1  # separates entries; equals no token
+NO_SCOPE = -1  # a sequence with this scope drafts nothing from the store
+DEFAULT_STORE_TOKENS = 16384  # R
+MIN_STORE_NGRAM = 2  # a store match of fewer suffix tokens is not used (a 1-gram is noise)
+
+
+@flax.struct.dataclass
+class StoreArrays:
+    """The store as the compiled round reads it (`Request.store`).
+
+    Attributes:
+      tokens_R: [R] int32, earlier requests' tokens, oldest first, entries separated by
+        `SENTINEL` (free positions hold it too).
+      scope_R: [R] int32, the scope (tenant) each token belongs to; `NO_SCOPE` at free
+        positions.
+      scope_B: [B] int32, each sequence's scope: it matches only tokens of its own
+        (`NO_SCOPE`: none).
+    """
+
+    tokens_R: jax.Array
+    scope_R: jax.Array
+    scope_B: jax.Array
+
+
+def empty_arrays(size: int, batch: int) -> StoreArrays:
+    """An empty store of `size` tokens for a batch of `batch` sequences (no scope)."""
+    return StoreArrays(tokens_R=jnp.full((size,), SENTINEL, jnp.int32),
+                       scope_R=jnp.full((size,), NO_SCOPE, jnp.int32),
+                       scope_B=jnp.full((batch,), NO_SCOPE, jnp.int32))
+
+
+def propose(lookup: lookup_lib.PromptLookup, store: StoreArrays, tokens_BxS: jax.Array,
+            newest_B: jax.Array, limit_B: jax.Array) -> lookup_lib.Proposal:
+    """Each sequence's proposal from the store: the longest suffix of its context (n =
+    `MIN_STORE_NGRAM` .. `lookup.max_ngram`) that occurs in the store within its scope and
+    is followed there by a token; of those, the most recent. Proposes what followed, up to
+    `limit_B` and the schedule's share for n (`PromptLookup.ngram_tokens`), never past the
+    entry's end. No match: `matched_B` False (the caller keeps its own proposal).
+
+    Args:
+      lookup: the drafter's settings (k, N, schedule).
+      store: the store (`StoreArrays`).
+      tokens_BxS: [B, S] int32, the sequences' token buffers.
+      newest_B: [B] int32, c: each sequence's newest position.
+      limit_B: [B] int32 >= 1, the most tokens to propose.
+    """
+    B = tokens_BxS.shape[0]
+    R = store.tokens_R.shape[0]
+    N, k = lookup.max_ngram, lookup.max_tokens
+    j_R = jnp.arange(R)
+    batch_B = jnp.arange(B)
+    # a match may end at j only where a token of the same entry follows it
+    follows_R = jnp.pad(store.tokens_R[1:], (0, 1), constant_values=SENTINEL) != SENTINEL
+    usable_BxR = ((store.scope_R[None, :] == store.scope_B[:, None])
+                  & (store.scope_B[:, None] != NO_SCOPE) & follows_R[None, :])
+    match_BxR = jnp.ones((B, R), bool)
+    best_end_B = jnp.full((B,), -1, jnp.int32)
+    ngram_B = jnp.zeros((B,), jnp.int32)
+    for i in range(N):
+        suffix_B = tokens_BxS[batch_B, jnp.maximum(newest_B - i, 0)]
+        shifted_R = jnp.pad(store.tokens_R, (i, 0), constant_values=SENTINEL)[:R]
+        match_BxR &= shifted_R[None, :] == suffix_B[:, None]
+        if i + 1 < MIN_STORE_NGRAM:
+            continue
+        ok_BxR = match_BxR & usable_BxR & (newest_B[:, None] >= i)
+        end_B = jnp.max(jnp.where(ok_BxR, j_R[None, :], -1), axis=1).astype(jnp.int32)
+        found_B = end_B >= 0  # a longer n that matches overrides a shorter one
+        best_end_B = jnp.where(found_B, end_B, best_end_B)
+        ngram_B = jnp.where(found_B, i + 1, ngram_B)
+    matched_B = best_end_B >= 0
+    start_B = jnp.maximum(best_end_B + 1, 0)
+    tokens_BxK = store.tokens_R[jnp.clip(start_B[:, None] + jnp.arange(k)[None, :], 0, R - 1)]
+    # the entry's tokens before its SENTINEL (or the buffer's end)
+    inside_BxK = (tokens_BxK != SENTINEL) & (start_B[:, None] + jnp.arange(k)[None, :] < R)
+    run_B = jnp.sum(jnp.cumprod(inside_BxK, axis=1), axis=1).astype(jnp.int32)
+    limit_B = jnp.minimum(limit_B, lookup.ngram_tokens(ngram_B))
+    length_B = jnp.clip(jnp.minimum(run_B, limit_B), 1, k).astype(jnp.int32)
+    return lookup_lib.Proposal(tokens_BxK=jnp.maximum(tokens_BxK, 0), length_B=length_B,
+                               matched_B=matched_B, ngram_B=ngram_B)
+
+
+def prefer_longer(own: lookup_lib.Proposal,
+                  earlier: lookup_lib.Proposal) -> tuple[lookup_lib.Proposal, jax.Array]:
+    """Per sequence, the store's proposal where its match is longer than the own context's
+    (ties: the own one). Returns (the proposal, [B] bool: it came from the store)."""
+    use_B = earlier.matched_B & (earlier.ngram_B > own.ngram_B)
+    pick = lambda a, b: jnp.where(use_B.reshape(use_B.shape + (1,) * (a.ndim - 1)), b, a)
+    return lookup_lib.Proposal(**{f.name: pick(getattr(own, f.name), getattr(earlier, f.name))
+                                  for f in dataclasses.fields(own)}), use_B
+
+
+class SuffixStore:
+    """The host side of the store: a ring of `size` tokens of finished requests (each
+    entry the last `prompt_tail` prompt tokens, the output, and a `SENTINEL`), the oldest
+    evicted first, each token tagged with its request's scope. One per server process, in
+    memory only; thread-safe. `arrays(batch)`, a new device copy, changes only when a
+    request was added (`version`).
+
+    Scopes: `scope_of(user)` maps the request's `user` field (None: the shared scope of
+    requests without one) to a small integer; a sequence drafts only from entries of its
+    own scope.
+    """
+
+    def __init__(self, size: int = DEFAULT_STORE_TOKENS, prompt_tail: int = 8):
+        if not isinstance(size, int) or size < 2:
+            raise ValueError(f"the store needs at least 2 tokens, got {size!r}")
+        self.size, self.prompt_tail = size, prompt_tail
+        self._tokens = np.full((size,), SENTINEL, np.int32)
+        self._scope = np.full((size,), NO_SCOPE, np.int32)
+        self._cursor = 0  # the next position to write (the oldest token)
+        self._scopes: dict[str | None, int] = {}
+        self._lock = threading.Lock()
+        self.version = 0  # requests added
+        self.tokens_added = 0
+
+    def scope_of(self, user: str | None) -> int:
+        """The scope of requests with this `user` field (None: those without one)."""
+        with self._lock:
+            return self._scopes.setdefault(user, len(self._scopes))
+
+    def add(self, scope: int, prompt_ids, output_ids) -> None:
+        """A finished request's tokens: the last `prompt_tail` of its prompt, then its
+        output (an output longer than the store keeps its end)."""
+        if scope == NO_SCOPE or not len(output_ids):
+            return
+        tail = list(prompt_ids)[-self.prompt_tail:] if self.prompt_tail else []
+        entry = np.asarray(tail + list(output_ids) + [SENTINEL], np.int32)[-self.size:]
+        with self._lock:
+            at = (self._cursor + np.arange(len(entry))) % self.size
+            self._tokens[at], self._scope[at] = entry, scope
+            self._scope[at[-1]] = NO_SCOPE
+            self._cursor = int((self._cursor + len(entry)) % self.size)
+            self.version += 1
+            self.tokens_added += len(entry) - 1
+
+    def host_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(tokens, scopes) oldest first."""
+        with self._lock:
+            return (np.roll(self._tokens, -self._cursor), np.roll(self._scope, -self._cursor))
+
+    def describe(self) -> dict:
+        """For /health: its size and what it holds (no tokens)."""
+        with self._lock:
+            return {"tokens": self.size, "requests_added": self.version,
+                    "tokens_added": self.tokens_added, "scopes": len(self._scopes)}
