@@ -80,14 +80,16 @@ def catch_up(params, cfg: ModelConfig, chunk: int, tokens_BxS: jax.Array, cache:
                                   (cache, cached_B, jnp.zeros((), jnp.int32)))
 
 
-def _last_logits(params, cfg: ModelConfig, cache: KVCache, tokens_BxT: jax.Array,
-                 positions_BxT: jax.Array, last_B: jax.Array):
-    """One pass of a draft model over a block: the logits [B, V] of row `last_B` and the
-    cache with the block's keys and values."""
+def pass_logits(params, cfg: ModelConfig, cache: KVCache, tokens_BxT: jax.Array,
+                positions_BxT: jax.Array, rows_BxR: jax.Array):
+    """One pass of a draft model over a block: the logits [B, R, V] of its rows `rows_BxR`
+    (clipped into the block; the head runs on those rows only) and the cache with the
+    block's keys and values."""
     h_BxTxD, cache = run_layers_cached(params, cfg, embed(params, tokens_BxT), positions_BxT,
                                        cache, 0, cfg.num_layers)
-    h_Bx1xD = jnp.take_along_axis(h_BxTxD, last_B.clip(0)[:, None, None], axis=1)
-    return heads_lib.exit_logits(params, {}, cfg, h_Bx1xD, cfg.num_layers)[:, 0], cache
+    rows_BxR = jnp.clip(rows_BxR, 0, tokens_BxT.shape[1] - 1)
+    h_BxRxD = jnp.take_along_axis(h_BxTxD, rows_BxR[..., None], axis=1)
+    return heads_lib.exit_logits(params, {}, cfg, h_BxRxD, cfg.num_layers), cache
 
 
 @flax.struct.dataclass
@@ -138,8 +140,10 @@ class InnerDraftModel:
         def first(T):
             def run(cache):
                 positions_BxT = block_positions(pos_B - known_B + 1, known_B, T, S)
-                return _last_logits(params, cfg, cache, gather_positions(tokens_BxS, positions_BxT),
-                                    positions_BxT, known_B - 1)
+                logits_Bx1xV, cache = pass_logits(
+                    params, cfg, cache, gather_positions(tokens_BxS, positions_BxT),
+                    positions_BxT, (known_B - 1)[:, None])
+                return logits_Bx1xV[:, 0], cache
             return run
 
         def choose(logits_BxV, j):
@@ -159,15 +163,17 @@ class InnerDraftModel:
             cache, tokens_BxK, logq_BxKxV = carry
             on_B = j < m_B
             positions_Bx1 = jnp.where(on_B, pos_B + j, S)[:, None]
-            logits_BxV, cache = _last_logits(params, cfg, cache, tokens_BxK[:, j - 1][:, None],
-                                             positions_Bx1, jnp.zeros_like(pos_B))
+            logits_Bx1xV, cache = pass_logits(params, cfg, cache, tokens_BxK[:, j - 1][:, None],
+                                              positions_Bx1, jnp.zeros_like(positions_Bx1))
+            logits_BxV = logits_Bx1xV[:, 0]
             y_B, logq_BxV = choose(logits_BxV, j)
             tokens_BxK = tokens_BxK.at[:, j].set(y_B)
             if logq_BxKxV is not None:
                 logq_BxKxV = logq_BxKxV.at[:, j].set(logq_BxV)
             return cache, tokens_BxK, logq_BxKxV
 
-        cache, tokens_BxK, logq_BxKxV = jax.lax.fori_loop(1, K, step,
+        # steps only as far as some sequence drafts (a while loop: m_B is traced)
+        cache, tokens_BxK, logq_BxKxV = jax.lax.fori_loop(1, jnp.max(m_B), step,
                                                           (cache, tokens_BxK, logq_BxKxV))
         # it ran positions c .. c + m - 1; `kept` fixes how many of them stay valid
         return tokens_BxK, logq_BxKxV, InnerState(cache=cache, cached_B=cached_B), ran
@@ -494,11 +500,9 @@ class DraftModelDrafter:
                 after_BxT >= 0,
                 jnp.take_along_axis(proposed_BxM, jnp.clip(after_BxT, 0, M - 1), axis=1),
                 tokens_BxT)
-        h_BxTxD, cache = run_layers_cached(params, cfg, embed(params, tokens_BxT), positions_BxT,
-                                           ds.cache, 0, cfg.num_layers)
         rows_BxR = (known_B - 1).clip(0)[:, None] + jnp.arange(M + 1)[None, :]
-        h_BxRxD = jnp.take_along_axis(h_BxTxD, jnp.minimum(rows_BxR, T - 1)[..., None], axis=1)
-        logits_BxRxV = heads_lib.exit_logits(params, {}, cfg, h_BxRxD, cfg.num_layers)
+        logits_BxRxV, cache = pass_logits(params, cfg, ds.cache, tokens_BxT, positions_BxT,
+                                          rows_BxR)
         proposed_BxR = jnp.pad(proposed_BxM, ((0, 0), (0, 1)))
         logq_BxRxV = None
         if not rnd.greedy:
