@@ -37,19 +37,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import sys
 import types
-from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from hispec_jax.bench import args as args_lib
-from hispec_jax.bench import suite
+from hispec_jax.bench import oracle, suite
+from hispec_jax.bench.oracle import in_layout
 from hispec_jax.bench.suite import MethodSpec
 from hispec_jax.models.config import ModelConfig
 from hispec_jax.models.model import Model
@@ -80,10 +78,6 @@ def agreeing_pair(target: Model, draft_layers: int) -> tuple[Model, Model]:
     draft = Model(cfg=target.cfg.replace(num_layers=n), params=draft_params,
                   generation_config={})
     return dataclasses.replace(target, params=params), draft
-
-
-def in_layout(model: Model, layout: str) -> Model:
-    return dataclasses.replace(model, params=with_layer_layout(model.params, layout))
 
 
 def draft_fraction_by_macs(target: Model, draft: Model, k: int) -> float:
@@ -277,10 +271,7 @@ def main(argv=None) -> int:
                  prompt_len=args.prompt_len, max_new_tokens=args.max_new_tokens,
                  rounds=args.rounds, seed=args.seed, repeats=args.repeats,
                  progress=lambda msg: print(f"[draft-model] {msg}", file=sys.stderr, flush=True))
-    print(markdown(report))
-    if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=1, default=str))
-    return 0 if all(r["identical_to_ar"] for r in report["rows"]) else 1
+    return oracle.finish(report, markdown(report), args.out)
 
 
 if __name__ == "__main__":

@@ -290,6 +290,15 @@ def _parse_specs(text: str, model: Model) -> list[MethodSpec]:
     return specs
 
 
+def finish(report: dict, table: str, out: str | None) -> int:
+    """A tool's end: the table printed, the report written to `out` (JSON), exit status 1
+    when a row's tokens departed from AR's."""
+    print(table)
+    if out:
+        Path(out).write_text(json.dumps(report, indent=1, default=str))
+    return 0 if all(r["identical_to_ar"] for r in report["rows"]) else 1
+
+
 def main(argv=None) -> int:
     ap = args_lib.Parser(prog="hispec bench-tool oracle", description=__doc__.split("\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -333,10 +342,7 @@ def main(argv=None) -> int:
                  max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                  rounds=args.rounds, stage_model=not args.no_stage_model,
                  progress=lambda name: print(f"[oracle] {name}", file=sys.stderr))
-    print(markdown(report))
-    if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=1, default=str))
-    return 0 if all(r["identical_to_ar"] for r in report["rows"]) else 1
+    return finish(report, markdown(report), args.out)
 
 
 if __name__ == "__main__":
