@@ -18,7 +18,7 @@ from hispec_jax import DEFAULT_MODEL_DIR, generate, load_model
 from hispec_jax.decoding import engine as engine_lib
 from hispec_jax.decoding import methods
 from hispec_jax.decoding.acceptance import BlockwiseVerification, TokenwiseRejection
-from hispec_jax.decoding.lookup import SCHEDULES, PromptLookup, one_hot_logq
+from hispec_jax.decoding.lookup import PromptLookup, one_hot_logq
 from hispec_jax.decoding.options import OptionError, check_method_options
 from hispec_jax.decoding.sampling import SamplingParams
 
@@ -48,15 +48,14 @@ def reference_proposal(tokens, c, k, max_ngram, limit, cap=lambda n: 10**9):
 def test_proposal_equals_reference(data):
     B, S = data.draw(st.integers(1, 4)), 24
     k, max_ngram = data.draw(st.integers(1, 16)), data.draw(st.integers(1, 6))
-    schedule = data.draw(st.sampled_from(SCHEDULES))
     vocab = data.draw(st.integers(2, 5))
     rows = [data.draw(st.lists(st.integers(0, vocab - 1), min_size=S, max_size=S)) for _ in range(B)]
     newest = [data.draw(st.integers(0, S - 1)) for _ in range(B)]
     limit = [data.draw(st.integers(1, k)) for _ in range(B)]
-    drafter = PromptLookup(k, max_ngram, schedule=schedule)
+    drafter = PromptLookup(k, max_ngram)
     prop = drafter.propose(jnp.asarray(rows, jnp.int32), jnp.asarray(newest, jnp.int32),
                            jnp.asarray(limit, jnp.int32))
-    cap = ngram_cap(k, max_ngram) if schedule == "ngram" else (lambda n: k)
+    cap = ngram_cap(k, max_ngram)
     for b in range(B):
         want, n = reference_proposal(rows[b], newest[b], k, max_ngram, limit[b], cap)
         m = int(prop.length_B[b])
@@ -65,29 +64,28 @@ def test_proposal_equals_reference(data):
 
 
 def ngram_cap(k, max_ngram):
-    """The "ngram" schedule's cap, spelled out: k from 5-grams (or max_ngram-grams if
+    """The drafter's cap by n (`ngram_tokens`), spelled out: k from 5-grams (or max_ngram-grams if
     shorter), else k / 4 for a 1-gram and k / 2 for longer ones (each at least 1)."""
     return lambda n: (k if n >= min(5, max_ngram) else max(k // 4, 1) if n == 1
                       else max(k // 2, 1))
 
 
-def test_ngram_schedule_caps_short_matches():
-    drafter = PromptLookup(16, 8, schedule="ngram")
+def test_ngram_tokens_caps_short_matches():
+    drafter = PromptLookup(16, 8)
     assert [drafter.ngram_tokens(n) for n in range(1, 9)] == [4, 8, 8, 8, 16, 16, 16, 16]
     assert [PromptLookup(16, 3).ngram_tokens(n) for n in (1, 2, 3)] == [4, 8, 16]
     assert [PromptLookup(8, 1).ngram_tokens(1)] == [8]  # every match is as long as it gets
     for k in range(1, 17):
         for max_ngram in range(1, 9):
-            drafter = PromptLookup(k, max_ngram, schedule="ngram")
+            drafter = PromptLookup(k, max_ngram)
             ints = [drafter.ngram_tokens(n) for n in range(1, max_ngram + 1)]
             assert ints == [ngram_cap(k, max_ngram)(n) for n in range(1, max_ngram + 1)]
             got = drafter.ngram_tokens(jnp.arange(1, max_ngram + 1)).tolist()  # the engine's
             assert got == ints and all(1 <= t <= k for t in ints)
-    assert PromptLookup(16, 8, schedule="fixed").ngram_tokens(1) == 16
     #      0  1  2  3  4  5  6  7  8  9 10 11 12 13 14 15 16 17 18 19
     row = [1, 2, 3, 4, 5, 6, 7, 8, 9, 3, 9, 9, 9, 9, 1, 2, 3, 4, 5, 0, 0, 0, 0, 0]
     tokens = jnp.asarray([row, row])
-    prop = PromptLookup(8, 8, schedule="ngram").propose(tokens, jnp.asarray([18, 9]),
+    prop = PromptLookup(8, 8).propose(tokens, jnp.asarray([18, 9]),
                                                         jnp.asarray([8, 8]))
     # sequence 0: the 5-gram 1 2 3 4 5 matched -> all 8 (6 7 8 9 3 9 9 9); sequence 1: only
     # "3" matched (at 2) -> k / 4 = 2 tokens (4 5)
@@ -99,12 +97,12 @@ def test_ngram_schedule_caps_short_matches():
 def test_proposal_prefers_longest_then_most_recent():
     #        0  1  2  3  4  5  6  7  8  9
     row = [7, 1, 2, 5, 9, 2, 6, 1, 2, 0, 0, 0]
-    prop = PromptLookup(3, 3, schedule="fixed").propose(jnp.asarray([row]), jnp.asarray([8]),
+    prop = PromptLookup(3, 3).propose(jnp.asarray([row]), jnp.asarray([8]),
                                                         jnp.asarray([3]))
     # suffix (1, 2) occurs ending at 2 (then 5 9 2); "2" alone most recently at 5 (then 6)
     assert np.asarray(prop.tokens_BxK[0]).tolist() == [5, 9, 2]
     assert int(prop.ngram_B[0]) == 2
-    prop = PromptLookup(3, 1, schedule="fixed").propose(jnp.asarray([row]), jnp.asarray([8]),
+    prop = PromptLookup(3, 1).propose(jnp.asarray([row]), jnp.asarray([8]),
                                                         jnp.asarray([3]))
     assert np.asarray(prop.tokens_BxK[0, :2]).tolist() == [6, 1] and int(prop.length_B[0]) == 3
 
@@ -170,14 +168,14 @@ def test_lookup_drafts_are_accepted_on_a_cycle(method, options):
 
 
 def test_default_drafter_scales_k_by_the_match():
-    """`methods` builds the lookup drafter with the "ngram" schedule, k = 16 and 8-grams
+    """`methods` builds the lookup drafter with k = 16 and 8-grams
     unless told (the study: BENCHMARKS.md at commit cb2a647, "Longer proposals for longer
     matches"), its window k."""
     model = tiny_model(4, 1)
     drafter = methods.make_method(model, "lookup").hierarchy.drafter.lookup
-    assert (drafter.schedule, drafter.max_tokens, drafter.max_ngram) == ("ngram", 16, 8)
+    assert (drafter.max_tokens, drafter.max_ngram) == (16, 8)
     decoder = methods.make_method(model, "lookup", lookup=5)
-    assert decoder.hierarchy.drafter.lookup.schedule == "ngram" and decoder.windows[0] == 5
+    assert decoder.hierarchy.drafter.lookup.max_tokens == 5 and decoder.windows[0] == 5
 
 
 def test_every_level_above_the_lookup_runs_at_a_power_of_two_block():
@@ -197,30 +195,15 @@ def test_every_level_above_the_lookup_runs_at_a_power_of_two_block():
     assert [plain.level_blocks(k) for k in (1, 2)] == [(), ()]
 
 
-@pytest.mark.parametrize("schedule", SCHEDULES)
-def test_adapt_one_is_adapt(schedule):
-    """The planner's scalar rule (`adapt_one`) is the engine's vectorised one (`adapt`), for
-    every window, proposal and kept count."""
-    drafter = PromptLookup(8, 3, schedule=schedule)
-    cases = [(w, p, a) for w in range(1, 9) for p in range(0, 9) for a in range(0, p + 1)]
-    w_B, p_B, a_B = (jnp.asarray(col, jnp.int32) for col in zip(*cases))
-    got = drafter.adapt(w_B, p_B, a_B).tolist()
-    assert got == [drafter.adapt_one(*case) for case in cases]
-    if schedule in ("fixed", "ngram"):
-        assert got == [w for w, _, _ in cases]
-
-
-@pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize("method,options", [LOOKUP_METHODS[0], LOOKUP_METHODS[2]])
-def test_every_schedule_keeps_greedy_equal_to_ar(schedule, method, options):
-    """Whatever moves k, the output is AR's and the drafter drafts (a cycling model, batch 3
-    with per-sequence matches)."""
+def test_lookup_keeps_greedy_equal_to_ar_with_per_sequence_matches(method, options):
+    """The output is AR's and the drafter drafts (a cycling model, batch 3 with
+    per-sequence matches)."""
     model = cycling_model()
     prompts = [[5, 9, 11], [7], [1, 2, 3, 4, 5, 6, 7, 8]]
     ref = generate(model, prompts, max_new_tokens=30, ignore_eos=True)
-    decoder = methods.with_lookup_schedule(methods.make_method(model, method, **options),
-                                           schedule)
-    got = generate(model, prompts, method=decoder, max_new_tokens=30, ignore_eos=True)
+    got = generate(model, prompts, method=methods.make_method(model, method, **options),
+                   max_new_tokens=30, ignore_eos=True)
     assert got.token_ids == ref.token_ids
     assert got.stats["lookup"]["accepted"] > 0, got.stats["lookup"]
 

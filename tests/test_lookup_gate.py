@@ -216,7 +216,7 @@ COSTS = [gate.default_pass_cost("cpu"), gate.PassCost.of(1.2), gate.PassCost.of(
 
 
 def ungated(decoder):
-    """`decoder` with its lookup drafter's gate off (the schedule's limit every round)."""
+    """`decoder` with its lookup drafter's gate off (`ngram_tokens`' limit every round)."""
     h = decoder.hierarchy
     return dataclasses.replace(decoder, hierarchy=dataclasses.replace(
         h, drafter=dataclasses.replace(
@@ -273,22 +273,22 @@ def test_limits_of_f_in_the_loop():
 
 
 @pytest.mark.parametrize("method,options", [
-    ("lookup", dict(lookup=3, acceptance="tokenwise")),
-    ("lookup", dict(lookup=3, max_ngram=2, acceptance="blockwise")),
-    ("layerskip", dict(lookup=3, draft_exit=2, draft_len=2, acceptance="tokenwise")),
+    ("lookup", dict(lookup=3, max_ngram=1, acceptance="tokenwise")),
+    ("lookup", dict(lookup=3, max_ngram=1, acceptance="blockwise")),
+    ("layerskip", dict(lookup=3, max_ngram=1, draft_exit=2, draft_len=2,
+                       acceptance="tokenwise")),
 ])
 def test_gated_sampling_matches_exact_distribution(small, method, options):
     """Through the gated path: the first tokens after PROMPT (4-token vocabulary, the n-gram
     search matches in most rounds) follow AR sampling's exact distribution, at a pass cost
     (F = 0.25) where a fresh estimate (a = 2/3) proposes one token and one whose probes
-    were kept (a >= 0.8) two: fewer tokens in all than ungated."""
+    were kept (a >= 0.8) two: fewer tokens in all than ungated. (max_ngram = 1: a match
+    may propose all k = 3, so the gate alone shortens a proposal.)"""
     sampling = SamplingParams(temperature=1.0, seed=23)
     probs = exact_ar_distribution(small, sampling)
     run = dict(max_new_tokens=NEW, ignore_eos=True, temperature=1.0, seed=23,
                lookup_cost=gate.PassCost.of(0.25))
-    # "fixed": up to k tokens whatever the n, so the gate alone shortens a proposal
-    gated = methods.with_lookup_schedule(
-        methods.make_method(small, method, greedy=False, **options), "fixed")
+    gated = methods.make_method(small, method, greedy=False, **options)
     r = generate(small, [PROMPT] * N_SAMPLES, method=gated, **run)
     look = r.stats["lookup"]
     free = generate(small, [PROMPT] * N_SAMPLES, method=ungated(gated), **run)

@@ -35,9 +35,7 @@ from hispec_jax.decoding.options import (DEFAULT_LOOKUP, DEFAULT_MAX_NGRAM, MAX_
                                          MAX_NGRAM)
 
 
-SCHEDULES = ("fixed", "probe", "halving", "ngram")
-PROBE_KEEP = 2  # "probe": a long proposal keeping fewer tokens than this drops k to 1
-NGRAM_FULL = 5  # "ngram": a match of this many tokens or more proposes all k
+NGRAM_FULL = 5  # a match of this many tokens or more proposes all k (`ngram_tokens`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,88 +61,44 @@ class Proposal:
 class PromptLookup:
     """The lookup drafter's static settings (part of the compile key).
 
+    The most tokens a match proposes grows with its n (`ngram_tokens`): the longer the
+    suffix that matched, the likelier its continuation holds. A match of `NGRAM_FULL` (or
+    `max_ngram`, if fewer) tokens or more proposes all k, a shorter one k / 2, a 1-gram
+    k / 4 (at the defaults, k = 16 and 8-grams: 16 / 8 / 4 tokens). A proposal of m tokens
+    costs a pass over m positions, dearer than the one-position pass (the AR step) by what
+    the host's pass costs say (`gate.PassCost`, docs/lookup.md). (Schedules that moved k
+    between rounds, "fixed", "probe" and "halving", were A/B variants none adopted: in git
+    at commit 5ede6bf.)
+
     Attributes:
       max_tokens: k_max, the static bound of tokens one lookup proposes (its block).
       max_ngram: N, the longest suffix matched (n = N down to 1).
-      schedule: the most tokens each sequence may propose: its k (level-1 window, `adapt`)
-        and, for "ngram", the match's n (`ngram_tokens`). A proposal of m tokens costs a
-        pass over m positions, dearer than the one-position pass (the AR step) by what the
-        host's pass costs say (`gate.PassCost`, docs/lookup.md):
-        "ngram" (default): k every round, but a short match proposes less: the longer the
-          suffix that matched, the likelier its continuation holds. A match of `NGRAM_FULL`
-          (or `max_ngram`, if fewer) tokens or more proposes all k, a shorter one k / 2, a
-          1-gram k / 4 (`ngram_tokens`; at the defaults, k = 16 and 8-grams: 16 / 8 / 4
-          tokens).
-        "fixed": k = `max_tokens` every round, whatever the match. A spurious match costs
-          one pass over its block; a round without a match is the one-position pass
-          either way.
-        "probe": k is 1 or `max_tokens`. At k = 1 the pass is an AR step that checks the
-          match's first token; once a match is fully accepted (the probe held), k =
-          `max_tokens`; a long proposal that kept fewer than `PROBE_KEEP` tokens drops k
-          back to 1. It pays where a pass over several positions costs much more than the AR
-          step.
-        "halving": k starts at 2, doubles after a fully accepted match and halves after a
-          rejected one, within [1, max_tokens].
-      gate: the acceptance gate (`gate.py`, on by default): within the schedule's limit,
+      gate: the acceptance gate (`gate.py`, on by default): within `ngram_tokens`' limit,
         each round proposes only as many tokens as the sequence's estimated acceptance for
         matches of this n pays for at this device's pass costs and the batch's size, down
-        to 1 token (an AR step). Off: the schedule's limit, every round.
+        to 1 token (an AR step). Off: `ngram_tokens`' limit, every round.
     """
 
     max_tokens: int = DEFAULT_LOOKUP
     max_ngram: int = DEFAULT_MAX_NGRAM
-    schedule: str = "ngram"
     gate: bool = True
 
-    def initial_window(self) -> int:
-        return {"fixed": self.max_tokens, "probe": 1, "halving": min(2, self.max_tokens),
-                "ngram": self.max_tokens}[self.schedule]
-
     def ngram_tokens(self, ngram_B):
-        """The most tokens a match of `ngram_B` (>= 1) suffix tokens may propose: k under
-        every schedule but "ngram". There a full match, n >= min(`NGRAM_FULL`, max_ngram),
-        proposes k; a shorter one k / 2, or k / 4 when n = 1 (each at least 1). `ngram_B`
-        an int array, or a Python int (the planner's replay)."""
+        """The most tokens a match of `ngram_B` (>= 1) suffix tokens may propose: a full
+        match, n >= min(`NGRAM_FULL`, max_ngram), proposes k; a shorter one k / 2, or k / 4
+        when n = 1 (each at least 1). `ngram_B` an int array, or a Python int (the planner's
+        replay)."""
         k = self.max_tokens
-        if self.schedule != "ngram":
-            return k
         full = min(NGRAM_FULL, self.max_ngram)
         quarter, half = max(k // 4, 1), max(k // 2, 1)
         return ((ngram_B >= full) * k + ((ngram_B < full) & (ngram_B < 2)) * quarter
                 + ((ngram_B < full) & (ngram_B >= 2)) * half)
-
-    def adapt(self, window_B, proposed_B, accepted_B) -> jax.Array:
-        """Each sequence's next k after level 1 kept `accepted_B` of `proposed_B` lookup
-        tokens (proposed 0: no match, k unchanged); [B] int32 each."""
-        if self.schedule in ("fixed", "ngram"):
-            return window_B
-        if self.schedule == "probe":
-            keep_B = accepted_B >= jnp.minimum(proposed_B, PROBE_KEEP)
-            new_B = jnp.where(keep_B, self.max_tokens, 1)
-        else:
-            grown_B = jnp.minimum(2 * window_B, self.max_tokens)
-            shrunk_B = jnp.maximum(window_B // 2, 1)
-            new_B = jnp.where(accepted_B >= proposed_B, grown_B, shrunk_B)
-        return jnp.where(proposed_B > 0, new_B, window_B).astype(window_B.dtype)
-
-    def adapt_one(self, window: int, proposed: int, accepted: int) -> int:
-        """`adapt` for one sequence in Python integers (the planner's replay,
-        `latency.replay`); the same rule."""
-        if self.schedule in ("fixed", "ngram") or proposed == 0:
-            return window
-        if self.schedule == "probe":
-            return self.max_tokens if accepted >= min(proposed, PROBE_KEEP) else 1
-        if accepted >= proposed:
-            return min(2 * window, self.max_tokens)
-        return max(window // 2, 1)
 
     def __post_init__(self):
         if not 1 <= self.max_tokens <= MAX_LOOKUP:
             raise ValueError(f"lookup={self.max_tokens} is outside [1, {MAX_LOOKUP}]")
         if not 1 <= self.max_ngram <= MAX_NGRAM:
             raise ValueError(f"max_ngram={self.max_ngram} is outside [1, {MAX_NGRAM}]")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"schedule={self.schedule!r} is not one of {SCHEDULES}")
 
     def propose(self, tokens_BxS: jax.Array, newest_B: jax.Array, limit_B: jax.Array) -> Proposal:
         """The n-gram proposal of every sequence.

@@ -335,18 +335,8 @@ def _with_lookup(decoder: Decoder, lookup: int | None, max_ngram: int | None,
     h, k = decoder.hierarchy, drafter.max_tokens
     hierarchy = dataclasses.replace(h, exits=(0,) + h.exits, max_windows=(k,) + h.max_windows,
                                     drafter=LookupDrafter(drafter))
-    return Decoder(hierarchy=hierarchy, windows=(drafter.initial_window(),) + decoder.windows,
+    return Decoder(hierarchy=hierarchy, windows=(drafter.max_tokens,) + decoder.windows,
                    source=decoder.source)
-
-
-def with_lookup_schedule(decoder: Decoder, schedule: str) -> Decoder:
-    """`decoder` (with a lookup drafter) whose lookup k moves by `schedule`
-    (`lookup.SCHEDULES`; `make_method` builds "ngram"), starting at that schedule's window."""
-    drafter = dataclasses.replace(decoder.hierarchy.drafter.lookup, schedule=schedule)
-    return dataclasses.replace(
-        decoder, hierarchy=dataclasses.replace(decoder.hierarchy,
-                                               drafter=LookupDrafter(drafter)),
-        windows=(drafter.initial_window(),) + decoder.windows[1:])
 
 
 def for_engine(decoder: Decoder, greedy: bool) -> Decoder:

@@ -324,8 +324,7 @@ def replay(trace: Trace, exits: tuple[int, ...], windows: tuple[int, ...], looku
                                                   once Nd + 1 tokens are pending
 
     With the lookup drafter (level 0) each round makes one n-gram lookup on the sequence
-    so far (with the tokens the lower levels tentatively kept), its k moving as the
-    engine's (`PromptLookup.adapt_one`), its acceptance gate choosing the proposals' lengths
+    so far (with the tokens the lower levels tentatively kept), its acceptance gate choosing the proposals' lengths
     at the backend's default pass cost (`gate.py`), and every level above it runs the shortest
     power-of-two block holding its input (`Hierarchy.level_blocks`); exit levels run
     their static blocks. The counts are the engine's wherever an exit's choices do not
@@ -367,7 +366,6 @@ def replay(trace: Trace, exits: tuple[int, ...], windows: tuple[int, ...], looku
         c = [[p] * K for p in P]
         max_new = [len(seq) - p for seq, p in zip(seqs, P)]
         num_new = [1] * batch  # the first token comes from prefill
-        window = [drafter.initial_window() if lookup else 0] * batch
         looked = [0] * batch
         estimates = gate_lib.GateState.init(batch, trace.max_ngram, runs=True)
 
@@ -396,8 +394,7 @@ def replay(trace: Trace, exits: tuple[int, ...], windows: tuple[int, ...], looku
                     if not active[b] or higher[b] or ready(b, 1):
                         continue
                     c0, length = c[b][0], P[b] + num_new[b]
-                    limit = max(1, min(window[b], max_new[b] - num_new[b] - (c0 + 1 - length),
-                                       lookup))
+                    limit = max(1, min(lookup, max_new[b] - num_new[b] - (c0 + 1 - length)))
                     found[b] = _lookup_proposal(buf[b], drafter, limit)
                 part = np.asarray([b in found for b in range(batch)])
                 ngram = np.asarray([found[b][2] if b in found else 0 for b in range(batch)])
@@ -447,8 +444,7 @@ def replay(trace: Trace, exits: tuple[int, ...], windows: tuple[int, ...], looku
                         c[b][:level + 1] = [pos] * (level + 1)
                     else:
                         c[b][level] = c[b][level - 1]
-                    if level == 1 and lookup:  # `PromptLookup.adapt`
-                        window[b] = drafter.adapt_one(window[b], looked[b], min(m, looked[b]))
+                    if level == 1 and lookup:
                         looked_kept[:, b] = looked[b], min(m, looked[b])
                     if level == K - 1:
                         verified[n] += 1

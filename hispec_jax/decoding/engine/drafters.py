@@ -494,19 +494,17 @@ class LookupDrafter:
                                                                rnd.cfg.vocab_size)
 
     def record(self, rnd, state, part_B, accepted_B):
-        """Counts the lookup tokens level 1 kept, adapts each sequence's k and updates its
-        acceptance estimate for the n of the match."""
+        """Counts the lookup tokens level 1 kept and updates each sequence's acceptance
+        estimate for the n of the match."""
         del rnd
         ds = state.draft_state
         looked_B = jnp.where(part_B, ds.proposed_B, 0)
         kept_B = jnp.minimum(accepted_B, looked_B)
-        counters, windows = state.counters, state.windows
+        counters = state.counters
         mine = counters.drafter
         return state.replace(
             counters=counters.replace(drafter=mine.replace(
                 accepted=mine.accepted + jnp.sum(kept_B),
                 store_accepted=mine.store_accepted + jnp.sum(
                     jnp.where(ds.from_store_B, kept_B, 0)))),
-            windows=windows.replace(windows_BxK1=windows.windows_BxK1.at[:, 0].set(
-                self.lookup.adapt(windows.windows_BxK1[:, 0], looked_B, kept_B))),
             draft_state=ds.replace(gate=ds.gate.record(looked_B, kept_B)))
