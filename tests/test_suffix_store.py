@@ -240,8 +240,8 @@ def test_serve_drafts_from_earlier_requests_with_unchanged_outputs(model):
 
     from conftest import serving
 
-    def answers(url, **extra):
-        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0,
+    def answers(url, api_key="unused", **extra):
+        client = openai.OpenAI(base_url=url + "/v1", api_key=api_key, max_retries=0,
                                timeout=120)
         return client.completions.create(model=name, prompt=REPEATED, max_tokens=40,
                                          temperature=0, **extra).choices[0].text
@@ -261,10 +261,15 @@ def test_serve_drafts_from_earlier_requests_with_unchanged_outputs(model):
         assert proposed > 0 and accepted > 0
         # another tenant's request and an opted-out one draft nothing from the store
         assert answers(url, user="mallory") == first
+        assert answers(url, api_key="another-key") == first
         assert answers(url, extra_body={"hispec": {"cross_request": False}}) == first
+        assert answers(url, extra_headers={"X-Hispec-Cross-Request": "false"}) == first
         assert _from_store(url) == (proposed, accepted)
         health = json.loads(urllib.request.urlopen(url + "/health", timeout=30).read())
-        assert health["cross_request_store"]["requests_added"] == 3  # not the opted-out one
+        assert health["cross_request_store"]["requests_added"] == 4  # not the opted-out two
+        assert health["cross_request_store"]["scopes"] == 3
+        with pytest.raises(openai.BadRequestError, match="X-Hispec-Cross-Request"):
+            answers(url, extra_headers={"X-Hispec-Cross-Request": "maybe"})
     app = server_lib.build_app(model, "lookup", slots=2, max_cache_len=160, warmup=False,
                                served_name=name, cross_request=False)
     with serving(app) as url:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from typing import Hashable
 
 import flax.struct
 import jax
@@ -136,9 +137,9 @@ class SuffixStore:
     memory only; thread-safe. `arrays(batch)`, a new device copy, changes only when a
     request was added (`version`).
 
-    Scopes: `scope_of(user)` maps the request's `user` field (None: the shared scope of
-    requests without one) to a small integer; a sequence drafts only from entries of its
-    own scope.
+    Scopes: `scope_of(tenant)` maps a tenant (the server's: the request's API key digest
+    and `user` field) to a small integer; a sequence drafts only from entries of its own
+    scope.
     """
 
     def __init__(self, size: int = DEFAULT_STORE_TOKENS, prompt_tail: int = 8):
@@ -153,10 +154,11 @@ class SuffixStore:
         self.version = 0  # requests added
         self.tokens_added = 0
 
-    def scope_of(self, user: str | None) -> int:
-        """The scope of requests with this `user` field (None: those without one)."""
+    def scope_of(self, tenant: Hashable) -> int:
+        """The scope of requests of this `tenant` (the server's: API key digest and `user`
+        field; None for requests that name neither)."""
         with self._lock:
-            return self._scopes.setdefault(user, len(self._scopes))
+            return self._scopes.setdefault(tenant, len(self._scopes))
 
     def add(self, scope: int, prompt_ids, output_ids) -> None:
         """A finished request's tokens: the last `prompt_tail` of its prompt, then its

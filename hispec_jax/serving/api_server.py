@@ -67,12 +67,12 @@ async def models(request: Request):
 
 @router.post("/v1/chat/completions")
 async def chat_completions(body: protocol.ChatRequest, request: Request):
-    return await request.app.state.chat.create(body)
+    return await request.app.state.chat.create(body, request.headers)
 
 
 @router.post("/v1/completions")
 async def completions(body: protocol.CompletionRequest, request: Request):
-    return await request.app.state.completion.create(body)
+    return await request.app.state.completion.create(body, request.headers)
 
 
 async def _api_error(request, e: APIError):

@@ -234,7 +234,7 @@ def build_app(model, method=None, *, slots: int = 8, max_cache_len: int | None =
     reads_store = getattr(engines[True].engine.hierarchy.drafter, "reads_store", False)
     log.info("plan: %s (%s)%s%s", plan["plan"], reason,
              (f"; drafts from earlier requests: on (a store of {store.size} tokens in memory, "
-              "scoped per user)" if store is not None
+              "scoped per API key and user)" if store is not None
               else "; drafts from earlier requests: off (--cross-request turns them on)"
               if reads_store
               else ""),

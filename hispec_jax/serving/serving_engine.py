@@ -17,10 +17,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import hashlib
 import json
 import secrets
 import time
-from typing import AsyncIterator
+from typing import AsyncIterator, Mapping
 
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel
@@ -31,6 +32,35 @@ from hispec_jax.serving import detok as detok_lib
 from hispec_jax.serving import protocol
 from hispec_jax.serving.protocol import APIError
 from hispec_jax.serving.scheduler import Job, Scheduler
+
+
+CROSS_REQUEST_HEADER = "X-Hispec-Cross-Request"
+_HEADER_VALUES = {"true": True, "1": True, "on": True, "yes": True,
+                  "false": False, "0": False, "off": False, "no": False}
+
+
+def cross_request_header(headers: Mapping[str, str]) -> bool | None:
+    """`X-Hispec-Cross-Request` (true / false, 1 / 0, on / off, yes / no; any case) as a
+    bool, None when absent; any other value is a 400 naming the header. `headers` a
+    case-insensitive mapping (Starlette's) or a dict with lower-case names."""
+    value = headers.get(CROSS_REQUEST_HEADER.lower())
+    if value is None:
+        return None
+    flag = _HEADER_VALUES.get(value.strip().lower())
+    if flag is None:
+        raise APIError(400, f"header {CROSS_REQUEST_HEADER}: {value!r} is not true or false",
+                       CROSS_REQUEST_HEADER)
+    return flag
+
+
+def api_key_digest(headers: Mapping[str, str]) -> str | None:
+    """The request's API key (`Authorization: Bearer KEY`) as a SHA-256 hex digest (the
+    store's scopes keep no key), None without one."""
+    auth = headers.get("authorization", "")
+    scheme, _, key = auth.partition(" ")
+    if scheme.lower() != "bearer" or not key.strip():
+        return None
+    return hashlib.sha256(key.strip().encode()).hexdigest()
 
 
 class OutputText:
@@ -154,15 +184,19 @@ class OpenAIServing:
                               top_p=1.0 if body.top_p is None else float(body.top_p),
                               seed=seed % 2 ** 32)
 
-    def scope(self, body: protocol.SamplingRequest, sampling: SamplingParams) -> int:
+    def scope(self, body: protocol.SamplingRequest, sampling: SamplingParams,
+              headers: Mapping[str, str] | None = None) -> int:
         """The scope of earlier requests' tokens the request drafts from and enters
-        (`suffix_store.SuffixStore.scope_of`: one per `user` field); `NO_SCOPE` where the
-        engine keeps no store or the request opts out (`"hispec": {"cross_request":
-        false}`)."""
+        (`suffix_store.SuffixStore.scope_of`): one per tenant, the request's API key (its
+        SHA-256, never the key) and `user` field together; `NO_SCOPE` where the engine
+        keeps no store or the request opts out (`"hispec": {"cross_request": false}` in the
+        body, or the header `X-Hispec-Cross-Request: false`)."""
+        header = cross_request_header(headers or {})
         store = self.scheduler.engine_for(sampling).store
-        if store is None or (body.hispec is not None and not body.hispec.cross_request):
+        if (store is None or header is False
+                or (body.hispec is not None and not body.hispec.cross_request)):
             return NO_SCOPE
-        return store.scope_of(body.user)
+        return store.scope_of((api_key_digest(headers or {}), body.user))
 
     def budget(self, prompt_ids: list[int], max_tokens: int | None, param: str,
                sampling: SamplingParams) -> int:
@@ -186,8 +220,10 @@ class OpenAIServing:
         return max_tokens
 
     # ---- a request's life --------------------------------------------------------------------
-    async def create(self, body: protocol.SamplingRequest) -> Response:
-        """Checks `body`, submits its job and answers with the whole response or a stream."""
+    async def create(self, body: protocol.SamplingRequest,
+                     headers: Mapping[str, str] | None = None) -> Response:
+        """Checks `body` (and the `headers` the server reads: `scope`), submits its job and
+        answers with the whole response or a stream."""
         self.check_model(body.model)
         body.check_supported()
         stops = body.stop_strings()
@@ -203,7 +239,7 @@ class OpenAIServing:
         job = Job(prompt_ids=prompt_ids, max_new_tokens=budget, sampling=sampling,
                   loop=asyncio.get_running_loop(), queue=asyncio.Queue(),
                   ignore_eos=body.ignore_eos, min_tokens=body.min_tokens,
-                  scope=self.scope(body, sampling))
+                  scope=self.scope(body, sampling, headers))
         gen = Generation(id=self.id_prefix + secrets.token_hex(12), created=int(time.time()),
                          prompt_ids=prompt_ids, job=job,
                          text=OutputText(self.model.tokenizer, stops),
