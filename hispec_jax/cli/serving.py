@@ -107,8 +107,9 @@ def add_parsers(subparsers) -> None:
     serve.add_argument("--cross-request", action=argparse.BooleanOptionalAction, default=False,
                        help="where the plan has prompt lookup, draft also from the tokens of "
                             "earlier requests (a store in this process's memory, never on "
-                            "disk, scoped per request `user`; a request opts out with "
-                            "\"hispec\": {\"cross_request\": false}); outputs never change "
+                            "disk, scoped per API key and request `user`; a request opts out "
+                            "with \"hispec\": {\"cross_request\": false} or the header "
+                            "X-Hispec-Cross-Request: false); outputs never change "
                             "(docs/serving.md; default: off, until measured to pay: "
                             "BENCHMARKS.md)")
     serve.add_argument("--store-tokens", type=int, default=None, metavar="R",

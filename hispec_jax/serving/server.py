@@ -221,7 +221,7 @@ def build_app(model, method=None, *, slots: int = 8, max_cache_len: int | None =
     `cross_request` (`hispec serve --cross-request`; off by default: on the one workload
     measured it did not pay, BENCHMARKS.md): where the plan has prompt
     lookup, it also drafts from a store of `store_tokens` tokens of earlier requests,
-    scoped per `user` field (`build_engines`; /health says so)."""
+    scoped per API key and `user` field (`build_engines`; /health says so)."""
     method, method_options, reason = choose_plan(model, method, method_options, plan_reason)
     engines = build_engines(model, method, slots=slots, max_cache_len=max_cache_len,
                             prefill_chunk=prefill_chunk, ride_prefill=ride_prefill,
