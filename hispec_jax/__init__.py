@@ -1,7 +1,7 @@
 """hispec-jax: hierarchical speculative decoding for early-exit language models in JAX.
 
     model = hispec_jax.load_model("path/to/hf_dir")
-    result = hispec_jax.generate(model, ["Hello"], method="hispec", max_new_tokens=64)
+    result = hispec_jax.generate(model, ["Hello"], method=hispec_jax.HiSpec(), max_new_tokens=64)
     result.texts, result.token_ids, result.stats
 
 The names below are imported on first use (PEP 562), so `import hispec_jax` (and the
@@ -28,6 +28,9 @@ _LAZY = {
     "Model": "hispec_jax.models.model",
     "load_model": "hispec_jax.models.model",
     "save_model": "hispec_jax.models.model",
+    # method specs: generate(model, prompts, method=hispec_jax.HiSpec(draft_exit=4, ...))
+    **dict.fromkeys(("AR", "Exit", "Lookup", "LayerSkip", "HiSpec", "SV", "SpecBound",
+                     "DraftModel", "MethodSpec"), "hispec_jax.decoding.method_spec"),
 }
 
 __all__ = ["DEFAULT_MODEL_DIR", *sorted(_LAZY)]
@@ -35,6 +38,8 @@ __all__ = ["DEFAULT_MODEL_DIR", *sorted(_LAZY)]
 if TYPE_CHECKING:
     from hispec_jax.api import generate
     from hispec_jax.decoding.generate import GenerationResult
+    from hispec_jax.decoding.method_spec import (AR, SV, DraftModel, Exit, HiSpec, LayerSkip,
+                                                 Lookup, MethodSpec, SpecBound)
     from hispec_jax.decoding.sampling import SamplingParams
     from hispec_jax.serving.stream import TextStream, generate_stream
     from hispec_jax.models.config import ModelConfig

@@ -23,7 +23,8 @@ def model_dir(hf_models):
 
 @pytest.fixture(scope="module")
 def api_result(model_dir):
-    return hispec_jax.generate(load_model(model_dir), PROMPTS, max_new_tokens=8, ignore_eos=True)
+    return hispec_jax.generate(load_model(model_dir), PROMPTS, method="ar",
+                               max_new_tokens=8, ignore_eos=True)
 
 
 def run_json(capsys, *args):
@@ -130,6 +131,7 @@ def test_generate_gguf_chat(capsys, gguf_path):
     data = run_json(capsys, "--model", str(gguf_path), "--json", "--chat", "--max-new-tokens",
                     "6", "What is the capital of France?")
     expected = hispec_jax.generate(load_model(gguf_path), ["What is the capital of France?"],
+                                   method="ar",
                                    chat=True, max_new_tokens=6)
     assert [o["token_ids"] for o in data["outputs"]] == expected.token_ids
     opening = load_model(gguf_path).tokenizer("<|im_start|>assistant\n",
@@ -170,8 +172,9 @@ def test_convert_writes_a_directory_transformers_loads(capsys, gguf_path, tmp_pa
         np.testing.assert_allclose(converted(torch.tensor([ids])).logits.numpy(),
                                    ref(torch.tensor([ids])).logits.numpy(), atol=1e-5, rtol=0)
     assert json.loads((out / "generation_config.json").read_text())["eos_token_id"] == 2
-    ours = hispec_jax.generate(load_model(out), [text], chat=True, max_new_tokens=6)
-    assert ours.token_ids == hispec_jax.generate(load_model(gguf_path), [text], chat=True,
+    ours = hispec_jax.generate(load_model(out), [text], method="ar", chat=True, max_new_tokens=6)
+    assert ours.token_ids == hispec_jax.generate(load_model(gguf_path), [text], method="ar",
+                                                 chat=True,
                                                  max_new_tokens=6).token_ids
 
 

@@ -57,7 +57,7 @@ def test_greedy_equals_ar_and_transformers_assisted_generation(pairs, loaded, ki
     import torch
 
     target, draft = loaded[kind]
-    ar = generate(target, PROMPTS, max_new_tokens=NEW, ignore_eos=True)
+    ar = generate(target, PROMPTS, method="ar", max_new_tokens=NEW, ignore_eos=True)
     got = generate(target, PROMPTS, draft=draft, max_new_tokens=NEW, ignore_eos=True)
     assert got.stats["method"] == "draft"
     assert got.token_ids == ar.token_ids  # batch 8
@@ -84,7 +84,7 @@ def test_greedy_equals_ar_and_transformers_assisted_generation(pairs, loaded, ki
 ])
 def test_hierarchies_over_a_draft_model_equal_ar(loaded, method, options):
     target, draft = loaded["llama3"]
-    ar = generate(target, PROMPTS, max_new_tokens=NEW, ignore_eos=True)
+    ar = generate(target, PROMPTS, method="ar", max_new_tokens=NEW, ignore_eos=True)
     got = generate(target, PROMPTS, method=method, draft=draft, max_new_tokens=NEW,
                    ignore_eos=True, **options)
     assert got.token_ids == ar.token_ids
@@ -96,7 +96,7 @@ def test_a_draft_that_always_agrees_is_always_accepted(loaded):
     target, _ = loaded["llama3"]
     got = generate(target, PROMPTS[:2], draft=target, draft_k=4, draft_gate=False,
                    max_new_tokens=24, ignore_eos=True)
-    ar = generate(target, PROMPTS[:2], max_new_tokens=24, ignore_eos=True)
+    ar = generate(target, PROMPTS[:2], method="ar", max_new_tokens=24, ignore_eos=True)
     assert got.token_ids == ar.token_ids
     assert got.stats["draft_model"]["acceptance_rate"] == 1.0
     assert got.stats["tokens_per_round"] > 3.5  # 4 a round, less the budget's last one
@@ -106,9 +106,9 @@ def test_lookup_tokens_the_draft_model_agrees_with_are_drafted_in_one_pass(loade
     """prompt lookup -> draft model -> target, the target drafting for itself over a
     prompt that repeats: lookup tokens kept, more drafts than draft-model passes."""
     target, _ = loaded["llama3"]
-    ar = generate(target, PROMPTS[:2], max_new_tokens=32, ignore_eos=True)
+    ar = generate(target, PROMPTS[:2], method="ar", max_new_tokens=32, ignore_eos=True)
     prompts = [p + q for p, q in zip(ar.prompt_token_ids, ar.token_ids)]  # its own output
-    ar = generate(target, prompts, max_new_tokens=32, ignore_eos=True)
+    ar = generate(target, prompts, method="ar", max_new_tokens=32, ignore_eos=True)
     got = generate(target, prompts, draft=target, draft_k=6, draft_gate=False, lookup=4,
                    max_new_tokens=32, ignore_eos=True)
     assert got.token_ids == ar.token_ids
@@ -133,7 +133,7 @@ def smaller(tmp_path_factory):
 ])
 def test_two_draft_models_equal_ar(loaded, smaller, method, options):
     target, draft = loaded["llama3"]
-    ar = generate(target, PROMPTS, max_new_tokens=NEW, ignore_eos=True)
+    ar = generate(target, PROMPTS, method="ar", max_new_tokens=NEW, ignore_eos=True)
     got = generate(target, PROMPTS, method=method, draft=(smaller, draft), max_new_tokens=NEW,
                    ignore_eos=True, **options)
     assert got.token_ids == ar.token_ids
@@ -147,7 +147,7 @@ def test_two_draft_models_that_always_agree_draft_k_plus_one_a_round(loaded):
     target, _ = loaded["llama3"]
     got = generate(target, PROMPTS[:2], draft=(target, target), draft_k=(2, 4),
                    draft_gate=False, max_new_tokens=25, ignore_eos=True)
-    ar = generate(target, PROMPTS[:2], max_new_tokens=25, ignore_eos=True)
+    ar = generate(target, PROMPTS[:2], method="ar", max_new_tokens=25, ignore_eos=True)
     assert got.token_ids == ar.token_ids
     stats = got.stats["draft_model"]
     assert stats["acceptance_rate"] == 1.0
@@ -318,12 +318,13 @@ def test_generate_stream_with_a_draft_model_is_ar(loaded):
     import hispec_jax
 
     target, draft = loaded["llama3"]
-    ar = generate(target, PROMPTS[:1], max_new_tokens=NEW, ignore_eos=True)
+    ar = generate(target, PROMPTS[:1], method="ar", max_new_tokens=NEW, ignore_eos=True)
     stream = hispec_jax.generate_stream(target.with_draft(draft), PROMPTS[0],
                                         max_new_tokens=NEW, ignore_eos=True)
     text = "".join(stream)
     assert stream.result.token_ids == ar.token_ids
-    ar_text = "".join(hispec_jax.generate_stream(target, PROMPTS[0], max_new_tokens=NEW,
+    ar_text = "".join(hispec_jax.generate_stream(target, PROMPTS[0], method="ar",
+                                                 max_new_tokens=NEW,
                                                  ignore_eos=True))
     assert text == ar_text  # (the streams' detokenizer: the test tokenizer joins no spaces)
     assert stream.result.stats["method"] == "draft"
@@ -344,7 +345,8 @@ def test_served_with_a_draft_model_answers_as_ar(loaded):
     import hispec_jax
 
     target, draft = loaded["llama3"]
-    ar = [("".join(hispec_jax.generate_stream(target, p, max_new_tokens=NEW, ignore_eos=True)))
+    ar = [("".join(hispec_jax.generate_stream(target, p, method="ar",
+                                              max_new_tokens=NEW, ignore_eos=True)))
           for p in PROMPTS[:3]]
     app = server_lib.build_app(target.with_draft(draft), None, slots=2, max_cache_len=96,
                                warmup=False)

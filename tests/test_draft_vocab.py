@@ -167,7 +167,7 @@ def test_cli_writes_a_restricted_model_that_decodes_like_ar(capsys, hf_models, t
     assert model.heads["1"]["vocab"].shape == (40,)
     assert set(model.eos_token_ids) <= set(np.asarray(model.heads["1"]["vocab"]).tolist())
     prompts = ["the cat", "a dog ran"]
-    ref = generate(model, prompts, max_new_tokens=10, ignore_eos=True)
+    ref = generate(model, prompts, method="ar", max_new_tokens=10, ignore_eos=True)
     got = generate(model, prompts, method="layerskip", draft_exit=1, draft_len=2,
                    max_new_tokens=10, ignore_eos=True)
     assert got.token_ids == ref.token_ids

@@ -143,7 +143,7 @@ def test_always_agree_model_reaches_minimum_cost(method, options):
     model = tiny_model(6, 0, layer_scale=0.0)
     prompts = [[5, 9, 11], [7], [1, 2, 3, 4, 5, 6, 7, 8]]
     N = 25
-    ref = generate(model, prompts, max_new_tokens=N, ignore_eos=True)
+    ref = generate(model, prompts, method="ar", max_new_tokens=N, ignore_eos=True)
     got = generate(model, prompts, method=method, max_new_tokens=N, ignore_eos=True, **options)
     assert got.token_ids == ref.token_ids
     s = got.stats
@@ -249,7 +249,7 @@ def check_table9_rates():
     equals the drafter), with greedy output still AR's."""
     for model, true_reject, false_accept in ((top_equals_verifier(), 1.0, 0.0),
                                              (top_equals_drafter(), 0.0, None)):
-        ref = generate(model, RATE_PROMPTS, max_new_tokens=40, ignore_eos=True)
+        ref = generate(model, RATE_PROMPTS, method="ar", max_new_tokens=40, ignore_eos=True)
         got = generate(model, RATE_PROMPTS, **RATE_OPTIONS)
         assert got.token_ids == ref.token_ids
         s = got.stats

@@ -162,7 +162,7 @@ def test_run_at_the_capacity_edge_equals_autoregressive():
                              ("hispec", dict(draft_exit=1, verify_exits=(2,), verify_window=3))]:
             lookahead = methods.make_method(m, method, **opts).lookahead()
             tight = 5 + 17 + lookahead
-            ref = generate(m, prompts, max_new_tokens=17, ignore_eos=True)
+            ref = generate(m, prompts, method="ar", max_new_tokens=17, ignore_eos=True)
             got = generate(m, prompts, method=method, max_new_tokens=17, ignore_eos=True,
                            max_cache_len=tight, **opts)
             assert got.stats["cache_capacity"] == tight
@@ -187,7 +187,7 @@ def test_compiled_loop_reuse_never_crosses_models(model):
     # The same model with smaller windows does: no compilation, the larger bounds.
     small = generate(model, [[1, 2]], draft_len=2, **opts)
     assert small.stats["window_bounds"] == [3] and small.stats["compile_count"] == 0
-    assert small.token_ids == generate(model, [[1, 2]], max_new_tokens=8).token_ids
+    assert small.token_ids == generate(model, [[1, 2]], method="ar", max_new_tokens=8).token_ids
 
 
 @pytest.mark.parametrize("layout", ["scan", "unrolled"])

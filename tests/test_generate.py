@@ -69,7 +69,7 @@ def torch_exit_greedy(hf_model, ids, exit_layer, max_new_tokens):
 def test_greedy_matches_transformers(models, kind):
     hf_model, model = models[kind]
     ids = prompt(7)
-    result = hispec_jax.generate(model, [ids], max_new_tokens=40, ignore_eos=True)
+    result = hispec_jax.generate(model, [ids], method="ar", max_new_tokens=40, ignore_eos=True)
     assert result.prompt_token_ids == [ids]
     assert len(result.token_ids) == 1 and len(result.token_ids[0]) == 40
     assert result.token_ids[0] == hf_greedy(hf_model, ids, 40)
@@ -79,7 +79,8 @@ def test_greedy_matches_transformers(models, kind):
 def test_eos_cuts_after_first_occurrence(models, kind):
     hf_model, model = models[kind]
     ids = prompt(7)
-    full = hispec_jax.generate(model, [ids], max_new_tokens=40, ignore_eos=True).token_ids[0]
+    full = hispec_jax.generate(model, [ids], method="ar",
+                               max_new_tokens=40, ignore_eos=True).token_ids[0]
     # an EOS that first occurs strictly inside the continuation
     tok = next(t for t in full[5:] if full.index(t) >= 5)
     cut = full.index(tok)
@@ -88,22 +89,23 @@ def test_eos_cuts_after_first_occurrence(models, kind):
 
     with_eos = dataclasses.replace(model, generation_config={"eos_token_id": tok})
     assert with_eos.eos_token_ids == (tok,)
-    got = hispec_jax.generate(with_eos, [ids], max_new_tokens=40).token_ids[0]
+    got = hispec_jax.generate(with_eos, [ids], method="ar", max_new_tokens=40).token_ids[0]
     assert got == expected
     assert got == hf_greedy(hf_model, ids, 40, eos_token_id=tok)
     # ignore_eos overrides the model's EOS
-    assert hispec_jax.generate(with_eos, [ids], max_new_tokens=40,
+    assert hispec_jax.generate(with_eos, [ids], method="ar", max_new_tokens=40,
                                ignore_eos=True).token_ids[0] == full
 
 
 def test_several_eos_ids_cut_at_the_earliest(models):
     hf_model, model = models["llama3"]
     ids = prompt(7)
-    full = hispec_jax.generate(model, [ids], max_new_tokens=40, ignore_eos=True).token_ids[0]
+    full = hispec_jax.generate(model, [ids], method="ar",
+                               max_new_tokens=40, ignore_eos=True).token_ids[0]
     early = next(t for t in full[4:] if full.index(t) >= 4)
     late = next(t for t in full[full.index(early) + 1:] if full.index(t) > full.index(early))
     with_eos = dataclasses.replace(model, generation_config={"eos_token_id": [late, early]})
-    got = hispec_jax.generate(with_eos, [ids], max_new_tokens=40).token_ids[0]
+    got = hispec_jax.generate(with_eos, [ids], method="ar", max_new_tokens=40).token_ids[0]
     assert got == full[:full.index(early) + 1]
     assert got == hf_greedy(hf_model, ids, 40, eos_token_id=[late, early])
 
@@ -120,14 +122,15 @@ def ragged_single(models):
     """Each ragged prompt generated on its own (batch of one)."""
     _, model = models["llama3"]
     prompts = [prompt(n) for n in RAGGED]
-    return prompts, [hispec_jax.generate(model, [p], max_new_tokens=12, ignore_eos=True).token_ids[0]
+    return prompts, [hispec_jax.generate(model, [p], method="ar",
+                                         max_new_tokens=12, ignore_eos=True).token_ids[0]
                      for p in prompts]
 
 
 def test_ragged_batch_equals_single_runs(models, ragged_single):
     _, model = models["llama3"]
     prompts, single = ragged_single
-    result = hispec_jax.generate(model, prompts, max_new_tokens=12, ignore_eos=True)
+    result = hispec_jax.generate(model, prompts, method="ar", max_new_tokens=12, ignore_eos=True)
     assert result.token_ids == single
     assert result.prompt_token_ids == prompts
     for key in STATS_KEYS:
@@ -142,7 +145,7 @@ def test_batch_splitting_and_padding_rows(models, ragged_single, batch_size):
     """batch_size=2 splits 5 prompts into 2+2+1 (one padding row); 8 pads 3 rows."""
     _, model = models["llama3"]
     prompts, single = ragged_single
-    result = hispec_jax.generate(model, prompts, max_new_tokens=12, ignore_eos=True,
+    result = hispec_jax.generate(model, prompts, method="ar", max_new_tokens=12, ignore_eos=True,
                                  batch_size=batch_size)
     assert result.token_ids == single
     assert result.stats["new_tokens"] == 12 * len(prompts)
@@ -151,15 +154,15 @@ def test_batch_splitting_and_padding_rows(models, ragged_single, batch_size):
 def test_same_bucket_does_not_recompile(models, ragged_single):
     _, model = models["llama3"]
     prompts, _ = ragged_single
-    hispec_jax.generate(model, prompts, max_new_tokens=12, ignore_eos=True)
+    hispec_jax.generate(model, prompts, method="ar", max_new_tokens=12, ignore_eos=True)
     # different lengths, same power-of-two bucket (17..32), same batch size and budget
     other = [prompt(n, seed=1) for n in (20, 5, 31, 2, 18)]
-    result = hispec_jax.generate(model, other, max_new_tokens=12, ignore_eos=True)
+    result = hispec_jax.generate(model, other, method="ar", max_new_tokens=12, ignore_eos=True)
     assert result.stats["compile_count"] == 0
     assert result.stats["compile_seconds"] == 0
     assert all(len(t) == 12 for t in result.token_ids)
     # a different budget that lands on the same capacity also reuses it
-    again = hispec_jax.generate(model, other, max_new_tokens=5, ignore_eos=True)
+    again = hispec_jax.generate(model, other, method="ar", max_new_tokens=5, ignore_eos=True)
     assert again.stats["compile_count"] == 0
     assert again.token_ids == [t[:5] for t in result.token_ids]
 
@@ -167,12 +170,12 @@ def test_same_bucket_does_not_recompile(models, ragged_single):
 def test_max_new_tokens_per_sequence(models, ragged_single):
     _, model = models["llama3"]
     prompts, single = ragged_single
-    exact = hispec_jax.generate(model, prompts, max_new_tokens=12, ignore_eos=True)
+    exact = hispec_jax.generate(model, prompts, method="ar", max_new_tokens=12, ignore_eos=True)
     assert [len(t) for t in exact.token_ids] == [12] * len(prompts)
     # with EOS active, make a token that shows up in some continuations the EOS
     eos = single[1][3]
     with_eos = dataclasses.replace(model, generation_config={"eos_token_id": eos})
-    cut = hispec_jax.generate(with_eos, prompts, max_new_tokens=12)
+    cut = hispec_jax.generate(with_eos, prompts, method="ar", max_new_tokens=12)
     assert cut.stats["new_tokens"] == sum(len(t) for t in cut.token_ids)
     for got, full in zip(cut.token_ids, single):
         assert 1 <= len(got) <= 12
@@ -184,7 +187,7 @@ def test_budget_fills_the_context_exactly(models):
     """prompt + max_new_tokens == max_position_embeddings (256) is allowed."""
     hf_model, model = models["llama2"]
     ids = prompt(250)
-    result = hispec_jax.generate(model, [ids], max_new_tokens=6, ignore_eos=True)
+    result = hispec_jax.generate(model, [ids], method="ar", max_new_tokens=6, ignore_eos=True)
     assert result.stats["cache_capacity"] <= model.cfg.max_position_embeddings
     assert result.token_ids[0] == hf_greedy(hf_model, ids, 6)
 
@@ -195,7 +198,7 @@ def test_max_cache_len_smaller_than_prompt_bucket(models, ragged_single):
     prompts, single = ragged_single
     ids = prompts[1]
     assert len(ids) == 17
-    result = hispec_jax.generate(model, [ids], max_new_tokens=3, ignore_eos=True,
+    result = hispec_jax.generate(model, [ids], method="ar", max_new_tokens=3, ignore_eos=True,
                                  max_cache_len=20)
     assert result.stats["cache_capacity"] <= 20
     assert result.token_ids[0] == single[1][:3]
@@ -222,7 +225,7 @@ def test_exit_matches_torch_reference(models, kind, exit_layer):
 def test_exit_at_last_layer_is_autoregressive(models):
     _, model = models["llama3"]
     ids = prompt(7)
-    full = hispec_jax.generate(model, [ids], max_new_tokens=40, ignore_eos=True)
+    full = hispec_jax.generate(model, [ids], method="ar", max_new_tokens=40, ignore_eos=True)
     last = hispec_jax.generate(model, [ids], method="exit", exit_layer=model.cfg.num_layers,
                                max_new_tokens=40, ignore_eos=True)
     assert last.token_ids == full.token_ids
@@ -237,27 +240,28 @@ def test_string_prompts_tokenize_and_decode_like_transformers(models, hf_models)
     _, model = models["llama3"]
     tokenizer = AutoTokenizer.from_pretrained(str(hf_models["llama3"][1]))
     texts = ["the cat sat", "a dog ran on the mat"]
-    result = hispec_jax.generate(model, texts, max_new_tokens=40)
+    result = hispec_jax.generate(model, texts, method="ar", max_new_tokens=40)
     assert result.prompt_token_ids == [tokenizer(t)["input_ids"] for t in texts]
     assert result.prompt_token_ids[0] == [1, 3, 5, 7]
     assert result.texts == [tokenizer.decode(ids, skip_special_tokens=True)
                             for ids in result.token_ids]
     # the same prompt as token ids gives the same tokens
-    by_ids = hispec_jax.generate(model, result.prompt_token_ids, max_new_tokens=40)
+    by_ids = hispec_jax.generate(model, result.prompt_token_ids, method="ar", max_new_tokens=40)
     assert by_ids.token_ids == result.token_ids
     # a bare string and a bare token list are one prompt each
-    one = hispec_jax.generate(model, "the cat sat", max_new_tokens=40)
+    one = hispec_jax.generate(model, "the cat sat", method="ar", max_new_tokens=40)
     assert one.token_ids == result.token_ids[:1] and one.texts == result.texts[:1]
-    flat = hispec_jax.generate(model, [1, 3, 5, 7], max_new_tokens=40)
+    flat = hispec_jax.generate(model, [1, 3, 5, 7], method="ar", max_new_tokens=40)
     assert flat.token_ids == result.token_ids[:1]
 
 
 def test_no_tokenizer_gives_no_texts(models):
     _, model = models["llama3"]
     bare = dataclasses.replace(model, tokenizer=None, generation_config={"eos_token_id": 2})
-    result = hispec_jax.generate(bare, [prompt(7)], max_new_tokens=40)
+    result = hispec_jax.generate(bare, [prompt(7)], method="ar", max_new_tokens=40)
     assert result.texts is None
-    assert result.token_ids == hispec_jax.generate(model, [prompt(7)], max_new_tokens=40).token_ids
+    assert result.token_ids == hispec_jax.generate(model, [prompt(7)], method="ar",
+                                                   max_new_tokens=40).token_ids
 
 
 # ---------------------------------------------------------------------------------------
@@ -291,7 +295,8 @@ def test_sampling_does_not_depend_on_batch_composition(models):
 def test_top_k_1_and_tiny_top_p_are_greedy(models):
     _, model = models["llama3"]
     ids = prompt(7)
-    greedy = hispec_jax.generate(model, [ids], max_new_tokens=20, ignore_eos=True).token_ids
+    greedy = hispec_jax.generate(model, [ids], method="ar",
+                                 max_new_tokens=20, ignore_eos=True).token_ids
     assert sample(model, [ids], top_k=1, seed=3) == greedy
     assert sample(model, [ids], top_p=1e-6, seed=3) == greedy
 

@@ -142,7 +142,7 @@ def test_matches_transformers_gguf_loading(gguf_paths, case):
     got = our_logits(model, tokens)
     scale = np.abs(want).max()
     np.testing.assert_allclose(got, want, atol=2e-5 * max(scale, 1.0), rtol=0)
-    result = hispec_jax.generate(model, [ids], max_new_tokens=12, ignore_eos=True)
+    result = hispec_jax.generate(model, [ids], method="ar", max_new_tokens=12, ignore_eos=True)
     assert result.token_ids[0] == _greedy_hf(ref, ids, 12)
 
 
@@ -224,7 +224,7 @@ def test_layouts_and_bfloat16(gguf_paths):
 def test_hispec_equals_ar(gguf_paths):
     model = hispec_jax.load_model(gguf_paths["llama_tied_q4_1"])
     prompts = TEXTS[:2]
-    ar = hispec_jax.generate(model, prompts, max_new_tokens=16, ignore_eos=True)
+    ar = hispec_jax.generate(model, prompts, method="ar", max_new_tokens=16, ignore_eos=True)
     out = hispec_jax.generate(model, prompts, method="hispec", draft_exit=1, verify_exits=(2,),
                               max_new_tokens=16, ignore_eos=True)
     assert out.token_ids == ar.token_ids
@@ -338,7 +338,8 @@ def test_sentencepiece_tokenizer(tmp_path, hf_models):
         ids = model.tokenizer(text)["input_ids"]
         assert ids == ref_tok(text)["input_ids"] and ids[0] == 1, text
     ids = model.tokenizer("the cat sat")["input_ids"]
-    assert hispec_jax.generate(model, [ids], max_new_tokens=8, ignore_eos=True).token_ids[0] == \
+    assert hispec_jax.generate(model, [ids], method="ar",
+                               max_new_tokens=8, ignore_eos=True).token_ids[0] == \
         _greedy_hf(_transformers_model(path), ids, 8)
 
 
@@ -368,20 +369,21 @@ def test_chat_stops_at_end_of_turn(tmp_path, hf_models, vocab):
     model = hispec_jax.load_model(path)
     assert model.eos_token_ids == (0,)
     prompt_ids = chat_lib.chat_prompt_ids(model, "hello world")
-    plain = hispec_jax.generate(model, prompt_ids, max_new_tokens=24, ignore_eos=True)
+    plain = hispec_jax.generate(model, prompt_ids, method="ar", max_new_tokens=24, ignore_eos=True)
     # Make <|im_end|> the model's favourite wherever its most frequent token wins:
     favourite = max(set(plain.token_ids[0]), key=plain.token_ids[0].count)
     head = model.params["lm_head"]
     model = dataclasses.replace(model, params={**model.params, "lm_head": head.at[:, 2].set(
         2.0 * head[:, favourite])})
-    plain = hispec_jax.generate(model, prompt_ids, max_new_tokens=24, ignore_eos=True).token_ids[0]
+    plain = hispec_jax.generate(model, prompt_ids, method="ar",
+                                max_new_tokens=24, ignore_eos=True).token_ids[0]
     assert 2 in plain and plain.index(2) < 23
     stop = min(plain.index(t) for t in (0, 2) if t in plain)
-    chat = hispec_jax.generate(model, "hello world", chat=True, max_new_tokens=24)
+    chat = hispec_jax.generate(model, "hello world", method="ar", chat=True, max_new_tokens=24)
     assert chat.prompt_token_ids == prompt_ids
     assert chat.token_ids[0] == plain[:stop + 1]
     assert chat.texts[0] == model.tokenizer.decode(plain[:stop], skip_special_tokens=True)
-    no_chat = hispec_jax.generate(model, prompt_ids, max_new_tokens=24)
+    no_chat = hispec_jax.generate(model, prompt_ids, method="ar", max_new_tokens=24)
     assert len(no_chat.token_ids[0]) > stop + 1 or plain[stop] == 0
 
 
@@ -389,15 +391,16 @@ def test_chat_errors(gguf_paths, tmp_path, hf_models, vocab):
     model = hispec_jax.load_model(gguf_paths["llama_tied_q4_1"])
     before = engine_lib.compilations
     with pytest.raises(ValueError, match=r"prompts\[0\].*chat=True"):
-        hispec_jax.generate(model, [[5, 6, 7]], chat=True)
+        hispec_jax.generate(model, [[5, 6, 7]], method="ar", chat=True)
     with pytest.raises(ValueError, match="needs 'role' and 'content'"):
-        hispec_jax.generate(model, [[{"role": "user"}]], chat=True)
+        hispec_jax.generate(model, [[{"role": "user"}]], method="ar", chat=True)
     path = tmp_path / "no_template.gguf"
     gf.write_gguf(path, hf_models["llama"], Q.F32, vocab=vocab, chat_template=None)
     with pytest.raises(ValueError, match="no chat template"):
-        hispec_jax.generate(hispec_jax.load_model(path), "hi", chat=True)
+        hispec_jax.generate(hispec_jax.load_model(path), "hi", method="ar", chat=True)
     with pytest.raises(ValueError, match="no tokenizer"):
-        hispec_jax.generate(dataclasses.replace(model, tokenizer=None), "hi", chat=True)
+        hispec_jax.generate(dataclasses.replace(model, tokenizer=None), "hi", method="ar",
+                            chat=True)
     assert engine_lib.compilations == before
 
 
@@ -433,7 +436,8 @@ def smollm2_readme_run(smollm2_path):
     the chat template, both prompts in one batch as `hispec generate` runs them."""
     model = hispec_jax.load_model(smollm2_path)
     prompts, max_new_tokens, _, _, _ = readme_smollm2_transcript()
-    return model, hispec_jax.generate(model, prompts, chat=True, max_new_tokens=max_new_tokens)
+    return model, hispec_jax.generate(model, prompts, method="ar",
+                                      chat=True, max_new_tokens=max_new_tokens)
 
 
 def test_smollm2_chat_answer(smollm2_path, smollm2_readme_run):

@@ -157,7 +157,7 @@ def test_lookup_drafts_are_accepted_on_a_cycle(method, options):
     model = cycling_model()
     prompts = [[5, 9, 11], [7], [1, 2, 3, 4, 5, 6, 7, 8]]
     N = 40
-    ref = generate(model, prompts, max_new_tokens=N, ignore_eos=True)
+    ref = generate(model, prompts, method="ar", max_new_tokens=N, ignore_eos=True)
     got = generate(model, prompts, method=method, max_new_tokens=N, ignore_eos=True, **options)
     assert got.token_ids == ref.token_ids
     look = got.stats["lookup"]
@@ -201,7 +201,7 @@ def test_lookup_keeps_greedy_equal_to_ar_with_per_sequence_matches(method, optio
     per-sequence matches)."""
     model = cycling_model()
     prompts = [[5, 9, 11], [7], [1, 2, 3, 4, 5, 6, 7, 8]]
-    ref = generate(model, prompts, max_new_tokens=30, ignore_eos=True)
+    ref = generate(model, prompts, method="ar", max_new_tokens=30, ignore_eos=True)
     got = generate(model, prompts, method=methods.make_method(model, method, **options),
                    max_new_tokens=30, ignore_eos=True)
     assert got.token_ids == ref.token_ids
@@ -227,7 +227,7 @@ def test_shipped_model_copies_a_repeated_passage():
     passage = ("The committee met on the fourth of May and agreed on three points: the "
                "budget, the schedule and the new members. ")
     prompt = passage + passage + passage[:40]
-    ref = generate(model, [prompt], max_new_tokens=32, ignore_eos=True)
+    ref = generate(model, [prompt], method="ar", max_new_tokens=32, ignore_eos=True)
     got = generate(model, [prompt], method="lookup", max_new_tokens=32, ignore_eos=True)
     assert got.token_ids == ref.token_ids
     assert got.stats["lookup"]["accepted"] > 0

@@ -171,5 +171,5 @@ def test_init_model_generates_like_transformers(init_model_dir, capsys):
     # HF's min_new_tokens bans EOS, ours ignores it: equal only while ours emits no EOS.
     assert len(ours) == 8 and 2 not in ours
     assert ours == ref[0, prompt["input_ids"].shape[1]:].tolist()
-    assert generate(load_model(init_model_dir), ["Hello"], max_new_tokens=8,
+    assert generate(load_model(init_model_dir), ["Hello"], method="ar", max_new_tokens=8,
                     ignore_eos=True).token_ids[0] == ours

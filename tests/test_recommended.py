@@ -44,7 +44,7 @@ def test_the_recommended_plan_is_used_and_reported(model_dir):
         "a recorded sweep (test)")
     try:
         model = load_model(model_dir)
-        ar = generate(model, PROMPTS, max_new_tokens=12)
+        ar = generate(model, PROMPTS, method="ar", max_new_tokens=12)
         hs = generate(model, PROMPTS, method="hispec", max_new_tokens=12)
         assert hs.token_ids == ar.token_ids
         assert hs.stats["exits"] == [2, 5, 8] and hs.stats["window_bounds"] == [3, 5]

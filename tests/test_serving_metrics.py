@@ -210,6 +210,8 @@ def test_a_model_without_a_recommended_plan_is_served_with_prompt_lookup(tmp_pat
     assert reason.startswith("the model has no recommended plan")
     assert app.state.plan == {"method": "lookup", "reason": reason, "plan":
                               f"lookup k={options.DEFAULT_LOOKUP} "
-                              f"ngram<={options.DEFAULT_MAX_NGRAM}", "cross_request": False}
+                              f"ngram<={options.DEFAULT_MAX_NGRAM}", "cross_request": False,
+                              "spec": {"method": "lookup", "lookup": options.DEFAULT_LOOKUP,
+                                       "max_ngram": options.DEFAULT_MAX_NGRAM}}
     assert (f"plan: {app.state.plan['plan']} ({reason}); drafts from earlier requests: off"
             in caplog.text)

@@ -447,7 +447,8 @@ def test_the_scheduler_runs_a_long_prompt_between_the_rounds_of_a_stream():
     assert sum(e[:2] == ("a", "tokens") for e in events[start:first_b]) >= 3
     got = {name: sum((e[2] for e in events if e[:2] == (name, "tokens")), [])
            for name in ("a", "b")}
-    want = tuple(hispec_jax.generate(model, [p], max_new_tokens=n, ignore_eos=True).token_ids[0]
+    want = tuple(hispec_jax.generate(model, [p], method="ar",
+                                     max_new_tokens=n, ignore_eos=True).token_ids[0]
                  for p, n in ((short, 40), (long_, 8)))
     assert (got["a"], got["b"]) == want
     steps = [json.loads(line) for line in log.getvalue().splitlines()]

@@ -56,19 +56,20 @@ def test_after_warm_up_stream_a_stream_compiles_nothing(model):
 
 def test_generate_stream_checks_its_arguments_before_decoding(model):
     with pytest.raises(ValueError, match="max_new_tokens"):
-        hispec_jax.generate_stream(model, "x", max_new_tokens=0)
+        hispec_jax.generate_stream(model, "x", method="ar", max_new_tokens=0)
     with pytest.raises(ValueError, match="one prompt"):
-        hispec_jax.generate_stream(model, ["a", "b"])
+        hispec_jax.generate_stream(model, ["a", "b"], method="ar")
     with pytest.raises(ValueError, match="temperature"):
-        hispec_jax.generate_stream(model, "x", temperature=-1.0)
+        hispec_jax.generate_stream(model, "x", method="ar", temperature=-1.0)
     with pytest.raises(ValueError, match="chat template"):
-        hispec_jax.generate_stream(model, "x", chat=True)
+        hispec_jax.generate_stream(model, "x", method="ar", chat=True)
 
 
 def test_cli_generate_stream_prints_the_generated_text(cli_model, capsys):
     assert cli.main(["generate", "--stream", "--max-new-tokens", "12", "Once upon a time"]) == 0
     out, err = capsys.readouterr()
-    want = hispec_jax.generate(cli_model, "Once upon a time", max_new_tokens=12).texts[0]
+    want = hispec_jax.generate(cli_model, "Once upon a time", method="ar",
+                               max_new_tokens=12).texts[0]
     assert out == "Once upon a time" + want + "\n\n"  # the default plan's text is AR's
     assert err.startswith("plan: hispec (the model's recommended plan")
     assert "[hispec] default_model: 12 tokens" in err
@@ -103,7 +104,8 @@ def test_cli_chat_from_stdin(cli_model, monkeypatch, capsys):
 
     def answer(history):
         prompt, chat = prompts_lib.conversation_prompt(cli_model, history)
-        return hispec_jax.generate(cli_model, prompt, max_new_tokens=6, chat=chat).texts[0]
+        return hispec_jax.generate(cli_model, prompt, method="ar",
+                                   max_new_tokens=6, chat=chat).texts[0]
 
     first = answer([{"role": "user", "content": "Hello"}])
     second = answer([{"role": "user", "content": "Hello"},

@@ -99,7 +99,7 @@ def test_specbound_mixed_depths_run_every_layer_once():
     model = tiny_model(6, 0, layer_scale=0.0)
     prompts = [[5, 9, 11], [7], [1, 2, 3, 4, 5, 6, 7, 8]]
     N = 20
-    ref = generate(model, prompts, max_new_tokens=N, ignore_eos=True)
+    ref = generate(model, prompts, method="ar", max_new_tokens=N, ignore_eos=True)
     got = generate(model, prompts, method="specbound", tau=0.1, anneal=0.5, depth_bound=4,
                    width=3, max_new_tokens=N, ignore_eos=True)
     assert got.token_ids == ref.token_ids
@@ -132,7 +132,7 @@ def test_sv_shortens_verification_when_it_pays():
     the selector verifies one token per round; with a flat one it verifies every draft."""
     model = tiny_model(5, 0, layer_scale=0.0)
     prompts = [[4, 5, 6]]
-    ref = generate(model, prompts, max_new_tokens=16, ignore_eos=True)
+    ref = generate(model, prompts, method="ar", max_new_tokens=16, ignore_eos=True)
     low = sv_lib.SVTable(1, 2, (), (), ((0.1,),), ((0.1,),), ((1,),),
                          Costs(1, 5, (1, 8), (1e-3, 1e-1), (1e-4, 1e-4)).to_json())
     flat = sv_lib.SVTable(1, 2, (), (), ((0.9,),), ((0.9,),), ((1,),),
@@ -175,7 +175,7 @@ def test_sv_profile_round_trip_and_lookup(tmp_path):
     assert sv_lib.find_table(str(tmp_path)) == table  # "saved with the model"
     got = generate(model, [[1, 2, 3]], method="sv", draft_exit=1, verify_exits=2,
                    sv_profile=str(path), max_new_tokens=8, ignore_eos=True)
-    ref = generate(model, [[1, 2, 3]], max_new_tokens=8, ignore_eos=True)
+    ref = generate(model, [[1, 2, 3]], method="ar", max_new_tokens=8, ignore_eos=True)
     assert got.token_ids == ref.token_ids
 
 

@@ -106,7 +106,7 @@ def test_methods_on_int8_weights_give_its_own_ar_tokens():
     q = dataclasses.replace(model, params=with_layer_layout(model.params, "unrolled",
                                                             int8=True))
     prompts = random_prompts(np.random.RandomState(5), 3, 9)
-    ar = generate(q, prompts, max_new_tokens=12)
+    ar = generate(q, prompts, method="ar", max_new_tokens=12)
     for method, options in [("layerskip", {"draft_exit": 1}),
                             ("hispec", {"draft_exit": 1, "verify_exits": (2,)}),
                             ("lookup", {"lookup": 4})]:

@@ -54,7 +54,7 @@ def model() -> Model:
 
 
 def test_ar_work_is_layers_plus_the_final_head(model):
-    r = generate(model, [[5, 9, 11]], max_new_tokens=10, ignore_eos=True)
+    r = generate(model, [[5, 9, 11]], method="ar", max_new_tokens=10, ignore_eos=True)
     L = model.cfg.num_layers
     head = head_cost_layers(model.cfg, model.heads, L)
     assert r.stats["head_evals_per_exit"] == {L: 9}  # the first token comes from prefill

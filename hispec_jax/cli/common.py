@@ -1,7 +1,7 @@
 """What the command groups share: the help format, argument types, model-path checks, the
 default plan, the device-mesh flag and `--config.KEY=VALUE` overrides.
 
-Standard library and `options` / `recommended` / `mesh_spec` (all standard-library only) at
+Standard library and `options` / `method_spec` / `mesh_spec` (all standard-library only) at
 import time:
 arguments are checked before JAX is imported or weights are read.
 """
@@ -14,7 +14,6 @@ from pathlib import Path
 
 from hispec_jax.bench.args import int_list, positive_int_list
 from hispec_jax.decoding import options as options_lib
-from hispec_jax.decoding import recommended
 from hispec_jax.models import mesh_spec
 
 
@@ -75,19 +74,23 @@ GIVEN_METHOD = "--method given"
 
 
 def apply_default_plan(args, model_path: str, num_layers: int | None) -> None:
-    """Without --method (`args.method` None): the model's default plan
-    (`recommended.default_plan_for`: its recommended plan, else gated prompt lookup) becomes
+    """Without --method (`args.method` None): the model's default plan, as the one resolver
+    gives it to Python's `generate` (`method_spec.resolve`: the draft model's with
+    --draft-model, else the model's recommended plan, else gated prompt lookup) becomes
     `args.method`, its options filling the ones not given. `args.plan_reason` says why the
     method runs (`GIVEN_METHOD` when one was given). Reads no weights."""
+    from hispec_jax.decoding import method_spec  # standard library only
+
     args.plan_reason = GIVEN_METHOD
     if args.method is not None:
         return
-    if getattr(args, "draft_model", None) is not None:
-        args.method, args.plan_reason = "draft", "a draft model was given (--draft-model)"
-        return
-    args.method, plan_options, args.plan_reason = recommended.default_plan_for(model_path,
-                                                                               num_layers)
-    for name, value in plan_options.items():
+    has_draft = getattr(args, "draft_model", None) is not None
+    spec, args.plan_reason = method_spec.resolve(None, {}, model_path=model_path,
+                                                 num_layers=num_layers, has_draft=has_draft)
+    if has_draft:
+        args.plan_reason += " (--draft-model)"
+    args.method = spec.method
+    for name, value in spec.options().items():
         if getattr(args, name, None) is None:
             setattr(args, name, value)
 

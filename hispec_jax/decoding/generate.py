@@ -22,6 +22,7 @@ from hispec_jax.decoding import chat as chat_lib
 from hispec_jax.decoding import device_costs
 from hispec_jax.decoding import engine as engine_lib
 from hispec_jax.decoding import mesh as mesh_lib
+from hispec_jax.decoding import method_spec
 from hispec_jax.decoding import methods as methods_lib
 from hispec_jax.decoding import options as options_lib
 from hispec_jax.decoding.request import Request
@@ -127,7 +128,7 @@ def plan_shapes(max_prompt_len: int, max_new_tokens: int, lookahead: int, max_le
     return min(block, PREFILL_CHUNK, capacity), max(capacity, need)
 
 
-def generate(model: Model, prompts, *, method: str | None = None, max_new_tokens: int = 64,
+def generate(model: Model, prompts, *, method=None, max_new_tokens: int = 64,
              batch_size: int | None = None, ignore_eos: bool = False, temperature: float = 0.0,
              top_k: int = 0, top_p: float = 1.0, seed: int = 0, max_cache_len: int | None = None,
              chat: bool = False, mesh=None, lookup_cost=None, draft: Model | None = None,
@@ -137,11 +138,14 @@ def generate(model: Model, prompts, *, method: str | None = None, max_new_tokens
     Args:
       model: a loaded `Model`.
       prompts: a string, a list of strings, or a list of token-id lists.
-      method: "ar" (autoregressive), "exit" (early-exit inference from `exit_layer`),
-        "layerskip", "hispec", "sv", "specbound", "lookup" or "draft" (see
-        `methods.make_method`), or a `methods.Decoder`. None: "draft" when the model has a
-        draft model (`draft=`, `Model.with_draft`), else "ar". ("auto", the plan `hispec tune` saved, is resolved above
-        decoding: `hispec_jax.generate`, `hispec_jax/api.py`.)
+      method: a method spec (`method_spec`: `AR()`, `Lookup(k=8)`, `HiSpec(...)`, ...), or
+        its name with its options as keyword arguments: "ar" (autoregressive), "exit"
+        (early-exit inference from `exit_layer`), "layerskip", "hispec", "sv",
+        "specbound", "lookup" or "draft" (see `methods.make_method`); or a hand-built
+        `methods.Decoder`. None: the model's default plan, as on the command line
+        (`method_spec.resolve`: the draft model's where one is given, else the model's
+        recommended plan, else gated prompt lookup); "ar" for plain decoding. ("auto",
+        the plan `hispec tune` saved, is resolved above decoding: `hispec_jax.generate`.)
       max_new_tokens: per-sequence budget of new tokens (>= 1).
       batch_size: split prompts into batches of this many (default: one batch).
       ignore_eos: keep generating past EOS.
@@ -173,31 +177,35 @@ def generate(model: Model, prompts, *, method: str | None = None, max_new_tokens
     the runs, stats).
     """
     sampling, max_new_tokens = check_request(max_new_tokens, temperature, top_k, top_p, seed)
-    model, method = with_draft(model, method, draft)
-    decoder = method_decoder(model, method, sampling, method_options)
+    model = with_draft(model, draft)
+    decoder, spec, reason = method_decoder(model, method, sampling, method_options)
     prompt_ids = prompt_token_ids(model, prompts, chat)
     batch_size = check_batch_size(batch_size, len(prompt_ids))
-    named = not isinstance(method, methods_lib.Decoder)
-    return decode(model, prompt_ids, decoder, sampling, method_name=method if named else "custom",
+    return decode(model, prompt_ids, decoder, sampling,
+                  method_name=spec.method if spec is not None else "custom",
                   max_new_tokens=max_new_tokens, batch_size=batch_size, ignore_eos=ignore_eos,
-                  max_cache_len=max_cache_len, chat=chat, mesh=mesh, reuse_compiled=named,
-                  lookup_cost=lookup_cost)
+                  max_cache_len=max_cache_len, chat=chat, mesh=mesh,
+                  reuse_compiled=spec is not None, lookup_cost=lookup_cost,
+                  extra_stats=spec_stats(spec, reason))
 
 
-def with_draft(model: Model, method, draft) -> tuple[Model, Any]:
-    """(`model` with `draft` as its draft model, the method: None means "draft" when the
-    model has a draft model, else "ar"). `draft`: a `Model`, or two (smaller first: HSD's
-    two draft models, the smaller drafting for the larger)."""
+def spec_stats(spec, reason: str) -> dict[str, Any]:
+    """The stats naming what ran: the method spec's JSON form and why it ran (the model's
+    default plan, a saved plan, or "given")."""
+    if spec is None:
+        return {}
+    return {"method_spec": spec.to_json(), "plan_reason": reason}
+
+
+def with_draft(model: Model, draft) -> Model:
+    """`model` with `draft` as its draft model (None: `model`). `draft`: a `Model`, or two
+    (smaller first: HSD's two draft models, the smaller drafting for the larger)."""
     if isinstance(draft, (tuple, list)):
         if not 1 <= len(draft) <= 2:
             raise ValueError(f"draft: one or two draft models (the smaller first), got "
                              f"{len(draft)}")
         draft = draft[0] if len(draft) == 1 else draft[1].with_draft(draft[0])
-    if draft is not None:
-        model = model.with_draft(draft)
-    if method is None:
-        method = "draft" if model.draft is not None else "ar"
-    return model, method
+    return model if draft is None else model.with_draft(draft)
 
 
 def check_request(max_new_tokens, temperature, top_k, top_p, seed) -> tuple[SamplingParams, int]:
@@ -206,19 +214,23 @@ def check_request(max_new_tokens, temperature, top_k, top_p, seed) -> tuple[Samp
     return sampling, options_lib.check_positive_int("max_new_tokens", max_new_tokens)
 
 
-def method_decoder(model: Model, method, sampling: SamplingParams,
-                   method_options: dict[str, Any]) -> methods_lib.Decoder:
-    """The `Decoder` of a method name and its options (`methods.make_method`), or a
-    hand-built `Decoder` (it takes no options) with the acceptance rule of greedy or
-    sampling decoding (`methods.for_engine`)."""
+def method_decoder(model: Model, method, sampling: SamplingParams, method_options: dict[str, Any]
+                   ) -> tuple[methods_lib.Decoder, "method_spec.MethodSpec | None", str]:
+    """(decoder, spec, why it runs) of `method` as `generate` takes it (`method_spec.resolve`:
+    a spec, a method name and its options, or None: the model's default plan), or of a
+    hand-built `Decoder` (it takes no options; spec None) with the acceptance rule of
+    greedy or sampling decoding (`methods.for_engine`)."""
     if isinstance(method, methods_lib.Decoder):  # a hand-built hierarchy (advanced use)
         if method_options:
             raise ValueError("method options are part of a Decoder; pass none with one")
-        return methods_lib.for_engine(method, sampling.greedy)
-    if method == "auto":
+        return methods_lib.for_engine(method, sampling.greedy), None, method_spec.GIVEN
+    spec, reason = method_spec.resolve(method, method_options, model_path=model.path,
+                                       num_layers=model.cfg.num_layers,
+                                       has_draft=model.draft is not None)
+    if spec == "auto":
         raise ValueError("method 'auto' (a tuned plan) is resolved by hispec_jax.generate, "
                          "not by hispec_jax.decoding.generate")
-    return methods_lib.make_method(model, method, greedy=sampling.greedy, **method_options)
+    return methods_lib.make_method(model, spec, greedy=sampling.greedy), spec, reason
 
 
 def prompt_token_ids(model: Model, prompts, chat: bool = False) -> list[list[int]]:

@@ -16,6 +16,7 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
+from hispec_jax.decoding import method_spec
 from hispec_jax.decoding import options as options_lib
 from hispec_jax.decoding import recommended
 from hispec_jax.decoding.acceptance import RULES, GreedyAcceptance
@@ -170,9 +171,22 @@ def _check_window(name: str, value) -> int:
     return int(value)
 
 
-def make_method(model: Model, method: str, *, exit_layer: int | None = None,
+def make_method(model: Model, method, *, greedy: bool = True, **options) -> Decoder:
+    """The decoding method object of `method`: a `method_spec.MethodSpec` (no options
+    then), or a method name and its options (`method_spec.of`'s spelling); ValueError on
+    bad settings. See `_make_method` for the methods and their defaults."""
+    if isinstance(method, method_spec.MethodSpec):
+        given = {k: v for k, v in options.items() if v is not None and v is not False}
+        if given:
+            raise ValueError(f"method options are part of the spec {method}; pass none with "
+                             f"one (got {', '.join(sorted(given))})")
+        method, options = method.flat()
+    return _make_method(model, method, greedy=greedy, **options)
+
+
+def _make_method(model: Model, method: str, *, exit_layer: int | None = None,
                 draft_exit: int | None = None, verify_exits=None, draft_len: int | None = None,
-                verify_window: int | None = None, adaptive: bool = False,
+                verify_window: int | tuple[int, ...] | None = None, adaptive: bool = False,
                 acceptance: str | None = None, sv_profile=None, tau: float | None = None,
                 anneal: float | None = None, depth_bound: int | None = None,
                 width: int | None = None, lookup: int | None = None,
@@ -267,8 +281,12 @@ def make_method(model: Model, method: str, *, exit_layer: int | None = None,
     if method == "sv":
         return _sv(model, exits, 2 if draft_len is None else draft_len, sv_profile, greedy)
     nd = _check_window("draft_len", 2 if draft_len is None else draft_len)
-    ni = _check_window("verify_window", 4 if verify_window is None else verify_window)
-    windows = (nd,) + (ni,) * len(mids)
+    given = 4 if verify_window is None else verify_window
+    per_level = tuple(given) if isinstance(given, (tuple, list)) else (given,) * len(mids)
+    if len(per_level) != len(mids):
+        raise ValueError(f"verify_window {list(per_level)} names {len(per_level)} windows for "
+                         f"{len(mids)} intermediate exits {list(mids)}")
+    windows = (nd,) + tuple(_check_window("verify_window", w) for w in per_level)
     # Static block sizes come from window *bounds*; the windows themselves are arrays.
     # Fixed windows are their own bounds (the smallest blocks: verification cost grows
     # with the block length), and `generate` reuses a loop compiled with larger bounds when

@@ -235,8 +235,17 @@ def check_method_options(method, *, num_layers: int | None = None, exit_layer=No
                 f"verify_exits={list(exits)}")
     if draft_len is not None:
         check_positive_int("draft_len", draft_len)
-    if verify_window is not None:
-        check_positive_int("verify_window", verify_window)
+    if verify_window is not None:  # one for every intermediate exit, or one per exit
+        windows = tuple(verify_window) if isinstance(verify_window, (tuple, list)) else (
+            verify_window,)
+        for w in windows:
+            check_positive_int("verify_window", w)
+        if isinstance(verify_window, (tuple, list)) and verify_exits is not None and len(
+                windows) != (1 if _is_int(verify_exits) else len(tuple(verify_exits))):
+            raise OptionError("verify_window", verify_window,
+                              "one window per intermediate exit (or one for all)",
+                              f"verify_window {list(windows)} does not name one window per "
+                              f"intermediate exit {verify_exits!r}")
     if acceptance is not None and acceptance not in ACCEPTANCE_RULES:
         raise OptionError("acceptance", acceptance, f"must be one of {', '.join(ACCEPTANCE_RULES)}",
                           f"acceptance={acceptance!r} is not one of {list(ACCEPTANCE_RULES)}")

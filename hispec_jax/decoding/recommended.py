@@ -58,7 +58,8 @@ class Recommended:
         opts: dict[str, Any] = {"draft_exit": self.exits[0], "draft_len": self.windows[0]}
         if self.method == "hispec":
             opts["verify_exits"] = tuple(self.exits[1:-1])
-            opts["verify_window"] = self.windows[1]
+            opts["verify_window"] = (self.windows[1] if len(self.windows) == 2
+                                     else tuple(self.windows[1:]))
         if self.adaptive:
             opts["adaptive"] = True
         return opts

@@ -18,7 +18,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from hispec_jax.decoding import methods
+from hispec_jax.decoding import method_spec, methods
 from hispec_jax.decoding.costs import device_key
 from hispec_jax.models.model import Model
 from hispec_jax.models.pull import default_cache_dir
@@ -92,7 +92,8 @@ class Plan:
         opts: dict[str, Any] = {"draft_exit": self.exits[0], "draft_len": self.windows[0]}
         if len(self.exits) > 2:
             opts["verify_exits"] = tuple(self.exits[1:-1])
-            opts["verify_window"] = self.windows[1]
+            opts["verify_window"] = (self.windows[1] if len(self.exits) == 3
+                                     else tuple(self.windows[1:]))
         if self.adaptive:
             opts["adaptive"] = True
         if self.lookup:
@@ -113,20 +114,16 @@ class Plan:
         return cls(exits=tuple(e for e in h.exits if e), windows=tuple(decoder.windows[1 if k else 0:]),
                    adaptive=h.adaptive, lookup=k)
 
+    def spec(self) -> method_spec.MethodSpec:
+        """The plan's method spec (what `hispec_jax.generate(method=...)` takes)."""
+        return method_spec.of(self.method, **self.method_options())
+
     def decoder(self, model: Model, greedy: bool = True) -> methods.Decoder:
-        """The plan as a `Decoder` (middle levels of K >= 4 get their own windows)."""
+        """The plan as a `Decoder`."""
         if self.draft_k and model.draft is None:
             raise ValueError(f"the plan '{self.name()}' drafts with a draft model: give the "
                              "model the draft model it was tuned with (--draft-model)")
-        decoder = methods.make_method(model, self.method, greedy=greedy, **self.method_options())
-        if len(self.exits) > 3 and not self.adaptive:
-            windows = tuple(self.windows)
-            below = tuple(decoder.windows[:1]) if self.lookup else ()  # the lookup's own
-            bounds = tuple(decoder.hierarchy.max_windows[:1]) if self.lookup else ()
-            decoder = dataclasses.replace(
-                decoder, windows=below + windows,
-                hierarchy=dataclasses.replace(decoder.hierarchy, max_windows=bounds + windows))
-        return decoder
+        return methods.make_method(model, self.spec(), greedy=greedy)
 
     def name(self) -> str:
         if self.draft_k:
@@ -147,6 +144,7 @@ class Plan:
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["method"], d["kind"], d["name"] = self.method, self.kind, self.name()
+        d["spec"] = self.spec().to_json()
         return d
 
     @classmethod

@@ -4,7 +4,7 @@
     build_app(model, "lookup", lookup=8)         # a method and its options
     serve(app, host="127.0.0.1", port=8000)      # uvicorn; SIGTERM / Ctrl-C: graceful stop
 
-With no method the app runs the model's default plan (`recommended.default_plan`: its
+With no method the app runs the model's default plan (`method_spec.resolve`: its
 recommended HiSpec plan, or prompt lookup), and /health says which and why.
 
 Two slot engines share the slots' shapes: one greedy (temperature 0), one sampling. With
@@ -26,7 +26,8 @@ import threading
 import time
 
 from hispec_jax.decoding import device_costs
-from hispec_jax.decoding import recommended
+from hispec_jax.decoding import method_spec
+from hispec_jax.decoding import methods as methods_lib
 from hispec_jax.decoding import suffix_store
 from hispec_jax.decoding.generate import model_name
 from hispec_jax.serving import api_server
@@ -62,7 +63,7 @@ def build_engines(model, method="ar", *, slots: int = 8, max_cache_len: int | No
     engines = {}
     store = suffix_store.SuffixStore(store_tokens) if cross_request else None
     for greedy in (True, False):
-        decoder, _ = make_decoder(model, method, greedy, method_options)
+        decoder = make_decoder(model, method, greedy, method_options).decoder
         if decoder.lookahead() + 2 > capacity:
             raise ValueError(f"max_cache_len={capacity} leaves no room for a prompt and a "
                              f"token with the method's lookahead {decoder.lookahead()}")
@@ -169,23 +170,23 @@ def _measure_pass_cost(engines: list[slots_lib.SlotEngine]) -> None:
 
 
 def choose_plan(model, method, method_options: dict,
-                reason: str = "given") -> tuple[object, dict, str]:
-    """(method, method options, reason): `method` as given (for `reason`), or with None
-    the model's default plan (`recommended.default_plan`; a model with a draft model:
-    "draft") with the given options on top."""
-    if method is not None:
-        return method, method_options, reason
-    if model.draft is not None:
-        return "draft", method_options, "a draft model was given"
-    method, options, reason = recommended.default_plan(model)
-    given = {k: v for k, v in method_options.items() if v is not None and v is not False}
-    return method, {**options, **given}, reason
+                reason: str = "given") -> tuple[object, str]:
+    """(method spec or "auto", or a hand-built `Decoder`, and why it runs): the one
+    resolver's (`method_spec.resolve`; None: the model's default plan, with the given
+    options on top); `reason` stands for "given" (the command line's own words)."""
+    if isinstance(method, methods_lib.Decoder):
+        return method, reason
+    spec, why = method_spec.resolve(method, method_options, model_path=model.path,
+                                    num_layers=model.cfg.num_layers,
+                                    has_draft=model.draft is not None)
+    return spec, reason if why == method_spec.GIVEN else why
 
 
 def describe(engine: slots_lib.SlotEngine, method) -> str:
     """A plan in a few words: "hispec exits 4,12,24 windows 3,6", "lookup k=8 ngram<=4"."""
     h = engine.engine.hierarchy
-    name = method if isinstance(method, str) else "custom"
+    name = (method if isinstance(method, str) else method.method
+            if isinstance(method, method_spec.MethodSpec) else "custom")
     drafted = h.drafter.describe()  # "" for an exit: the exits and windows say it
     if drafted:
         name = drafted if name == h.drafter.label(h) else f"{name} + {drafted}"
@@ -222,14 +223,16 @@ def build_app(model, method=None, *, slots: int = 8, max_cache_len: int | None =
     measured it did not pay, BENCHMARKS.md): where the plan has prompt
     lookup, it also drafts from a store of `store_tokens` tokens of earlier requests,
     scoped per API key and `user` field (`build_engines`; /health says so)."""
-    method, method_options, reason = choose_plan(model, method, method_options, plan_reason)
+    method, reason = choose_plan(model, method, method_options, plan_reason)
     engines = build_engines(model, method, slots=slots, max_cache_len=max_cache_len,
                             prefill_chunk=prefill_chunk, ride_prefill=ride_prefill,
-                            cross_request=cross_request, store_tokens=store_tokens,
-                            **method_options)
+                            cross_request=cross_request, store_tokens=store_tokens)
     store = engines[True].store
-    plan = {"method": method if isinstance(method, str) else "custom",
+    spec = method if isinstance(method, method_spec.MethodSpec) else None
+    plan = {"method": method if isinstance(method, str) else "custom" if spec is None
+            else spec.method,
             "plan": describe(engines[True], method), "reason": reason,
+            **({"spec": spec.to_json()} if spec is not None else {}),
             "cross_request": store is not None}
     reads_store = getattr(engines[True].engine.hierarchy.drafter, "reads_store", False)
     log.info("plan: %s (%s)%s%s", plan["plan"], reason,

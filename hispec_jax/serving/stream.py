@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 from hispec_jax.decoding import chat as chat_lib
+from hispec_jax.decoding import method_spec
 from hispec_jax.decoding import methods as methods_lib
 from hispec_jax.decoding.generate import (GenerationResult, _is_int, model_name, plan_shapes,
-                                          tokenize)
+                                          spec_stats, tokenize)
 from hispec_jax.decoding.sampling import SamplingParams
 from hispec_jax.models import sharding
 from hispec_jax.models.model import place_on_mesh
@@ -32,21 +33,32 @@ from hispec_jax.serving import detok as detok_lib
 from hispec_jax.serving import slots as slots_lib
 
 
-def make_decoder(model, method, greedy: bool, method_options: dict):
-    """(decoder, plan or None) for a method name, "auto" or a `methods.Decoder` (with the
-    acceptance rule of a greedy or sampling engine: `methods.for_engine`), checked as
-    `generate` checks them."""
+class Resolved(NamedTuple):
+    """What a method resolves to: the decoder, its spec (None for a hand-built `Decoder`),
+    why it runs (`method_spec.resolve`), and the saved plan behind method "auto"."""
+
+    decoder: methods_lib.Decoder
+    spec: object
+    reason: str
+    plan: object = None
+
+
+def make_decoder(model, method, greedy: bool, method_options: dict) -> Resolved:
+    """The decoder of `method` as `generate` takes it (`method_spec.resolve`: a spec, a
+    method name and its options, "auto" or None: the model's default plan), or of a
+    `methods.Decoder` (with the acceptance rule of a greedy or sampling engine:
+    `methods.for_engine`), checked as `generate` checks them."""
     if isinstance(method, methods_lib.Decoder):
         if method_options:
             raise ValueError("method options are part of a Decoder; pass none with one")
-        return methods_lib.for_engine(method, greedy), None
-    if method == "auto":
-        given = sorted(k for k, v in method_options.items() if v is not None and v is not False)
-        if given:
-            raise ValueError(f"method 'auto' does not take {', '.join(given)} "
-                             "(the tuned plan sets them)")
-        return tune_lib.auto_decoder(model, 1, greedy=greedy)
-    return methods_lib.make_method(model, method, greedy=greedy, **method_options), None
+        return Resolved(methods_lib.for_engine(method, greedy), None, method_spec.GIVEN)
+    spec, reason = method_spec.resolve(method, method_options, model_path=model.path,
+                                       num_layers=model.cfg.num_layers,
+                                       has_draft=model.draft is not None)
+    if spec == "auto":
+        decoder, plan = tune_lib.auto_decoder(model, 1, greedy=greedy)
+        return Resolved(decoder, plan.spec(), reason, plan)
+    return Resolved(methods_lib.make_method(model, spec, greedy=greedy), spec, reason)
 
 
 class TextStream:
@@ -86,6 +98,7 @@ class _Setup:
     plan: object
     capacity: int
     method_name: str
+    spec_stats: dict
 
 
 def _setup(model, prompt, *, method, max_new_tokens, ignore_eos, temperature, top_k, top_p,
@@ -97,9 +110,7 @@ def _setup(model, prompt, *, method, max_new_tokens, ignore_eos, temperature, to
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
     if model.tokenizer is None:
         raise ValueError("generate_stream needs a model with a tokenizer (it yields text)")
-    if method is None:  # as `generate`: the draft model when there is one
-        method = "draft" if model.draft is not None else "ar"
-    decoder, plan = make_decoder(model, method, sampling.greedy, method_options)
+    decoder, spec, reason, plan = make_decoder(model, method, sampling.greedy, method_options)
     all_ids = tokenize(model, chat_lib.chat_prompt_ids(model, prompt) if chat else prompt)
     if len(all_ids) != 1:
         raise ValueError(f"generate_stream takes one prompt, got {len(all_ids)} (use generate "
@@ -115,7 +126,8 @@ def _setup(model, prompt, *, method, max_new_tokens, ignore_eos, temperature, to
                                   capacity=capacity, greedy=sampling.greedy, eos_ids=eos)
     request = slots_lib.SlotRequest(tuple(prompt_ids), int(max_new_tokens), sampling)
     return _Setup(engine, request, plan, capacity,
-                  method if isinstance(method, str) else "custom")
+                  "auto" if method == "auto" else "custom" if spec is None else spec.method,
+                  spec_stats(spec, reason))
 
 
 def warm_up_stream(model, prompt, *, on_phase=None, method=None, max_new_tokens: int = 64,
@@ -146,7 +158,7 @@ def generate_stream(model, prompt, *, method=None, max_new_tokens: int = 64,
     conversation) as text deltas. Arguments as `generate`'s (`mesh`: a device mesh with axes
     ("data", "model") to decode over; default: the model's own); everything is checked
     before this returns (a bad setting raises here, not at the first delta). `method`
-    None: "draft" for a model with a draft model (`Model.with_draft`), else "ar".
+    None: the model's default plan, as `generate`'s (`method_spec.resolve`).
 
     Yields only text that is final (an incomplete multi-byte character or a trailing space
     waits for the next token); the deltas join to `generate(...).texts[0]`.
@@ -182,6 +194,7 @@ def generate_stream(model, prompt, *, method=None, max_new_tokens: int = 64,
             stats={"method": setup.method_name,
                    "model": model_name(model), "model_path": model.path,
                    **({"plan": plan.name()} if plan is not None else {}),
+                   **setup.spec_stats,
                    "new_tokens": new, "seconds": seconds,
                    "tokens_per_second": new / seconds if seconds > 0 else 0.0,
                    "time_to_first_token": first,
