@@ -2,8 +2,8 @@
 with two devices each (JAX's multi-controller runtime over gloo): run as its own process by
 tests/test_multihost.py (XLA_FLAGS must be set before JAX starts). Process 0 (or the single
 process) prints one JSON object: {mesh: {method: token ids per prompt, the fraction of the
-model's weights this process holds}, "devices": ...}; process 1 prints only whether it
-received process 0's work (`distributed.broadcast_work`).
+model's weights this process holds and the fraction it read}, "devices": ...}; process 1
+prints only whether it received process 0's work (`distributed.broadcast_work`).
 
     python tests/multihost_cases.py MODEL_DIR                          # one process, 4 devices
     python tests/multihost_cases.py MODEL_DIR HOST:PORT 2 I            # process I of 2, 2 each
@@ -28,7 +28,7 @@ if dist:
 
 import jax  # noqa: E402
 
-from hispec_jax.models import sharding  # noqa: E402
+from hispec_jax.models import lazy_weights, sharding  # noqa: E402
 
 # Two prompts, so each data shard (one per process) decodes one; the second repeats itself
 # so that prompt lookup finds drafts. test_multihost.py gives `hispec generate` the same.
@@ -58,10 +58,12 @@ def process_fraction(x) -> float:
 def main() -> int:
     out = {"devices": len(jax.devices()), "local_devices": len(jax.local_devices())}
     for mesh_text, methods in CASES:
+        lazy_weights.bytes_read = 0
         model = hispec_jax.load_model(model_dir, mesh=sharding.make_mesh(mesh_text))
         weights = jax.tree.leaves(model.params)
         held = sum(process_fraction(x) * x.size for x in weights)
-        case = {"weights_held": held / sum(x.size for x in weights)}
+        case = {"weights_held": held / sum(x.size for x in weights),
+                "weights_read": lazy_weights.bytes_read / sum(x.nbytes for x in weights)}
         for name in methods:
             result = hispec_jax.generate(model, PROMPTS, max_new_tokens=8, ignore_eos=True,
                                          **METHODS[name])

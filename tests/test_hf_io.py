@@ -116,6 +116,38 @@ def test_load_dtype_bfloat16(tmp_path):
         torch.testing.assert_close(got[k].float(), want[k].float(), rtol=0, atol=0, msg=k)
 
 
+@pytest.mark.parametrize("name,dtype", [("llama_gqa", None), ("qwen3_tied", "bfloat16")])
+def test_lazy_weights_read_only_what_is_indexed(hf_dirs, name, dtype):
+    """`lazy=True` (what a mesh loads through): every slice a shard can ask for equals the
+    eagerly loaded array's, in the requested dtype, reading only its bytes (an index that
+    is not one rectangle of the HF tensor, half a head_dim, reads the whole tensor)."""
+    from hispec_jax.models import lazy_weights
+
+    path, _ = hf_dirs[name]
+    _, eager, _, _ = hf_io.load_checkpoint(path, dtype=dtype, host=True)
+    before = lazy_weights.bytes_read
+    cfg, lazy, _, _ = hf_io.load_checkpoint(path, dtype=dtype, host=True, lazy=True)
+    assert lazy_weights.bytes_read == before  # checked, not read
+    assert isinstance(lazy["layers"]["wq"], lazy_weights.LazyStack)
+    for key, want in [*((k, v) for k, v in eager["layers"].items()), ("embed", eager["embed"])]:
+        got = lazy["layers"][key] if key in eager["layers"] else lazy[key]
+        assert got.shape == want.shape and got.dtype == want.dtype, key
+        np.testing.assert_array_equal(np.asarray(got), want, err_msg=key)
+        halves = [tuple(slice(0, n // 2) if a == axis else slice(None)
+                        for a, n in enumerate(want.shape)) for axis in range(want.ndim)]
+        for index in halves + [(1,)]:
+            lazy_weights.bytes_read = 0
+            part = got[index]
+            np.testing.assert_array_equal(part, want[index], err_msg=f"{key}{index}")
+            # float32 on disk; the leading two axes (a layer; a projection's input or a
+            # tensor's first axis) always map to one rectangle: only the part is read
+            assert lazy_weights.bytes_read >= part.size * 4, (key, index)
+            if index == (1,) or index == halves[min(1, want.ndim - 1)]:
+                assert lazy_weights.bytes_read == part.size * 4, (key, index)
+    with pytest.raises(ValueError, match="host=True"):
+        hf_io.load_checkpoint(path, lazy=True)
+
+
 def _load_hf(path):
     model, info = transformers.AutoModelForCausalLM.from_pretrained(path, output_loading_info=True)
     assert not any(info.get(k) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info

@@ -113,8 +113,12 @@ def test_each_process_holds_its_shards_only_and_followers_get_the_work(api_runs)
     # the 2 KV heads' projections, which 4 does not divide, are replicated)
     assert two["model=4"]["weights_held"] < 0.75
     assert one["model=4"]["weights_held"] == 1.0
+    # and reads only those from the checkpoint (`lazy_weights`), each shard once
+    assert two["model=4"]["weights_read"] == pytest.approx(two["model=4"]["weights_held"])
+    assert one["model=4"]["weights_read"] == 1.0
     # data=2,model=2: the model axis inside each process, a whole replica per process
     assert two["data=2,model=2"]["weights_held"] == 1.0
+    assert two["data=2,model=2"]["weights_read"] == 1.0
     assert last_json(follower_stdout) == {"follower_received_work": True}  # and no tokens
 
 

@@ -59,6 +59,7 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from hispec_jax.models import lazy_weights
 from hispec_jax.models.config import ModelConfig
 from hispec_jax.models.params import (ExitHeads, Params, check_shapes, head_shape_args, head_specs,
                                       param_specs)
@@ -160,7 +161,7 @@ def _weight_files(path: Path) -> list[Path]:
     raise ValueError(f"{path}: no weight files ({WEIGHTS_FILENAME} or {INDEX_FILENAME})")
 
 
-def load_checkpoint(path, dtype: str | None = None, host: bool = False
+def load_checkpoint(path, dtype: str | None = None, host: bool = False, lazy: bool = False
                     ) -> tuple[ModelConfig, Params, ExitHeads, dict]:
     """Loads a local HF directory -> (cfg, params, heads, generation_config_dict).
 
@@ -168,7 +169,10 @@ def load_checkpoint(path, dtype: str | None = None, host: bool = False
     to it. `heads` is {} without an `exit_heads.safetensors`, and the generation config {}
     without a `generation_config.json`. `host`: the weights stay NumPy arrays in host memory
     (for a caller that rearranges them before placing them, as `load_model` does: NumPy
-    slicing and transposing compile nothing); otherwise they are JAX arrays.
+    slicing and transposing compile nothing); otherwise they are JAX arrays. `lazy` (with
+    `host`): the weights are `lazy_weights.LazyTensor` / `LazyStack`s, read only where
+    indexed, so that placing them on a mesh reads only this process's shards (the exit
+    heads, small, are read whole); every check above runs all the same.
     """
     path = Path(path)
     if not (path / CONFIG_FILENAME).exists():
@@ -204,7 +208,12 @@ def load_checkpoint(path, dtype: str | None = None, host: bool = False
                 got = tuple(f.get_slice(name).get_shape())
                 if got != want:
                     raise ValueError(f"tensor {name!r} has shape {got}, expected {want}")
-                value = f.get_tensor(name) if tied else _to_ours(f.get_tensor(name), shape, n_in)
+                if lazy and not tied:
+                    value = lazy_weights.LazyTensor(file, name, shape, n_in,
+                                                    jnp.dtype(cfg.dtype))
+                else:
+                    value = (f.get_tensor(name) if tied
+                             else _to_ours(f.get_tensor(name), shape, n_in))
                 if tied:
                     tied_head = value
                 elif layer is None:
@@ -213,7 +222,8 @@ def load_checkpoint(path, dtype: str | None = None, host: bool = False
                     slots.setdefault(our, [None] * L)[layer] = value
 
     embed = slots.get(("embed",), [None])[0]
-    if tied_head is not None and embed is not None and not np.array_equal(tied_head, embed):
+    if tied_head is not None and embed is not None and not np.array_equal(
+            tied_head, np.asarray(embed)):
         raise ValueError("tensor 'lm_head.weight' differs from 'model.embed_tokens.weight' "
                          "but config.json has tie_word_embeddings=true")
     params: Params = {"layers": {}}
@@ -225,13 +235,19 @@ def load_checkpoint(path, dtype: str | None = None, host: bool = False
         missing = [i for i, v in enumerate(values) if v is None]
         if missing:
             raise ValueError(f"missing tensor {template.format(i=missing[0])!r} in {path}")
-        value = np.asarray(np.stack(values) if stacked else values[0], dtype=jnp.dtype(cfg.dtype))
+        if lazy:
+            value = lazy_weights.LazyStack(values) if stacked else values[0]
+        else:
+            value = np.asarray(np.stack(values) if stacked else values[0],
+                               dtype=jnp.dtype(cfg.dtype))
         (params["layers"] if stacked else params)[our[-1]] = value
     check_shapes(params, specs)
 
     gen_path = path / GENERATION_CONFIG_FILENAME
     generation_config = _read_json(gen_path) if gen_path.exists() else {}
     heads = load_exit_heads(path, cfg, host=True)
+    if lazy and not host:
+        raise ValueError("lazy weights stay on the host: pass host=True with lazy=True")
     if not host:
         params, heads = jax.device_put((params, heads))
     return cfg, params, heads, generation_config

@@ -14,7 +14,8 @@ from hispec_jax.models.config import MATMUL_PRECISIONS, ModelConfig
 from hispec_jax.models.draft_weights import DraftWeights, check_pair
 from hispec_jax.models.heads import head_kind
 from hispec_jax.models.params import (LAYER_LAYOUTS, WEIGHT_QUANTIZATIONS, ExitHeads, Params,
-                                      default_layer_layout, with_layer_layout)
+                                      default_fused, default_layer_layout, default_out_major,
+                                      with_layer_layout)
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
@@ -119,9 +120,11 @@ def load_model(path, dtype: str | None = None, layer_layout: str | None = None,
         faster, not exact); see `ModelConfig`.
       mesh: a `jax.sharding.Mesh` with axes ("data", "model") (`sharding.make_mesh`) to shard
         the parameters over (tensor parallel over "model", replicated over "data"); None: the
-        mesh set by `jax.set_mesh`, if any, else one device. The checkpoint is read on the
-        host, then each device receives its shards; over several processes
-        (`hispec_jax.distributed`), each process places only its own devices' shards.
+        mesh set by `jax.set_mesh`, if any, else one device. On a mesh, each process reads
+        from a safetensors checkpoint only the slices its own devices hold
+        (`lazy_weights`; over several processes, `hispec_jax.distributed`, no process reads
+        the whole model) and places them; a GGUF file, or int8 / fused / out-major weights,
+        are read whole on each host first.
     """
     path = Path(path)
     layout = layer_layout or default_layer_layout()
@@ -145,7 +148,14 @@ def load_model(path, dtype: str | None = None, layer_layout: str | None = None,
                                    params=params, tokenizer=tokenizer,
                                    generation_config=generation_config, path=str(path)), mesh)
     # the layout is arranged in host memory (NumPy compiles nothing), then placed at once
-    cfg, params, heads, generation_config = hf_io.load_checkpoint(path, dtype=dtype, host=True)
+    # on a mesh, unless the layout computes on every weight (int8 scales, fused or
+    # out-major projections), weights are read only where this process's devices hold them
+    unrolled = layout == "unrolled"
+    lazy = mesh is not None and not quantize and not (unrolled and (
+        (default_fused() if fused is None else fused)
+        or (default_out_major() if out_major is None else out_major)))
+    cfg, params, heads, generation_config = hf_io.load_checkpoint(path, dtype=dtype, host=True,
+                                                                  lazy=lazy)
     cfg = cfg.replace(matmul_precision=matmul_precision)
     params = with_layer_layout(params, layout, out_major, fused, int8=bool(quantize))
     if mesh is None:

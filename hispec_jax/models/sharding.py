@@ -23,13 +23,14 @@ the order of floating-point sums in tensor-parallel matmuls).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from hispec_jax.models import mesh_spec
+from hispec_jax.models import lazy_weights, mesh_spec
 from hispec_jax.models.config import ModelConfig
 from hispec_jax.models.kv_cache import KVCache
 from hispec_jax.models.params import (ParamSpec, fused_axes, head_shape_args, head_specs,
@@ -226,8 +227,14 @@ def shard_arrays(tree, shardings):
     Over several processes (a mesh with devices this process cannot address), each process
     places only its own devices' shards, cut from its host copy
     (`jax.make_array_from_callback`): every process must hold the same values, as SPMD
-    programs do (same checkpoint, same prompts), and no device receives a whole array."""
+    programs do (same checkpoint, same prompts), and no device receives a whole array.
+    A checkpoint's lazy weights (`lazy_weights`) are read shard by shard the same way, so a
+    process reads only what its devices hold."""
     def one(x, s):
+        if lazy_weights.is_lazy(x):  # each distinct shard read once (replicas share it)
+            read = functools.cache(lambda key: x[tuple(slice(*k) for k in key)])
+            return jax.make_array_from_callback(x.shape, s, lambda index: read(tuple(
+                (i.start, i.stop) for i in index)))
         if s.is_fully_addressable or (isinstance(x, jax.Array) and not x.is_fully_addressable):
             return jax.device_put(x, s)  # one process; or a global array resharded
         host = np.asarray(x)
