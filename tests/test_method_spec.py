@@ -126,6 +126,8 @@ def test_python_and_the_command_line_default_to_the_same_plan(model_dir):
     assert plain.stats["method"] == "lookup" == cli_method(model_dir)[0]
     assert plain.stats["plan_reason"] == cli_method(model_dir)[1]
     assert plain.token_ids == ar.token_ids
+    ungated = hispec_jax.generate(model, PROMPTS, lookup_gate=False, **run)  # on top of it
+    assert ungated.stats["method_spec"]["lookup_gate"] is False
     recommended.save(model_dir, {"hispec": {"exits": (2, 4, 8), "windows": (2, 3)}},
                      "a recorded sweep (test)")
     try:

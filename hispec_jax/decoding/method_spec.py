@@ -250,12 +250,21 @@ def _drafts(method: str, options: dict) -> bool | None:
 
 
 # --------------------------------------------------------------------- the flat spelling
+# switches whose False is a choice (off where on by default), not "not given"
+_OFF_SWITCHES = ("lookup_gate", "draft_gate")
+
+
+def _given_options(options: dict[str, Any]) -> dict[str, Any]:
+    """The options given: None, and False for a switch off by default, mean not given."""
+    return {k: v for k, v in options.items()
+            if v is not None and (v is not False or k in _OFF_SWITCHES)}
+
+
 def of(method: str, **options) -> MethodSpec:
     """The spec of a method name and its `make_method` options (the command line's and the
     JSON form's spelling); `OptionError` names a bad one, as `check_method_options` does.
     Options left None (or False, for the switches off by default) are not given."""
-    options = {k: v for k, v in options.items()
-               if v is not None and (v is not False or k in ("lookup_gate", "draft_gate"))}
+    options = _given_options(options)
     options_lib.check_method_options(method, draft=_drafts(method, options), **options)
     if method not in SPECS:  # "auto": a saved plan, resolved by `resolve`
         raise OptionError("method", method, f"must be one of {', '.join(SPECS)}",
@@ -320,7 +329,7 @@ def resolve(method, options: dict[str, Any] | None = None, *, model_path=None,
     with the `options` given on top. Reads no weights: `model_path` and `num_layers` (None
     before the weights are read) say where the recommended plan is."""
     options = dict(options or {})
-    given = {k: v for k, v in options.items() if v is not None and v is not False}
+    given = _given_options(options)
     if isinstance(method, MethodSpec):
         if given:
             raise OptionError(sorted(given)[0], given[sorted(given)[0]],
