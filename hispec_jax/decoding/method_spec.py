@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from typing import Any, ClassVar, Union
 
 from hispec_jax.decoding import options as options_lib
@@ -71,9 +72,18 @@ class MethodSpec:
         return self.method, self.options()
 
     def to_json(self) -> dict[str, Any]:
-        """{"method": name, option: value, ...} (tuples as lists)."""
-        return {"method": self.method, **{k: list(v) if isinstance(v, tuple) else v
-                                          for k, v in self.options().items()}}
+        """{"method": name, option: value, ...}: tuples as lists, a path as its text; an
+        in-memory object (an SV profile given as one) is left out."""
+        out: dict[str, Any] = {"method": self.method}
+        for k, v in self.options().items():
+            if isinstance(v, tuple):
+                v = list(v)
+            elif isinstance(v, os.PathLike):
+                v = os.fspath(v)
+            elif not isinstance(v, (bool, int, float, str, list)):
+                continue
+            out[k] = v
+        return out
 
     def __str__(self) -> str:
         given = ", ".join(f"{f.name}={getattr(self, f.name)!s}" for f in dataclasses.fields(self)
