@@ -29,7 +29,7 @@ from hispec_jax.planner import tune as tune_lib
 def generate(model: Model, prompts, *, method=None, max_new_tokens: int = 64,
              batch_size: int | None = None, ignore_eos: bool = False, temperature: float = 0.0,
              top_k: int = 0, top_p: float = 1.0, seed: int = 0, max_cache_len: int | None = None,
-             chat: bool = False, mesh=None, draft: Model | None = None,
+             chat: bool = False, mesh=None, draft: Model | None = None, cross_request=False,
              **method_options) -> GenerationResult:
     """Generates continuations of `prompts`: `decoding.generate.generate`'s arguments and
     result (`method`: a method spec, `hispec_jax.AR()`, `HiSpec(...)`, ..., or a method
@@ -60,7 +60,8 @@ def generate(model: Model, prompts, *, method=None, max_new_tokens: int = 64,
             model, prompts, method=method if spec is None else spec,
             max_new_tokens=max_new_tokens, batch_size=batch_size, ignore_eos=ignore_eos,
             temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-            max_cache_len=max_cache_len, chat=chat, mesh=mesh, **method_options)
+            max_cache_len=max_cache_len, chat=chat, mesh=mesh, cross_request=cross_request,
+            **method_options)
         if spec is not None:
             result.stats["plan_reason"] = reason
         if isinstance(spec, method_spec.SV):
@@ -77,10 +78,11 @@ def generate(model: Model, prompts, *, method=None, max_new_tokens: int = 64,
     prompt_ids = generate_lib.prompt_token_ids(model, prompts, chat)
     batch_size = generate_lib.check_batch_size(batch_size, len(prompt_ids))
     decoder, plan = tune_lib.auto_decoder(model, batch_size, greedy=sampling.greedy)
+    store = generate_lib.check_cross_request(cross_request, decoder)
     return generate_lib.decode(
         model, prompt_ids, decoder, sampling, method_name="auto", max_new_tokens=max_new_tokens,
         batch_size=batch_size, ignore_eos=ignore_eos, max_cache_len=max_cache_len, chat=chat,
-        mesh=mesh, reuse_compiled=True,
+        mesh=mesh, reuse_compiled=True, store=store,
         extra_stats={"plan": plan.name(), "method_spec": plan.spec().to_json(),
                      "plan_reason": reason})
 

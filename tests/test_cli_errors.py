@@ -23,6 +23,8 @@ def paths(tmp_path_factory):
     (root / "empty").mkdir()
     (root / "badjson").mkdir()
     (root / "badjson" / "config.json").write_text("{bad")
+    (root / "blank.txt").write_text("\n  \n")
+    (root / "badline.txt").write_text('first\n"unterminated\n')
     return root
 
 
@@ -40,7 +42,6 @@ CASES = [
     ("generate --method sv --sv-profile {tmp}/none.json x", "--sv-profile {tmp}/none.json: no such"),
     ("generate --verify-exits a,b --method hispec x", "expected comma-separated integers"),
     ("generate --method nope x", "invalid choice: 'nope'"),
-    ("generate", "required: PROMPT"),
     ("generate ' '", "PROMPT 1 is empty"),
     ("generate --dtype float16 x", "argument --dtype: invalid choice: 'float16'"),
     # serving
@@ -65,6 +66,14 @@ CASES = [
     ("serve --method ar --no-lookup-gate", "--no-lookup-gate: needs a lookup drafter"),
     ("chat --method lookup --exit-gate", "--exit-gate: only methods layerskip, hispec"),
     ("generate --method hispec --lookup 4 --exit-gate x", "--exit-gate: only methods"),
+    ("generate --method ar --cross-request x", "--cross-request: needs prompt lookup"),
+    ("generate --method lookup --cross-request --stream x",
+     "--cross-request drafts from earlier batches; it does not combine with --stream"),
+    ("generate --method ar", "no prompt: give PROMPT arguments or --prompts-file PATH"),
+    ("generate --method ar --prompts-file {tmp}/none.txt", "--prompts-file {tmp}/none.txt: "
+     "cannot read it"),
+    ("generate --method ar --prompts-file {tmp}/blank.txt", "no prompt in it"),
+    ("generate --method ar --prompts-file {tmp}/badline.txt", "line 2: not a JSON string"),
     # models
     ("convert {tmp}/none.gguf {tmp}/out", "no such GGUF file"),
     ("convert {tmp}/bad.gguf {tmp}/out", "not a readable GGUF file"),

@@ -277,3 +277,43 @@ def test_serve_drafts_from_earlier_requests_with_unchanged_outputs(model):
         assert health["cross_request"] is False and health["cross_request_store"] is None
         assert answers(url) == answers(url) == first
         assert _from_store(url) == (0.0, 0.0)
+
+
+# ------------------------------------------------------------ 5. offline, over batches
+def test_generate_drafts_from_earlier_batches_with_unchanged_outputs(model, tmp_path, capsys,
+                                                                     monkeypatch):
+    """`generate(cross_request=True)` (and `hispec generate --prompts-file F --cross-request`):
+    each batch drafts from the prompts and outputs of the batches before; the tokens are
+    those without the store; a store passed to two calls carries the first call's tokens."""
+    import json
+
+    from hispec_jax import cli
+
+    prompts = [REPEATED, REPEATED + " again", OTHER]
+    run = dict(method="lookup", max_new_tokens=24, batch_size=1, ignore_eos=True)
+    plain = hispec_jax.generate(model, prompts, **run)
+    stored = hispec_jax.generate(model, prompts, cross_request=True, **run)
+    assert stored.token_ids == plain.token_ids
+    earlier = stored.stats["lookup"]["from_earlier_requests"]
+    assert earlier["accepted"] > 0 and plain.stats["lookup"]["from_earlier_requests"] == {
+        "matches": 0, "proposed": 0, "accepted": 0}
+    assert stored.stats["cross_request_store"]["requests_added"] == 3
+    store = suffix_store.SuffixStore(1024)
+    hispec_jax.generate(model, prompts[:1], cross_request=store, **run)
+    again = hispec_jax.generate(model, prompts[:1], cross_request=store, **run)
+    assert again.token_ids == plain.token_ids[:1]
+    assert again.stats["lookup"]["from_earlier_requests"]["accepted"] > 0
+    with pytest.raises(ValueError, match="needs a prompt-lookup drafter"):
+        hispec_jax.generate(model, prompts, method="ar", cross_request=True)
+
+    # the command line in this process, loading the scanned layout as `model` is (the
+    # loops compiled above serve it)
+    monkeypatch.setattr("hispec_jax.models.model.default_layer_layout", lambda: "scan")
+    path = tmp_path / "prompts.txt"
+    path.write_text(f"{prompts[0]}\n\n{json.dumps(prompts[1])}\n")
+    assert cli.main(["generate", "--model", model.path, "--method", "lookup", "--json",
+                     "--max-new-tokens", "24", "--ignore-eos", "--batch-size", "1",
+                     "--prompts-file", str(path), "--cross-request", prompts[2]]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [o["prompt"] for o in out["outputs"]] == [prompts[2], prompts[0], prompts[1]]
+    assert out["stats"]["cross_request_store"]["requests_added"] == 3

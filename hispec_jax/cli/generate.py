@@ -87,7 +87,16 @@ def add_parsers(subparsers) -> None:
     gen.add_argument("--stream", action="store_true",
                      help="print each prompt's text as it is decoded (prompts one after "
                           "another; docs/serving.md)")
-    gen.add_argument("prompts", nargs="+", metavar="PROMPT", help="text to continue (non-empty)")
+    gen.add_argument("--prompts-file", metavar="PATH", default=None,
+                     help="also continue the prompts of this file, one per line after the "
+                          "PROMPTs (a line that is a JSON string, \"...\", may hold "
+                          "newlines; blank lines are skipped)")
+    gen.add_argument("--cross-request", action="store_true",
+                     help="with prompt lookup, also draft from the prompts and outputs of the "
+                          "batches before (in memory; outputs never change): one instruction "
+                          "over many inputs (with --batch-size 1 every prompt drafts from all "
+                          "earlier ones)")
+    gen.add_argument("prompts", nargs="*", metavar="PROMPT", help="text to continue (non-empty)")
 
 
 def add_method_arguments(parser) -> None:
@@ -187,6 +196,44 @@ def check_generate_args(args) -> None:
         if not prompt.strip():
             raise ValueError(f"PROMPT {i + 1} is empty ({prompt!r}): give the text to continue"
                              + (" (the user message)" if args.chat else ""))
+    args.prompts = list(args.prompts) + read_prompts_file(args.prompts_file)
+    if not args.prompts:
+        raise ValueError("no prompt: give PROMPT arguments or --prompts-file PATH")
+    if args.cross_request:
+        if args.method != "lookup" and args.lookup is None:
+            raise ValueError(f"--cross-request: needs prompt lookup (--method lookup, or "
+                             f"--lookup K under layerskip / hispec), not --method {args.method}")
+        if args.stream:
+            raise ValueError("--cross-request drafts from earlier batches; it does not combine "
+                             "with --stream")
+
+
+def read_prompts_file(path) -> list[str]:
+    """The prompts of `--prompts-file` (None: none): one per line, a line that is a JSON
+    string decoded (a prompt with newlines), blank lines skipped; an unreadable file or a
+    bad JSON line is a ValueError naming the line."""
+    if path is None:
+        return []
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"--prompts-file {path}: cannot read it ({e})") from None
+    prompts = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        if line.lstrip().startswith('"'):
+            try:
+                line = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"--prompts-file {path}, line {number}: not a JSON string "
+                                 f"({e.msg})") from None
+            if not isinstance(line, str) or not line.strip():
+                raise ValueError(f"--prompts-file {path}, line {number}: an empty prompt")
+        prompts.append(line)
+    if not prompts:
+        raise ValueError(f"--prompts-file {path}: no prompt in it (every line is blank)")
+    return prompts
 
 
 def summary_line(stats: dict) -> str:
@@ -247,7 +294,8 @@ def run_generate(args) -> int:
     result = generate(model, list(args.prompts), method=args.method,
                       max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                       ignore_eos=args.ignore_eos, temperature=args.temperature, top_k=args.top_k,
-                      top_p=args.top_p, seed=args.seed, chat=args.chat, **options)
+                      top_p=args.top_p, seed=args.seed, chat=args.chat,
+                      cross_request=args.cross_request, **options)
     texts = result.texts or [""] * len(result.token_ids)
     if not distributed_cli.is_leader():  # process 0 prints the output
         return 0
@@ -270,7 +318,8 @@ def stream_generate(args, model, options: dict) -> int:
         stream = generate_stream(model, prompt, method=args.method,
                                  max_new_tokens=args.max_new_tokens, ignore_eos=args.ignore_eos,
                                  temperature=args.temperature, top_k=args.top_k,
-                                 top_p=args.top_p, seed=args.seed, chat=args.chat, **options)
+                                 top_p=args.top_p, seed=args.seed, chat=args.chat,
+                      cross_request=args.cross_request, **options)
         sys.stdout.write(prompt + ("\n" if args.chat else ""))
         sys.stdout.flush()
         for delta in stream:

@@ -25,6 +25,7 @@ from hispec_jax.decoding import mesh as mesh_lib
 from hispec_jax.decoding import method_spec
 from hispec_jax.decoding import methods as methods_lib
 from hispec_jax.decoding import options as options_lib
+from hispec_jax.decoding import suffix_store
 from hispec_jax.decoding.request import Request
 from hispec_jax.decoding.sampling import SamplingParams, sequence_keys
 from hispec_jax.models import sharding
@@ -132,7 +133,7 @@ def generate(model: Model, prompts, *, method=None, max_new_tokens: int = 64,
              batch_size: int | None = None, ignore_eos: bool = False, temperature: float = 0.0,
              top_k: int = 0, top_p: float = 1.0, seed: int = 0, max_cache_len: int | None = None,
              chat: bool = False, mesh=None, lookup_cost=None, draft: Model | None = None,
-             **method_options) -> GenerationResult:
+             cross_request=False, **method_options) -> GenerationResult:
     """Generates continuations of `prompts` with a decoding method.
 
     Args:
@@ -164,6 +165,12 @@ def generate(model: Model, prompts, *, method=None, max_new_tokens: int = 64,
         `gate.PassCost`, e.g. `gate.measure_pass_cost(model)`; default: this host's stored
         measurement of the model's passes, else the backend's: `device_costs.for_model`).
         Arrays: a new value never recompiles.
+      cross_request: with a prompt-lookup drafter, also draft from the prompts and outputs
+        of the batches before (a `suffix_store.SuffixStore`, kept in memory; True: a new
+        one of `suffix_store.DEFAULT_STORE_TOKENS`; pass one store to several calls to
+        share it): one instruction over many inputs repeats what earlier answers said.
+        Outputs never change (it only proposes); with `batch_size=1` every prompt drafts
+        from all earlier ones.
       draft: a draft model (a smaller `Model` with the target's vocabulary) as level 0:
         method "draft" verifies its drafts with the final layer, "layerskip" / "hispec"
         with their exits first (`Model.with_draft`; checked before anything compiles); or
@@ -179,14 +186,30 @@ def generate(model: Model, prompts, *, method=None, max_new_tokens: int = 64,
     sampling, max_new_tokens = check_request(max_new_tokens, temperature, top_k, top_p, seed)
     model = with_draft(model, draft)
     decoder, spec, reason = method_decoder(model, method, sampling, method_options)
+    store = check_cross_request(cross_request, decoder)
     prompt_ids = prompt_token_ids(model, prompts, chat)
     batch_size = check_batch_size(batch_size, len(prompt_ids))
-    return decode(model, prompt_ids, decoder, sampling,
+    return decode(model, prompt_ids, decoder, sampling, store=store,
                   method_name=spec.method if spec is not None else "custom",
                   max_new_tokens=max_new_tokens, batch_size=batch_size, ignore_eos=ignore_eos,
                   max_cache_len=max_cache_len, chat=chat, mesh=mesh,
                   reuse_compiled=spec is not None, lookup_cost=lookup_cost,
                   extra_stats=spec_stats(spec, reason))
+
+
+def check_cross_request(cross_request, decoder: methods_lib.Decoder
+                        ) -> suffix_store.SuffixStore | None:
+    """The store `cross_request` asks for (False: none; True: a new one; or the store
+    given), refused where no drafter reads one (only prompt lookup does)."""
+    if cross_request is False or cross_request is None:
+        return None
+    if cross_request is not True and not isinstance(cross_request, suffix_store.SuffixStore):
+        raise ValueError(f"cross_request must be True, False or a SuffixStore, got "
+                         f"{cross_request!r}")
+    if not getattr(decoder.hierarchy.drafter, "reads_store", False):
+        raise ValueError("cross_request needs a prompt-lookup drafter (method 'lookup', or "
+                         "lookup=K under layerskip / hispec), which drafts from the store")
+    return suffix_store.SuffixStore() if cross_request is True else cross_request
 
 
 def spec_stats(spec, reason: str) -> dict[str, Any]:
@@ -257,13 +280,16 @@ def decode(model: Model, prompt_ids: list[list[int]], decoder: methods_lib.Decod
            sampling: SamplingParams, *, method_name: str, max_new_tokens: int, batch_size: int,
            ignore_eos: bool = False, max_cache_len: int | None = None, chat: bool = False,
            mesh=None, reuse_compiled: bool = True,
-           extra_stats: dict[str, Any] | None = None, lookup_cost=None) -> GenerationResult:
+           extra_stats: dict[str, Any] | None = None, lookup_cost=None,
+           store: suffix_store.SuffixStore | None = None) -> GenerationResult:
     """Runs checked prompts through `decoder`'s compiled loop, batch by batch.
 
     `reuse_compiled`: run in an already compiled loop of this model and these shapes whose
     window bounds are larger, when its (longer) lookahead still fits the cache (named
     methods; a hand-built `Decoder` runs exactly its own hierarchy). `extra_stats` go into
-    the stats after `num_layers` (e.g. the tuned plan's name).
+    the stats after `num_layers` (e.g. the tuned plan's name). `store`: earlier requests'
+    tokens the lookup drafter also drafts from; each batch's prompts and outputs enter it
+    before the next batch runs (one scope: `SuffixStore.scope_of(None)`).
     """
     model = place_on_mesh(model, mesh)  # no-op without a mesh or on the model's own
     # Batch-padding rows (finished from the start) fill the data axis; results skip them.
@@ -274,7 +300,8 @@ def decode(model: Model, prompt_ids: list[list[int]], decoder: methods_lib.Decod
     eos = () if ignore_eos else stop_token_ids(model, chat)
     eos_ids_E = jnp.asarray(list(eos) or [-1], jnp.int32)
     shapes = engine_lib.Shapes(batch=loop_batch, capacity=capacity, prompt_block=block,
-                               num_eos=int(eos_ids_E.shape[0]))
+                               num_eos=int(eos_ids_E.shape[0]),
+                               store_tokens=0 if store is None else store.size)
     engine = mesh_lib.sharded(
         engine_lib.Engine.for_model(model, decoder.hierarchy, shapes, sampling.greedy), model.mesh)
     if reuse_compiled:
@@ -290,12 +317,20 @@ def decode(model: Model, prompt_ids: list[list[int]], decoder: methods_lib.Decod
     if lookup_cost is None:  # this host's measurement of the model's passes, if stored
         lookup_cost, cost_source = device_costs.for_model(model)
     token_ids: list[list[int]] = []
+    scope = None if store is None else store.scope_of(None)
     run_seconds = 0.0
     method_stats, batch_sequences = [], []
     for start in range(0, len(prompt_ids), batch_size):
         batch = prompt_ids[start:start + batch_size]
         req = make_request(batch, loop_batch, start, capacity, max_new_tokens, eos_ids_E, sampling)
         req = req.replace(lookup_cost=lookup_cost)
+        if store is not None:  # what the batches before this one left
+            tokens_R, scope_R = store.host_arrays()
+            scope_B = np.full((loop_batch,), suffix_store.NO_SCOPE, np.int32)
+            scope_B[:len(batch)] = scope
+            req = req.replace(store=suffix_store.StoreArrays(
+                tokens_R=jnp.asarray(tokens_R), scope_R=jnp.asarray(scope_R),
+                scope_B=jnp.asarray(scope_B)))
         if engine.shardings is None:
             args = (model.params, model.heads, req, engine.empty_cache(), windows_K1)
         else:  # placed shard by shard; the cache is never whole on one device
@@ -310,6 +345,8 @@ def decode(model: Model, prompt_ids: list[list[int]], decoder: methods_lib.Decod
         for b in range(len(batch)):
             p, n = int(prompt_lens_B[b]), int(num_new_B[b])
             token_ids.append(tokens_BxS[b, p:p + n].tolist())
+            if store is not None:
+                store.add(scope, batch[b], token_ids[-1])
         method_stats.append(sharding.host_values(raw_stats))
         batch_sequences.append(len(batch))
 
@@ -333,6 +370,7 @@ def decode(model: Model, prompt_ids: list[list[int]], decoder: methods_lib.Decod
         "prompt_block": block,
         "cache_capacity": capacity,
         "pass_cost_source": cost_source,
+        **({"cross_request_store": store.describe()} if store is not None else {}),
         **methods_lib.summarize_counters(engine.hierarchy, method_stats, batch_sequences,
                                          model),
     }

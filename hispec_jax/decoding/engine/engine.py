@@ -22,6 +22,7 @@ from hispec_jax.decoding.engine.state import Counters, EngineState
 from hispec_jax.decoding.prefill import prefill
 from hispec_jax.decoding.request import Request
 from hispec_jax.decoding.sampling import SamplingArrays, choose_tokens
+from hispec_jax.decoding.suffix_store import StoreArrays
 from hispec_jax.models import sharding
 from hispec_jax.models.config import ModelConfig
 from hispec_jax.models.heads import exit_logits
@@ -39,12 +40,15 @@ class Shapes:
         length run full chunks of T positions, the rest in at most two small chunks of
         T / 4 (`prefill.chunk_counts`).
       num_eos: E, EOS ids (padded with -1; at least 1).
+      store_tokens: R, the tokens of earlier requests' store the lookup drafter also
+        drafts from (`Request.store`, `suffix_store.py`); 0: none.
     """
 
     batch: int
     capacity: int
     prompt_block: int
     num_eos: int = 1
+    store_tokens: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,6 +249,10 @@ class Engine:
                       max_new_B=sds((B,), i32), eos_ids_E=sds((E,), i32),
                       sequence_keys_Bx2=sds((B, 2), jnp.uint32),
                       sampling=SamplingArrays(sds((), f32), sds((), i32), sds((), f32)))
+        if self.shapes.store_tokens:
+            R = self.shapes.store_tokens
+            req = req.replace(store=StoreArrays(tokens_R=sds((R,), i32), scope_R=sds((R,), i32),
+                                                scope_B=sds((B,), i32)))
         cache = jax.eval_shape(self.empty_cache)
         windows = sds((self.hierarchy.num_levels - 1,), i32)
         return (_structs(self.params_signature), _structs(self.heads_signature), req, cache,
