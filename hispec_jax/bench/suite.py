@@ -22,6 +22,7 @@ from typing import Any, Callable
 import jax
 
 from hispec_jax.decoding import generate as generate_lib
+from hispec_jax.decoding import suffix_store
 from hispec_jax.decoding import methods
 from hispec_jax.decoding.engine import Engine, Shapes
 from hispec_jax.decoding.sampling import SamplingParams
@@ -49,10 +50,13 @@ class MethodSpec:
     options: tuple[tuple[str, Any], ...] = ()
     lookup_cost: Any = dataclasses.field(default=None, compare=False)
     draft: Any = dataclasses.field(default=None, compare=False)
+    cross_request: bool = False  # each run drafts from its earlier prompts too (a new store)
 
     @classmethod
-    def of(cls, name: str, method: str, lookup_cost=None, draft=None, **options) -> "MethodSpec":
-        return cls(name, method, tuple(sorted(options.items())), lookup_cost, draft)
+    def of(cls, name: str, method: str, lookup_cost=None, draft=None, cross_request=False,
+           **options) -> "MethodSpec":
+        return cls(name, method, tuple(sorted(options.items())), lookup_cost, draft,
+                   cross_request)
 
     def bound(self, model: Model) -> Model:
         """The model this method decodes: `model` with the spec's draft model, if any."""
@@ -132,16 +136,19 @@ def hispec_runner(model: Model, prompts: list[list[int]], spec: MethodSpec, *,
     stops = generate_lib.stop_token_ids(model, chat) if stop_at_eos else ()
 
     def run():  # `generate` with a Decoder, for prompts rendered already
+        store = generate_lib.check_cross_request(spec.cross_request, decoder)  # new, empty
         return generate_lib.decode(model, prompt_ids, decoder, SamplingParams(),
                                    method_name="custom", max_new_tokens=max_new_tokens,
                                    batch_size=batch_size, ignore_eos=not stop_at_eos,
                                    max_cache_len=max_cache_len, chat=chat, reuse_compiled=False,
-                                   lookup_cost=spec.lookup_cost)
+                                   lookup_cost=spec.lookup_cost, store=store)
 
     def warmup() -> Result:
         r = run()
         seconds, memory = compile_loop(model, decoder, prompts, batch_size, max_new_tokens,
-                                       max_cache_len, num_eos=max(len(stops), 1))
+                                       max_cache_len, num_eos=max(len(stops), 1),
+                                       store_tokens=(suffix_store.DEFAULT_STORE_TOKENS
+                                                     if spec.cross_request else 0))
         return Result(name=spec.name, token_ids=r.token_ids, new_tokens=r.stats["new_tokens"],
                       compile_seconds=seconds, memory_bytes=memory,
                       stats={k: r.stats.get(k) for k in STAT_KEYS},
@@ -156,7 +163,8 @@ def hispec_runner(model: Model, prompts: list[list[int]], spec: MethodSpec, *,
 
 
 def compile_loop(model: Model, decoder: methods.Decoder, prompts, batch_size: int,
-                 max_new_tokens: int, capacity: int, num_eos: int = 1) -> tuple[float, int]:
+                 max_new_tokens: int, capacity: int, num_eos: int = 1,
+                 store_tokens: int = 0) -> tuple[float, int]:
     """(seconds this process spent compiling the loop of the longest prompt's batch, bytes
     of XLA's memory analysis of it). The loop comes from the engine's compile cache (the
     warm-up call compiled it; its compile time is kept with it), so nothing compiles twice.
@@ -166,7 +174,8 @@ def compile_loop(model: Model, decoder: methods.Decoder, prompts, batch_size: in
     block, capacity = generate_lib.plan_shapes(
         max(map(len, prompts)), max_new_tokens, decoder.lookahead(),
         model.cfg.max_position_embeddings, capacity)
-    shapes = Shapes(batch=batch_size, capacity=capacity, prompt_block=block, num_eos=num_eos)
+    shapes = Shapes(batch=batch_size, capacity=capacity, prompt_block=block, num_eos=num_eos,
+                    store_tokens=store_tokens)
     engine = Engine.for_model(model, decoder.hierarchy, shapes, greedy=True)
     compiled, seconds = engine.compiled()
     seconds = seconds or engine.compile_seconds()

@@ -165,6 +165,9 @@ def parse_args(argv=None):
                    help="--draft-model: most drafts a round (default 5)")
     p.add_argument("--no-draft-gate", dest="draft_gate", action="store_const", const=False,
                    default=None, help="--draft-model: K drafts every round (no acceptance gate)")
+    p.add_argument("--cross-request", action="store_true",
+                   help=f"also the lookup drafting from the task's earlier prompts and outputs "
+                        f"({STORE_ROW!r}: a new store each round, batch 1, prompts in order)")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     return p.parse_args(argv)
 
@@ -233,10 +236,16 @@ def hf_runner(hf_model, prompts, new_tokens: int, name: str, lookup: int | None 
     return suite.Runner(name, warmup, lambda: run().seconds[0])
 
 
+STORE_ROW = "lookup + earlier requests"
+
+
 def specs(model, lookup: int | None, recommended: bool = False, draft=None,
-          draft_k: int | None = None, draft_gate: bool | None = None):
+          draft_k: int | None = None, draft_gate: bool | None = None,
+          cross_request: bool = False):
     """Our methods of the comparison (AR first: the reference); with `draft` (a draft
-    `Model`), its row too (method "draft", `draft_k`, `draft_gate`)."""
+    `Model`), its row too (method "draft", `draft_k`, `draft_gate`); with `cross_request`,
+    the lookup's row again drafting from the task's earlier prompts and outputs too
+    (`STORE_ROW`: a new store each timed round, the prompts in order, batch 1)."""
     from hispec_jax.bench import suite
     from hispec_jax.decoding import methods
     from hispec_jax.decoding import options as options_lib
@@ -245,6 +254,8 @@ def specs(model, lookup: int | None, recommended: bool = False, draft=None,
     exit_, _ = methods.default_exits(model)
     out = [suite.MethodSpec.of("ar", "ar"),
            suite.MethodSpec.of("lookup", "lookup", **k),
+           *([suite.MethodSpec.of(STORE_ROW, "lookup", cross_request=True, **k)]
+             if cross_request else []),
            suite.MethodSpec.of(f"layerskip d={exit_}", "layerskip", draft_exit=exit_),
            suite.MethodSpec.of(f"lookup under layerskip d={exit_}", "layerskip",
                                draft_exit=exit_, lookup=lookup or _under_exits_k())]
@@ -315,7 +326,7 @@ def run_task(model, hf_model, task: str, args, costs_from=None) -> dict:
     N = args.max_new_tokens
     ours = specs(model, args.lookup, getattr(args, "recommended", False),
                  getattr(args, "draft", None), getattr(args, "draft_k", None),
-                 getattr(args, "draft_gate", None))
+                 getattr(args, "draft_gate", None), getattr(args, "cross_request", False))
     auto = None
     if getattr(args, "auto", False):
         report = tune_for_task(model, calibration, args,

@@ -110,6 +110,9 @@ def add_parsers(subparsers) -> None:
     bench.add_argument("--no-draft-gate", dest="draft_gate", action="store_const", const=False,
                        default=None,
                        help="--tasks --draft-model: K drafts every round, no acceptance gate")
+    bench.add_argument("--cross-request", action="store_true",
+                       help="--tasks: also the lookup drafting from the task's earlier prompts "
+                            "and outputs (a new store each round; batch 1, prompts in order)")
     load_options.add_load_flags(bench)
     common.add_mesh_flag(bench)
 
@@ -148,6 +151,7 @@ def run_tasks(args) -> int:
     argv += ["--auto-prompts", str(args.auto_prompts)] if args.auto_prompts is not None else []
     common.check_draft_model(args, common.model_path(args) if args.model is not None
                              else common.default_model_dir())
+    argv += ["--cross-request"] if args.cross_request else []
     argv += ["--draft-model", args.draft_model] if args.draft_model is not None else []
     argv += ["--draft-k", str(args.draft_k)] if args.draft_k is not None else []
     argv += ["--no-draft-gate"] if args.draft_gate is False else []
@@ -164,7 +168,7 @@ def run_bench(args) -> int:
     if args.tasks is not None:
         return run_tasks(args)
     for name in ("stop_at_eos", "lookup", "recommended", "auto", "auto_prompts", "auto_verify",
-                 "draft_model", "draft_k", "draft_gate"):
+                 "draft_model", "draft_k", "draft_gate", "cross_request"):
         if getattr(args, name) not in (None, False):
             raise ValueError(f"{common.flag(name)} is a --tasks flag: give --tasks too")
     mesh_shape = common.mesh_arg(args)  # before importing JAX
