@@ -30,7 +30,7 @@ def generate(model: Model, prompts, *, method=None, max_new_tokens: int = 64,
              batch_size: int | None = None, ignore_eos: bool = False, temperature: float = 0.0,
              top_k: int = 0, top_p: float = 1.0, seed: int = 0, max_cache_len: int | None = None,
              chat: bool = False, mesh=None, draft: Model | None = None, cross_request=False,
-             **method_options) -> GenerationResult:
+             lookup_cost=None, **method_options) -> GenerationResult:
     """Generates continuations of `prompts`: `decoding.generate.generate`'s arguments and
     result (`method`: a method spec, `hispec_jax.AR()`, `HiSpec(...)`, ..., or a method
     name with its options; None: the model's default plan, as on the command line), and
@@ -61,7 +61,7 @@ def generate(model: Model, prompts, *, method=None, max_new_tokens: int = 64,
             max_new_tokens=max_new_tokens, batch_size=batch_size, ignore_eos=ignore_eos,
             temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
             max_cache_len=max_cache_len, chat=chat, mesh=mesh, cross_request=cross_request,
-            **method_options)
+            lookup_cost=lookup_cost, **method_options)
         if spec is not None:
             result.stats["plan_reason"] = reason
         if isinstance(spec, method_spec.SV):
@@ -82,7 +82,7 @@ def generate(model: Model, prompts, *, method=None, max_new_tokens: int = 64,
     return generate_lib.decode(
         model, prompt_ids, decoder, sampling, method_name="auto", max_new_tokens=max_new_tokens,
         batch_size=batch_size, ignore_eos=ignore_eos, max_cache_len=max_cache_len, chat=chat,
-        mesh=mesh, reuse_compiled=True, store=store,
+        mesh=mesh, reuse_compiled=True, store=store, lookup_cost=lookup_cost,
         extra_stats={"plan": plan.name(), "method_spec": plan.spec().to_json(),
                      "plan_reason": reason})
 
