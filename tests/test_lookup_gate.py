@@ -325,3 +325,20 @@ def test_measure_pass_cost_fits_a_model():
                                   shapes=((1, 1), (1, 2), (2, 1), (2, 2)))
     F, J = float(cost.fixed), float(cost.jump)
     assert np.isfinite(F) and np.isfinite(J) and F >= 0 and J >= 0
+
+
+def test_store_matches_have_their_own_buckets():
+    """A match in earlier requests' store is estimated apart from one of the same n in the
+    sequence's own context (`LookupDrafter.bucket`: N + n), on and off a run."""
+    from hispec_jax.decoding.engine.drafters import LookupDrafter
+    from hispec_jax.decoding.lookup import PromptLookup
+
+    drafter = LookupDrafter(PromptLookup(8, 4))
+    bucket = drafter.bucket(jnp.asarray([2, 2, 4]), jnp.asarray([False, True, True]))
+    assert bucket.tolist() == [2, 6, 8]
+    s = drafter.init(3, 0, 0).gate.replace(ngram_B=bucket)
+    assert s.kept_BxN.shape == (3, 2 * 2 * 4)  # (own, store) x (off, on a run) x n
+    s = s.record(jnp.asarray([3, 3, 3]), jnp.asarray([3, 0, 0]))
+    assert s.column(bucket).tolist() == [1, 5, 7]
+    kept = np.asarray(s.kept_BxN)
+    assert kept[0, 1] == 3 and kept[1, 5] == 0 and kept[1].sum() == 0 and kept[0, 5] == 0

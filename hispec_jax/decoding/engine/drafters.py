@@ -315,8 +315,9 @@ class LookupState:
     Attributes:
       proposed_B: [B] int32, the tokens a match proposed for level 1's pending block (0: no
         match).
-      gate: `gate.GateState`: each sequence's acceptance estimates per n-gram length of the
-        match and per whether it is on a run, and the n behind its pending proposal.
+      gate: `gate.GateState`: each sequence's acceptance estimates per bucket (the n-gram
+        length of the match and its source: `LookupDrafter.bucket`) and per whether it is
+        on a run, and the bucket behind its pending proposal.
       from_store_B: [B] bool, the pending proposal came from earlier requests' tokens.
     """
 
@@ -332,10 +333,11 @@ class LookupDrafter:
     them in one pass, at the shortest compiled block that holds them (`level_blocks`: every
     level above it runs so), so a round without a match is a one-position pass: an AR step
     for `method="lookup"`, the draft exit's own draft step under layerskip / hispec. The
-    proposals are deterministic (q one-hot); each sequence's k adapts to what level 1 kept
-    (`PromptLookup.adapt`), and the acceptance gate (`gate.py`, `PromptLookup.gate`)
-    shortens a proposal to what its estimated acceptance pays for at the request's pass
-    costs (`Request.lookup_cost`). The drafter's state is a `LookupState`."""
+    proposals are deterministic (q one-hot), and the acceptance gate (`gate.py`,
+    `PromptLookup.gate`) shortens a proposal to what its estimated acceptance pays for at
+    the request's pass costs (`Request.lookup_cost`), estimated apart for matches in the
+    sequence's own context and in earlier requests' store (`bucket`). The drafter's state
+    is a `LookupState`."""
 
     lookup: lookup_lib.PromptLookup
 
@@ -420,10 +422,16 @@ class LookupDrafter:
         del block
         return 1
 
+    def bucket(self, ngram_B: jax.Array, from_store_B: jax.Array) -> jax.Array:
+        """[B] the gate's bucket of a match: its n for one in the sequence's own context,
+        N + n for one in earlier requests' store (N = max_ngram), whose continuations hold
+        at other rates than the sequence's own."""
+        return ngram_B + self.lookup.max_ngram * from_store_B.astype(ngram_B.dtype)
+
     def init(self, batch: int, ring: int, capacity: int) -> LookupState:
         del ring, capacity
         return LookupState(proposed_B=jnp.zeros((batch,), jnp.int32),
-                           gate=gate_lib.GateState.init(batch, self.lookup.max_ngram,
+                           gate=gate_lib.GateState.init(batch, 2 * self.lookup.max_ngram,
                                                        runs=True),
                            from_store_B=jnp.zeros((batch,), bool))
 
@@ -453,9 +461,10 @@ class LookupDrafter:
                 prop, from_store_B = suffix_store.prefer_longer(prop, suffix_store.propose(
                     self.lookup, rnd.req.store, out.tokens_BxS, c[:, 0], limit_B))
             length_B = prop.length_B
+            bucket_B = self.bucket(prop.ngram_B, from_store_B)
             if self.lookup.gate:  # greedy: one block for the batch; sampling: each alone
                 length_B = gate_lib.choose(
-                    ds.gate.of_match(prop.ngram_B), length_B, prop.matched_B, part_B,
+                    ds.gate.of_match(bucket_B), length_B, prop.matched_B, part_B,
                     rnd.h.level_blocks(1), rnd.req.lookup_cost, joint=rnd.h.schedule == "sync")
         n_B = jnp.where(part_B, length_B, 0)
         j_K = jnp.arange(k)
@@ -474,7 +483,7 @@ class LookupDrafter:
                 store_proposed=mine.store_proposed + jnp.sum(jnp.where(stored_B, n_B, 0))))
         ds = ds.replace(
             proposed_B=jnp.where(part_B, jnp.where(matched_B, n_B, 0), ds.proposed_B),
-            gate=ds.gate.replace(ngram_B=jnp.where(part_B, prop.ngram_B, ds.gate.ngram_B)),
+            gate=ds.gate.replace(ngram_B=jnp.where(part_B, bucket_B, ds.gate.ngram_B)),
             from_store_B=jnp.where(part_B, stored_B, ds.from_store_B))
         return state.replace(
             out=out.replace(tokens_BxS=tokens_BxS), processed_BxK=c.at[:, 0].add(n_B),
