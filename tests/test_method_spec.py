@@ -6,17 +6,16 @@ from __future__ import annotations
 
 import argparse
 
-import jax
 import pytest
 
 import hispec_jax
-from hispec_jax import Model, ModelConfig, save_model
 from hispec_jax.cli import common as cli_common
 from hispec_jax.decoding import method_spec, recommended
 from hispec_jax.decoding.options import OptionError
 from hispec_jax.models.model import load_model
-from hispec_jax.models.params import init_params
 from hispec_jax.planner.plan import Plan
+
+from test_recommended import model_dir  # noqa: F401 (a fixture: an 8-layer random model)
 
 PROMPTS = [[5, 9, 11, 2, 5, 9], [7, 1, 7, 1]]
 
@@ -66,19 +65,6 @@ def test_a_bad_spec_is_one_line_naming_what_is_wrong(make, message):
     with pytest.raises(OptionError) as e:
         make()
     assert message in str(e.value) and "\n" not in str(e.value)
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    cfg = ModelConfig(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=48,
-                      num_layers=8, num_heads=4, num_kv_heads=2, head_dim=8,
-                      max_position_embeddings=128)
-    params = init_params(cfg, jax.random.PRNGKey(3), init_std=0.3)
-    for name in ("wo", "w_down"):  # agreeing exits, so drafts are accepted sometimes
-        params["layers"][name] = params["layers"][name] * 0.1
-    path = tmp_path_factory.mktemp("spec") / "model"
-    save_model(Model(cfg=cfg, params=params, generation_config={"eos_token_id": 3}), path)
-    return path
 
 
 def test_a_spec_decodes_as_its_flat_spelling_and_as_ar(model_dir):
