@@ -103,6 +103,9 @@ def entry_key(key: str, args, compiler_options: dict | None = None) -> str:
         f"x64={jax.config.jax_enable_x64} "
         f"matmul_precision={jax.config.jax_default_matmul_precision}",
         f"backend={jax.default_backend()}:{devices[0].device_kind}:{len(devices)}",
+        # several processes (hosts) that share a directory each keep their own entries
+        *([f"process={jax.process_index()} of {jax.process_count()}"]
+          if jax.process_count() > 1 else []),
         f"jax={jax.__version__} jaxlib={jaxlib.__version__}",
         f"hispec_jax={library_fingerprint()}",
     ])

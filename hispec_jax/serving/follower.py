@@ -13,8 +13,9 @@ program over the devices of several processes runs only when every one of them r
 
 Each call of a `SlotEngine` that runs a program or changes what later programs receive is
 sent before it runs (`distributed.broadcast_work`): admit (the request's token ids and
-sampling settings), prefill, cancel, generate, warm_up, counters (a gather over the
-processes), then "stop". Then the host-side bookkeeping (which slots are busy, the prompts
+sampling settings), prefill, cancel, generate, warm_up, counters where reading them
+gathers from every process (`sharding.gathers`; replicated counters are read on process 0
+alone), then "stop". Then the host-side bookkeeping (which slots are busy, the prompts
 waiting, the store of earlier requests' tokens, which every process fills from the tokens
 its own `generate` returns) stays the same in every process: each makes the same calls on
 the same values. Whatever depends on time or on this process's history is decided on
@@ -42,6 +43,7 @@ import time
 from hispec_jax import distributed
 from hispec_jax.decoding import gate as gate_lib
 from hispec_jax.decoding.sampling import SamplingParams
+from hispec_jax.models import sharding
 from hispec_jax.serving import slots as slots_lib
 
 log = logging.getLogger("hispec.serve")
@@ -165,7 +167,8 @@ class Leader:
         return engine.warm_up(rows, on_phase, riding)
 
     def counters(self):
-        self._send("counters")
+        if sharding.gathers(self._engine.state.counters):  # else read here alone
+            self._send("counters")
         return self._engine.counters()
 
 
@@ -203,12 +206,22 @@ def _apply(engine: slots_lib.SlotEngine, op: str, args: dict) -> None:
         raise FollowerError(f"process 0 sent an unknown call {op!r}")
 
 
-def follow(engines: dict[bool, slots_lib.SlotEngine], plan: dict) -> int:
+def _receive() -> dict:
+    """Process 0's next message; `FollowerError` where it is gone (its collective failed)."""
+    try:
+        return distributed.broadcast_work(None)
+    except Exception as e:  # noqa: BLE001 - gloo: "Connection closed by peer"
+        raise FollowerError(f"lost process 0 ({type(e).__name__}: "
+                            f"{str(e).splitlines()[0] if str(e) else ''})") from e
+
+
+def follow(engines: dict[bool, slots_lib.SlotEngine], plan: dict) -> dict[str, int]:
     """A follower's server: makes process 0's calls on `engines` (built as process 0 built
-    its own, with the same `plan`) until it sends "stop"; returns the calls made. Raises
-    `FollowerError` when process 0 serves another plan or shapes, or stopped on an error."""
+    its own, with the same `plan`) until it sends "stop"; returns the calls made, by name.
+    Raises `FollowerError` when process 0 serves another plan or shapes, is gone, or
+    stopped on an error."""
     by_name = {name: g for g, name in NAMES.items()}
-    start = distributed.broadcast_work(None)
+    start = _receive()
     if start["op"] != "start":
         raise FollowerError(f"process 0 sent {start['op']!r} before its plan")
     mine, theirs = _settings(engines, plan), {k: start["args"][k] for k in ("plan", "engines")}
@@ -218,9 +231,9 @@ def follow(engines: dict[bool, slots_lib.SlotEngine], plan: dict) -> int:
                             "command, model and files")
     for name, (cost, source) in start["args"]["pass_costs"].items():
         engines[by_name[name]].use_pass_cost(pass_cost_from_json(cost), source)
-    calls = 0
+    calls: dict[str, int] = {}
     while True:
-        work = distributed.broadcast_work(None)
+        work = _receive()
         op, args = work["op"], work["args"]
         if op == "stop":
             if args["error"] is not None:
@@ -228,4 +241,4 @@ def follow(engines: dict[bool, slots_lib.SlotEngine], plan: dict) -> int:
             return calls
         if op != "idle":
             _apply(engines[by_name[work["engine"]]], op, args)
-            calls += 1
+        calls[op] = calls.get(op, 0) + 1

@@ -263,14 +263,17 @@ def follow(model, method=None, *, slots: int = 8, max_cache_len: int | None = No
     """A follower of a multi-host server (a process other than 0): builds the engines as
     `build_app` on process 0 does (the same arguments; those of the HTTP side and the
     scheduler are process 0's alone), then makes process 0's calls on them until it stops
-    (`follower.follow`). Returns the calls made."""
+    (`follower.follow`). Returns the calls made, by name."""
     engines, plan, _ = _engines_and_plan(
         model, method, method_options, plan_reason, slots=slots, max_cache_len=max_cache_len,
         prefill_chunk=prefill_chunk, ride_prefill=ride_prefill, cross_request=cross_request,
         store_tokens=store_tokens)
     log.info("plan: %s (%s); process %d follows process 0, which takes the requests",
              plan["plan"], plan["reason"], distributed.process_index())
-    return follower.follow(engines, plan)
+    calls = follower.follow(engines, plan)
+    log.info("process 0 stopped; calls made: %s",
+             ", ".join(f"{op} {n}" for op, n in calls.items()) or "none")
+    return calls
 
 
 def _engines_and_plan(model, method, method_options: dict, plan_reason: str, **engine_options):
