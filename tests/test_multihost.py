@@ -7,8 +7,11 @@ HiSpec on data=2,model=2 (model axis inside a process, data across) and AR on mo
 (tensor parallel across the processes, where each process holds only part of the weights),
 through the Python API (`multihost_cases.py`) and through `hispec generate`, which prints
 on process 0 only; a follower that dies stops process 0 with JAX's error (within its
-heartbeat timeout) instead of leaving it waiting. Every subprocess has a timeout, so a
-failure fails instead of hanging.
+heartbeat timeout) instead of leaving it waiting. `hispec serve` as two processes (process
+0 takes the requests, process 1 follows: `serving/follower.py`) answers AR, lookup and
+HiSpec requests as one process on four devices, stops its follower when it stops, and is
+stopped by a follower's death. Every subprocess has a timeout, so a failure fails instead
+of hanging.
 The flag checks (one-line errors, exit status 2, before JAX) run in this process.
 """
 
@@ -222,7 +225,8 @@ def served(request, model_dir, tmp_path_factory):
 def test_served_by_two_processes_as_by_one(served, api_runs, model_dir):
     """Both prompts at once (a slot, a data shard, a process each), greedy: the texts of
     one process on four devices (offline `generate`); then a stop string ends a request
-    early (its slot is cancelled in both processes) and the slots serve on."""
+    early (its slot is cancelled in both processes) and the slots serve on. Only process
+    0 opens the port."""
     from transformers import AutoTokenizer
 
     openai = pytest.importorskip("openai")
@@ -245,6 +249,17 @@ def test_served_by_two_processes_as_by_one(served, api_runs, model_dir):
     assert (cut.text, cut.finish_reason) == (expected[1][:expected[1].index(stop)], "stop")
     assert ask(PROMPTS[0]).text == expected[0]
     assert "Uvicorn running" in served.log(0) and "Uvicorn running" not in served.log(1)
+    if served.method == "ar":  # its warm-up compiled the sampling engine too: a seeded
+        # sample gets offline `generate`'s draws (one device, in this process)
+        import hispec_jax
+
+        sampling = dict(temperature=0.8, top_p=0.9, seed=7)
+        reference = hispec_jax.generate(hispec_jax.load_model(model_dir), PROMPTS[0],
+                                        method="ar", max_new_tokens=8, ignore_eos=True,
+                                        **sampling)
+        sampled = client.completions.create(model=name, prompt=PROMPTS[0], max_tokens=8,
+                                            extra_body={"ignore_eos": True}, **sampling)
+        assert sampled.choices[0].text == reference.texts[0]
 
 
 def test_a_stopped_server_stops_its_follower_and_a_dead_follower_the_server(served):
