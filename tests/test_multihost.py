@@ -326,6 +326,28 @@ def test_check_arguments():
         distributed.check_arguments(None, 2, -1)
 
 
+def test_follower_messages_carry_requests_and_pass_costs_whole():
+    """What `serving/follower.py` sends through JSON comes back equal: a request with its
+    sampling settings, and the lookup gate's pass costs (NaN where not measured)."""
+    import numpy as np
+
+    from hispec_jax.decoding import gate
+    from hispec_jax.decoding.sampling import SamplingParams
+    from hispec_jax.serving import follower
+    from hispec_jax.serving.slots import SlotRequest
+
+    request = SlotRequest((5, 6, 7), 9, SamplingParams(temperature=0.7, top_k=3, top_p=0.9,
+                                                       seed=11), ignore_eos=True, min_tokens=2,
+                          scope=1)
+    assert follower.request_from_json(
+        json.loads(json.dumps(follower.request_json(request)))) == request
+    cost = gate.PassCost.of(12.5, 3.0, {(1, 2): 1.8, (4, 16): 2.5})
+    back = follower.pass_cost_from_json(json.loads(json.dumps(follower.pass_cost_json(cost))))
+    for a, b in zip((cost.fixed, cost.jump, cost.measured_RxT),
+                    (back.fixed, back.jump, back.measured_RxT)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 def test_broadcast_work_on_one_process():
     assert distributed.broadcast_work({"step": 3, "slots": [1, 2]}) == {"step": 3,
                                                                          "slots": [1, 2]}

@@ -64,6 +64,9 @@ class BenchConfig:
     sv_profile: str | None = None  # None: the model's, else profiled quickly
     out_dir: str = "hispec_bench_results"
     progress: bool = True
+    # False: another process writes report.json, report.md and the plots (process 0 of a
+    # run over several hosts, where every process runs the same benchmark)
+    write_report: bool = True
     # `load_model` keyword arguments (dtype, quantize, matmul_precision: `hispec bench
     # --dtype ...`); the transformers baselines load the checkpoint in float32 regardless
     load_options: dict = dataclasses.field(default_factory=dict)
@@ -140,7 +143,8 @@ class Bench:
             "model": {"dir": self.model_dir, "layers": cfg.num_layers,
                       "hidden": cfg.hidden_size, "vocab": cfg.vocab_size,
                       "default_exits": list(methods.default_exits(self.model))},
-            "config": {k: v for k, v in dataclasses.asdict(config).items() if k != "progress"},
+            "config": {k: v for k, v in dataclasses.asdict(config).items()
+                       if k not in ("progress", "write_report")},
             "agreement": {}, "grid": None, "methods": {}, "peers": {}, "batch": None,
             "plots": [], "sv_profile": self.sv_profile,
         }
@@ -282,10 +286,14 @@ class Bench:
         """report.json as it stands after a phase ("complete": false; no markdown, no
         plots): a run stopped at a time limit, as on a lent accelerator, keeps the phases it
         finished."""
+        if not self.config.write_report:
+            return
         self.out_dir.mkdir(parents=True, exist_ok=True)
         (self.out_dir / "report.json").write_text(json.dumps(self.report, indent=1) + "\n")
 
     def write(self) -> None:
+        if not self.config.write_report:
+            return
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.report["plots"] = [str(p.name) for p in self._plots()]
         self.checkpoint()

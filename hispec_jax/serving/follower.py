@@ -36,7 +36,6 @@ thread sends "stop" and every follower returns.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import threading
 import time
 
@@ -46,14 +45,13 @@ from hispec_jax.decoding.sampling import SamplingParams
 from hispec_jax.models import sharding
 from hispec_jax.serving import slots as slots_lib
 
-log = logging.getLogger("hispec.serve")
-
 NAMES = {True: "greedy", False: "sampling"}  # the engines, by `greedy`
 KEEPALIVE_SECONDS = 10.0
 
 
 class FollowerError(RuntimeError):
-    """A follower cannot go on: process 0 serves another plan, or its engine failed."""
+    """A follower cannot go on: process 0 serves another plan, is gone, or its engine
+    failed."""
 
 
 def request_json(request: slots_lib.SlotRequest) -> dict:
