@@ -36,6 +36,7 @@ from typing import Any
 import jax
 
 from hispec_jax import datasets as prompts_lib
+from hispec_jax import distributed
 from hispec_jax.bench import plots, report, suite, sweeps
 from hispec_jax.bench.suite import MethodSpec, Result, Runner
 from hispec_jax.decoding import methods, recommended
@@ -202,10 +203,13 @@ class Bench:
         specs = [MethodSpec.of("ar", "ar")] + sweeps.exit_pair_specs(exits)
         rows = self._rows(self._compare(f"exit grid ({dataset})", self._ours(prompts, specs), 1))
         best = max(rows[1:], key=lambda r: r["speedup_vs_ar"])
-        d, i = best["options"]["draft_exit"], best["options"]["verify_exits"][0]
+        # chosen by the clock: on several hosts, process 0's choice for every process
+        d, i = distributed.broadcast_work(
+            [best["options"]["draft_exit"], best["options"]["verify_exits"][0]])
         window_rows = self._rows(self._compare(
             f"windows d={d} i={i}", self._ours(prompts, [specs[0]] + sweeps.window_specs(d, i)), 1))
-        best_windows = max(window_rows[1:], key=lambda r: r["speedup_vs_ar"])["options"]
+        best_windows = distributed.broadcast_work(
+            max(window_rows[1:], key=lambda r: r["speedup_vs_ar"])["options"])
         self.report["grid"] = {"dataset": dataset, "exits": exits, "rows": rows,
                                "heatmap": sweeps.heatmap(rows, exits).tolist(),
                                "window_rows": window_rows}
@@ -275,8 +279,9 @@ class Bench:
         if cfg.batch_sizes:
             self.batch_sizes()
         self.report["seconds"] = round(time.time() - t0, 1)
-        # Accelerators track the process's peak device memory; CPU backends report None.
-        memory_stats = jax.devices()[0].memory_stats() or {}
+        # Accelerators track the peak memory of this process's first device; CPU backends
+        # report None.
+        memory_stats = jax.local_devices()[0].memory_stats() or {}
         self.report["device_peak_bytes"] = memory_stats.get("peak_bytes_in_use")
         self.report["complete"] = True
         self.write()
