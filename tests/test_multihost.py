@@ -315,6 +315,21 @@ def test_serve_flag_errors(capsys, flags, message):
     assert len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--coordinator-address", "h:1234", "--num-processes", "2", "--process-id", "0"],
+     "give --mesh data=D,model=M"),
+    (["--mesh", "data=2", "--distributed"], "--no-transformers: give it on several hosts"),
+    (["--mesh", "data=2", "--distributed", "--no-transformers"],
+     "--sv-profile: on several hosts give an SV profile"),
+    (["--tasks", "chat", "--distributed"], "--tasks: on one host only"),
+])
+def test_bench_flag_errors(capsys, flags, message):
+    assert main(["bench", *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hispec: error: ") and message in err
+    assert len(err.strip().splitlines()) == 1
+
+
 def test_check_arguments():
     distributed.check_arguments(None, None, None)  # detected (Cloud TPU)
     distributed.check_arguments("10.0.0.1:8476", 4, 3)

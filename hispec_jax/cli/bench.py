@@ -164,6 +164,9 @@ def run_tasks(args) -> int:
 
 def run_bench(args) -> int:
     if args.tasks is not None:
+        if distributed_cli.distributed_arg(args) is not None:
+            raise ValueError("--tasks: on one host only (the task mix takes no multi-host "
+                             "flags)")
         return run_tasks(args)
     for name in ("stop_at_eos", "lookup", "recommended", "auto", "auto_prompts", "auto_verify",
                  "draft_model", "draft_k", "draft_gate"):
