@@ -166,9 +166,11 @@ def test_a_dead_follower_stops_process_0_with_an_error_not_a_hang():
 
 # `hispec serve` per method: the flags after the shared ones. AR warms up (the warm-up's
 # calls go to the follower too); the others compile at first use, to keep the module short.
+# Lookup also drafts from earlier requests (each process's store is fed by its own generate
+# calls, the same in every process).
 SERVED = {
     "ar": ["--method", "ar"],
-    "lookup": ["--method", "lookup", "--lookup", "3", "--no-warmup"],
+    "lookup": ["--method", "lookup", "--lookup", "3", "--cross-request", "--no-warmup"],
     "hispec": ["--method", "hispec", "--draft-exit", "1", "--verify-exits", "2",
                "--draft-len", "2", "--verify-window", "2", "--no-warmup"],
 }
