@@ -280,6 +280,33 @@ def test_a_stopped_server_stops_its_follower_and_a_dead_follower_the_server(serv
     assert "another task died" in served.log(0), served.log(0)[-3000:]
 
 
+def test_a_follower_given_other_settings_stops_before_loading(model_dir):
+    """Process 1 started with other slots than process 0: it says so and exits 1 before
+    loading anything (its programs would not match process 0's); process 0 is then ended
+    by the lost follower (heartbeat timeout 5 s), not left waiting."""
+    address, port = f"127.0.0.1:{free_port()}", free_port()
+    command = [sys.executable, "-m", "hispec_jax.cli", "serve", "--model", model_dir,
+               "--mesh", "data=2,model=2", "--max-cache-len", "64", "--method", "ar",
+               "--no-warmup", "--port", str(port), "--coordinator-address", address,
+               "--num-processes", "2", "--heartbeat-timeout", "5"]
+    procs = [subprocess.Popen(command + ["--slots", slots, "--process-id", str(i)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=env_with(2)) for i, slots in enumerate(["2", "4"])]
+    try:
+        outs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    (_, leader_err), (_, follower_err) = outs
+    assert procs[1].returncode == 1, follower_err[-3000:]
+    assert ("hispec: error: process 1 serves with slots=4 where process 0 has slots=2: give "
+            "every process the same command") in follower_err
+    assert "model " not in follower_err  # the startup line of a load
+    assert procs[0].returncode != 0, leader_err[-3000:]
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--process-id", "1"], "--process-id 1: needs --num-processes"),
     (["--num-processes", "2", "--process-id", "2"], "--process-id 2: must be in 0..1"),

@@ -217,7 +217,6 @@ def run_serve(args) -> int:
     leader = distributed_cli.is_leader()
     if several_hosts is not None and leader and args.step_log is not None:
         _check_step_log(args.step_log)
-    model = _load(args)
     # the engines' arguments, the same in every process
     engines = dict(slots=args.slots, max_cache_len=args.max_cache_len,
                    plan_reason=args.plan_reason, ride_prefill=args.ride_prefill,
@@ -226,14 +225,20 @@ def run_serve(args) -> int:
                    **({} if args.prefill_chunk is None
                       else {"prefill_chunk": args.prefill_chunk}),
                    **generate_cli.method_options(args))
+    if several_hosts is not None and not _same_as_process_0(args, engines):
+        _exit_alone(1)
+    model = _load(args)
     if not leader:  # a follower of process 0, which takes the requests: no port
-        from hispec_jax.serving.follower import FollowerError
+        from hispec_jax.serving.follower import FollowerError, LeaderFailed
 
         try:
             server.follow(model, args.method, **engines)
-        except FollowerError as e:
+        except LeaderFailed as e:  # process 0 stops too: they shut down together
             print(f"hispec: error: {e}", file=sys.stderr)
             return 1
+        except FollowerError as e:
+            print(f"hispec: error: {e}", file=sys.stderr)
+            _exit_alone(1)
         return 0
     app = server.build_app(model, args.method, warmup=args.warmup,
                            rounds_per_step=args.rounds_per_step,
@@ -242,6 +247,39 @@ def run_serve(args) -> int:
                            measure_pass_cost=args.measure_pass_cost,
                            several_hosts=several_hosts is not None, **engines)
     return server.serve(app, host=args.host, port=args.port)
+
+
+def _same_as_process_0(args, engines: dict) -> bool:
+    """Whether this process serves with process 0's settings (the method, its options,
+    the slots, the mesh, the load flags), checked before anything loads: every process
+    runs each program together, so one built otherwise would stall them. False (after a
+    line naming the difference) on a follower whose settings differ."""
+    import json
+
+    from hispec_jax import distributed
+
+    mine = json.loads(json.dumps({"method": args.method, "mesh": args.mesh, "dtype": args.dtype,
+                                  "quantize": args.quantize,
+                                  "matmul_precision": args.matmul_precision, **engines}))
+    theirs = distributed.broadcast_work(mine if distributed.is_leader() else None)
+    differ = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+    if differ:
+        print(f"hispec: error: process {distributed.process_index()} serves with "
+              + ", ".join(f"{k}={mine.get(k)!r}" for k in differ) + " where process 0 has "
+              + ", ".join(f"{k}={theirs.get(k)!r}" for k in differ)
+              + ": give every process the same command", file=sys.stderr)
+    return not differ
+
+
+def _exit_alone(status: int) -> None:
+    """Ends this process now, without JAX's shutdown at exit: that waits for every other
+    process to shut down too, and process 0 goes on (until it misses this one's
+    heartbeats, which stops it)."""
+    import os
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def _check_step_log(path: str) -> None:

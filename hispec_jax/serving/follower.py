@@ -51,7 +51,11 @@ KEEPALIVE_SECONDS = 10.0
 
 class FollowerError(RuntimeError):
     """A follower cannot go on: process 0 serves another plan, is gone, or its engine
-    failed."""
+    failed (`LeaderFailed`)."""
+
+
+class LeaderFailed(FollowerError):
+    """Process 0's engine failed; it stops, and told the followers so."""
 
 
 def request_json(request: slots_lib.SlotRequest) -> dict:
@@ -235,7 +239,7 @@ def follow(engines: dict[bool, slots_lib.SlotEngine], plan: dict) -> dict[str, i
         op, args = work["op"], work["args"]
         if op == "stop":
             if args["error"] is not None:
-                raise FollowerError(f"process 0's engine failed ({args['error']})")
+                raise LeaderFailed(f"process 0's engine failed ({args['error']})")
             return calls
         if op != "idle":
             _apply(engines[by_name[work["engine"]]], op, args)
