@@ -4,6 +4,11 @@
     build_app(model, "lookup", lookup=8)         # a method and its options
     serve(app, host="127.0.0.1", port=8000)      # uvicorn; SIGTERM / Ctrl-C: graceful stop
 
+Over several hosts (`hispec_jax.distributed`), process 0 serves
+`build_app(model, ..., several_hosts=True)` and every other process runs
+`follow(model, ...)` with the same engine arguments: it makes process 0's engine calls on
+its own engines until process 0 stops (`follower.py`).
+
 With no method the app runs the model's default plan (`recommended.default_plan`: its
 recommended HiSpec plan, or prompt lookup), and /health says which and why.
 
@@ -259,7 +264,8 @@ def build_app(model, method=None, *, slots: int = 8, max_cache_len: int | None =
 def follow(model, method=None, *, slots: int = 8, max_cache_len: int | None = None,
            plan_reason: str = "given", prefill_chunk: int = slots_lib.PREFILL_CHUNK,
            ride_prefill: bool = False, cross_request: bool = False,
-           store_tokens: int = suffix_store.DEFAULT_STORE_TOKENS, **method_options) -> int:
+           store_tokens: int = suffix_store.DEFAULT_STORE_TOKENS, **method_options
+           ) -> dict[str, int]:
     """A follower of a multi-host server (a process other than 0): builds the engines as
     `build_app` on process 0 does (the same arguments; those of the HTTP side and the
     scheduler are process 0's alone), then makes process 0's calls on them until it stops
