@@ -205,7 +205,7 @@ def run_serve(args) -> int:
     if several_hosts is not None and args.measure_pass_cost:
         raise ValueError("--measure-pass-cost: not on several hosts (the measurement would run "
                          "on process 0 alone); measure on process 0's host beforehand "
-                         "(hispec bench-tool pass-cost): every process weighs its costs")
+                         "(hispec bench-tool pass-cost): every process weighs process 0's")
     if args.step_log is not None and several_hosts is None:  # else on process 0 alone
         _check_step_log(args.step_log)
     import logging
@@ -216,7 +216,11 @@ def run_serve(args) -> int:
     distributed_cli.initialize(several_hosts)  # before the first computation
     leader = distributed_cli.is_leader()
     if several_hosts is not None and leader and args.step_log is not None:
-        _check_step_log(args.step_log)
+        try:
+            _check_step_log(args.step_log)
+        except ValueError as e:  # the followers wait for process 0: it ends alone
+            print(f"hispec: error: {e}", file=sys.stderr)
+            _exit_alone(2)
     # the engines' arguments, the same in every process
     engines = dict(slots=args.slots, max_cache_len=args.max_cache_len,
                    plan_reason=args.plan_reason, ride_prefill=args.ride_prefill,
