@@ -18,8 +18,8 @@ which is how the two-process tests run on one machine (tests/test_multihost.py).
 
 `broadcast_work` sends host-side work (a JSON value: a request, a step's slot plan) from
 process 0 to the followers, so that every process can run the same compiled programs on
-the same arguments; it is the mechanism a multi-host server needs (process 0 takes the HTTP
-requests). A process that dies stops the others instead of leaving them waiting: JAX's
+the same arguments: `hispec serve` on several hosts sends each slot-engine call through it
+(process 0 takes the HTTP requests; `hispec_jax/serving/follower.py`). A process that dies stops the others instead of leaving them waiting: JAX's
 coordination service notices its missing heartbeats (`heartbeat_timeout_seconds`) and
 terminates every other process with "Terminating process because the JAX distributed
 service detected fatal errors. This most likely indicates that another task died"
@@ -118,15 +118,21 @@ def is_leader() -> bool:
     return process_index() == LEADER
 
 
+# Bytes of a message that travel in its first collective, with its length: every call the
+# server sends but a long prompt's admission fits, so a call costs one collective.
+INLINE_BYTES = 1024
+
+
 def broadcast_work(work: Any = None) -> Any:
     """`work` (a JSON value) from process 0, returned on every process; the followers' own
     argument is ignored (pass None). One process: `work` itself, without a collective.
 
-    Two collectives (`multihost_utils.broadcast_one_to_all`): the encoded length, then the
-    bytes padded to a power of two (so followers compile one program per size class, not one
-    per message). Every process must call it the same number of times, in the same order.
-    A dead peer ends the process within the heartbeat timeout (module docstring) instead
-    of leaving it waiting for ever."""
+    One collective (`multihost_utils.broadcast_one_to_all`) carries the encoded length and
+    the first `INLINE_BYTES` bytes; a longer message sends the rest in a second, padded to
+    a power of two (so followers compile one program per size class, not one per message).
+    Every process must call it the same number of times, in the same order. A dead peer
+    ends the process within the heartbeat timeout (module docstring) instead of leaving it
+    waiting for ever."""
     import numpy as np
 
     if process_count() == 1:
@@ -135,11 +141,18 @@ def broadcast_work(work: Any = None) -> Any:
 
     leader = is_leader()
     data = json.dumps(work).encode() if leader else b""
-    size = int(multihost_utils.broadcast_one_to_all(np.asarray(len(data), np.int64),
-                                                    is_source=leader))
-    padded = 1 << max(size - 1, 0).bit_length()
-    buffer = np.zeros(padded, np.uint8)
+    head = np.zeros(8 + INLINE_BYTES, np.uint8)
     if leader:
-        buffer[:size] = np.frombuffer(data, np.uint8)
-    received = np.asarray(multihost_utils.broadcast_one_to_all(buffer, is_source=leader))
-    return json.loads(received[:size].tobytes().decode())
+        head[:8] = np.frombuffer(np.int64(len(data)).tobytes(), np.uint8)
+        head[8:8 + min(len(data), INLINE_BYTES)] = np.frombuffer(data[:INLINE_BYTES], np.uint8)
+    head = np.asarray(multihost_utils.broadcast_one_to_all(head, is_source=leader))
+    size = int(head[:8].copy().view(np.int64)[0])
+    body = head[8:8 + min(size, INLINE_BYTES)].tobytes()
+    if size > INLINE_BYTES:
+        rest = size - INLINE_BYTES
+        buffer = np.zeros(1 << (rest - 1).bit_length(), np.uint8)
+        if leader:
+            buffer[:rest] = np.frombuffer(data[INLINE_BYTES:], np.uint8)
+        received = multihost_utils.broadcast_one_to_all(buffer, is_source=leader)
+        body += np.asarray(received)[:rest].tobytes()
+    return json.loads(body.decode())

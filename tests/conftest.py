@@ -186,12 +186,12 @@ def build_hf_model(kind: str, seed: int = 0, **overrides):
     return model.eval()
 
 
-def build_tokenizer():
-    """A word-level tokenizer over `WORDS` (ids 3..), with <unk>=0, <s>=1, </s>=2."""
+def build_tokenizer(words=WORDS):
+    """A word-level tokenizer over `words` (ids 3..), with <unk>=0, <s>=1, </s>=2."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{w: i + 3 for i, w in enumerate(WORDS)}}
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{w: i + 3 for i, w in enumerate(words)}}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])

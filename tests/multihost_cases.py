@@ -70,8 +70,10 @@ def main() -> int:
             case[name] = result.token_ids
         out[mesh_text] = case
     # host-side work from process 0 (the followers pass None): what a multi-host server
-    # would send every step; sized past one power of two to exercise the padding
-    work = {"step": 7, "prompts": PROMPTS, "note": "x" * 300}
+    # sends every step; longer than the first collective carries, and past a power of two
+    # beyond it, to exercise the second and its padding
+    work = {"step": 7, "prompts": PROMPTS,
+            "note": "x" * (hispec_jax.distributed.INLINE_BYTES + 300)}
     received = hispec_jax.distributed.broadcast_work(
         work if hispec_jax.distributed.is_leader() else None)
     if hispec_jax.distributed.is_leader():

@@ -36,6 +36,7 @@ from typing import Any
 import jax
 
 from hispec_jax import datasets as prompts_lib
+from hispec_jax import distributed
 from hispec_jax.bench import plots, report, suite, sweeps
 from hispec_jax.bench.suite import MethodSpec, Result, Runner
 from hispec_jax.decoding import methods, recommended
@@ -64,6 +65,9 @@ class BenchConfig:
     sv_profile: str | None = None  # None: the model's, else profiled quickly
     out_dir: str = "hispec_bench_results"
     progress: bool = True
+    # False: another process writes report.json, report.md and the plots (process 0 of a
+    # run over several hosts, where every process runs the same benchmark)
+    write_report: bool = True
     # `load_model` keyword arguments (dtype, quantize, matmul_precision: `hispec bench
     # --dtype ...`); the transformers baselines load the checkpoint in float32 regardless
     load_options: dict = dataclasses.field(default_factory=dict)
@@ -140,7 +144,8 @@ class Bench:
             "model": {"dir": self.model_dir, "layers": cfg.num_layers,
                       "hidden": cfg.hidden_size, "vocab": cfg.vocab_size,
                       "default_exits": list(methods.default_exits(self.model))},
-            "config": {k: v for k, v in dataclasses.asdict(config).items() if k != "progress"},
+            "config": {k: v for k, v in dataclasses.asdict(config).items()
+                       if k not in ("progress", "write_report")},
             "agreement": {}, "grid": None, "methods": {}, "peers": {}, "batch": None,
             "plots": [], "sv_profile": self.sv_profile,
         }
@@ -198,10 +203,13 @@ class Bench:
         specs = [MethodSpec.of("ar", "ar")] + sweeps.exit_pair_specs(exits)
         rows = self._rows(self._compare(f"exit grid ({dataset})", self._ours(prompts, specs), 1))
         best = max(rows[1:], key=lambda r: r["speedup_vs_ar"])
-        d, i = best["options"]["draft_exit"], best["options"]["verify_exits"][0]
+        # chosen by the clock: on several hosts, process 0's choice for every process
+        d, i = distributed.broadcast_work(
+            [best["options"]["draft_exit"], best["options"]["verify_exits"][0]])
         window_rows = self._rows(self._compare(
             f"windows d={d} i={i}", self._ours(prompts, [specs[0]] + sweeps.window_specs(d, i)), 1))
-        best_windows = max(window_rows[1:], key=lambda r: r["speedup_vs_ar"])["options"]
+        best_windows = distributed.broadcast_work(
+            max(window_rows[1:], key=lambda r: r["speedup_vs_ar"])["options"])
         self.report["grid"] = {"dataset": dataset, "exits": exits, "rows": rows,
                                "heatmap": sweeps.heatmap(rows, exits).tolist(),
                                "window_rows": window_rows}
@@ -271,8 +279,9 @@ class Bench:
         if cfg.batch_sizes:
             self.batch_sizes()
         self.report["seconds"] = round(time.time() - t0, 1)
-        # Accelerators track the process's peak device memory; CPU backends report None.
-        memory_stats = jax.devices()[0].memory_stats() or {}
+        # Accelerators track the peak memory of this process's first device; CPU backends
+        # report None.
+        memory_stats = jax.local_devices()[0].memory_stats() or {}
         self.report["device_peak_bytes"] = memory_stats.get("peak_bytes_in_use")
         self.report["complete"] = True
         self.write()
@@ -282,10 +291,14 @@ class Bench:
         """report.json as it stands after a phase ("complete": false; no markdown, no
         plots): a run stopped at a time limit, as on a lent accelerator, keeps the phases it
         finished."""
+        if not self.config.write_report:
+            return
         self.out_dir.mkdir(parents=True, exist_ok=True)
         (self.out_dir / "report.json").write_text(json.dumps(self.report, indent=1) + "\n")
 
     def write(self) -> None:
+        if not self.config.write_report:
+            return
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.report["plots"] = [str(p.name) for p in self._plots()]
         self.checkpoint()

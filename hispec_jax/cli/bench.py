@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from hispec_jax.cli import common, load_options
+from hispec_jax.cli import distributed as distributed_cli
 
 
 def wrong_oracle_spelling(argv: list[str]) -> str | None:
@@ -115,6 +116,7 @@ def add_parsers(subparsers) -> None:
                             "and outputs (a new store each round; batch 1, prompts in order)")
     load_options.add_load_flags(bench)
     common.add_mesh_flag(bench)
+    distributed_cli.add_distributed_flags(bench)
 
     tool = common.add_command(
         subparsers, "bench-tool", run_bench_tool, add_help=False,
@@ -166,12 +168,23 @@ def run_tasks(args) -> int:
 
 def run_bench(args) -> int:
     if args.tasks is not None:
+        if distributed_cli.distributed_arg(args) is not None:
+            raise ValueError("--tasks: on one host only (the task mix takes no multi-host "
+                             "flags)")
         return run_tasks(args)
     for name in ("stop_at_eos", "lookup", "recommended", "auto", "auto_prompts", "auto_verify",
                  "draft_model", "draft_k", "draft_gate", "cross_request"):
         if getattr(args, name) not in (None, False):
             raise ValueError(f"{common.flag(name)} is a --tasks flag: give --tasks too")
     mesh_shape = common.mesh_arg(args)  # before importing JAX
+    several_hosts = distributed_cli.distributed_arg(args, needs_mesh=True)
+    if several_hosts is not None and not args.no_transformers:
+        raise ValueError("--no-transformers: give it on several hosts (the PyTorch "
+                         "baselines run on one host: `hispec bench --mesh` there)")
+    if several_hosts is not None and not (args.no_sv_specbound or args.sv_profile):
+        raise ValueError("--sv-profile: on several hosts give an SV profile (hispec "
+                         "profile-sv, on one host) or --no-seed-methods: a quick profile "
+                         "times the host it runs on, and every process must decode with one")
     if args.model is not None:
         common.check_model_path(common.model_path(args))
     if args.tuned is not None and len(args.tuned) != 4:
@@ -201,10 +214,16 @@ def run_bench(args) -> int:
             config.draft_exits = None if args.model else (2, 4)
         if args.grid_exits is None and not args.model:
             config.grid_exits = (2, 4, 6)
+    distributed_cli.initialize(several_hosts)  # every process runs the same benchmark
     common.use_mesh(mesh_shape)  # the bench's load_model shards onto it
+    leader = distributed_cli.is_leader()  # prints and writes the report
+    config.write_report = leader
+    config.progress = config.progress and leader
     print(load_options.startup_line(args.model or common.default_model_dir(), args),
           file=sys.stderr, flush=True)
     report = run(config)
+    if not leader:
+        return 0
     print("\n".join(summary_lines(report)))
     print(f"wrote {args.out_dir}/report.md, report.json and {len(report['plots'])} plots")
     return 0

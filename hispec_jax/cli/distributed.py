@@ -4,6 +4,7 @@ one process per host, every process running the same command over the global dev
 
     --coordinator-address HOST:PORT --num-processes N --process-id I   (GPU hosts, any cluster)
     --distributed                                  (Cloud TPU, Slurm, Open MPI: JAX finds them)
+    --heartbeat-timeout SECONDS                    (how soon a dead process stops the others)
 
 The names are `jax.distributed.initialize`'s. The flags are checked before JAX is imported
 (`distributed_arg`: a one-line error, exit status 2), and `initialize` joins the processes
@@ -27,6 +28,7 @@ class Distributed:
     coordinator_address: str | None
     num_processes: int | None
     process_id: int | None
+    heartbeat_timeout: int | None = None  # seconds (None: JAX's default)
 
 
 def add_distributed_flags(parser: argparse.ArgumentParser) -> None:
@@ -41,6 +43,9 @@ def add_distributed_flags(parser: argparse.ArgumentParser) -> None:
                        help="how many processes (hosts) take part")
     group.add_argument("--process-id", type=int, default=None, metavar="I",
                        help="this process's index, 0..N-1 (process 0 prints the output)")
+    group.add_argument("--heartbeat-timeout", type=int, default=None, metavar="SECONDS",
+                       help="a process silent this long counts as dead and the others stop "
+                            "with an error instead of waiting for it (default: JAX's, 100)")
     group.add_argument("--distributed", action="store_true",
                        help="join the other hosts with the arguments JAX detects (Cloud TPU "
                             "VMs, Slurm, Open MPI); explicit flags above override them")
@@ -52,14 +57,22 @@ def distributed_arg(args, needs_mesh: bool = False) -> Distributed | None:
     --num-processes or out of range, a count below 1, an address that is not HOST:PORT;
     with `needs_mesh`, a run without --mesh (a multi-host run spans several hosts' devices,
     which only a mesh does)."""
-    given = Distributed(args.coordinator_address, args.num_processes, args.process_id)
-    explicit = [flag for flag, value in zip(FLAGS, vars(given).values()) if value is not None]
+    given = Distributed(args.coordinator_address, args.num_processes, args.process_id,
+                        args.heartbeat_timeout)
+    named = (given.coordinator_address, given.num_processes, given.process_id)
+    explicit = [flag for flag, value in zip(FLAGS, named) if value is not None]
     if not explicit and not args.distributed:
+        if given.heartbeat_timeout is not None:
+            raise ValueError("--heartbeat-timeout: only with the multi-host flags "
+                             "(--coordinator-address ..., or --distributed)")
         return None
+    if given.heartbeat_timeout is not None and given.heartbeat_timeout < 1:
+        raise ValueError(f"--heartbeat-timeout {given.heartbeat_timeout}: must be an integer "
+                         ">= 1")
     from hispec_jax import distributed  # standard library at import
 
     try:
-        distributed.check_arguments(*vars(given).values())
+        distributed.check_arguments(*named)
     except distributed.ArgumentError as e:
         flag = "--" + e.argument.replace("_", "-")
         reason = e.reason
@@ -86,7 +99,10 @@ def initialize(spec: Distributed | None) -> None:
         return
     from hispec_jax import distributed
 
-    distributed.initialize(spec.coordinator_address, spec.num_processes, spec.process_id)
+    timeout = {} if spec.heartbeat_timeout is None else {
+        "heartbeat_timeout_seconds": spec.heartbeat_timeout}
+    distributed.initialize(spec.coordinator_address, spec.num_processes, spec.process_id,
+                           **timeout)
 
 
 def is_leader() -> bool:

@@ -8,6 +8,7 @@ import argparse
 import sys
 
 from hispec_jax.cli import common, load_options
+from hispec_jax.cli import distributed as distributed_cli
 from hispec_jax.cli import generate as generate_cli
 from hispec_jax.decoding import options as options_lib
 
@@ -126,6 +127,7 @@ def add_parsers(subparsers) -> None:
                             "the tokens each level verified and kept): which of the two made "
                             "a gap in the streams long, and which rounds paid "
                             "(docs/serving.md)")
+    distributed_cli.add_distributed_flags(serve)
 
 
 def _check(args, sampling: bool) -> None:
@@ -200,29 +202,93 @@ def run_serve(args) -> int:
             and args.prefill_chunk > args.max_cache_len):
         raise ValueError(f"--prefill-chunk {args.prefill_chunk}: must be at most --max-cache-len "
                          f"{args.max_cache_len}")
-    if args.step_log is not None:
-        try:
-            open(args.step_log, "w").close()
-        except OSError as e:
-            raise ValueError(f"--step-log {args.step_log}: {e.strerror.lower()}") from None
+    several_hosts = distributed_cli.distributed_arg(args, needs_mesh=True)
+    if several_hosts is not None and args.measure_pass_cost:
+        raise ValueError("--measure-pass-cost: not on several hosts (the measurement would run "
+                         "on process 0 alone); measure on process 0's host beforehand "
+                         "(hispec bench-tool pass-cost): every process weighs process 0's")
+    if args.step_log is not None and several_hosts is None:  # else on process 0 alone
+        _check_step_log(args.step_log)
     import logging
 
     from hispec_jax.serving import server
 
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    distributed_cli.initialize(several_hosts)  # before the first computation
+    leader = distributed_cli.is_leader()
+    if several_hosts is not None and leader and args.step_log is not None:
+        try:
+            _check_step_log(args.step_log)
+        except ValueError as e:  # the followers wait for process 0: it ends alone
+            print(f"hispec: error: {e}", file=sys.stderr)
+            _exit_alone(2)
+    # the engines' arguments, the same in every process
+    engines = dict(slots=args.slots, max_cache_len=args.max_cache_len,
+                   plan_reason=args.plan_reason, ride_prefill=args.ride_prefill,
+                   cross_request=args.cross_request,
+                   **({} if args.store_tokens is None else {"store_tokens": args.store_tokens}),
+                   **({} if args.prefill_chunk is None
+                      else {"prefill_chunk": args.prefill_chunk}),
+                   **generate_cli.method_options(args))
+    if several_hosts is not None and not _same_as_process_0(args, engines):
+        _exit_alone(1)
     model = _load(args)
-    app = server.build_app(model, args.method, slots=args.slots, max_cache_len=args.max_cache_len,
-                           warmup=args.warmup, rounds_per_step=args.rounds_per_step,
+    if not leader:  # a follower of process 0, which takes the requests: no port
+        from hispec_jax.serving.follower import FollowerError, LeaderFailed
+
+        try:
+            server.follow(model, args.method, **engines)
+        except LeaderFailed as e:  # process 0 stops too: they shut down together
+            print(f"hispec: error: {e}", file=sys.stderr)
+            return 1
+        except FollowerError as e:
+            print(f"hispec: error: {e}", file=sys.stderr)
+            _exit_alone(1)
+        return 0
+    app = server.build_app(model, args.method, warmup=args.warmup,
+                           rounds_per_step=args.rounds_per_step,
                            served_name=args.served_model_name or args.hub_id,
-                           plan_reason=args.plan_reason,
                            prefill_share=args.prefill_share, step_log=args.step_log,
-                           ride_prefill=args.ride_prefill,
                            measure_pass_cost=args.measure_pass_cost,
-                           cross_request=args.cross_request,
-                           **({} if args.store_tokens is None
-                              else {"store_tokens": args.store_tokens}),
-                           **({} if args.prefill_chunk is None
-                              else {"prefill_chunk": args.prefill_chunk}),
-                           **generate_cli.method_options(args))
-    server.serve(app, host=args.host, port=args.port)
-    return 0
+                           several_hosts=several_hosts is not None, **engines)
+    return server.serve(app, host=args.host, port=args.port)
+
+
+def _same_as_process_0(args, engines: dict) -> bool:
+    """Whether this process serves with process 0's settings (the method, its options,
+    the slots, the mesh, the load flags), checked before anything loads: every process
+    runs each program together, so one built otherwise would stall them. False (after a
+    line naming the difference) on a follower whose settings differ."""
+    import json
+
+    from hispec_jax import distributed
+
+    mine = json.loads(json.dumps({"method": args.method, "mesh": args.mesh, "dtype": args.dtype,
+                                  "quantize": args.quantize,
+                                  "matmul_precision": args.matmul_precision, **engines}))
+    theirs = distributed.broadcast_work(mine if distributed.is_leader() else None)
+    differ = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+    if differ:
+        print(f"hispec: error: process {distributed.process_index()} serves with "
+              + ", ".join(f"{k}={mine.get(k)!r}" for k in differ) + " where process 0 has "
+              + ", ".join(f"{k}={theirs.get(k)!r}" for k in differ)
+              + ": give every process the same command", file=sys.stderr)
+    return not differ
+
+
+def _exit_alone(status: int) -> None:
+    """Ends this process now, without JAX's shutdown at exit: that waits for every other
+    process to shut down too, and process 0 goes on (until it misses this one's
+    heartbeats, which stops it)."""
+    import os
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
+def _check_step_log(path: str) -> None:
+    try:
+        open(path, "w").close()
+    except OSError as e:
+        raise ValueError(f"--step-log {path}: {e.strerror.lower()}") from None

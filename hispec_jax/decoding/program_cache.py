@@ -181,8 +181,11 @@ def entry_path(key: str, args, compiler_options=None,
                directory: str | Path | None | bool = True) -> tuple[Path, str] | None:
     """(the file, the full key text) of the entry `compile_cached` reads and writes for
     these arguments; None where the cache is off for it (no directory,
-    HISPEC_COMPILATION_CACHE=0, a key holding an object address)."""
-    if os.environ.get("HISPEC_COMPILATION_CACHE") == "0":
+    HISPEC_COMPILATION_CACHE=0, a key holding an object address, a run over several
+    processes)."""
+    if os.environ.get("HISPEC_COMPILATION_CACHE") == "0" or jax.process_count() > 1:
+        # several processes: off (an executable over several processes' devices, written
+        # and read back, makes XLA abort on its sharding at load)
         directory = None
     elif directory is True:
         directory = default_directory()

@@ -245,16 +245,46 @@ def shard_arrays(tree, shardings):
 
 def host_values(tree):
     """`jax.device_get(tree)`, also for arrays spread over several processes' devices:
-    those are gathered from every process first (`multihost_utils.process_allgather`, a
-    collective: every process must call this with the same tree). NumPy arrays out."""
-    def one(x):
-        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    those are gathered from every process first, all in one program (a collective: every
+    process must call this with the same tree; `gathers` says whether it does). An array
+    that every device holds whole (replicated) is read from this process's copy. NumPy
+    arrays out."""
+    leaves, treedef = jax.tree.flatten(tree)
+    out = list(leaves)
+    named = []  # spread over processes on a mesh: gathered together below
+    for i, x in enumerate(leaves):
+        if _spread(x) and isinstance(x.sharding, NamedSharding):
+            named.append(i)
+        elif _spread(x):
             from jax.experimental import multihost_utils
 
-            return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-        return jax.device_get(x)
+            out[i] = np.asarray(multihost_utils.process_allgather(x, tiled=True))
+        elif _remote(x):  # replicated: this process's copy is the whole array
+            out[i] = np.asarray(x.addressable_data(0))
+    if named:
+        whole = tuple(leaves[i].sharding.update(spec=PartitionSpec()) for i in named)
+        gathered = jax.jit(_identity, out_shardings=whole)(*(leaves[i] for i in named))
+        for i, x in zip(named, gathered):
+            out[i] = np.asarray(x.addressable_data(0))
+    return jax.device_get(treedef.unflatten(out))
 
-    return jax.tree.map(one, tree)
+
+def _identity(*xs):
+    return xs
+
+
+def gathers(tree) -> bool:
+    """Whether `host_values(tree)` runs a collective (some array of it is spread over
+    several processes' devices, not replicated)."""
+    return any(_spread(x) for x in jax.tree.leaves(tree))
+
+
+def _remote(x) -> bool:  # on devices of other processes too
+    return isinstance(x, jax.Array) and not x.is_fully_addressable
+
+
+def _spread(x) -> bool:  # ... and not whole on each of this process's devices
+    return _remote(x) and not x.is_fully_replicated
 
 
 def shard_params(cfg: ModelConfig, params, heads, mesh: Mesh):

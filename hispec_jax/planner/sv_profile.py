@@ -34,6 +34,7 @@ from hispec_jax.decoding import generate as generate_lib
 from hispec_jax.decoding import methods
 from hispec_jax.decoding import sv as sv_lib
 from hispec_jax.models.heads import exit_logits
+from hispec_jax.models import sharding
 from hispec_jax.models.model import Model
 from hispec_jax.models.params import with_layer_layout
 from hispec_jax.models.transformer import scan_exits
@@ -89,8 +90,8 @@ def profile_sv(model: Model, draft_exit: int | None = None, companion_exit: int 
     for seq, prompt in zip(sequences, ar.prompt_token_ids):
         tokens = np.zeros((1, T), np.int32)
         tokens[0, :len(seq)] = seq
-        out = jax.device_get(_signals(model.params, model.heads, tokens, model_cfg=model.cfg,
-                                      exits=(d, c, L)))
+        out = sharding.host_values(_signals(model.params, model.heads, tokens,
+                                            model_cfg=model.cfg, exits=(d, c, L)))
         keep = slice(max(len(prompt) - 1, 0), len(seq) - 1)  # predictions of the continuation
         for col, values in zip(cols, out):
             col.append(np.asarray(values)[0, keep])

@@ -166,10 +166,17 @@ class Scheduler:
         it takes requests; `ready` is set when it returns. If it returns a thread (work
         it left running, the background compiles), `stop` joins that thread too.
       step_log: None, or a `StepLog` that gets every engine step after the warm-up.
+      followers: on process 0 of a multi-host server, the `follower.Followers` its engines
+        (`follower.Leader`s) send each call to: the engine thread also sends them "idle"
+        while no request runs and "stop" when it ends. None: one process.
+
+    `on_failure`, if set (`server.serve` on several hosts), is called from the engine
+    thread when it fails.
     """
 
     def __init__(self, engines: dict[bool, slots_lib.SlotEngine], rounds_per_step: int = 1,
-                 warmup=None, prefill_share: float = 1.0, step_log: StepLog | None = None):
+                 warmup=None, prefill_share: float = 1.0, step_log: StepLog | None = None,
+                 followers=None):
         if not isinstance(prefill_share, (int, float)) or not prefill_share >= 0:
             raise ValueError(f"prefill_share must be a number >= 0, got {prefill_share!r}")
         self.engines = engines
@@ -186,6 +193,8 @@ class Scheduler:
         self._step_chunks: list[int] = []  # the chunks of the step under way, for step_log
         self._step_counters: dict = {g: None for g in engines}  # each engine's, last step
         self.step_log = step_log
+        self.followers = followers
+        self.on_failure = None
         self._warmup = warmup
         self.ready = threading.Event()
         if warmup is None:  # nothing to wait for: ready from the start
@@ -364,6 +373,22 @@ class Scheduler:
         self.stats.finish(job.cancel_reason)
         job.deliver(("done", "cancelled"))
 
+    def _end_followers(self) -> None:
+        """On several hosts: "stop" to the followers (with the error, if the engine thread
+        failed), then `on_failure` after a failure: a server whose processes no longer run
+        together stops."""
+        if self.followers is None:
+            return
+        try:
+            self.followers.stop(self.error)
+        except Exception:  # noqa: BLE001 - a follower that died: JAX ends the processes
+            log.exception("telling the followers to stop failed")
+        if self.error is not None:
+            log.error("the engine thread failed on process 0 of a multi-host server: "
+                      "stopping the server (every process runs each step together)")
+            if self.on_failure is not None:
+                self.on_failure()
+
     def _run(self) -> None:
         try:
             self._warm_up()
@@ -374,7 +399,10 @@ class Scheduler:
                     busy = self._admit()
                     if not busy:
                         self._wake.wait(timeout=0.5)
-                        continue
+                if not busy:
+                    if self.followers is not None:
+                        self.followers.idle()
+                    continue
                 for greedy, engine in self.engines.items():
                     if not self._running[greedy]:
                         continue
@@ -441,3 +469,4 @@ class Scheduler:
                         job.deliver(("done", "error" if self.error else "cancelled"))
                     self._running[greedy].clear()
                     self._waiting[greedy].clear()
+            self._end_followers()

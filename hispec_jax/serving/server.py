@@ -4,6 +4,11 @@
     build_app(model, "lookup", lookup=8)         # a method and its options
     serve(app, host="127.0.0.1", port=8000)      # uvicorn; SIGTERM / Ctrl-C: graceful stop
 
+Over several hosts (`hispec_jax.distributed`), process 0 serves
+`build_app(model, ..., several_hosts=True)` and every other process runs
+`follow(model, ...)` with the same engine arguments: it makes process 0's engine calls on
+its own engines until process 0 stops (`follower.py`).
+
 With no method the app runs the model's default plan (`method_spec.resolve`: its
 recommended HiSpec plan, or prompt lookup), and /health says which and why.
 
@@ -25,12 +30,14 @@ import sys
 import threading
 import time
 
+from hispec_jax import distributed
 from hispec_jax.decoding import device_costs
 from hispec_jax.decoding import method_spec
 from hispec_jax.decoding import methods as methods_lib
 from hispec_jax.decoding import suffix_store
 from hispec_jax.decoding.generate import model_name
 from hispec_jax.serving import api_server
+from hispec_jax.serving import follower
 from hispec_jax.serving import prompts as prompts_lib
 from hispec_jax.serving import slots as slots_lib
 from hispec_jax.serving.scheduler import Scheduler, StepLog
@@ -206,7 +213,8 @@ def build_app(model, method=None, *, slots: int = 8, max_cache_len: int | None =
               prefill_share: float = 1.0, step_log: str | os.PathLike | None = None,
               ride_prefill: bool = False, measure_pass_cost: bool = False,
               cross_request: bool = False,
-              store_tokens: int = suffix_store.DEFAULT_STORE_TOKENS, **method_options):
+              store_tokens: int = suffix_store.DEFAULT_STORE_TOKENS,
+              several_hosts: bool = False, **method_options):
     """The ASGI app serving `model` with `method` (None: the model's default plan) over
     `slots` slots per engine; with `warmup`, its engine thread compiles everything before
     it takes requests (/health: 503 "loading" until then). `plan_reason`: why a given
@@ -222,24 +230,25 @@ def build_app(model, method=None, *, slots: int = 8, max_cache_len: int | None =
     `cross_request` (`hispec serve --cross-request`; off by default: on the one workload
     measured it did not pay, BENCHMARKS.md): where the plan has prompt
     lookup, it also drafts from a store of `store_tokens` tokens of earlier requests,
-    scoped per API key and `user` field (`build_engines`; /health says so)."""
-    method, reason = choose_plan(model, method, method_options, plan_reason)
-    engines = build_engines(model, method, slots=slots, max_cache_len=max_cache_len,
-                            prefill_chunk=prefill_chunk, ride_prefill=ride_prefill,
-                            cross_request=cross_request, store_tokens=store_tokens)
-    store = engines[True].store
-    spec = method if isinstance(method, method_spec.MethodSpec) else None
-    plan = {"method": method if isinstance(method, str) else "custom" if spec is None
-            else spec.method,
-            "plan": describe(engines[True], method), "reason": reason,
-            **({"spec": spec.to_json()} if spec is not None else {}),
-            "cross_request": store is not None}
-    reads_store = getattr(engines[True].engine.hierarchy.drafter, "reads_store", False)
-    log.info("plan: %s (%s)%s%s", plan["plan"], reason,
-             (f"; drafts from earlier requests: on (a store of {store.size} tokens in memory, "
-              "scoped per API key and user)" if store is not None
+    scoped per API key and `user` field (`build_engines`; /health says so).
+    `several_hosts`: this is process 0 of a multi-host run (`hispec_jax.distributed`),
+    whose other processes run `follow` with the same arguments: every call of the engines
+    that runs a program is sent to them first (`follower.py`)."""
+    if several_hosts and measure_pass_cost:
+        raise ValueError("measure_pass_cost: not on several hosts (the measurement would run "
+                         "on process 0 alone); measure beforehand: hispec bench-tool pass-cost")
+    engines, plan, method = _engines_and_plan(
+        model, method, method_options, plan_reason, slots=slots, max_cache_len=max_cache_len,
+        prefill_chunk=prefill_chunk, ride_prefill=ride_prefill, cross_request=cross_request,
+        store_tokens=store_tokens)
+    followers = None
+    if several_hosts:
+        engines, followers = follower.lead(engines, plan)
+    log.info("plan: %s (%s)%s%s", plan["plan"], plan["reason"],
+             (f"; drafts from earlier requests: on (a store of {engines[True].store.size} "
+              "tokens in memory, scoped per API key and user)" if plan["cross_request"]
               else "; drafts from earlier requests: off (--cross-request turns them on)"
-              if reads_store
+              if getattr(engines[True].engine.hierarchy.drafter, "reads_store", False)
               else ""),
              "; warming up (compiling every program) before taking requests" if warmup else "")
     scheduler = Scheduler(engines, rounds_per_step=rounds_per_step,
@@ -247,21 +256,70 @@ def build_app(model, method=None, *, slots: int = 8, max_cache_len: int | None =
                           warmup=(functools.partial(warm_up, measure_pass_cost=measure_pass_cost)
                                   if warmup else None),
                           step_log=(None if step_log is None
-                                    else StepLog(open(step_log, "w", encoding="utf-8"))))
+                                    else StepLog(open(step_log, "w", encoding="utf-8"))),
+                          followers=followers)
     name = served_name or model_name(model)
     return api_server.create_app(model, scheduler, name, plan)
 
 
-def serve(app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
-    """Runs `app` on uvicorn until SIGINT / SIGTERM (in-flight requests get 5 s to end).
+def follow(model, method=None, *, slots: int = 8, max_cache_len: int | None = None,
+           plan_reason: str = "given", prefill_chunk: int = slots_lib.PREFILL_CHUNK,
+           ride_prefill: bool = False, cross_request: bool = False,
+           store_tokens: int = suffix_store.DEFAULT_STORE_TOKENS, **method_options
+           ) -> dict[str, int]:
+    """A follower of a multi-host server (a process other than 0): builds the engines as
+    `build_app` on process 0 does (the same arguments; those of the HTTP side and the
+    scheduler are process 0's alone), then makes process 0's calls on them until it stops
+    (`follower.follow`). Returns the calls made, by name."""
+    engines, plan, _ = _engines_and_plan(
+        model, method, method_options, plan_reason, slots=slots, max_cache_len=max_cache_len,
+        prefill_chunk=prefill_chunk, ride_prefill=ride_prefill, cross_request=cross_request,
+        store_tokens=store_tokens)
+    log.info("plan: %s (%s); process %d follows process 0, which takes the requests",
+             plan["plan"], plan["reason"], distributed.process_index())
+    calls = follower.follow(engines, plan)
+    log.info("process 0 stopped; calls made: %s",
+             ", ".join(f"{op} {n}" for op, n in calls.items()) or "none")
+    return calls
+
+
+def _engines_and_plan(model, method, method_options: dict, plan_reason: str, **engine_options):
+    """(the engines, the plan /health shows, the method) of `build_app` and `follow`."""
+    method, reason = choose_plan(model, method, method_options, plan_reason)
+    engines = build_engines(model, method, **engine_options)
+    spec = method if isinstance(method, method_spec.MethodSpec) else None
+    plan = {"method": method if isinstance(method, str) else "custom" if spec is None
+            else spec.method,
+            "plan": describe(engines[True], method), "reason": reason,
+            **({"spec": spec.to_json()} if spec is not None else {}),
+            "cross_request": engines[True].store is not None}
+    return engines, plan, method
+
+
+def serve(app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> int:
+    """Runs `app` on uvicorn until SIGINT / SIGTERM (in-flight requests get 5 s to end);
+    returns the exit status: 0; uvicorn's 3 where it could not start (the port is taken);
+    1 where the app serves with followers on other hosts and its engine thread failed (a
+    follower died, or a program failed), which stops it.
 
     uvicorn shuts down gracefully on SIGTERM and then re-raises the signal to the handler
     that was installed before it; that handler ends the process with exit code 0, since
     SIGTERM is the ordinary way to stop a server."""
     import uvicorn
+    from uvicorn.main import STARTUP_FAILURE
 
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                                           timeout_graceful_shutdown=5))
+    scheduler = app.state.scheduler
+    if scheduler.followers is not None:
+        scheduler.on_failure = lambda: setattr(server, "should_exit", True)
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
-        uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+        server.run()
+    except KeyboardInterrupt:  # as `uvicorn.run`
+        pass
     finally:
         signal.signal(signal.SIGTERM, previous)
+    if not server.started:  # e.g. the port is taken: uvicorn has said why
+        return STARTUP_FAILURE
+    return 1 if scheduler.followers is not None and scheduler.error is not None else 0

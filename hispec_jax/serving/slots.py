@@ -366,9 +366,14 @@ def _cache_entry(fn, static: tuple) -> dict:
 
 def _call(program, args: tuple, mesh=None):
     """`program(*args)`; on a mesh, the arguments placed as the program takes them first
-    (nothing moves for those already placed so)."""
+    (nothing moves for those already placed so; `sharding.shard_arrays`: on several
+    processes each places its own shards of a host value). An argument the program does
+    not read (its sharding None: weights `_empty` never touches) stays as it is."""
     if mesh is not None:
-        args = jax.device_put(args, program.executable.input_shardings[0])
+        leaves, treedef = jax.tree.flatten(args)
+        shardings = treedef.flatten_up_to(program.executable.input_shardings[0])
+        args = treedef.unflatten([x if s is None else sharding.shard_arrays(x, s)
+                                  for x, s in zip(leaves, shardings, strict=True)])
     return program(*args)
 
 
@@ -676,8 +681,8 @@ class SlotEngine:
         """(fn, static, donate, args) of the cancel step."""
         return _cancel, (), (0,), (self.state, np.int32(slot))
 
-    def generate(self, max_rounds: int, ride: bool = False,
-                 small: bool = True) -> list[SlotUpdate]:
+    def generate(self, max_rounds: int, ride: bool = False, small: bool = True,
+                 rows: tuple[int | None, int] | None = None) -> list[SlotUpdate]:
         """Runs at most `max_rounds` rounds (fewer when every slot finishes) and returns the
         decoding slots' new tokens; finished slots become free. Slots still prefilling take
         no part.
@@ -685,10 +690,16 @@ class SlotEngine:
         `ride`: where `riding_rows()` says so, the next chunk of the oldest waiting prompt
         (`next_chunk(small)` positions) rides the first round's pass (`transformer.Rider`),
         as `prefill(1, small)` would cache it beside the round (a prompt whose last chunk
-        rode starts decoding, as after `prefill`). `last_rider` says which rode."""
+        rode starts decoding, as after `prefill`). `last_rider` says which rode.
+
+        `rows`: the rows of the round a chunk rides (None: none rides) and of the rounds
+        loop, as `rows_planned(ride)` chooses them (the default). Which programs are
+        compiled so far decides that choice, so a follower of a multi-host server takes
+        process 0's (`serving/follower.py`)."""
         decoding = self.decoding
         if not decoding:
             return []
+        riding, rounds_rows = self.rows_planned(ride) if rows is None else rows
         if self._new_pass_cost is not None:
             cost, self.pass_cost_source = self._new_pass_cost
             self.req, self._new_pass_cost = self.req.replace(lookup_cost=cost), None
@@ -696,15 +707,16 @@ class SlotEngine:
             self._store_version = self.store.version  # a new copy: same shapes, no compile
             tokens_R, scope_R = self.store.host_arrays()
             self.req = self.req.replace(store=self.req.store.replace(
-                tokens_R=jnp.asarray(tokens_R), scope_R=jnp.asarray(scope_R)))
-        rows = self.riding_rows() if ride else None
+                tokens_R=tokens_R, scope_R=scope_R))
         self.last_rider = None
-        if rows is not None:
-            self._run_round_with_chunk(rows, self.next_chunk(small))
+        if riding is not None:
+            self._run_round_with_chunk(riding, self.next_chunk(small))
             max_rounds -= 1
         if max_rounds > 0:
-            self._run_rounds(self.rows_for(max(decoding)), max_rounds)
-        tokens_BxS, num_new_B, done_B = jax.device_get(
+            self._run_rounds(rounds_rows, max_rounds)
+        # on several hosts the slots' rows are spread over the processes: gathered (every
+        # process runs this same call)
+        tokens_BxS, num_new_B, done_B = sharding.host_values(
             (self.state.out.tokens_BxS, self.state.out.num_new_B, self.state.out.done_B))
         updates = []
         for b in decoding:
@@ -735,6 +747,13 @@ class SlotEngine:
         last = max(max(decoding), self._prefills[0].slot)
         return next((r for r in self.ride_rows if r > last and (
             self.compile_on_demand or self._riding_compiled(r))), None)
+
+    def rows_planned(self, ride: bool = False) -> tuple[int | None, int]:
+        """(the rows of the round a chunk rides, None where none does; the rows of the
+        rounds loop) that the next `generate(ride=ride)` runs (`riding_rows`, `rows_for`)."""
+        decoding = self.decoding
+        return (self.riding_rows() if ride else None,
+                self.rows_for(max(decoding)) if decoding else self.slots)
 
     def _riding_compiled(self, rows: int) -> bool:
         return all((rows, C) in self._riding for C in self._chunks())
@@ -911,5 +930,6 @@ class SlotEngine:
         return backend_compiles() - before
 
     def counters(self) -> Any:
-        """The engine's counters (summed over every request so far), on the host."""
-        return jax.device_get(self.state.counters)
+        """The engine's counters (summed over every request so far), on the host (on several
+        hosts a collective: every process calls it)."""
+        return sharding.host_values(self.state.counters)
