@@ -196,6 +196,7 @@ def test_draft_options_without_a_draft_model_are_refused(method, options, messag
      "lookup_gate does not combine with a draft model"),
     ("draft", {"draft_k": 0}, "draft_k must be an integer in"),
     ("draft", {"draft_gate": "yes"}, "draft_gate must be True or False"),
+    ("auto", {"draft_k": 3}, "method 'auto' does not take draft_k"),
 ])
 def test_draft_model_settings_are_checked(method, options, message):
     with pytest.raises(OptionError, match=message):
