@@ -231,8 +231,10 @@ class DraftModelState:
         drafts level 1 kept and of its rejections); else None.
       gated_B: with the gate, [B] int32, its window for the next round; else None.
       idle_B: with the gate, [B] int32, rounds in a row at window 0 (after `PROBE_ROUNDS`
-        the gate drafts one token, so that its estimate follows a draft that starts to
-        agree); else None.
+        times 2^misses the gate drafts one token, so that its estimate follows a draft that
+        starts to agree); else None.
+      misses_B: with the gate, [B] int32, rounds in a row whose drafts level 1 rejected
+        all (at most `MAX_PROBE_DOUBLINGS`); else None.
       inner: with a smaller draft model below it, that model's state; else None.
     """
 
@@ -244,11 +246,16 @@ class DraftModelState:
     estimate: gate_lib.GateState | None = None
     gated_B: jax.Array | None = None
     idle_B: jax.Array | None = None
+    misses_B: jax.Array | None = None
     inner: InnerState | None = None
 
 
 # Rounds at window 0 after which the gate drafts one token again.
 PROBE_ROUNDS = 16
+# Each round in a row whose drafts were all rejected doubles the rounds before the next
+# probe, up to this many times (PROBE_ROUNDS x 16 = 256 rounds): a draft that never agrees
+# then costs a probe (and a catch-up of the positions skipped) about every 256 rounds.
+MAX_PROBE_DOUBLINGS = 4
 # The placeholder closing a round's block (any id: level 1 replaces it unless it is the
 # token level 1 chooses there, which then stands as accepted).
 PLACEHOLDER = 0
@@ -263,7 +270,8 @@ class DraftModelDrafter:
     the exit drafter's acceptance gate (`gate.choose_window`, with the bonus) picks each
     sequence's w in 0 .. k from its estimated acceptance at the request's pass costs, a draft
     step priced at the draft model's share of a target pass (`pass_fractions`); w = 0 is an
-    AR step, and after `PROBE_ROUNDS` of them the gate drafts one token to look again.
+    AR step, and after `PROBE_ROUNDS` of them the gate drafts one token to look again (after
+    PROBE_ROUNDS x 2^m where the last m drafting rounds kept nothing, m <= 4).
 
     Sampling: each draft is drawn from the draft model's filtered distribution q, kept in
     the engine's ring `dists[0]` for level 1's acceptance rule (exact: min(1, p/q), the
@@ -400,7 +408,7 @@ class DraftModelDrafter:
         return state.replace(
             estimate=gate_lib.GateState.init(batch, 1).replace(
                 ngram_B=jnp.ones((batch,), jnp.int32)),
-            gated_B=jnp.full((batch,), self.k, jnp.int32), idle_B=zeros)
+            gated_B=jnp.full((batch,), self.k, jnp.int32), idle_B=zeros, misses_B=zeros)
 
     # ---- the round -----------------------------------------------------------------------
     def ready(self, state, window_ready_B: jax.Array, pending_B: jax.Array) -> jax.Array:
@@ -652,12 +660,16 @@ class DraftModelDrafter:
             estimate.of_match(estimate.ngram_B), state.windows.windows_BxK1[:, 0],
             ~state.out.done_B, self.k, draft_fraction, verify_fraction, rnd.req.lookup_cost,
             joint=rnd.h.schedule == "sync", bonus=True)
-        # a sequence at window 0 drafts one token after PROBE_ROUNDS of them
+        # a sequence at window 0 drafts one token after PROBE_ROUNDS x 2^misses of them
+        drafted_B = part_B & (checked_B > 0)
+        misses_B = jnp.where(drafted_B, jnp.where(kept_B > 0, 0, jnp.minimum(
+            ds.misses_B + 1, MAX_PROBE_DOUBLINGS)), ds.misses_B)
         idle_B = jnp.where(part_B, jnp.where(gated_B == 0, ds.idle_B + 1, 0), ds.idle_B)
-        probe_B = idle_B > PROBE_ROUNDS
+        probe_B = idle_B > PROBE_ROUNDS * (1 << misses_B)
         gated_B = jnp.where(part_B, jnp.where(probe_B, 1, gated_B), ds.gated_B)
         return state.replace(draft_state=ds.replace(
-            estimate=estimate, gated_B=gated_B, idle_B=jnp.where(probe_B, 0, idle_B)))
+            estimate=estimate, gated_B=gated_B, idle_B=jnp.where(probe_B, 0, idle_B),
+            misses_B=misses_B))
 
     def pass_fractions(self, rnd) -> tuple[float, float]:
         """(f_0, f_1): a draft step's and level 1's pass per row, as shares of a target pass
