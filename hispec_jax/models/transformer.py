@@ -325,38 +325,11 @@ def _attend_over_context(cfg: ModelConfig, q, k_BxTxKxH, v_BxTxKxH, positions_Bx
     """The attention of `_context_block_attention` for one group -> [B, T, K, G, H]."""
     S = context_k_BxKxSxH.shape[2]
     ctx_visible_BxS = jnp.arange(S)[None, :] < positions_BxT[:, :1]
-    if _single_query_on_cpu(q):
-        return _attend_own_slot(q, k_BxTxKxH, v_BxTxKxH, positions_BxT, context_k_BxKxSxH,
-                                context_v_BxKxSxH, ctx_visible_BxS)
     attend = lambda keys, values, visible: _attend_context_and_block(
         q, k_BxTxKxH, v_BxTxKxH, keys, values, visible, cfg.precision)
     seen_Bx1 = jnp.where(positions_BxT[:, :1] < S, positions_BxT[:, :1], 0)
     return _over_used_slots(attend, seen_Bx1, S, context_k_BxKxSxH, context_v_BxKxSxH,
                             ctx_visible_BxS)
-
-
-def _attend_own_slot(q, k_Bx1xKxH, v_Bx1xKxH, positions_Bx1, context_k_BxKxSxH,
-                     context_v_BxKxSxH, ctx_visible_BxS):
-    """`_attend_over_context` for one query per sequence on XLA:CPU: its own key and value
-    stand in for its slot of the context by a select (the cache read as if the block were
-    written into it, which it is not), then `_attend_single_query` over the slots <= its
-    position. The same products and reductions as a decoding step's attention over the
-    cache it wrote (`_attend_cached`), and about half the operations of two score blocks
-    (a round of level-1 verification at one position runs as many as an AR step's)."""
-    S = context_k_BxKxSxH.shape[2]
-    own_BxS = jnp.arange(S)[None, :] == positions_Bx1
-    masks_2xBxS = jnp.stack([ctx_visible_BxS | own_BxS, own_BxS])
-
-    def attend(keys_BxKxSxH, values_BxKxSxH, masks):
-        visible_BxS, own = masks[0], masks[1][:, None, :, None]
-        keys = jnp.where(own, k_Bx1xKxH[:, 0, :, None, :].astype(keys_BxKxSxH.dtype), keys_BxKxSxH)
-        values = jnp.where(own, v_Bx1xKxH[:, 0, :, None, :].astype(values_BxKxSxH.dtype),
-                           values_BxKxSxH)
-        return _attend_single_query(q[:, 0], keys, values, visible_BxS)[:, None]
-
-    seen_Bx1 = jnp.where(positions_Bx1 < S, positions_Bx1 + 1, 0)
-    return _over_used_slots(attend, seen_Bx1, S, context_k_BxKxSxH, context_v_BxKxSxH,
-                            masks_2xBxS)
 
 
 def _attend_context_and_block(q, k_BxTxKxH, v_BxTxKxH, context_k_BxKxSxH, context_v_BxKxSxH,
