@@ -67,9 +67,10 @@ def generate(model: Model, prompts, *, method: str | None = None, max_new_tokens
     batch_size = generate_lib.check_batch_size(batch_size, len(prompt_ids))
     decoder, plan = tune_lib.auto_decoder(model, batch_size, greedy=sampling.greedy)
     return generate_lib.decode(
-        tune_lib.plan_model(model, plan), prompt_ids, decoder, sampling, method_name="auto", max_new_tokens=max_new_tokens,
-        batch_size=batch_size, ignore_eos=ignore_eos, max_cache_len=max_cache_len, chat=chat,
-        mesh=mesh, reuse_compiled=True, extra_stats={"plan": plan.name()})
+        tune_lib.plan_model(model, plan), prompt_ids, decoder, sampling, method_name="auto",
+        max_new_tokens=max_new_tokens, batch_size=batch_size, ignore_eos=ignore_eos,
+        max_cache_len=max_cache_len, chat=chat, mesh=mesh, reuse_compiled=True,
+        extra_stats={"plan": plan.name()})
 
 
 def _sv_profile(model: Model, source: list[str], draft_exit: int, companion_exit: int):

@@ -431,7 +431,8 @@ class DraftModelDrafter:
         is behind), then the steps run in a `lax.while_loop` (no trip when every window is
         0), each choosing its pass under `lax.cond` with the cache only read there, and
         writing the pass's keys/values after it. A branch that writes the cache makes XLA
-        copy every cache buffer at each branch (docs/draft_model.md#what-a-round-costs-the-engine)."""
+        copy every cache buffer at each branch (docs/draft_model.md, "What a round costs
+        the engine")."""
         out, c, ds = state.out, state.processed_BxK, state.draft_state
         c1_B = c[:, 1]
         # a sequence's round starts with nothing pending: its window for the round is the
