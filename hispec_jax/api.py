@@ -35,8 +35,9 @@ def generate(model: Model, prompts, *, method=None, max_new_tokens: int = 64,
     result (`method`: a method spec, `hispec_jax.AR()`, `HiSpec(...)`, ..., or a method
     name with its options; None: the model's default plan, as on the command line), and
     also method="auto": the plan `hispec tune` saved for this model, device and batch size
-    (a quick tune first when there is none, said on stderr). Auto takes no method options
-    (the plan sets them); its stats name the plan ("plan").
+    (a quick tune first when there is none, said on stderr); with `draft=`, the pair's
+    plan, chosen among the draft model's plans and the target's own (`tune.auto_decoder`).
+    Auto takes no method options (the plan sets them); its stats name the plan ("plan").
 
     method="sv" works on any model: without `sv_profile=` it uses the model directory's
     profile when it is for the requested exits, else one cached for this model, device and
@@ -72,17 +73,15 @@ def generate(model: Model, prompts, *, method=None, max_new_tokens: int = 64,
     # The same checks, in the same order, as decoding's, before anything is tuned.
     sampling, max_new_tokens = generate_lib.check_request(max_new_tokens, temperature, top_k,
                                                           top_p, seed)
-    if model.draft is not None:
-        raise ValueError("method 'auto' does not choose plans with a draft model yet: pass "
-                         "method='draft' (or 'layerskip' / 'hispec') with it")
     prompt_ids = generate_lib.prompt_token_ids(model, prompts, chat)
     batch_size = generate_lib.check_batch_size(batch_size, len(prompt_ids))
     decoder, plan = tune_lib.auto_decoder(model, batch_size, greedy=sampling.greedy)
     store = generate_lib.check_cross_request(cross_request, decoder)
     return generate_lib.decode(
-        model, prompt_ids, decoder, sampling, method_name="auto", max_new_tokens=max_new_tokens,
-        batch_size=batch_size, ignore_eos=ignore_eos, max_cache_len=max_cache_len, chat=chat,
-        mesh=mesh, reuse_compiled=True, store=store, lookup_cost=lookup_cost,
+        tune_lib.plan_model(model, plan), prompt_ids, decoder, sampling, method_name="auto",
+        max_new_tokens=max_new_tokens, batch_size=batch_size, ignore_eos=ignore_eos,
+        max_cache_len=max_cache_len, chat=chat, mesh=mesh, reuse_compiled=True, store=store,
+        lookup_cost=lookup_cost,
         extra_stats={"plan": plan.name(), "method_spec": plan.spec().to_json(),
                      "plan_reason": reason})
 

@@ -182,3 +182,67 @@ def test_tune_ranks_measured_draft_plans_with_the_others(tmp_path, monkeypatch):
     assert payload["model"] == plan_lib.model_key(pair) and payload["draft_model"]["k"] == 3
     assert any("draft model: per-token acceptance" in line
                for line in tune_lib.summary_lines(report))
+
+
+# ---- method="auto" with a draft model -------------------------------------------------------
+def _pair_whose_exits_disagree(layers: int = 4, n: int = 1) -> tuple[Model, Model]:
+    """(a target whose first L - n layers add nothing to the residual stream, its last n
+    layers with its embedding, norm and head as the draft): the draft's greedy token is the
+    target's (every draft kept), while the target's own exits below L - n see only the
+    embeddings."""
+    target = _tiny(layers)
+    stacked = dict(with_layer_layout(target.params, "scan")["layers"])
+    for name in ("wo", "w_down"):
+        stacked[name] = stacked[name].at[:layers - n].set(0)
+    params = {**target.params, "layers": stacked}
+    draft = {**params, "layers": jax.tree.map(lambda x: x[layers - n:], stacked)}
+    return (Model(cfg=target.cfg, params=with_layer_layout(params, "unrolled")),
+            Model(cfg=target.cfg.replace(num_layers=n),
+                  params=with_layer_layout(draft, "unrolled")))
+
+
+def test_auto_with_a_draft_model_runs_the_pairs_plan(tmp_path, monkeypatch, capsys):
+    """generate(method="auto", draft=...) without a plan tunes the pair quickly (its draft
+    plans ranked with the target's own), decodes with the chosen draft plan, AR's tokens;
+    the saved plan is the pair's and the next call runs it without tuning; a pair's plan
+    without the draft model decodes on the target alone; two draft models are refused."""
+    from hispec_jax import generate
+    from hispec_jax.planner import calibrate, tune as tune_lib
+
+    monkeypatch.setattr("hispec_jax.planner.plan.cache_dir", lambda: tmp_path / "plans")
+    target, draft = _pair_whose_exits_disagree()
+    # the calibration of the target's exits, fixed: they rarely agree with the final layer
+    cal = calibrate.Calibration(exits=(1, 2, 3, 4), alpha=jax.numpy.full((4, 4), 0.05),
+                                costs=COSTS, tokens=0, seconds=0.0, loop={})
+    monkeypatch.setattr(calibrate, "calibrate", lambda *a, **k: cal)
+    monkeypatch.setattr(calibrate.Settings, "quick", classmethod(lambda cls: cls(
+        num_prompts=2, max_prompt_tokens=8, new_tokens=12, block_sizes=(1, 4), repeats=1,
+        capacity=64, lookup=0)))
+    prompts = [[5, 6, 7, 8], [9, 10, 11]]
+    ar = generate(target, prompts, method="ar", max_new_tokens=12, ignore_eos=True)
+    auto = generate(target, prompts, method="auto", draft=draft, max_new_tokens=12,
+                    ignore_eos=True)
+    assert "running a quick tune" in capsys.readouterr().err
+    assert auto.token_ids == ar.token_ids
+    assert auto.stats["plan"].startswith("draft model k=")
+    assert auto.stats["draft_model"]["accepted"] == auto.stats["draft_model"]["proposed"] > 0
+    pair = target.with_draft(draft)
+    saved = plan_lib.load_plan(pair, 2)
+    assert saved is not None and saved.name() == auto.stats["plan"]
+
+    def no_tune(*a, **k):
+        raise AssertionError("a saved plan is run without tuning")
+
+    monkeypatch.setattr(tune_lib, "tune", no_tune)
+    again = generate(target, prompts, method="auto", draft=draft, max_new_tokens=12,
+                     ignore_eos=True)
+    assert again.token_ids == ar.token_ids and again.stats["plan"] == saved.name()
+    # the pair's tune may choose a plan of the target alone: it runs without the draft model
+    plan_lib.save_plan_file(plan_lib.plan_path(pair, 2), plan_lib.plan_payload(
+        pair, 2, [plan_lib.Plan(exits=(1, 4), windows=(2,))]))
+    alone = generate(target, prompts, method="auto", draft=draft, max_new_tokens=12,
+                     ignore_eos=True)
+    assert alone.token_ids == ar.token_ids and alone.stats["plan"] == "layerskip d=1 nd=2"
+    assert "draft_model" not in alone.stats
+    with pytest.raises(ValueError, match="prices one draft model"):
+        generate(target, prompts, method="auto", draft=(_tiny(1, seed=5), draft))

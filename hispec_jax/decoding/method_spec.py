@@ -348,7 +348,8 @@ def resolve(method, options: dict[str, Any] | None = None, *, model_path=None,
                               f"with one (got {', '.join(sorted(given))})")
         return method, GIVEN
     if method == "auto":
-        options_lib.check_method_options("auto", num_layers=num_layers, **options)
+        options_lib.check_method_options("auto", num_layers=num_layers,
+                                         draft=True if has_draft else None, **options)
         return "auto", "the plan hispec tune saved for this model and device"
     if method is None:
         if has_draft:

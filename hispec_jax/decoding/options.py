@@ -306,11 +306,19 @@ def _check_lookup(method, lookup, max_ngram, adaptive) -> None:
 
 def _check_draft(method, draft, draft_k, draft_gate, *, lookup_gate, adaptive,
                  exit_gate) -> None:
-    """A draft model only for `DRAFT_METHODS` (method "draft" needs one), without adaptive
-    windows, the exit gate or the lookup gate (a lookup under a draft model proposes to the
-    draft model, which checks its tokens in passes it runs anyway); `draft_k` in
-    [1, MAX_DRAFT_K] and `draft_gate` (a bool) only with a draft model."""
+    """A draft model only for `DRAFT_METHODS` (method "draft" needs one) and "auto" (which
+    takes no draft setting: its plan sets them), without adaptive windows, the exit gate or
+    the lookup gate (a lookup under a draft model proposes to the draft model, which checks
+    its tokens in passes it runs anyway); `draft_k` in [1, MAX_DRAFT_K] and `draft_gate` (a
+    bool) only with a draft model."""
     given = draft is not None and draft is not False
+    if method == "auto":  # the pair's tuned plan sets them
+        for name, value in (("draft_k", draft_k), ("draft_gate", draft_gate)):
+            if value is not None:
+                raise OptionError(name, value, "method 'auto' does not take it (the tuned "
+                                  "plan sets it)", f"method 'auto' does not take {name} (the "
+                                  "tuned plan sets it)")
+        return
     if method == "draft" and not given:
         raise OptionError("draft", draft, "method 'draft' needs a draft model",
                           "method 'draft' needs a draft model (draft=MODEL; on the command "

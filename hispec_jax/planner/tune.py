@@ -90,14 +90,27 @@ def recommended_hierarchies(model: Model) -> list[tuple[tuple[int, ...], tuple[i
 
 
 def auto_decoder(model: Model, batch_size: int, greedy: bool = True, plan_file=None):
-    """The `Decoder` of the saved plan for (model, device, batch size); tunes quickly first
-    (saying so on stderr) when there is none."""
+    """(the `Decoder` of the saved plan for (model, device, batch size), the plan); tunes
+    quickly first (saying so on stderr) when there is none. A model with a draft model
+    (`Model.with_draft`) gets the pair's plan: its draft plans ranked with the target's own
+    exit and lookup plans (`tune`); a plan without the draft model decodes on the target
+    alone (`plan_model`). Two draft models (HSD) are refused: `tune` prices one."""
+    if model.draft is not None and "draft" in model.draft.params:
+        raise ValueError("method 'auto' prices one draft model; with two, pass "
+                         "method='draft' (draft_k=(k', k))")
     plan = plan_lib.load_plan(model, batch_size, plan_file)
     if plan is None:
-        print(f"hispec: no tuned plan for this model, device and batch size {batch_size}; "
+        what = "model" if model.draft is None else "model and draft model"
+        print(f"hispec: no tuned plan for this {what}, device and batch size {batch_size}; "
               "running a quick tune (hispec tune --model ... to tune fully)", file=sys.stderr)
         plan = tune(model, batch_size, quick=True)["plans"][0]
-    return plan.decoder(model, greedy=greedy), plan
+    return plan.decoder(plan_model(model, plan), greedy=greedy), plan
+
+
+def plan_model(model: Model, plan) -> Model:
+    """The model `plan` decodes on: the pair for a draft model's plan, else the target
+    alone (as `tune` priced it)."""
+    return model if plan.draft_k else without_draft(model)
 
 
 def measure_plans(model: Model, plans: list, batch_size: int, prompts: list[list[int]],
@@ -108,7 +121,7 @@ def measure_plans(model: Model, plans: list, batch_size: int, prompts: list[list
     each), then timed in `repeats` interleaved rounds (plan 1, plan 2, ..., plan 1, ...)
     and the median kept, so a change of the machine's load hits every plan alike."""
     # a draft model's plans run on the pair, the others on the target alone
-    models = [model if plan.draft_k else without_draft(model) for plan in plans]
+    models = [plan_model(model, plan) for plan in plans]
     decoders = [plan.decoder(m) for plan, m in zip(plans, models)]
 
     def call(model, decoder):

@@ -51,8 +51,8 @@ from hispec_jax.decoding.sampling import filtered_logprobs
 from hispec_jax.decoding.windows import power_of_two_blocks
 from hispec_jax.models import heads as heads_lib
 from hispec_jax.models.config import ModelConfig
-from hispec_jax.models.kv_cache import KVCache
-from hispec_jax.models.transformer import embed, run_layers_cached
+from hispec_jax.models.kv_cache import KVBlock, KVCache
+from hispec_jax.models.transformer import embed, run_layers, run_layers_cached
 
 
 def catch_up(params, cfg: ModelConfig, chunk: int, tokens_BxS: jax.Array, cache: KVCache,
@@ -81,15 +81,21 @@ def catch_up(params, cfg: ModelConfig, chunk: int, tokens_BxS: jax.Array, cache:
 
 
 def pass_logits(params, cfg: ModelConfig, cache: KVCache, tokens_BxT: jax.Array,
-                positions_BxT: jax.Array, rows_BxR: jax.Array):
+                positions_BxT: jax.Array, rows_BxR: jax.Array, write: bool = True):
     """One pass of a draft model over a block: the logits [B, R, V] of its rows `rows_BxR`
     (clipped into the block; the head runs on those rows only) and the cache with the
-    block's keys and values."""
-    h_BxTxD, cache = run_layers_cached(params, cfg, embed(params, tokens_BxT), positions_BxT,
-                                       cache, 0, cfg.num_layers)
+    block's keys and values (`write` False: the cache is only read, and the block's keys and
+    values come back as a `KVBlock` for the caller to write)."""
+    x_BxTxD = embed(params, tokens_BxT)
+    if write:
+        h_BxTxD, kv = run_layers_cached(params, cfg, x_BxTxD, positions_BxT, cache, 0,
+                                        cfg.num_layers)
+    else:
+        h_BxTxD, kv = run_layers(params, cfg, x_BxTxD, positions_BxT, cache, 0, cfg.num_layers,
+                                 split_context=True)
     rows_BxR = jnp.clip(rows_BxR, 0, tokens_BxT.shape[1] - 1)
     h_BxRxD = jnp.take_along_axis(h_BxTxD, rows_BxR[..., None], axis=1)
-    return heads_lib.exit_logits(params, {}, cfg, h_BxRxD, cfg.num_layers), cache
+    return heads_lib.exit_logits(params, {}, cfg, h_BxRxD, cfg.num_layers), kv
 
 
 @flax.struct.dataclass
@@ -225,8 +231,10 @@ class DraftModelState:
         drafts level 1 kept and of its rejections); else None.
       gated_B: with the gate, [B] int32, its window for the next round; else None.
       idle_B: with the gate, [B] int32, rounds in a row at window 0 (after `PROBE_ROUNDS`
-        the gate drafts one token, so that its estimate follows a draft that starts to
-        agree); else None.
+        times 2^misses the gate drafts one token, so that its estimate follows a draft that
+        starts to agree); else None.
+      misses_B: with the gate, [B] int32, rounds in a row whose drafts level 1 rejected
+        all (at most `MAX_PROBE_DOUBLINGS`); else None.
       inner: with a smaller draft model below it, that model's state; else None.
     """
 
@@ -238,11 +246,16 @@ class DraftModelState:
     estimate: gate_lib.GateState | None = None
     gated_B: jax.Array | None = None
     idle_B: jax.Array | None = None
+    misses_B: jax.Array | None = None
     inner: InnerState | None = None
 
 
 # Rounds at window 0 after which the gate drafts one token again.
 PROBE_ROUNDS = 16
+# Each round in a row whose drafts were all rejected doubles the rounds before the next
+# probe, up to this many times (PROBE_ROUNDS x 16 = 256 rounds): a draft that never agrees
+# then costs a probe (and a catch-up of the positions skipped) about every 256 rounds.
+MAX_PROBE_DOUBLINGS = 4
 # The placeholder closing a round's block (any id: level 1 replaces it unless it is the
 # token level 1 chooses there, which then stands as accepted).
 PLACEHOLDER = 0
@@ -257,7 +270,8 @@ class DraftModelDrafter:
     the exit drafter's acceptance gate (`gate.choose_window`, with the bonus) picks each
     sequence's w in 0 .. k from its estimated acceptance at the request's pass costs, a draft
     step priced at the draft model's share of a target pass (`pass_fractions`); w = 0 is an
-    AR step, and after `PROBE_ROUNDS` of them the gate drafts one token to look again.
+    AR step, and after `PROBE_ROUNDS` of them the gate drafts one token to look again (after
+    PROBE_ROUNDS x 2^m where the last m drafting rounds kept nothing, m <= 4).
 
     Sampling: each draft is drawn from the draft model's filtered distribution q, kept in
     the engine's ring `dists[0]` for level 1's acceptance rule (exact: min(1, p/q), the
@@ -378,7 +392,8 @@ class DraftModelDrafter:
         return power_of_two_blocks(block) if self.gate else ()
 
     def steps(self, block: int) -> int:
-        return block - 1  # the placeholder comes with the last draft
+        del block
+        return 1  # `draft` runs the round's draft steps itself (its cache written outside conds)
 
     def init(self, batch: int, ring: int, capacity: int) -> DraftModelState:
         del ring
@@ -393,7 +408,7 @@ class DraftModelDrafter:
         return state.replace(
             estimate=gate_lib.GateState.init(batch, 1).replace(
                 ngram_B=jnp.ones((batch,), jnp.int32)),
-            gated_B=jnp.full((batch,), self.k, jnp.int32), idle_B=zeros)
+            gated_B=jnp.full((batch,), self.k, jnp.int32), idle_B=zeros, misses_B=zeros)
 
     # ---- the round -----------------------------------------------------------------------
     def ready(self, state, window_ready_B: jax.Array, pending_B: jax.Array) -> jax.Array:
@@ -408,8 +423,16 @@ class DraftModelDrafter:
         return draft.params
 
     def draft(self, rnd, state, part_B: jax.Array):
-        """One draft step of the sequences in `part_B` whose round still drafts, and the
-        placeholder of those whose drafts are complete."""
+        """The round's draft steps of the sequences in `part_B` (all of them: `steps` is 1),
+        then the placeholder of those whose drafts are complete.
+
+        The draft's cache is written only here, outside any `lax.cond`: the prompts and
+        skipped positions are caught up first (a `lax.while_loop`, no trip when no sequence
+        is behind), then the steps run in a `lax.while_loop` (no trip when every window is
+        0), each choosing its pass under `lax.cond` with the cache only read there, and
+        writing the pass's keys/values after it. A branch that writes the cache makes XLA
+        copy every cache buffer at each branch (docs/draft_model.md, "What a round costs
+        the engine")."""
         out, c, ds = state.out, state.processed_BxK, state.draft_state
         c1_B = c[:, 1]
         # a sequence's round starts with nothing pending: its window for the round is the
@@ -419,49 +442,68 @@ class DraftModelDrafter:
         if ds.gated_B is not None:
             w_B = jnp.minimum(w_B, ds.gated_B)
         window_B = jnp.where(part_B & (c[:, 0] == c1_B), jnp.clip(w_B, 0, self.k), ds.window_B)
-        state = state.replace(draft_state=ds.replace(window_B=window_B))
-        drafting_B = part_B & (c[:, 0] - c1_B < window_B)
-        state = jax.lax.cond(jnp.any(drafting_B),
-                             lambda s: self._step(rnd, s, drafting_B), lambda s: s, state)
-        return self._seal(rnd, state, part_B)
-
-    def _step(self, rnd, state, part_B: jax.Array):
-        """The draft model runs the token at c_0 (after catching up to it) for the
-        sequences in `part_B` and proposes the token at c_0 + 1; with a lookup below it,
-        also the lookup's tokens after c_0, keeping those its own choice agrees with
-        (`_advance`)."""
-        params, c = self._weights(rnd), state.processed_BxK
+        drafting = lambda s: (part_B & ~rnd.ready(s, 1)
+                              & (s.processed_BxK[:, 0] - s.processed_BxK[:, 1] < window_B))
+        # a level rolled back: the draft's cache stops at c_0; behind it, it catches up to
+        # c_0 - 1 (the last round's last draft, at c_0 - 1, runs with the first step)
         pos_B = c[:, 0]
-        ds = state.draft_state
-        ds = ds.replace(cached_B=jnp.minimum(ds.cached_B, pos_B))  # a level rolled back
-        ds, ran = self.catch_up(params, state.out.tokens_BxS, ds, pos_B - 1, part_B)
-        # the last round's last draft (its cache stops one short: d = c_0 - 1) runs with it
-        known_B = jnp.where(part_B, 1 + (ds.cached_B < pos_B), 0)
+        ds = ds.replace(window_B=window_B, cached_B=jnp.minimum(ds.cached_B, pos_B))
+        ds, ran = self.catch_up(self._weights(rnd), out.tokens_BxS, ds, pos_B - 1,
+                                drafting(state))
         counters = state.counters
         state = state.replace(draft_state=ds, counters=counters.replace(
             drafter=counters.drafter.replace(caught_up=counters.drafter.caught_up + ran)))
-        no_lookup = jnp.zeros((pos_B.shape[0], 0), jnp.int32), jnp.zeros_like(pos_B)
-        plain = lambda s: jax.lax.cond(
-            jnp.any(known_B == 2), lambda s: self._advance(rnd, s, part_B, known_B, *no_lookup, 2),
-            lambda s: self._advance(rnd, s, part_B, known_B, *no_lookup, 1), s)
+        # (the target's cache stays out of the loop: no step reads it)
+        cache = state.cache
+        state = jax.lax.while_loop(lambda s: jnp.any(drafting(s)),
+                                   lambda s: self._step(rnd, s, drafting(s)),
+                                   state.replace(cache=None))
+        return self._seal(rnd, state.replace(cache=cache), part_B)
+
+    def _step(self, rnd, state, part_B: jax.Array):
+        """The draft model runs the token at c_0 (with the one at c_0 - 1 where its cache
+        stops there) for the sequences in `part_B` and proposes the token at c_0 + 1; with a
+        lookup below it, also the lookup's tokens after c_0, keeping those its own choice
+        agrees with (`_advance`); with a smaller draft model below it, that model's drafts
+        (`_with_inner`). The passes only read the draft's cache (`lax.cond` picks one);
+        their keys/values are written after."""
+        c, ds = state.processed_BxK, state.draft_state
+        pos_B, cache = c[:, 0], ds.cache
+        known_B = jnp.where(part_B, 1 + (ds.cached_B < pos_B), 0)
+        state = state.replace(draft_state=ds.replace(cache=None))
+        below = (0 if self.lookup is None and self.inner is None else
+                 self.lookup.max_tokens if self.inner is None else self.inner.k)
+        pad = 2 + below  # the longest block a branch runs
+
+        def advance(T, proposed_BxM=None, m_B=None, logq_BxMxV=None):
+            if proposed_BxM is None:
+                proposed_BxM, m_B = jnp.zeros((pos_B.shape[0], 0), jnp.int32), jnp.zeros_like(pos_B)
+            return lambda s: self._advance(rnd, s, cache, part_B, known_B, proposed_BxM, m_B,
+                                           T, pad, logq_BxMxV)
+
+        plain = lambda s: jax.lax.cond(jnp.any(known_B == 2), advance(2), advance(1), s)
         left_B = ds.window_B - (pos_B - c[:, 1])  # drafts the round still needs, >= 1
         if self.inner is not None:
-            return jax.lax.cond(jnp.any(part_B & (left_B > 1)),
-                                lambda s: self._with_inner(rnd, s, part_B, known_B, left_B),
-                                plain, state)
-        if self.lookup is None:
-            return plain(state)
-        # the lookup proposes at most the drafts the round still needs after this step's own
-        p = self.lookup.propose(state.out.tokens_BxS, pos_B, jnp.maximum(left_B - 1, 1))
-        m_B = jnp.where(part_B & p.matched_B, jnp.minimum(p.length_B, left_B - 1), 0)
-        T = 2 + self.lookup.max_tokens
-        return jax.lax.cond(jnp.any(m_B > 0),
-                            lambda s: self._advance(rnd, s, part_B, known_B, p.tokens_BxK, m_B, T),
-                            plain, state)
+            branch = jax.lax.cond(jnp.any(part_B & (left_B > 1)),
+                                  lambda s: self._with_inner(rnd, s, part_B, left_B, advance),
+                                  plain, state)
+        elif self.lookup is not None:
+            # the lookup proposes at most the drafts the round still needs after this step's
+            p = self.lookup.propose(state.out.tokens_BxS, pos_B, jnp.maximum(left_B - 1, 1))
+            m_B = jnp.where(part_B & p.matched_B, jnp.minimum(p.length_B, left_B - 1), 0)
+            branch = jax.lax.cond(jnp.any(m_B > 0), advance(pad, p.tokens_BxK, m_B), plain,
+                                  state)
+        else:
+            branch = plain(state)
+        state, positions_BxT, kv = branch
+        # (the barrier keeps XLA from moving the writes back into every branch)
+        positions_BxT, kv = jax.lax.optimization_barrier((positions_BxT, kv))
+        ds = state.draft_state
+        return state.replace(draft_state=ds.replace(cache=cache.write_block(0, positions_BxT, kv)))
 
-    def _with_inner(self, rnd, state, part_B, known_B, left_B):
+    def _with_inner(self, rnd, state, part_B, left_B, advance):
         """The smaller draft model drafts up to its k tokens (what the round still needs
-        after this step's own) and the draft model checks them in its pass (`_advance`)."""
+        after this step's own) and the draft model checks them in its pass (`advance`)."""
         ds = state.draft_state
         params = self._weights(rnd)
         pos_B = state.processed_BxK[:, 0]
@@ -472,16 +514,17 @@ class DraftModelDrafter:
         counters = state.counters
         state = state.replace(draft_state=ds.replace(inner=inner), counters=counters.replace(
             drafter=counters.drafter.replace(caught_up=counters.drafter.caught_up + ran)))
-        return self._advance(rnd, state, part_B, known_B, proposed_BxM, m_B,
-                             2 + self.inner.k, logq_BxMxV)
+        return advance(2 + self.inner.k, proposed_BxM, m_B, logq_BxMxV)(state)
 
-    def _advance(self, rnd, state, part_B, known_B, proposed_BxM, m_B, T: int,
-                 proposal_logq_BxMxV=None):
+    def _advance(self, rnd, state, cache: KVCache, part_B, known_B, proposed_BxM, m_B, T: int,
+                 pad: int, proposal_logq_BxMxV=None):
         """One pass of the draft model over each sequence's `known_B` tokens ending at c_0
         and its `m_B` lookup tokens after c_0 (a block of T >= known + m positions), and the
         drafts it yields: the lookup tokens its own choice keeps (greedy: its argmax;
         sampling: min(1, q(x)) against the lookup's one-hot proposal, so every draft is a
-        draw from q) and its own token after them. Writes d = c_0 + 1 + kept.
+        draw from q) and its own token after them. Sets d = c_0 + 1 + kept. The pass only
+        reads `cache`; returns (state, the block's positions [B, pad] (padding: S), its
+        keys/values as a `KVBlock` padded to `pad`) for the caller to write.
 
             block     x_{c-1}?  x_c    l_1     ...  l_m        (l: lookup tokens)
             rows                q_1    q_2     ...  q_{m+1}    (the draft model's q at
@@ -501,8 +544,8 @@ class DraftModelDrafter:
                 jnp.take_along_axis(proposed_BxM, jnp.clip(after_BxT, 0, M - 1), axis=1),
                 tokens_BxT)
         rows_BxR = (known_B - 1).clip(0)[:, None] + jnp.arange(M + 1)[None, :]
-        logits_BxRxV, cache = pass_logits(params, cfg, ds.cache, tokens_BxT, positions_BxT,
-                                          rows_BxR)
+        logits_BxRxV, kv = pass_logits(params, cfg, cache, tokens_BxT, positions_BxT, rows_BxR,
+                                       write=False)
         proposed_BxR = jnp.pad(proposed_BxM, ((0, 0), (0, 1)))
         logq_BxRxV = None
         if not rnd.greedy:
@@ -548,12 +591,15 @@ class DraftModelDrafter:
                                  drafted=mine.drafted + jnp.sum(n_B),
                                  below_proposed=mine.below_proposed + jnp.sum(m_B * part_B),
                                  below_accepted=mine.below_accepted + jnp.sum(kept_B)))
-        ds = ds.replace(cache=cache, cached_B=jnp.where(part_B, pos_B + 1 + kept_B, ds.cached_B))
+        ds = ds.replace(cached_B=jnp.where(part_B, pos_B + 1 + kept_B, ds.cached_B))
         if ds.inner is not None and M:
             ds = ds.replace(inner=InnerDraftModel.settle(ds.inner, pos_B, m_B, kept_B))
-        return state.replace(
+        state = state.replace(
             out=out.replace(tokens_BxS=tokens_BxS), processed_BxK=c.at[:, 0].add(n_B),
             draft_state=ds, dists=dists, draws_B=state.draws_B + part_B, counters=counters)
+        positions_BxP = jnp.pad(positions_BxT, ((0, 0), (0, pad - T)), constant_values=S)
+        pad_kv = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, pad - T), (0, 0), (0, 0)))
+        return state, positions_BxP, KVBlock(k=pad_kv(kv.k), v=pad_kv(kv.v))
 
     def _seal(self, rnd, state, part_B: jax.Array):
         """The placeholder after the round's last draft (q one-hot), which completes level
@@ -615,12 +661,16 @@ class DraftModelDrafter:
             estimate.of_match(estimate.ngram_B), state.windows.windows_BxK1[:, 0],
             ~state.out.done_B, self.k, draft_fraction, verify_fraction, rnd.req.lookup_cost,
             joint=rnd.h.schedule == "sync", bonus=True)
-        # a sequence at window 0 drafts one token after PROBE_ROUNDS of them
+        # a sequence at window 0 drafts one token after PROBE_ROUNDS x 2^misses of them
+        drafted_B = part_B & (checked_B > 0)
+        misses_B = jnp.where(drafted_B, jnp.where(kept_B > 0, 0, jnp.minimum(
+            ds.misses_B + 1, MAX_PROBE_DOUBLINGS)), ds.misses_B)
         idle_B = jnp.where(part_B, jnp.where(gated_B == 0, ds.idle_B + 1, 0), ds.idle_B)
-        probe_B = idle_B > PROBE_ROUNDS
+        probe_B = idle_B > PROBE_ROUNDS * (1 << misses_B)
         gated_B = jnp.where(part_B, jnp.where(probe_B, 1, gated_B), ds.gated_B)
         return state.replace(draft_state=ds.replace(
-            estimate=estimate, gated_B=gated_B, idle_B=jnp.where(probe_B, 0, idle_B)))
+            estimate=estimate, gated_B=gated_B, idle_B=jnp.where(probe_B, 0, idle_B),
+            misses_B=misses_B))
 
     def pass_fractions(self, rnd) -> tuple[float, float]:
         """(f_0, f_1): a draft step's and level 1's pass per row, as shares of a target pass

@@ -180,7 +180,8 @@ class Round:
             return self.verify(state, k, part_B)
         sizes = jnp.asarray(blocks, jnp.int32)
         longest = jnp.max(jnp.where(part_B, self.pending(state, k), 0))
-        index = jnp.minimum(jnp.searchsorted(sizes, longest), len(blocks) - 1)
+        # (the first block >= longest: a count, where searchsorted is a loop of XLA ops)
+        index = jnp.minimum(jnp.sum(sizes < longest), len(blocks) - 1)
         # The cache is only read inside the branches, and the block's keys/values are
         # written after the switch: a branch that updates the cache makes XLA copy all of
         # it (in the branch and again in the loop body) every round.
