@@ -270,15 +270,17 @@ def _given_options(options: dict[str, Any]) -> dict[str, Any]:
             if v is not None and (v is not False or k in _OFF_SWITCHES)}
 
 
-def of(method: str, *, has_draft: bool | None = None, **options) -> MethodSpec:
+def of(method: str, *, has_draft: bool | None = None, num_layers: int | None = None,
+       **options) -> MethodSpec:
     """The spec of a method name and its `make_method` options (the command line's and the
     JSON form's spelling); `OptionError` names a bad one, as `check_method_options` does.
     Options left None (or False, for the switches off by default) are not given.
     `has_draft`: whether the model has a draft model (None: not known here; draft settings
-    then stand for one)."""
+    then stand for one); `num_layers`: the model's L, where known (layer ranges checked
+    against it)."""
     options = _given_options(options)
     draft = _drafts(method, options) if has_draft is None else (True if has_draft else None)
-    options_lib.check_method_options(method, draft=draft, **options)
+    options_lib.check_method_options(method, num_layers=num_layers, draft=draft, **options)
     if method not in SPECS:  # "auto": a saved plan, resolved by `resolve`
         raise OptionError("method", method, f"must be one of {', '.join(SPECS)}",
                           f"method {method!r} has no spec (it is resolved to one)")
@@ -356,10 +358,12 @@ def resolve(method, options: dict[str, Any] | None = None, *, model_path=None,
         return "auto", "the plan hispec tune saved for this model and device"
     if method is None:
         if has_draft:
-            return of("draft", has_draft=True, **options), "a draft model was given"
+            return (of("draft", has_draft=True, num_layers=num_layers, **options),
+                    "a draft model was given")
         method, plan_options, reason = recommended.default_plan_for(model_path, num_layers)
-        return of(method, has_draft=False, **{**plan_options, **given}), reason
+        return of(method, has_draft=False, num_layers=num_layers,
+                  **{**plan_options, **given}), reason
     if not isinstance(method, str):
         raise OptionError("method", method, "must be a method name, a MethodSpec, 'auto' or None",
                           f"method={method!r} is not a method name, a MethodSpec, 'auto' or None")
-    return of(method, has_draft=has_draft, **options), GIVEN
+    return of(method, has_draft=has_draft, num_layers=num_layers, **options), GIVEN
