@@ -19,7 +19,8 @@ buffer of the same shape never recompiles.
 The sentinel (-1) equals no token, so no match crosses two entries; a sequence whose scope
 is `NO_SCOPE` (a request that opted out) never matches. The round uses the store's match
 where it is longer than the sequence's own (`prefer_longer`; the own context wins ties),
-and its n is the confidence the acceptance gate buckets by, as for an own match.
+and its n is the confidence the acceptance gate buckets by, in buckets of its own
+(`LookupDrafter.bucket`: a store match's N + n, apart from an own match's n).
 
 `SuffixStore` is the host side, one per server process: finished requests' tokens enter a
 ring of R tokens (the oldest evicted), and `arrays()` hands the engine a new device copy.
