@@ -113,9 +113,6 @@ class LazyTensor:
         value = self[()]
         return value if dtype is None else value.astype(dtype)
 
-    def astype(self, dtype) -> "LazyTensor":
-        return LazyTensor(self.file, self.name, self.shape, self.n_in, dtype)
-
     def __repr__(self) -> str:
         return f"LazyTensor({self.name!r}, shape={self.shape}, dtype={self.dtype})"
 
@@ -124,8 +121,8 @@ class LazyStack:
     """Per-layer `LazyTensor`s stacked on a leading [L] axis (our scan layout's arrays);
     `stack[i]` is layer i's tensor, still unread."""
 
-    def __init__(self, layers: list[LazyTensor], dtype=None):
-        self.layers = [t if dtype is None else t.astype(dtype) for t in layers]
+    def __init__(self, layers: list[LazyTensor]):
+        self.layers = layers
         self.shape = (len(layers),) + layers[0].shape
         self.dtype = self.layers[0].dtype
 
