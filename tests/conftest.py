@@ -222,10 +222,8 @@ def _release_compiled_programs():
     import jax
 
     from hispec_jax.decoding import engine as engine_lib
-    from hispec_jax.serving import slots
 
     engine_lib.clear_compiled()
-    slots.clear_programs()  # the serving slots' programs hold their mappings too
     jax.clear_caches()
 
 

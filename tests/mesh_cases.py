@@ -79,7 +79,7 @@ def slots_tokens(model, name: str, mesh_text: str) -> list[list[int]]:
     from hispec_jax.decoding import methods as methods_lib
     from hispec_jax.decoding.sampling import SamplingParams
     from hispec_jax.models.model import place_on_mesh
-    from hispec_jax.serving.slots import SlotEngine, SlotRequest
+    from hispec_jax.decoding.slots import SlotEngine, SlotRequest
 
     opts = dict({**METHODS, **DRAFT_METHODS}[name])
     method = opts.pop("method")
@@ -151,7 +151,7 @@ def main() -> int:
                             "reference": ref, "sharded": r.token_ids,
                             "stats_mesh": r.stats.get("mesh"),
                             "compile_seconds": r.stats["compile_seconds"]})
-    for name in SLOT_CASES:  # serving's slot engine on the mesh (`serving/slots.py`)
+    for name in SLOT_CASES:  # serving's slot engine on the mesh (`decoding/slots.py`)
         results.append({"mesh": "data=2,model=4", "layout": "slots", "method": name,
                         "reference": reference[name],
                         "sharded": slots_tokens(models["unrolled"], name, "data=2,model=4"),

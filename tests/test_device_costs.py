@@ -15,7 +15,8 @@ from hispec_jax import generate
 from hispec_jax.bench import pass_cost as pass_cost_tool
 from hispec_jax.decoding import costs, device_costs, gate, methods
 from hispec_jax.decoding.sampling import SamplingParams
-from hispec_jax.serving import server as server_lib, slots as slots_lib
+from hispec_jax.decoding import slots as slots_lib
+from hispec_jax.serving import server as server_lib
 
 from test_engine import tiny_model
 from test_lookup_gate import BLOCKS, CYCLE_PROMPTS, pick

@@ -14,18 +14,34 @@ import re
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from hispec_jax import Model, ModelConfig, generate
 from hispec_jax.decoding import engine as engine_lib
-from hispec_jax.decoding import methods
+from hispec_jax.decoding import methods, slots
 from hispec_jax.decoding.engine import Engine, Shapes, compile_cache
-from hispec_jax.decoding.generate import make_request
-from hispec_jax.decoding.sampling import SamplingParams
+from hispec_jax.decoding.request import Request
+from hispec_jax.decoding.sampling import SamplingParams, sequence_keys
 from hispec_jax.models.heads import exit_logits
 from hispec_jax.models.params import init_params, with_layer_layout
 
 L, VOCAB, CAPACITY, BLOCK = 4, 48, 64, 16
+
+
+def make_request(batch: list[list[int]], batch_size: int, first_index: int, capacity: int,
+                 max_new_tokens: int, eos_ids_E, sampling: SamplingParams) -> Request:
+    """A `Request` as `Engine.init_state` takes it: prompts right-padded into
+    [batch_size, capacity]; padding rows get max_new = 0 (finished from the start)."""
+    tokens = np.zeros((batch_size, capacity), np.int32)
+    lens, max_new = np.ones((batch_size,), np.int32), np.zeros((batch_size,), np.int32)
+    for b, ids in enumerate(batch):
+        tokens[b, :len(ids)], lens[b], max_new[b] = ids, len(ids), max_new_tokens
+    return Request(tokens_BxS=jnp.asarray(tokens), prompt_lens_B=jnp.asarray(lens),
+                   max_new_B=jnp.asarray(max_new), eos_ids_E=jnp.asarray(eos_ids_E),
+                   sequence_keys_Bx2=sequence_keys(
+                       sampling.seed, np.arange(first_index, first_index + batch_size)),
+                   sampling=sampling.arrays())
 
 
 def identity_layer_model(seed: int = 0) -> Model:
@@ -183,7 +199,7 @@ def test_compiled_loop_reuse_never_crosses_models(model):
     assert big.stats["window_bounds"] == [3]
     # Another model must not run in that loop (the old cache looked at the method only).
     small_other = generate(other, [[1, 2]], draft_len=2, **opts)
-    assert small_other.stats["window_bounds"] == [2] and small_other.stats["compile_count"] == 1
+    assert small_other.stats["window_bounds"] == [2] and small_other.stats["compile_count"] == 2
     # The same model with smaller windows does: no compilation, the larger bounds.
     small = generate(model, [[1, 2]], draft_len=2, **opts)
     assert small.stats["window_bounds"] == [3] and small.stats["compile_count"] == 0
@@ -208,6 +224,12 @@ def test_compiled_loop_never_copies_the_cache(model, layout, users_codegen):
     assert not copies, copies[:3]
 
 
+def slot_engine(model, decoder) -> slots.SlotEngine:
+    """The engine offline `generate` runs for one prompt of at most `BLOCK` positions."""
+    return slots.SlotEngine(model, decoder, slots=1, capacity=CAPACITY, greedy=True,
+                            eos_ids=(), prefill_chunk=BLOCK)
+
+
 def test_engine_is_the_compile_key(model):
     decoder = methods.make_method(model, "layerskip", draft_exit=1)
     shapes = Shapes(batch=1, capacity=CAPACITY, prompt_block=BLOCK)
@@ -220,82 +242,64 @@ def test_engine_is_the_compile_key(model):
     assert Engine.for_model(model, decoder.hierarchy, dataclasses.replace(shapes, batch=2)) != a
     engine_lib.clear_compiled()
     before = engine_lib.compilations
-    a.compiled()
-    _, seconds = b.compiled()
-    assert engine_lib.compilations == before + 1 and seconds == 0.0
-
-
-def test_engines_of_other_methods_share_the_prefill_program(model):
-    """A loop is two programs (`Engine.programs`): the prefill reads the model, the top exit
-    and the shapes, not the method, so engines that differ only in their method run one
-    prefill program and their own rounds; dropping one loop keeps the prefill the other
-    still runs, and only that."""
-    shapes = Shapes(batch=1, capacity=CAPACITY, prompt_block=BLOCK)
-    ar, layerskip = (Engine.for_model(model, methods.make_method(model, m, **o).hierarchy, shapes)
-                     for m, o in (("ar", {}), ("layerskip", dict(draft_exit=1))))
-    assert ar.prefill_key() == layerskip.prefill_key() and ar.program_key() != layerskip.program_key()
-    engine_lib.clear_compiled()
-    a, _ = ar.compiled()
-    b, _ = layerskip.compiled()
-    assert a.prefill is b.prefill and a.rounds is not b.rounds
-    compile_cache._drop_oldest()  # ar's loop
-    assert ar.compile_seconds() is None and layerskip.compile_seconds() is not None
-    assert set(compile_cache._PROGRAMS) == {p.key for p in layerskip.programs()}
-    compile_cache._drop_oldest()
-    assert not compile_cache._PROGRAMS
+    slot_engine(model, decoder).compile_batch()
+    assert engine_lib.compilations == before + 2, "the batch's insert and its rounds"
+    slot_engine(identity_layer_model(seed=5), decoder).compile_batch()
+    assert engine_lib.compilations == before + 2, "other weights, the same programs"
     engine_lib.clear_compiled()
 
 
-def test_compiled_loops_give_way_when_the_process_nears_its_mapping_limit(model, monkeypatch):
-    """XLA:CPU's JIT holds 1,000-3,000 memory mappings per loop; near `vm.max_map_count` LLVM
-    aborts the process. Before a compilation the least recently used loops are dropped
-    while the process holds more than `MAP_BUDGET` of its limit, and only then."""
-    shapes = Shapes(batch=1, capacity=CAPACITY, prompt_block=BLOCK)
-    engines = [Engine.for_model(model, methods.make_method(model, "layerskip", draft_exit=d)
-                                .hierarchy, shapes) for d in (1, 2, 3)]
+def _scaled(scale, x):
+    return x * scale
+
+
+def test_compiled_programs_give_way_when_the_process_nears_its_mapping_limit(monkeypatch):
+    """XLA:CPU's JIT holds 1,000-3,000 memory mappings per rounds loop; near
+    `vm.max_map_count` LLVM aborts the process. Before a compilation the least recently used
+    programs are dropped while the process holds more than `MAP_BUDGET` of its limit, and
+    only then."""
+    x = jax.ShapeDtypeStruct((4,), jnp.float32)
+    make = lambda scale: compile_cache.program(_scaled, (scale,), (), (x,))
     engine_lib.clear_compiled()
     held = {"maps": 10}
     monkeypatch.setattr(compile_cache, "map_counts", lambda: (held["maps"], 100))
-    engines[0].compiled()
-    engines[1].compiled()
-    engines[0].compiled()  # used again: engines[1] is now the least recently used
+    programs = [make(1.0), make(2.0)]
+    assert make(1.0) is programs[0]  # used again: scale 2 is now the least recently used
     assert engine_lib.make_room() == 0, "under the budget nothing is dropped"
-    drops = iter([80, 60, 40])  # above MAP_BUDGET = 0.5 of 100 until two loops are gone
+    drops = iter([80, 60, 40])  # above MAP_BUDGET = 0.5 of 100 until two programs are gone
     monkeypatch.setattr(compile_cache, "map_counts", lambda: (next(drops, 40), 100))
     before = engine_lib.compilations
-    engines[2].compiled()
-    assert engine_lib.compilations == before + 1
-    assert engines[2].compile_seconds() is not None
-    assert engines[1].compile_seconds() is None and engines[0].compile_seconds() is None
+    third = make(3.0)
+    assert engine_lib.compilations == before + 1 and len(compile_cache._PROGRAMS) == 1
+    assert make(3.0) is third and engine_lib.compilations == before + 1
+    assert make(1.0) is not programs[0], "dropped: compiled again"
     monkeypatch.setattr(compile_cache, "map_counts", lambda: None)  # not Linux: nothing to do
     assert engine_lib.make_room() == 0
     engine_lib.clear_compiled()
 
 
 def test_decoding_loops_compile_with_the_platforms_compiler_options(model, monkeypatch):
-    """`engine.COMPILER_OPTIONS[platform]` reaches XLA with every loop's compilation (an
+    """`engine.COMPILER_OPTIONS[platform]` reaches XLA with every program's compilation (an
     option XLA rejects fails that compilation, naming the option); other platforms' options
     are not applied here."""
-    shapes = Shapes(batch=1, capacity=CAPACITY, prompt_block=BLOCK)
-    engine = Engine.for_model(model, methods.make_method(model, "layerskip", draft_exit=2)
-                              .hierarchy, shapes)
+    decoder = methods.make_method(model, "layerskip", draft_exit=2)
     engine_lib.clear_compiled()
     bogus = {"xla_gpu_enable_command_buffer": "NOT_A_COMMAND"}
     monkeypatch.setattr(compile_cache, "COMPILER_OPTIONS", {"no-such-platform": bogus})
     assert engine_lib.compiler_options() == {}
-    engine.compiled()  # compiles: the options belong to another platform
+    slot_engine(model, decoder).compile_batch()  # compiles: the options belong elsewhere
     engine_lib.clear_compiled()
     monkeypatch.setattr(compile_cache, "COMPILER_OPTIONS", {jax.default_backend(): bogus})
     with pytest.raises(Exception, match="xla_gpu_enable_command_buffer"):
-        engine.compiled()
+        slot_engine(model, decoder).compile_batch()
     engine_lib.clear_compiled()
 
 
 def test_rounds_over_one_attention_span_add_the_one_span_options(model, monkeypatch):
     """A rounds program of single-position drafts whose cache one attention span reads
     whole (capacity below 256 on CPU) compiles with `ONE_SPAN_OPTIONS` added (XLA:CPU's
-    YNNPACK reductions); its prefill, the rounds over a cache read in spans and prompt
-    lookup's rounds with the platform's options only."""
+    YNNPACK reductions); the batch's insert, the rounds over a cache read in spans and
+    prompt lookup's rounds with the platform's options only."""
     base = {"xla_cpu_experimental_ynn_fusion_type": ""}
     one_span = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_REDUCE"}
     platform = jax.default_backend()
@@ -303,13 +307,13 @@ def test_rounds_over_one_attention_span_add_the_one_span_options(model, monkeypa
     monkeypatch.setattr(compile_cache, "ONE_SPAN_OPTIONS", {platform: one_span})
     exits = methods.make_method(model, "layerskip", draft_exit=2).hierarchy
     lookup = methods.make_method(model, "lookup").hierarchy
+    options = lambda fn, static: compile_cache._cache_entry(fn, static)["compiler_options"]
     for hierarchy, capacity, rounds_options in ((exits, CAPACITY, one_span), (exits, 512, base),
                                                 (lookup, CAPACITY, base)):
         engine = Engine.for_model(model, hierarchy, Shapes(batch=1, capacity=capacity,
                                                            prompt_block=BLOCK))
-        prefill, rounds = engine.programs()
-        assert prefill.options == base
-        assert rounds.options == rounds_options, (hierarchy, capacity)
+        assert options(slots._insert_all, (engine, BLOCK)) == base
+        assert options(slots._rounds_rows, (engine, 1, None)) == rounds_options, (hierarchy, capacity)
     assert compile_cache.compiler_options() == base
 
 

@@ -368,7 +368,7 @@ def test_follower_messages_carry_requests_and_pass_costs_whole():
     from hispec_jax.decoding import gate
     from hispec_jax.decoding.sampling import SamplingParams
     from hispec_jax.serving import follower
-    from hispec_jax.serving.slots import SlotRequest
+    from hispec_jax.decoding.slots import SlotRequest
 
     request = SlotRequest((5, 6, 7), 9, SamplingParams(temperature=0.7, top_k=3, top_p=0.9,
                                                        seed=11), ignore_eos=True, min_tokens=2,

@@ -1,5 +1,5 @@
 """`hispec serve --mesh data=2,model=4` on 8 fake CPU devices, driven by the `openai` client:
-the slots split over "data" and the weights over "model" (`serving/slots.py` on a mesh),
+the slots split over "data" and the weights over "model" (`decoding/slots.py` on a mesh),
 and every answer is the one a single device gives (greedy: AR's tokens; sampling with a
 seed: offline `generate`'s draws with that seed). The server is its own process (XLA_FLAGS
 must name the device count before JAX starts) running the shipped model's default plan,

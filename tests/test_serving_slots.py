@@ -1,4 +1,4 @@
-"""Resumable engine runs and slots (serving/slots.py) on the shipped default model: a request
+"""Resumable engine runs and slots (decoding/slots.py) on the shipped default model: a request
 inserted into a slot while other slots decode gets exactly its offline `generate` tokens."""
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ import pytest
 import hispec_jax
 from hispec_jax.decoding import engine as engine_lib
 from hispec_jax.decoding import methods as methods_lib
-from hispec_jax.decoding.generate import make_request, plan_shapes
+from hispec_jax.decoding.generate import plan_shapes
+from test_engine_step import make_request
 from hispec_jax.decoding.sampling import SamplingParams
-from hispec_jax.serving.slots import SlotEngine, SlotRequest, active_rows
+from hispec_jax.decoding.slots import SlotEngine, SlotRequest, active_rows
 
 from conftest import shipped_model_scanned
 
@@ -95,7 +96,7 @@ def test_the_rounds_run_only_the_rows_up_to_the_last_decoding_slot():
     the loop runs), and every row count was compiled by the warm-up."""
     from test_engine import tiny_model
 
-    from hispec_jax.serving.slots import backend_compiles
+    from hispec_jax.decoding.slots import backend_compiles
 
     assert [active_rows(b) for b in (1, 3, 4, 8)] == [(1,), (1, 2, 3), (1, 2, 4),
                                                       (1, 2, 4, 8)]
@@ -128,7 +129,7 @@ def test_prepare_loads_every_program_the_warm_up_runs():
     all rows a prefill chunk rides; the warm-up that runs them afterwards adds no program."""
     from test_engine import tiny_model
 
-    from hispec_jax.serving import slots as slots_lib
+    from hispec_jax.decoding import slots as slots_lib
 
     model = tiny_model(4, 1, max_len=128)
     eng = SlotEngine(model, methods_lib.make_method(model, "ar"), slots=2, capacity=88,
@@ -192,7 +193,7 @@ def test_a_long_prompt_enters_in_chunks_while_the_other_slots_decode(method, opt
     emit tokens during the prefill, and a prompt of another length compiles nothing more."""
     from test_engine import tiny_model
 
-    from hispec_jax.serving.slots import backend_compiles
+    from hispec_jax.decoding.slots import backend_compiles
 
     model = tiny_model(4, 1, max_len=128)
     rng, V = np.random.RandomState(0), model.cfg.vocab_size
@@ -576,7 +577,7 @@ def test_without_compile_on_demand_a_slot_runs_the_smallest_compiled_rows():
 
     from test_engine import tiny_model
 
-    from hispec_jax.serving.slots import backend_compiles
+    from hispec_jax.decoding.slots import backend_compiles
 
     model = tiny_model(4, 2, max_len=128)
     decoder = methods_lib.make_method(model, "lookup", lookup=4)

@@ -16,8 +16,8 @@ from hispec_jax.decoding import methods as methods_lib
 from hispec_jax.decoding import suffix_store
 from hispec_jax.decoding.lookup import PromptLookup
 from hispec_jax.decoding.suffix_store import NO_SCOPE, SENTINEL, StoreArrays, SuffixStore
-from hispec_jax.serving import slots as slots_lib
-from hispec_jax.serving.slots import SlotEngine, SlotRequest
+from hispec_jax.decoding import slots as slots_lib
+from hispec_jax.decoding.slots import SlotEngine, SlotRequest
 
 from conftest import shipped_model_scanned
 from test_engine import PROPERTY_SETTINGS

@@ -29,7 +29,7 @@ import numpy as np
 import hispec_jax
 from hispec_jax.decoding import methods as methods_lib
 from hispec_jax.serving import server
-from hispec_jax.serving import slots as slots_lib
+from hispec_jax.decoding import slots as slots_lib
 
 
 def main():

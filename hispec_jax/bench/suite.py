@@ -22,9 +22,7 @@ from typing import Any, Callable
 import jax
 
 from hispec_jax.decoding import generate as generate_lib
-from hispec_jax.decoding import suffix_store
 from hispec_jax.decoding import methods
-from hispec_jax.decoding.engine import Engine, Shapes
 from hispec_jax.decoding.sampling import SamplingParams
 from hispec_jax.models.model import Model
 
@@ -133,7 +131,6 @@ def hispec_runner(model: Model, prompts: list[list[int]], spec: MethodSpec, *,
     model = spec.bound(model)
     decoder = spec.decoder(model)
     prompt_ids = generate_lib.prompt_token_ids(model, prompts)
-    stops = generate_lib.stop_token_ids(model, chat) if stop_at_eos else ()
 
     def run():  # `generate` with a Decoder, for prompts rendered already
         store = generate_lib.check_cross_request(spec.cross_request, decoder)  # new, empty
@@ -144,13 +141,10 @@ def hispec_runner(model: Model, prompts: list[list[int]], spec: MethodSpec, *,
                                    lookup_cost=spec.lookup_cost, store=store)
 
     def warmup() -> Result:
-        r = run()
-        seconds, memory = compile_loop(model, decoder, prompts, batch_size, max_new_tokens,
-                                       max_cache_len, num_eos=max(len(stops), 1),
-                                       store_tokens=(suffix_store.DEFAULT_STORE_TOKENS
-                                                     if spec.cross_request else 0))
+        r = run()  # compiles the programs (their seconds and memory in its stats)
         return Result(name=spec.name, token_ids=r.token_ids, new_tokens=r.stats["new_tokens"],
-                      compile_seconds=seconds, memory_bytes=memory,
+                      compile_seconds=r.stats["compile_seconds"],
+                      memory_bytes=r.stats["program_memory_bytes"],
                       stats={k: r.stats.get(k) for k in STAT_KEYS},
                       options={"method": spec.method, **dict(spec.options)})
 
@@ -160,28 +154,6 @@ def hispec_runner(model: Model, prompts: list[list[int]], spec: MethodSpec, *,
         return r.stats["decode_seconds"] if loop_time_only else time.perf_counter() - t0
 
     return Runner(spec.name, warmup, timed_round)
-
-
-def compile_loop(model: Model, decoder: methods.Decoder, prompts, batch_size: int,
-                 max_new_tokens: int, capacity: int, num_eos: int = 1,
-                 store_tokens: int = 0) -> tuple[float, int]:
-    """(seconds this process spent compiling the loop of the longest prompt's batch, bytes
-    of XLA's memory analysis of it). The loop comes from the engine's compile cache (the
-    warm-up call compiled it; its compile time is kept with it), so nothing compiles twice.
-    Bytes: arguments (weights, cache, request) + outputs + temporaries, the donated cache
-    counted once: on CPU the peak the loop can reach; accelerators report the same
-    analysis."""
-    block, capacity = generate_lib.plan_shapes(
-        max(map(len, prompts)), max_new_tokens, decoder.lookahead(),
-        model.cfg.max_position_embeddings, capacity)
-    shapes = Shapes(batch=batch_size, capacity=capacity, prompt_block=block, num_eos=num_eos,
-                    store_tokens=store_tokens)
-    engine = Engine.for_model(model, decoder.hierarchy, shapes, greedy=True)
-    compiled, seconds = engine.compiled()
-    seconds = seconds or engine.compile_seconds()
-    m = compiled.memory_analysis()
-    return seconds, int(m.argument_size_in_bytes + m.output_size_in_bytes
-                        - m.alias_size_in_bytes + m.temp_size_in_bytes)
 
 
 def common_cache_len(model: Model, prompts, specs: list[MethodSpec], max_new_tokens: int) -> int:
@@ -234,9 +206,10 @@ def paired_ratio(reference: Result, result: Result) -> float:
 
 
 def release_compiled() -> None:
-    """Drops every compiled decoding loop and JAX's caches (a tune's stage programs, loops
-    timed earlier): what a long bench process must do between comparisons, because each
-    loop holds 1,000-3,000 of the process's memory mappings (`engine.MAP_BUDGET`)."""
+    """Drops every compiled decoding program and JAX's caches (a tune's stage programs,
+    loops timed earlier): what a long bench process must do between comparisons, because
+    each rounds loop holds 1,000-3,000 of the process's memory mappings
+    (`engine.MAP_BUDGET`)."""
     from hispec_jax.decoding import engine as engine_lib
 
     engine_lib.clear_compiled()

@@ -19,24 +19,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from hispec_jax.decoding import chat as chat_lib
-from hispec_jax.decoding import device_costs
-from hispec_jax.decoding import engine as engine_lib
-from hispec_jax.decoding import mesh as mesh_lib
 from hispec_jax.decoding import method_spec
 from hispec_jax.decoding import methods as methods_lib
 from hispec_jax.decoding import options as options_lib
+from hispec_jax.decoding import slots as slots_lib
 from hispec_jax.decoding import suffix_store
-from hispec_jax.decoding.request import Request
-from hispec_jax.decoding.sampling import SamplingParams, sequence_keys
+from hispec_jax.decoding.prefill import MIN_PROMPT_BLOCK, PREFILL_CHUNK
+from hispec_jax.decoding.engine import compile_cache
+from hispec_jax.decoding.sampling import SamplingParams
 from hispec_jax.models import sharding
 from hispec_jax.models.model import Model, place_on_mesh
 
-MIN_PROMPT_BLOCK = 16
-# The prefill runs chunks of at most this many positions, ending in at most two small
-# chunks of a quarter of it (`prefill.chunk_counts`): a long prompt pays for about the
-# positions it fills (a 272-token prompt: 288 positions, not the 512 of its power-of-two
-# bucket), and prompts of any length above it share one compiled loop.
-PREFILL_CHUNK = 128
 CAPACITY_MULTIPLE = 64
 
 
@@ -292,64 +285,46 @@ def decode(model: Model, prompt_ids: list[list[int]], decoder: methods_lib.Decod
     before the next batch runs (one scope: `SuffixStore.scope_of(None)`).
     """
     model = place_on_mesh(model, mesh)  # no-op without a mesh or on the model's own
-    # Batch-padding rows (finished from the start) fill the data axis; results skip them.
+    # Batch-padding rows (free slots) fill the data axis; results skip them.
     loop_batch = _round_up(batch_size, sharding.axis_size(model.mesh, "data"))
     max_prompt_len = max(len(p) for p in prompt_ids)
     block, capacity = plan_shapes(max_prompt_len, max_new_tokens, decoder.lookahead(),
                                   model.cfg.max_position_embeddings, max_cache_len)
     eos = () if ignore_eos else stop_token_ids(model, chat)
-    eos_ids_E = jnp.asarray(list(eos) or [-1], jnp.int32)
-    shapes = engine_lib.Shapes(batch=loop_batch, capacity=capacity, prompt_block=block,
-                               num_eos=int(eos_ids_E.shape[0]),
-                               store_tokens=0 if store is None else store.size)
-    engine = mesh_lib.sharded(
-        engine_lib.Engine.for_model(model, decoder.hierarchy, shapes, sampling.greedy), model.mesh)
-    if reuse_compiled:
-        covering = engine.compiled_covering()
+    slots = slots_lib.SlotEngine(model, decoder, slots=loop_batch, capacity=capacity,
+                                 greedy=sampling.greedy, eos_ids=eos, prefill_chunk=block,
+                                 store=store)
+    if reuse_compiled:  # a compiled loop of larger window bounds whose lookahead still fits
+        covering = compile_cache.covering(slots.engine)
         if max_prompt_len + max_new_tokens + covering.hierarchy.lookahead <= capacity:
-            engine = covering
-    compiled_before = engine_lib.compilations
-    compiled, compile_seconds = engine.compiled()
-    compile_count = engine_lib.compilations - compiled_before
-    windows_K1 = decoder.windows_array()
+            slots = slots_lib.SlotEngine(
+                model, dataclasses.replace(decoder, hierarchy=covering.hierarchy),
+                slots=loop_batch, capacity=capacity, greedy=sampling.greedy, eos_ids=eos,
+                prefill_chunk=block, store=store)
+    if lookup_cost is not None:
+        slots.use_pass_cost(lookup_cost, "given")
+    compiled_before = compile_cache.compilations
+    compile_seconds, program_source = slots.compile_batch()
+    compile_count = compile_cache.compilations - compiled_before
 
-    cost_source = "given"
-    if lookup_cost is None:  # this host's measurement of the model's passes, if stored
-        lookup_cost, cost_source = device_costs.for_model(model)
     token_ids: list[list[int]] = []
-    scope = None if store is None else store.scope_of(None)
+    scope = suffix_store.NO_SCOPE if store is None else store.scope_of(None)
     run_seconds = 0.0
     method_stats, batch_sequences = [], []
     for start in range(0, len(prompt_ids), batch_size):
         batch = prompt_ids[start:start + batch_size]
-        req = make_request(batch, loop_batch, start, capacity, max_new_tokens, eos_ids_E, sampling)
-        req = req.replace(lookup_cost=lookup_cost)
-        if store is not None:  # what the batches before this one left
-            tokens_R, scope_R = store.host_arrays()
-            scope_B = np.full((loop_batch,), suffix_store.NO_SCOPE, np.int32)
-            scope_B[:len(batch)] = scope
-            req = req.replace(store=suffix_store.StoreArrays(
-                tokens_R=jnp.asarray(tokens_R), scope_R=jnp.asarray(scope_R),
-                scope_B=jnp.asarray(scope_B)))
-        if engine.shardings is None:
-            args = (model.params, model.heads, req, engine.empty_cache(), windows_K1)
-        else:  # placed shard by shard; the cache is never whole on one device
-            args = engine.shardings.place((model.params, model.heads, req,
-                                           engine.shardings.empty_cache(engine), windows_K1))
+        requests = [slots_lib.SlotRequest(tuple(ids), max_new_tokens, sampling,
+                                          sequence_index=start + b, scope=scope)
+                    for b, ids in enumerate(batch)]
         t0 = time.perf_counter()
-        out, raw_stats, _ = compiled(*args)
-        jax.block_until_ready(out)
+        slots.insert_batch(requests)
+        new = {b: [] for b in range(len(batch))}
+        for update in slots.run_to_end():  # the tokens of each slot, and its first one
+            new[update.slot] += update.new_token_ids
         run_seconds += time.perf_counter() - t0
-        tokens_BxS, prompt_lens_B, num_new_B = sharding.host_values(  # several hosts too
-            (out.tokens_BxS, req.prompt_lens_B, out.num_new_B))
-        for b in range(len(batch)):
-            p, n = int(prompt_lens_B[b]), int(num_new_B[b])
-            token_ids.append(tokens_BxS[b, p:p + n].tolist())
-            if store is not None:
-                store.add(scope, batch[b], token_ids[-1])
-        method_stats.append(sharding.host_values(raw_stats))
+        token_ids += [new[b] for b in range(len(batch))]
+        method_stats.append(slots.counters())
         batch_sequences.append(len(batch))
-
     new_tokens = sum(len(t) for t in token_ids)
     stats = {
         "method": method_name,
@@ -363,15 +338,16 @@ def decode(model: Model, prompt_ids: list[list[int]], decoder: methods_lib.Decod
         "decode_seconds": run_seconds,
         "compile_seconds": compile_seconds,
         "compile_count": compile_count,
-        "program_source": engine.program_source(),
+        "program_source": program_source,
+        "program_memory_bytes": program_bytes(slots.memory_analysis()),
         "batches": len(method_stats),
         "batch_size": batch_size,
         **({"mesh": sharding.describe(model.mesh)} if model.mesh is not None else {}),
         "prompt_block": block,
         "cache_capacity": capacity,
-        "pass_cost_source": cost_source,
+        "pass_cost_source": slots.pass_cost_source,
         **({"cross_request_store": store.describe()} if store is not None else {}),
-        **methods_lib.summarize_counters(engine.hierarchy, method_stats, batch_sequences,
+        **methods_lib.summarize_counters(slots.engine.hierarchy, method_stats, batch_sequences,
                                          model),
     }
     texts = None
@@ -381,29 +357,16 @@ def decode(model: Model, prompt_ids: list[list[int]], decoder: methods_lib.Decod
                             stats=stats)
 
 
+def program_bytes(m) -> int:
+    """Bytes of XLA's memory analysis `m`: arguments (weights, cache, request) + outputs +
+    temporaries, a donated buffer counted once: on CPU the peak the programs can reach;
+    accelerators report the same analysis."""
+    return int(m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
+               + m.temp_size_in_bytes)
+
+
 def model_name(model: Model) -> str:
     """A short name for summaries: the model's directory or file name."""
     if model.path is None:
         return f"in-memory {model.cfg.model_type} model"
     return os.path.basename(os.path.normpath(model.path))
-
-
-def make_request(batch: list[list[int]], batch_size: int, first_index: int, capacity: int,
-                 max_new_tokens: int, eos_ids_E: jax.Array, sampling: SamplingParams) -> Request:
-    """A `Request`: prompts right-padded into [batch_size, capacity]; padding rows get
-    max_new = 0 (finished from the start). `first_index` is the first prompt's index in
-    the whole request: it seeds that sequence's PRNG key."""
-    if len(batch) > batch_size:
-        raise ValueError(f"{len(batch)} prompts do not fit batch_size={batch_size}")
-    tokens = np.zeros((batch_size, capacity), np.int32)
-    lens = np.ones((batch_size,), np.int32)
-    max_new = np.zeros((batch_size,), np.int32)
-    for b, ids in enumerate(batch):
-        tokens[b, :len(ids)] = ids
-        lens[b] = len(ids)
-        max_new[b] = max_new_tokens
-    return Request(
-        tokens_BxS=jnp.asarray(tokens), prompt_lens_B=jnp.asarray(lens),
-        max_new_B=jnp.asarray(max_new), eos_ids_E=eos_ids_E,
-        sequence_keys_Bx2=sequence_keys(sampling.seed, np.arange(first_index, first_index + batch_size)),
-        sampling=sampling.arrays())

@@ -1,9 +1,10 @@
 """Memory plans: per-device memory of a decoding loop on a mesh, before any weights exist.
 
-The loop `generate` would run (`Engine`, sharded by `decoding/mesh.py`) is lowered on
-abstract arrays (`jax.ShapeDtypeStruct`: nothing is allocated) and compiled ahead of time;
-XLA's `compiled.memory_analysis()` of the partitioned program gives one device's
-arguments (weights, cache, request), outputs, aliased (donated cache) and temporary bytes.
+The programs `generate` runs (`slots.SlotEngine`: the batch's insert and its rounds loop,
+the slots over "data", the weights over "model") are compiled ahead of time on abstract
+arrays (`jax.ShapeDtypeStruct`: nothing is allocated); XLA's `memory_analysis()` of the
+partitioned programs (the larger of the two, field by field) gives one device's arguments
+(weights, cache, request), outputs, aliased (donated) and temporary bytes.
 Beside it, the analytic count from the shapes and the rule table:
 
     weights    every parameter's shard on one device (`sharding.RULES`)
@@ -23,15 +24,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 
 import jax
 import jax.numpy as jnp
 
-from hispec_jax.decoding import mesh as mesh_lib
 from hispec_jax.decoding import methods as methods_lib
-from hispec_jax.decoding.engine import Engine, Shapes
-from hispec_jax.decoding.engine.compile_cache import rounds_options
+from hispec_jax.decoding import slots as slots_lib
+from hispec_jax.decoding.engine import compile_cache
 from hispec_jax.decoding.generate import _round_up, plan_shapes
 from hispec_jax.models import mesh_spec, sharding
 from hispec_jax.models.config import ModelConfig
@@ -132,7 +131,11 @@ def plan_memory(cfg: ModelConfig, mesh_shape: dict[str, int] | str, *, method: s
     if layer_layout == "unrolled":
         params = jax.eval_shape(
             lambda p: with_layer_layout(p, "unrolled", int8=bool(quantize)), params)
-    model = Model(cfg=cfg, params=params)
+    placed = lambda x, axes: jax.ShapeDtypeStruct(
+        x.shape, x.dtype, sharding=sharding.named_sharding(axes, x.shape, mesh))
+    params = jax.tree.map(placed, params, sharding.param_axes(cfg, params),
+                          is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct))
+    model = Model(cfg=cfg, params=params, mesh=mesh)
     decoder = methods_lib.make_method(model, method, greedy=greedy, **method_options)
     lookahead = decoder.lookahead()
     if prompt_len + 1 + lookahead > max_len:
@@ -141,17 +144,12 @@ def plan_memory(cfg: ModelConfig, mesh_shape: dict[str, int] | str, *, method: s
     block, capacity = plan_shapes(prompt_len, max_len - prompt_len - lookahead, lookahead,
                                   max(cfg.max_position_embeddings, max_len), max_len)
     loop_batch = _round_up(batch, shape["data"])
-    engine = Engine.for_model(model, decoder.hierarchy,
-                              Shapes(batch=loop_batch, capacity=capacity, prompt_block=block),
-                              greedy)
-    engine = mesh_lib.sharded(engine, mesh)
-    t0 = time.perf_counter()
-    compiled = engine.lower().compile(compiler_options=rounds_options(engine) or None)
-    seconds = time.perf_counter() - t0
-    m = compiled.memory_analysis()
-
-    p_sh, h_sh, _, c_sh, _ = engine.shardings.in_shardings()
-    p, h, _, cache, _ = engine.abstract_arguments()
+    slots = slots_lib.SlotEngine(model, decoder, slots=loop_batch, capacity=capacity,
+                                 greedy=greedy, eos_ids=(), prefill_chunk=block)
+    seconds, _ = slots.compile_batch()
+    m = slots.memory_analysis()
+    cache = compile_cache.structs(jax.eval_shape(slots.engine.empty_cache), mesh, loop_batch)
+    shards = lambda tree: _tree_shard_bytes(tree, [x.sharding for x in jax.tree.leaves(tree)])
     K, W, D, V = (decoder.hierarchy.num_levels, decoder.hierarchy.ring, cfg.hidden_size,
                   cfg.vocab_size)
     T = max(decoder.hierarchy.blocks, default=1)
@@ -172,8 +170,8 @@ def plan_memory(cfg: ModelConfig, mesh_shape: dict[str, int] | str, *, method: s
         "layer_layout": layer_layout, "quantize": quantize, "jax": jax.__version__,
     }
     return MemoryPlan(description=description,
-                      weights=_tree_shard_bytes(p, p_sh) + _tree_shard_bytes(h, h_sh),
-                      kv_cache=_tree_shard_bytes(cache, c_sh), overhead=overhead,
+                      weights=shards(params) + shards(model.heads),
+                      kv_cache=shards(cache), overhead=overhead,
                       arguments=int(m.argument_size_in_bytes), outputs=int(m.output_size_in_bytes),
                       aliased=int(m.alias_size_in_bytes), temporaries=int(m.temp_size_in_bytes),
                       compile_seconds=seconds)

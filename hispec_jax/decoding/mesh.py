@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 
 import jax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh
 
 from hispec_jax.decoding import emit
 from hispec_jax.decoding.engine import Counters, Engine
@@ -70,33 +70,10 @@ class LoopShardings:
         return jax.jit(fn, in_shardings=self.in_shardings(), out_shardings=self.out_shardings(),
                        donate_argnums=donate_argnums)
 
-    def split(self, prefill_fn, rounds_fn) -> tuple[tuple, tuple]:
-        """`run` as its two programs (`Engine.programs`) with run's shardings: ((the jitted
-        prefill_fn(params, request, cache) -> (h [B, D], cache), its input shardings), (the
-        jitted rounds_fn(params, heads, request, h, cache, windows) -> run's results, its
-        input shardings)); h splits over "data" like the batch, each donates its cache."""
-        params, heads, req, cache, windows = self.in_shardings()
-        h = NamedSharding(self.mesh, PartitionSpec("data", None))
-        prefill_in, rounds_in = (params, req, cache), (params, heads, req, h, cache, windows)
-        prefill = jax.jit(prefill_fn, in_shardings=prefill_in, out_shardings=(h, cache),
-                          donate_argnums=(2,))
-        rounds = jax.jit(rounds_fn, in_shardings=rounds_in, out_shardings=self.out_shardings(),
-                         donate_argnums=(4,))
-        return (prefill, prefill_in), (rounds, rounds_in)
-
     def lower(self, fn, args, donate_argnums=()) -> jax.stages.Lowered:
         """`jax.jit(fn)` lowered on `args` with these shardings, under the mesh."""
         with jax.set_mesh(self.mesh):
             return self.jit(fn, donate_argnums).lower(*args)
-
-    def place(self, args: tuple) -> tuple:
-        """run's arguments placed by the input shardings (already placed ones stay)."""
-        return sharding.shard_arrays(args, self.in_shardings())
-
-    def empty_cache(self, engine: Engine):
-        """The engine's empty cache, created shard by shard on the mesh (never whole on one
-        device)."""
-        return jax.jit(engine.empty_cache, out_shardings=self.in_shardings()[3])()
 
 
 def _flatten(tree) -> tuple:

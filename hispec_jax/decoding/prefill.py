@@ -25,7 +25,7 @@ A small chunk reads every weight as a full one does, so on a CPU it costs more p
 position: two of them cost less than a full chunk, three about as much, hence `MAX_SMALL`
 (what a block of T positions costs on XLA:CPU: docs/layer_layouts.md).
 
-`prefill_chunk` is one chunk at an array start: the serving slots (`serving/slots.py`) run
+`prefill_chunk` is one chunk at an array start: the serving slots (`decoding/slots.py`) run
 a prompt through it chunk by chunk, between the decoding rounds of the other slots.
 """
 
@@ -39,6 +39,12 @@ from hispec_jax.models.kv_cache import KVCache
 from hispec_jax.models.params import Params
 from hispec_jax.models.transformer import embed, run_layers_cached
 
+MIN_PROMPT_BLOCK = 16  # T of the shortest prompts (a power of two)
+# The longest chunk offline `generate` runs: a long prompt pays for about the positions it
+# fills (a 272-token prompt: 288 positions, not the 512 of its power-of-two bucket), and
+# prompts of any length above it share one compiled program. (The serving slots run
+# shorter ones, `slots.PREFILL_CHUNK`: a chunk between two rounds pauses the other streams.)
+PREFILL_CHUNK = 128
 SMALL_PARTS = 4  # a small chunk is T / SMALL_PARTS positions ...
 MIN_SMALL = 16  # ... and at least this many (or T)
 MAX_SMALL = 2  # small chunks end a prompt only when they are this few

@@ -43,7 +43,7 @@ from hispec_jax import distributed
 from hispec_jax.decoding import gate as gate_lib
 from hispec_jax.decoding.sampling import SamplingParams
 from hispec_jax.models import sharding
-from hispec_jax.serving import slots as slots_lib
+from hispec_jax.decoding import slots as slots_lib
 
 NAMES = {True: "greedy", False: "sampling"}  # the engines, by `greedy`
 KEEPALIVE_SECONDS = 10.0

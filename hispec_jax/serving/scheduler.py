@@ -66,7 +66,7 @@ import jax
 from hispec_jax.decoding.sampling import SamplingParams
 from hispec_jax.decoding.suffix_store import NO_SCOPE
 from hispec_jax.serving import metrics as metrics_lib
-from hispec_jax.serving import slots as slots_lib
+from hispec_jax.decoding import slots as slots_lib
 
 log = logging.getLogger("hispec.serve")
 

@@ -39,7 +39,7 @@ from hispec_jax.decoding.generate import model_name
 from hispec_jax.serving import api_server
 from hispec_jax.serving import follower
 from hispec_jax.serving import prompts as prompts_lib
-from hispec_jax.serving import slots as slots_lib
+from hispec_jax.decoding import slots as slots_lib
 from hispec_jax.serving.scheduler import Scheduler, StepLog
 from hispec_jax.serving.stream import make_decoder
 

@@ -30,7 +30,7 @@ from hispec_jax.models import sharding
 from hispec_jax.models.model import place_on_mesh
 from hispec_jax.planner import tune as tune_lib
 from hispec_jax.serving import detok as detok_lib
-from hispec_jax.serving import slots as slots_lib
+from hispec_jax.decoding import slots as slots_lib
 
 
 class Resolved(NamedTuple):

@@ -1,60 +1,66 @@
-"""The process-wide cache of compiled decoding loops, keyed by `Engine` (a frozen, hashable
-description: two equal engines share one loop). A loop is two programs
-(`Engine.programs`, run in turn by `CompiledLoop`): the prefill, shared by engines that
-differ only in their method, and the rounds.
+"""The process-wide cache of compiled programs: every program an engine runs (the batch's
+insert, the prefill chunks, finish, the rounds loops, cancel: `decoding/slots.py`), for
+offline `generate`, streaming, chat and serving alike, compiled once per process and keyed
+by (function, static arguments, argument shapes, dtypes and shardings).
 
-Least recently used loops are dropped beyond `MAX_COMPILED`, and before each compilation
-while the process holds more than `MAP_BUDGET` of its memory-mapping limit: XLA:CPU's JIT
-maps every compiled kernel's code and data sections separately, one decoding loop holds
-1,000-3,000 mappings (a lookup loop, with a `lax.switch` branch per block, the most), and
-Linux refuses a process more than `vm.max_map_count` (65,530 by default), which LLVM reports
-as "Unable to allocate section memory". A dropped loop compiles again when next used.
+Least recently used programs are dropped beyond `MAX_PROGRAMS`, and before each
+compilation while the process holds more than `MAP_BUDGET` of its memory-mapping limit:
+XLA:CPU's JIT maps every compiled kernel's code and data sections separately, one rounds
+loop holds 1,000-3,000 mappings (a lookup loop, with a `lax.switch` branch per block, the
+most), and Linux refuses a process more than `vm.max_map_count` (65,530 by default), which
+LLVM reports as "Unable to allocate section memory". A dropped program compiles again when
+next used; an engine that already holds it keeps it.
 
-A loop this process has not compiled yet comes through the cross-process program cache
-(`decoding/program_cache.py`, directory `PROGRAM_CACHE`): a later process loads its two
-programs, side by side, instead of tracing, lowering and compiling them again
-(docs/startup.md).
+A program this process has not compiled yet comes through the cross-process program cache
+(`decoding/program_cache.py`, directory `PROGRAM_CACHE`): a later process loads it instead
+of tracing, lowering and compiling it again (docs/startup.md).
 """
 
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import dataclasses
+import functools
+import threading
 import time
-import types
-from typing import Any
+from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
 
 from hispec_jax.decoding import program_cache, xla_options
-from hispec_jax.models import transformer
+from hispec_jax.models import sharding, transformer
 
-# Engine -> (compiled executable, seconds it took), least recently used first.
-_COMPILED: collections.OrderedDict[Any, tuple[Any, float]] = collections.OrderedDict()
-# Engine -> how its executable is made (`program_cache.Program.source`), for `_COMPILED`'s keys.
-_SOURCES: dict[Any, str] = {}
-# Program key (`engine.Program.key`) -> `program_cache.Program`: the programs of
-# `_COMPILED`'s loops, found by key, so engines share a prefill program.
-_PROGRAMS: dict[str, Any] = {}
-MAX_COMPILED = 32
-MAP_BUDGET = 0.5  # the share of the memory-mapping limit compiled loops may keep held
-compilations = 0  # loops compiled by this process (tests check that bad input compiles none)
-# Where compiled loops are kept across processes (`program_cache.compile_cached`'s
+
+@dataclasses.dataclass
+class _Entry:
+    program: program_cache.Program
+    seconds: float  # spent making it (tracing, lowering and compiling, or loading)
+    engine: Any = None  # the engine whose rounds it runs (`covering`), else None
+
+
+# Program key -> entry, least recently used first.
+_PROGRAMS: collections.OrderedDict[Any, _Entry] = collections.OrderedDict()
+_LOCK = threading.Lock()
+MAX_PROGRAMS = 96
+MAP_BUDGET = 0.5  # the share of the memory-mapping limit compiled programs may keep held
+compilations = 0  # programs this process made (tests check that bad input makes none)
+# Where compiled programs are kept across processes (`program_cache.compile_cached`'s
 # `directory`): True for `$HISPEC_CACHE/programs` (off with HISPEC_COMPILATION_CACHE=0),
-# None for off. An entry is keyed by the engine and this library's source files, not by
-# code replaced at run time: a process that patches a function the loop traces (a test's
+# None for off. An entry is keyed by the program and this library's source files, not by
+# code replaced at run time: a process that patches a function a program traces (a test's
 # mutant) sets it to None.
 PROGRAM_CACHE: Any = True
 
-# XLA options every decoding loop is compiled with, by platform (`jax.default_backend()`),
-# as `jax.stages.Lowered.compile(compiler_options=...)` takes them (XLA's `DebugOptions`
-# field names; values as the `XLA_FLAGS` parser reads them). Per-compile options rather
-# than `XLA_FLAGS`, so a library import changes nothing else in the process, and a probe
-# can compile the same loop under several. Compiled loops are not keyed by the options:
-# `clear_compiled()` after a change. The serving slots' programs take them too. On CPU:
-# XLA's YNNPACK fusions off, but for the reductions in the decoding steps of a cache read
-# in one attention span (`ONE_SPAN_OPTIONS`; `xla_options`, where the measurement is).
+# XLA options every program is compiled with, by platform (`jax.default_backend()`), as
+# `jax.stages.Lowered.compile(compiler_options=...)` takes them (XLA's `DebugOptions` field
+# names; values as the `XLA_FLAGS` parser reads them). Per-compile options rather than
+# `XLA_FLAGS`, so a library import changes nothing else in the process, and a probe can
+# compile the same loop under several. Programs are not keyed by the options in this
+# process: `clear_compiled()` after a change. On CPU: XLA's YNNPACK fusions off, but for the
+# reductions in the decoding steps of a cache read in one attention span
+# (`ONE_SPAN_OPTIONS`; `xla_options`, where the measurement is).
 COMPILER_OPTIONS: dict[str, dict[str, Any]] = {
     platform: dict(options) for platform, options in xla_options.PLATFORM_OPTIONS.items()}
 ONE_SPAN_OPTIONS: dict[str, dict[str, Any]] = {
@@ -82,88 +88,107 @@ def rounds_options(engine) -> dict[str, Any]:
     return compiler_options(None if blocks else engine.shapes.capacity)
 
 
-@dataclasses.dataclass(frozen=True)
-class CompiledLoop:
-    """An engine's `run` as its two compiled programs (`Engine.programs`), called as `run`
-    is: `loop(params, heads, request, cache, windows)` -> (output, counters, cache)."""
+def structs(args, mesh=None, batch: int = 0):
+    """`args` as `jax.ShapeDtypeStruct`s. On a mesh, with their shardings: an array already
+    placed on it (the model's weights, an earlier program's results) keeps its own; the
+    rest (host arrays, the request's settings) are placed by their names and shapes
+    (`sharding.map_state`: per-sequence arrays over "data", caches over "data" and "model",
+    the rest replicated)."""
+    if mesh is None:
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), args)
 
-    prefill: Any  # (params, request, cache) -> (h [B, D], cache)
-    rounds: Any  # (params, heads, request, h, cache, windows) -> (output, counters, cache)
+    def one(x, axes):
+        placed = getattr(x, "sharding", None)
+        if not (isinstance(placed, NamedSharding) and placed.mesh == mesh):
+            placed = sharding.named_sharding(axes, x.shape, mesh)
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=placed)
 
-    def __call__(self, params, heads, req, cache, windows_K1):
-        h_BxD, cache = self.prefill(params, req, cache)
-        return self.rounds(params, heads, req, h_BxD, cache, windows_K1)
-
-    def memory_analysis(self) -> types.SimpleNamespace:
-        """Per field of XLA's memory analysis, the larger of the two programs' (the weights
-        and the cache are arguments of both): the loop's peak."""
-        a, b = self.prefill.memory_analysis(), self.rounds.memory_analysis()
-        return types.SimpleNamespace(**{f: max(getattr(a, f), getattr(b, f)) for f in (
-            "argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
-            "temp_size_in_bytes", "generated_code_size_in_bytes")})
-
-    def as_text(self) -> str:
-        return "\n".join(p.as_text() or "" for p in (self.prefill, self.rounds))
+    return sharding.map_state(one, args, batch)
 
 
-def compiled(engine) -> tuple[CompiledLoop, float]:
-    """(`engine`'s compiled `run`, seconds spent compiling: 0 when this process already
-    compiled an equal engine). Both programs come through the program cache; where both
-    are stored they load side by side."""
+def program(fn: Callable, static: tuple, donate: tuple[int, ...], args, mesh=None,
+            batch: int = 0) -> program_cache.Program:
+    """`fn(*static, *args)` compiled for the shapes and dtypes of `args` (arrays or
+    `jax.ShapeDtypeStruct`s), donating `args[i]` for i in `donate`: once per process (until
+    dropped), with the decoding loops' XLA options (`rounds_options` where `static` holds
+    an engine), and through the cross-process program cache. Any thread may call it.
+
+    On a device `mesh` (`batch`: the engine's B), the program takes the model's weights as
+    they are placed and every other argument as `structs` places it, and returns its
+    results placed the same way (`sharding.constrain_state`), so that one program's
+    results are the next one's arguments without a copy."""
     global compilations
-    if engine in _COMPILED:
-        _COMPILED.move_to_end(engine)
-        return _COMPILED[engine][0], 0.0
+    args = structs(args, mesh, batch)
+    leaves, treedef = jax.tree.flatten(args)
+    key = (fn.__name__, static, mesh, treedef,
+           tuple((tuple(x.shape), jnp.dtype(x.dtype).name, x.sharding) for x in leaves))
+    with _LOCK:
+        entry = _PROGRAMS.get(key)
+        if entry is not None:
+            _PROGRAMS.move_to_end(key)
+            return entry.program
     make_room()
+    run = inner = functools.partial(fn, *static)
+    if mesh is not None:  # results placed as the next program takes them
+        run = functools.wraps(fn)(lambda *a: sharding.constrain_state(inner(*a), batch))
     t0 = time.perf_counter()
-    mesh = None if engine.shardings is None else engine.shardings.mesh
-
-    def get(program) -> program_cache.Program:
-        if program.key in _PROGRAMS:  # another engine's (a prefill other methods share)
-            return _PROGRAMS[program.key]
-        return program_cache.compile_cached(program.jitted, program.args, key=program.key,
-                                            compiler_options=program.options, mesh=mesh,
-                                            directory=PROGRAM_CACHE)
-
-    programs = engine.programs()
-    if all(p.key in _PROGRAMS or program_cache.is_stored(p.key, p.args, p.options, PROGRAM_CACHE)
-           for p in programs):
-        with concurrent.futures.ThreadPoolExecutor(len(programs)) as pool:
-            loaded = list(pool.map(get, programs))
-    else:  # compiles (tracing holds the GIL; a storing compile takes its turn anyway)
-        loaded = [get(p) for p in programs]
-    seconds = time.perf_counter() - t0
-    compilations += 1
-    for p, program in zip(programs, loaded):
-        _PROGRAMS[p.key] = program
-    loop = CompiledLoop(*(p.executable for p in loaded))
-    _COMPILED[engine] = (loop, seconds)
-    sources = {p.source for p in loaded}
-    _SOURCES[engine] = next(s for s in ("jit", "stored", "cache") if s in sources)
-    while len(_COMPILED) > MAX_COMPILED:
-        _drop_oldest()
-    return loop, seconds
+    made = program_cache.compile_cached(jax.jit(run, donate_argnums=donate), args, mesh=mesh,
+                                        **_cache_entry(fn, static))
+    engine = _engine_of(static)
+    with _LOCK:
+        if key not in _PROGRAMS:
+            compilations += 1
+            _PROGRAMS[key] = _Entry(made, time.perf_counter() - t0,
+                                    engine if fn.__name__ == ROUNDS_PROGRAMS[0] else None)
+        while len(_PROGRAMS) > MAX_PROGRAMS:
+            _PROGRAMS.popitem(last=False)
+        return _PROGRAMS[key].program
 
 
-def compile_seconds(engine) -> float | None:
-    """Seconds this process spent compiling `engine`'s loop (None: not compiled, or
-    dropped)."""
-    entry = _COMPILED.get(engine)
-    return None if entry is None else entry[1]
+def _engine_of(static: tuple):
+    from hispec_jax.decoding.engine.engine import Engine
+
+    return next((s for s in static if isinstance(s, Engine)), None)
 
 
-def program_source(engine) -> str | None:
-    """How `engine`'s loop is made: "cache" (both programs read from the program cache),
-    "stored" (at least one traced, compiled and written to it) or "jit" (at least one traced
-    and compiled without it: the program cache off or unwritable, or a program not
-    serializable); None: not compiled, or dropped."""
-    return _SOURCES.get(engine) if engine in _COMPILED else None
+# The programs that run decoding rounds (`decoding/slots.py`), compiled with
+# `rounds_options`; the others (prefill, insert, finish, cancel) with the platform's.
+ROUNDS_PROGRAMS = ("_rounds_rows", "_round_with_chunk")
+
+
+def _cache_entry(fn, static: tuple) -> dict:
+    """The program cache's key, XLA options and directory for `fn(*static, ...)`."""
+    from hispec_jax.decoding.engine.engine import Engine
+
+    described = ", ".join(s.program_key() if isinstance(s, Engine) else repr(s)
+                          for s in static)
+    engine = _engine_of(static)
+    options = (rounds_options(engine) if fn.__name__ in ROUNDS_PROGRAMS and engine is not None
+               else compiler_options())
+    return {"key": f"slots.{fn.__name__}({described})",
+            "compiler_options": options or None, "directory": PROGRAM_CACHE}
+
+
+def is_stored(fn: Callable, static: tuple, args, mesh=None, batch: int = 0) -> bool:
+    """Whether `program(fn, static, ..., args)` is held by this process or stored in the
+    program cache (making it is then a load of about a second, not a compile)."""
+    args = structs(args, mesh, batch)
+    return program_cache.is_stored(args=args, **_cache_entry(fn, static))
+
+
+def seconds_of(made: program_cache.Program) -> float:
+    """Seconds this process spent making `made` (0 for one it no longer holds)."""
+    with _LOCK:
+        return next((e.seconds for e in _PROGRAMS.values() if e.program is made), 0.0)
 
 
 def covering(engine):
-    """An already compiled engine equal to `engine` except for larger window bounds (its
-    loop runs these windows without a new compilation), else `engine`."""
-    for other in reversed(_COMPILED):
+    """An engine whose rounds this process has compiled, equal to `engine` except for larger
+    window bounds (its rounds run these windows without a new compilation), else
+    `engine`."""
+    with _LOCK:
+        engines = [e.engine for e in reversed(_PROGRAMS.values()) if e.engine is not None]
+    for other in engines:
         if (dataclasses.replace(other, hierarchy=engine.hierarchy) == engine
                 and other.hierarchy.covers(engine.hierarchy)):
             return other
@@ -183,28 +208,22 @@ def map_counts() -> tuple[int, int] | None:
 
 
 def make_room() -> int:
-    """Drops least recently used compiled loops while this process holds more than
-    `MAP_BUDGET` of its memory-mapping limit (`map_counts`); returns how many it dropped."""
+    """Drops least recently used programs while this process holds more than `MAP_BUDGET`
+    of its memory-mapping limit (`map_counts`); returns how many it dropped."""
     dropped = 0
-    while _COMPILED:
+    while _PROGRAMS:
         counts = map_counts()
         if counts is None or counts[0] <= MAP_BUDGET * counts[1]:
             break
-        _drop_oldest()
+        with _LOCK:
+            if _PROGRAMS:
+                _PROGRAMS.popitem(last=False)
         dropped += 1
     return dropped
 
 
 def clear_compiled() -> None:
-    """Drops every compiled loop of this process."""
-    _COMPILED.clear()
-    _SOURCES.clear()
-    _PROGRAMS.clear()
-
-
-def _drop_oldest() -> None:
-    engine, _ = _COMPILED.popitem(last=False)
-    _SOURCES.pop(engine, None)
-    held = {id(x) for loop, _ in _COMPILED.values() for x in (loop.prefill, loop.rounds)}
-    for key in [k for k, p in _PROGRAMS.items() if id(p.executable) not in held]:
-        del _PROGRAMS[key]  # no loop left runs it
+    """Drops every compiled program this process holds (engines built before keep the
+    programs they already hold)."""
+    with _LOCK:
+        _PROGRAMS.clear()

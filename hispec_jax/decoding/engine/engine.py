@@ -1,8 +1,10 @@
-"""The `Engine`: one compiled decoding loop, described by a frozen, hashable object (the
-model's architecture and parameter layout, an exit hierarchy, the shapes), with the loop as
-pure functions `init_state` / `step` / `run` / `run_rounds` (gemma's sampler pattern) and
-its executable in the process-wide compile cache (`compile_cache.py`), which a new process
-fills from the cross-process program cache (`decoding/program_cache.py`).
+"""The `Engine`: one decoding loop, described by a frozen, hashable object (the model's
+architecture and parameter layout, an exit hierarchy, the shapes), with the loop as pure
+functions `prefill_prompts` / `state_from_prefill` / `step` / `run_rounds` (gemma's
+sampler pattern). The programs that run are built from them by the slot engine
+(`decoding/slots.py`), for offline `generate`, streaming and serving alike, and kept in the
+process-wide compile cache (`compile_cache.py`). `run` is the whole loop as one function,
+for reading what it compiles to: `lower` (ahead-of-time compiles, the HLO checks).
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import jax
 import jax.numpy as jnp
 
 from hispec_jax.decoding import emit
-from hispec_jax.decoding.engine import compile_cache
 from hispec_jax.decoding.engine.hierarchy import Hierarchy
 from hispec_jax.decoding.engine.round import Round
 from hispec_jax.decoding.engine.state import Counters, EngineState
@@ -49,18 +50,6 @@ class Shapes:
     prompt_block: int
     num_eos: int = 1
     store_tokens: int = 0
-
-
-@dataclasses.dataclass(frozen=True)
-class Program:
-    """One of the programs an engine runs (`Engine.programs`): its key (text equal across
-    processes, and across engines, exactly when the program is), the jitted function, its
-    arguments as `jax.ShapeDtypeStruct`s and the XLA options it compiles with."""
-
-    key: str
-    jitted: Any
-    args: tuple
-    options: dict | None = None  # `compile_cache.compiler_options`
 
 
 def _trace_settings() -> str:
@@ -139,13 +128,16 @@ class Engine:
         h_BxD, cache = self.prefill_prompts(params, req, cache)
         return self.state_from_prefill(params, heads, req, h_BxD, cache, windows_K1)
 
-    def prefill_prompts(self, params, req: Request, cache: KVCache) -> tuple[jax.Array, KVCache]:
+    def prefill_prompts(self, params, req: Request, cache: KVCache, chunk: int | None = None
+                        ) -> tuple[jax.Array, KVCache]:
         """Caches layers [0, top) of every prompt position (`prefill.prefill`, in chunks of
-        `shapes.prompt_block`); returns the layer-top hidden states [B, D] at each prompt's
-        last position (in the embeddings' dtype, the residual stream's) and the cache."""
+        `chunk` positions; None: `shapes.prompt_block`); returns the layer-top hidden states
+        [B, D] at each prompt's last position (in the embeddings' dtype, the residual
+        stream's) and the cache."""
         with jax.named_scope("prefill"):
             h_BxD, cache = prefill(params, self.cfg, req.tokens_BxS, req.prompt_lens_B, cache,
-                                   self.hierarchy.exits[-1], chunk=self.shapes.prompt_block)
+                                   self.hierarchy.exits[-1],
+                                   chunk=chunk or self.shapes.prompt_block)
         return h_BxD.astype(params["embed"].dtype), cache
 
     def state_from_prefill(self, params, heads, req: Request, h_BxD: jax.Array, cache,
@@ -239,7 +231,7 @@ class Engine:
         state, _ = jax.lax.while_loop(more, round_, (on_mesh(state), jnp.zeros((), jnp.int32)))
         return state
 
-    # ---- compilation -------------------------------------------------------------------
+    # ---- the whole loop, lowered for reading --------------------------------------------
     def abstract_arguments(self) -> tuple:
         """`run`'s arguments as `jax.ShapeDtypeStruct`s (nothing allocated)."""
         B, S, E = self.shapes.batch, self.shapes.capacity, self.shapes.num_eos
@@ -267,35 +259,6 @@ class Engine:
             return self.shardings.jit(self.run, donate_argnums=self.DONATED)
         return jax.jit(self.run, donate_argnums=self.DONATED)
 
-    def programs(self) -> tuple["Program", "Program"]:
-        """`run` as the two programs `compiled()` runs: the prefill (`prefill_prompts`) and
-        the rounds (`rounds_from_prefill`), each donating the cache it takes.
-
-        Two programs rather than one: the prefill depends on the model, the top exit and
-        the shapes only, so engines of other methods with those share it (`prefill_key`:
-        `hispec bench` compiles it once for every method); and a later process loads both
-        side by side from the program cache (loading an executable is single-threaded and
-        releases the GIL). Each is jitted and given its arguments as
-        `jax.ShapeDtypeStruct`s (over a mesh, with their shardings)."""
-        params, heads, req, cache, windows = self.abstract_arguments()
-        # prefill_prompts' hidden states (not traced for their shape: a second of tracing)
-        h_BxD = jax.ShapeDtypeStruct((self.shapes.batch, self.cfg.hidden_size),
-                                     params["embed"].dtype)
-        prefill_args, rounds_args = (params, req, cache), (params, heads, req, h_BxD, cache, windows)
-        if self.shardings is None:
-            prefill_jit = jax.jit(self.prefill_prompts, donate_argnums=(2,))
-            rounds_jit = jax.jit(self.rounds_from_prefill, donate_argnums=(4,))
-        else:  # the structs carry each program's input shardings
-            (prefill_jit, prefill_in), (rounds_jit, rounds_in) = self.shardings.split(
-                self.prefill_prompts, self.rounds_from_prefill)
-            placed = lambda args, shardings: jax.tree.map(
-                lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), args, shardings)
-            prefill_args, rounds_args = placed(prefill_args, prefill_in), placed(rounds_args, rounds_in)
-        return (Program(self.prefill_key(), prefill_jit, prefill_args,
-                        compile_cache.compiler_options() or None),
-                Program(self.program_key() + "\nprogram=rounds", rounds_jit, rounds_args,
-                        compile_cache.rounds_options(self) or None))
-
     def lower(self) -> jax.stages.Lowered:
         """`run` lowered on abstract arguments (the cache argument is donated)."""
         if self.shardings is not None:
@@ -309,30 +272,3 @@ class Engine:
         processes exactly when the engines are equal) and the module settings the trace
         reads (`sharding.RULES`)."""
         return f"{self!r}\n{_trace_settings()}"
-
-    def prefill_key(self) -> str:
-        """The prefill program's key: what `prefill_prompts` reads (the architecture, the
-        parameter layout, the top exit, the shapes, the shardings), not the method."""
-        return (f"prefill cfg={self.cfg!r} params={self.params_signature!r} "
-                f"top={self.hierarchy.exits[-1]} shapes={self.shapes!r} "
-                f"shardings={self.shardings!r}\n{_trace_settings()}")
-
-    def compiled(self):
-        """(the compiled `run`, seconds spent compiling: 0 when this process already
-        compiled an equal engine), from the process-wide cache (`compile_cache.py`)."""
-        return compile_cache.compiled(self)
-
-    def program_source(self) -> str | None:
-        """How this process got this engine's loop: "cache", "stored" or "jit"
-        (`compile_cache.program_source`); None: not compiled, or dropped."""
-        return compile_cache.program_source(self)
-
-    def compile_seconds(self) -> float | None:
-        """Seconds this process spent compiling this engine's loop (None: not compiled, or
-        dropped from the cache)."""
-        return compile_cache.compile_seconds(self)
-
-    def compiled_covering(self) -> "Engine":
-        """An already compiled engine equal to this one except for larger window bounds
-        (its loop runs these windows without a new compilation), else this engine."""
-        return compile_cache.covering(self)

@@ -55,25 +55,25 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import functools
 import itertools
 import os
 import threading
+import time
+import types
 from typing import Any
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding
 
 from hispec_jax.decoding import device_costs
 from hispec_jax.decoding import engine as engine_lib
 from hispec_jax.decoding import methods as methods_lib
-from hispec_jax.decoding import program_cache
 from hispec_jax.decoding import suffix_store
 from hispec_jax.decoding.engine import compile_cache
-from hispec_jax.decoding.generate import MIN_PROMPT_BLOCK
-from hispec_jax.decoding.prefill import MAX_SMALL, block_positions, prefill_chunk, small_chunk
+from hispec_jax.decoding.prefill import (MAX_SMALL, MIN_PROMPT_BLOCK, block_positions,
+                                         prefill_chunk, small_chunk)
 from hispec_jax.decoding.request import Request
 from hispec_jax.decoding.sampling import SamplingArrays, SamplingParams, sequence_keys
 from hispec_jax.models import sharding
@@ -130,6 +130,41 @@ class SlotRequest:
     ignore_eos: bool = False
     min_tokens: int = 0
     scope: int = suffix_store.NO_SCOPE
+
+
+@flax.struct.dataclass
+class _Rows:
+    """Requests as the per-slot arrays a program takes (host arrays, [B, ...] each row a
+    slot; a row past the requests: a free slot, budget 0)."""
+
+    prompt_BxS: Any  # int32, the prompt right-padded into the capacity S
+    prompt_len_B: Any  # int32
+    max_new_B: Any  # int32
+    key_Bx2: Any  # uint32, the request's PRNG key (`sampling.sequence_keys`)
+    sampling: SamplingArrays  # [B] each
+    eos_BxE: Any  # int32, the engine's EOS ids (all -1 where the request ignores EOS)
+    min_new_B: Any  # int32
+    scope_B: Any  # int32, its scope in the store of earlier requests
+
+    @classmethod
+    def of(cls, requests, batch: int, capacity: int, eos_ids_E) -> "_Rows":
+        B, E = batch, len(eos_ids_E)
+        prompt, prompt_len = np.zeros((B, capacity), np.int32), np.ones((B,), np.int32)
+        max_new, min_new = np.zeros((B,), np.int32), np.zeros((B,), np.int32)
+        keys, scope = np.zeros((B, 2), np.uint32), np.full((B,), suffix_store.NO_SCOPE, np.int32)
+        temperature, top_k, top_p = np.ones((B,), np.float32), np.zeros((B,), np.int32), np.ones((B,), np.float32)
+        eos = np.broadcast_to(np.asarray(eos_ids_E, np.int32), (B, E)).copy()
+        for b, r in enumerate(requests):
+            n, s = len(r.prompt_ids), r.sampling
+            prompt[b, :n], prompt_len[b], max_new[b], min_new[b] = r.prompt_ids, n, r.max_new_tokens, r.min_tokens
+            keys[b] = np.asarray(sequence_keys(s.seed, [r.sequence_index]))[0]
+            temperature[b], top_k[b], top_p[b] = max(s.temperature, 1e-6), s.top_k, s.top_p
+            scope[b] = r.scope
+            if r.ignore_eos:
+                eos[b] = -1
+        return cls(prompt, prompt_len, max_new, keys,
+                   SamplingArrays(temperature=temperature, top_k=top_k, top_p=top_p), eos,
+                   min_new, scope)
 
 
 def _merge_row(big, small, slot, batch: int):
@@ -269,6 +304,23 @@ def _finish(engine: engine_lib.Engine, params, heads, state: engine_lib.EngineSt
     return merged, req
 
 
+def _insert_all(engine: engine_lib.Engine, chunk: int, params, heads, rows: "_Rows",
+                windows_K1, lookup_cost, store):
+    """Every slot's prompt prefilled together (each chunk one pass over the batch:
+    `prefill.prefill` in chunks of `chunk` positions, the small ones last, as the slots'
+    own chunks run) into a new cache, and every slot's state built from it
+    (`Engine.state_from_prefill`); rows past the requests (budget 0) are free slots.
+    Returns (state, request). Static: the engine and `chunk`."""
+    req = Request(tokens_BxS=rows.prompt_BxS, prompt_lens_B=rows.prompt_len_B,
+                  max_new_B=rows.max_new_B, eos_ids_E=rows.eos_BxE,
+                  sequence_keys_Bx2=rows.key_Bx2, sampling=rows.sampling,
+                  lookup_cost=lookup_cost, min_new_B=rows.min_new_B, store=store)
+    h_BxD, cache = engine.prefill_prompts(params, req, engine.empty_cache(), chunk)
+    state = engine.state_from_prefill(params, heads, req, h_BxD, cache, windows_K1)
+    tokens_BxT = jnp.zeros((engine.shapes.batch, engine.shapes.prompt_block), jnp.int32)
+    return state, req.replace(tokens_BxS=tokens_BxT)
+
+
 def _cancel(state: engine_lib.EngineState, slot) -> engine_lib.EngineState:
     out = state.out
     return state.replace(out=out.replace(done_B=out.done_B.at[slot].set(True)))
@@ -290,78 +342,6 @@ def _empty(engine: engine_lib.Engine, params, heads, eos_ids_E, windows_K1):
     state = engine.state_from_prefill(params, heads, req, h_BxD, engine.empty_cache(),
                                       windows_K1)
     return state, req.replace(tokens_BxS=jnp.zeros((B, T), jnp.int32))
-
-
-# The slot engine's programs in this process, by (function, static arguments, argument
-# tree and shapes): each compiled once (`_program`).
-_PROGRAMS: dict[Any, Any] = {}
-_PROGRAMS_LOCK = threading.Lock()
-
-
-def clear_programs() -> None:
-    """Drops this process's slot programs (`_program`): their executables and the memory
-    mappings XLA:CPU holds for them; a later use loads or compiles them again. Engines built
-    before keep the programs they already hold."""
-    with _PROGRAMS_LOCK:
-        _PROGRAMS.clear()
-
-
-def _program(fn, static: tuple, donate: tuple[int, ...], args, mesh=None, batch: int = 0):
-    """`fn(*static, *args)` compiled for the shapes and dtypes of `args` (arrays or
-    `jax.ShapeDtypeStruct`s), donating `args[i]` for i in `donate`: once per process, with
-    the decoding loops' XLA options, and through the program cache
-    (`program_cache.compile_cached`), so a later process loads the executable instead of
-    tracing, lowering and compiling it. Any thread may call it.
-
-    On a device `mesh` (`batch`: the engine's B), the program takes the model's weights as
-    they are placed and every other argument as `_structs` places it, and returns its
-    results placed the same way (`sharding.constrain_state`), so that one program's
-    results are the next one's arguments without a copy."""
-    structs = _structs(args, mesh, batch)
-    leaves, treedef = jax.tree.flatten(structs)
-    key = (fn.__name__, static, mesh, treedef,
-           tuple((tuple(x.shape), jnp.dtype(x.dtype).name, x.sharding) for x in leaves))
-    with _PROGRAMS_LOCK:
-        program = _PROGRAMS.get(key)
-    if program is None:
-        run = inner = functools.partial(fn, *static)
-        if mesh is not None:  # results placed as the next program takes them
-            run = functools.wraps(fn)(lambda *a: sharding.constrain_state(inner(*a), batch))
-        program = program_cache.compile_cached(jax.jit(run, donate_argnums=donate), structs,
-                                               mesh=mesh, **_cache_entry(fn, static))
-        with _PROGRAMS_LOCK:
-            program = _PROGRAMS.setdefault(key, program)
-    return program
-
-
-def _structs(args, mesh=None, batch: int = 0):
-    """`args` as `jax.ShapeDtypeStruct`s. On a mesh, with their shardings: an array already
-    placed on it (the model's weights, an earlier program's results) keeps its own; the
-    rest (host arrays, the request's settings) are placed by their names and shapes
-    (`sharding.map_state`: per-sequence arrays over "data", caches over "data" and "model",
-    the rest replicated)."""
-    if mesh is None:
-        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), args)
-
-    def one(x, axes):
-        placed = getattr(x, "sharding", None)
-        if not (isinstance(placed, NamedSharding) and placed.mesh == mesh):
-            placed = sharding.named_sharding(axes, x.shape, mesh)
-        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=placed)
-
-    return sharding.map_state(one, args, batch)
-
-
-def _cache_entry(fn, static: tuple) -> dict:
-    """The program cache's key, XLA options and directory for `fn(*static, ...)`."""
-    described = ", ".join(s.program_key() if isinstance(s, engine_lib.Engine) else repr(s)
-                          for s in static)
-    engine = next((s for s in static if isinstance(s, engine_lib.Engine)), None)
-    options = (compile_cache.compiler_options() if engine is None
-               else compile_cache.rounds_options(engine))  # a program of decoding rounds
-    return {"key": f"serving.slots.{fn.__name__}({described})",
-            "compiler_options": options or None,
-            "directory": compile_cache.PROGRAM_CACHE}
 
 
 def _call(program, args: tuple, mesh=None):
@@ -453,27 +433,28 @@ class SlotEngine:
         self.engine = engine_lib.Engine.for_model(model, decoder.hierarchy, shapes, greedy)
         self._eos_ids_E = jnp.asarray(list(self.eos_ids) or [-1], jnp.int32)
         self._windows_K1 = decoder.windows_array()
-        self.state, self.req = self._run(_empty, (self.engine,), (), (
-            model.params, model.heads, self._eos_ids_E, self._windows_K1))
         if not getattr(decoder.hierarchy.drafter, "reads_store", False):
             store = None
         self.store, self._store_version = store, None
-        if store is not None:
-            self.req = self.req.replace(store=suffix_store.empty_arrays(store.size, slots))
         self._scope = np.full((slots,), suffix_store.NO_SCOPE, np.int64)
         # the pass costs the lookup gate weighs: this host's measurement if stored; a new
         # one (`use_pass_cost`, from any thread) takes effect at the next `generate`
-        cost, self.pass_cost_source = device_costs.for_model(model)
-        self.req = self.req.replace(lookup_cost=cost)
+        self._lookup_cost, self.pass_cost_source = device_costs.for_model(model)
         self._new_pass_cost: tuple | None = None
         self.pass_cost_pending = False  # a measurement for this engine is under way
         self.active_rows = active_rows(slots, data)
+        # the state and request of the slots: every slot free (`_empty`), made at first use
+        # (`insert_batch` makes its own, so offline `generate` never runs `_empty`)
+        self._state = self._req = None
+        empty = lambda eng, batch: self._with_store(jax.eval_shape(
+            lambda p, h: _empty(eng, p, h, self._eos_ids_E, self._windows_K1),
+            model.params, model.heads), batch)
+        state, req = empty(self.engine, slots)
+        req = req.replace(lookup_cost=self._lookup_cost)
         self._layout = None
         if slots > 1:  # the batch axis of every leaf, from the shapes of a one-slot state
             one = dataclasses.replace(self.engine, shapes=dataclasses.replace(shapes, batch=1))
-            self._layout = batch_layout((self.state, self.req), jax.eval_shape(
-                lambda: self._with_store(_empty(one, model.params, model.heads,
-                                                self._eos_ids_E, self._windows_K1), 1)))
+            self._layout = batch_layout((state, req), empty(one, 1))
         self.last_rows = slots  # the rows the last `generate` ran
         # the rounds loops compiled so far, by row count (`_program`s: at first use, or ahead
         # of time by `compile_rounds`, from any thread)
@@ -483,7 +464,7 @@ class SlotEngine:
         # on a request)
         self.compile_on_demand = True
         # shapes only: `compile_rounds` may run in another thread while this one decodes
-        self._abstract = _structs((self.req, self.state), self.mesh, slots)
+        self._abstract = compile_cache.structs((req, state), self.mesh, slots)
         # the rounds with a prefill chunk riding their pass, by (row count, chunk size)
         # (`_round_with_chunk`; where the engine's round is one pass over every layer, and
         # another slot can decode beside a prompt). Only over all B rows: each is a program
@@ -505,6 +486,31 @@ class SlotEngine:
     def slots(self) -> int:
         return self.engine.shapes.batch
 
+    @property
+    def state(self) -> engine_lib.EngineState:
+        """The slots' loop state (every slot free until a request is inserted)."""
+        if self._state is None:
+            self._state, self._req = self._run(_empty, (self.engine,), (), (
+                self.model.params, self.model.heads, self._eos_ids_E, self._windows_K1))
+            self._req = self._with_store((None, self._req), self.slots)[1].replace(
+                lookup_cost=self._lookup_cost)
+        return self._state
+
+    @state.setter
+    def state(self, state: engine_lib.EngineState) -> None:
+        self._state = state
+
+    @property
+    def req(self) -> Request:
+        """The slots' request: each slot's prompt length, budget, EOS ids, key, sampling
+        settings, and the store and pass costs every slot shares."""
+        self.state  # made with the state
+        return self._req
+
+    @req.setter
+    def req(self, req: Request) -> None:
+        self._req = req
+
     def _with_store(self, state_req, batch: int):
         """(state, request) with an empty store for `batch` sequences if the engine has one."""
         state, req = state_req
@@ -513,8 +519,9 @@ class SlotEngine:
         return state, req.replace(store=suffix_store.empty_arrays(self.store.size, batch))
 
     def _program_of(self, fn, static: tuple, donate: tuple[int, ...], args):
-        """`fn(*static, *args)` compiled for this engine's device or mesh (`_program`)."""
-        return _program(fn, static, donate, args, self.mesh, self.slots)
+        """`fn(*static, *args)` compiled for this engine's device or mesh
+        (`compile_cache.program`)."""
+        return compile_cache.program(fn, static, donate, args, self.mesh, self.slots)
 
     def _run(self, fn, static: tuple, donate: tuple[int, ...], args: tuple):
         """`fn(*static, *args)`, compiled by `_program_of`."""
@@ -569,16 +576,9 @@ class SlotEngine:
     def admit(self, slot: int, request: SlotRequest) -> None:
         """Gives `slot` (which must be free) to `request`; its prompt enters the slot's
         cache chunk by chunk in `prefill` calls, and the slot decodes after the last."""
-        n = len(request.prompt_ids)
         if self.busy[slot]:
             raise ValueError(f"slot {slot} is busy")
-        if n < 1 or not self.fits(n, request.max_new_tokens):
-            raise ValueError(f"prompt length {n} + max_new_tokens {request.max_new_tokens} + "
-                             f"lookahead {self.lookahead} does not fit the slot capacity "
-                             f"{self.capacity}")
-        if request.sampling.greedy != self.greedy:
-            raise ValueError(f"a {'greedy' if request.sampling.greedy else 'sampling'} request "
-                             f"on a {'greedy' if self.greedy else 'sampling'} engine")
+        self._check(request)
         self._prefills.append(_Prefill(slot, request))
         self.busy[slot] = True
 
@@ -602,6 +602,72 @@ class SlotEngine:
             if p.start >= len(p.request.prompt_ids):
                 self._finish(self._prefills.pop(0))
         return ran
+
+    def insert_batch(self, requests) -> None:
+        """Request i into slot i, for every request at once; every slot must be free. One
+        program (`_insert_all`) prefills every prompt together, a chunk at a time over the
+        whole batch, and builds each slot's state; the slots past the requests stay free.
+        Offline `generate` is this, then `generate` until every slot is done."""
+        if any(self.busy):
+            raise ValueError("insert_batch needs every slot free")
+        if not 1 <= len(requests) <= self.slots:
+            raise ValueError(f"{len(requests)} requests for {self.slots} slots")
+        for r in requests:
+            self._check(r)
+        rows = _Rows.of(requests, self.slots, self.capacity, np.asarray(self._eos_ids_E))
+        store = None
+        if self.store is not None:
+            self._store_version = self.store.version
+            tokens_R, scope_R = self.store.host_arrays()
+            store = suffix_store.StoreArrays(tokens_R=tokens_R, scope_R=scope_R,
+                                             scope_B=rows.scope_B)
+        if self._new_pass_cost is not None:
+            (self._lookup_cost, self.pass_cost_source), self._new_pass_cost = self._new_pass_cost, None
+        self._state = self._req = None  # the old cache freed before the new one is made
+        self._state, self._req = self._run(*self._insert_call(rows, store))
+        for b, r in enumerate(requests):
+            self._prompt_len[b], self._reported[b] = len(r.prompt_ids), 0
+            self._ignore_eos[b], self._scope[b], self.busy[b] = r.ignore_eos, r.scope, True
+
+    def _insert_call(self, rows: _Rows, store):
+        """(fn, static, donate, args) of `insert_batch`'s program."""
+        return (_insert_all, (self.engine, self.prefill_chunk), (), (
+            self.model.params, self.model.heads, rows, self._windows_K1, self._lookup_cost, store))
+
+    def _insert_program(self):
+        """`insert_batch`'s program, compiled ahead of time where needed (from its argument
+        shapes: any requests run it)."""
+        rows = _Rows.of((), self.slots, self.capacity, np.asarray(self._eos_ids_E))
+        store = None if self.store is None else suffix_store.empty_arrays(self.store.size,
+                                                                          self.slots)
+        return self._program_of(*self._insert_call(rows, store))
+
+    def compile_batch(self) -> tuple[float, str]:
+        """Compiles what offline `generate` runs (`insert_batch`'s program and the rounds
+        over every row), each loaded from the program cache where stored; returns (seconds
+        it took, how the programs were made: "cache" where every one was read from the
+        program cache or already held, "stored" where one was compiled and written, "jit"
+        where one compiled without being stored)."""
+        t0 = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            made = [pool.submit(self._insert_program),
+                    pool.submit(self.compile_rounds, self.slots)]
+            insert = made[0].result()
+            made[1].result()
+        seconds = time.perf_counter() - t0
+        sources = {insert.source, self._rounds[self.slots].source}
+        return seconds, next(s for s in ("jit", "stored", "cache") if s in sources)
+
+    def _check(self, request: SlotRequest) -> None:
+        """ValueError where `request` cannot take a slot of this engine."""
+        n = len(request.prompt_ids)
+        if n < 1 or not self.fits(n, request.max_new_tokens):
+            raise ValueError(f"prompt length {n} + max_new_tokens {request.max_new_tokens} + "
+                             f"lookahead {self.lookahead} does not fit the slot capacity "
+                             f"{self.capacity}")
+        if request.sampling.greedy != self.greedy:
+            raise ValueError(f"a {'greedy' if request.sampling.greedy else 'sampling'} request "
+                             f"on a {'greedy' if self.greedy else 'sampling'} engine")
 
     def insert(self, slot: int, request: SlotRequest) -> None:
         """Admits `request` into `slot` and prefills it (with any prompt admitted before
@@ -701,8 +767,9 @@ class SlotEngine:
             return []
         riding, rounds_rows = self.rows_planned(ride) if rows is None else rows
         if self._new_pass_cost is not None:
-            cost, self.pass_cost_source = self._new_pass_cost
-            self.req, self._new_pass_cost = self.req.replace(lookup_cost=cost), None
+            self._lookup_cost, self.pass_cost_source = self._new_pass_cost
+            self.req = self.req.replace(lookup_cost=self._lookup_cost)
+            self._new_pass_cost = None
         if self.store is not None and self._store_version != self.store.version:
             self._store_version = self.store.version  # a new copy: same shapes, no compile
             tokens_R, scope_R = self.store.host_arrays()
@@ -733,6 +800,21 @@ class SlotEngine:
                                    tokens_BxS[b, p:p + n].tolist())
             updates.append(SlotUpdate(slot=b, new_token_ids=new, done=done, hit_eos=hit_eos))
         return updates
+
+    def run_to_end(self) -> list[SlotUpdate]:
+        """Rounds over every row until every slot is done (the one rounds program of B rows,
+        whichever slots decode): what offline `generate` runs after `insert_batch`."""
+        return self.generate(np.iinfo(np.int32).max, rows=(None, self.slots))
+
+    def memory_analysis(self):
+        """Per field of XLA's memory analysis, the largest over `insert_batch`'s program and
+        the rounds loops compiled so far (the weights and the cache are arguments of each):
+        the peak of an offline batch. Compiles `insert_batch`'s program where needed."""
+        programs = [self._insert_program(), *self._rounds.values()]
+        analyses = [p.executable.memory_analysis() for p in programs]
+        return types.SimpleNamespace(**{f: max(getattr(a, f) for a in analyses) for f in (
+            "argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
+            "temp_size_in_bytes", "generated_code_size_in_bytes")})
 
     def riding_rows(self) -> int | None:
         """The rows of the round that the next `generate(ride=True)` carries a prefill chunk
@@ -791,7 +873,7 @@ class SlotEngine:
         """`_round_with_chunk`'s arguments as shapes (the rounds loop's, without the
         bound, then slot, chunk tokens [1, C], start, prompt length [1])."""
         i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
-        return _structs(self._rounds_structs()[:4] + (i32(), i32(1, C), i32(), i32(1)),
+        return compile_cache.structs(self._rounds_structs()[:4] + (i32(), i32(1, C), i32(), i32(1)),
                         self.mesh, self.slots)
 
     @property
@@ -826,7 +908,7 @@ class SlotEngine:
     def _rounds_structs(self) -> tuple:
         """The rounds loop's arguments as shapes (params, heads, request, state, rounds)."""
         req, state = self._abstract
-        return _structs((self.model.params, self.model.heads, req, state,
+        return compile_cache.structs((self.model.params, self.model.heads, req, state,
                          jax.ShapeDtypeStruct((), jnp.int32)), self.mesh, self.slots)
 
     def _chunks(self) -> tuple[int, ...]:
@@ -875,17 +957,16 @@ class SlotEngine:
     def rounds_stored(self, rows: int) -> bool:
         """Whether the rounds loop over `rows` rows is compiled in this process or stored in
         the program cache (compiling it is then a load of about a second, not a compile)."""
-        return rows in self._rounds or program_cache.is_stored(
-            args=self._rounds_structs(), **_cache_entry(_rounds_rows, self._rounds_static(rows)))
+        return rows in self._rounds or compile_cache.is_stored(
+            _rounds_rows, self._rounds_static(rows), self._rounds_structs())
 
     def riding_stored(self, rows: int) -> bool:
         """Whether the rounds over `rows` rows that a chunk (of each size) rides are compiled
         in this process or stored in the program cache (True where it does not ride: not in
         `ride_rows`)."""
         return rows not in self.ride_rows or all(
-            (rows, C) in self._riding or program_cache.is_stored(
-                args=self._riding_structs(C),
-                **_cache_entry(_round_with_chunk, self._rounds_static(rows)))
+            (rows, C) in self._riding or compile_cache.is_stored(
+                _round_with_chunk, self._rounds_static(rows), self._riding_structs(C))
             for C in self._chunks())
 
     def rows_to_compile(self) -> list[int]:
