@@ -227,7 +227,7 @@ def test_compiled_loop_never_copies_the_cache(model, layout, users_codegen):
 def slot_engine(model, decoder) -> slots.SlotEngine:
     """The engine offline `generate` runs for one prompt of at most `BLOCK` positions."""
     return slots.SlotEngine(model, decoder, slots=1, capacity=CAPACITY, greedy=True,
-                            eos_ids=(), prefill_chunk=BLOCK)
+                            eos_ids=(), prefill_chunk=BLOCK, empty_state=False)
 
 
 def test_engine_is_the_compile_key(model):

@@ -129,25 +129,25 @@ def test_prepare_loads_every_program_the_warm_up_runs():
     all rows a prefill chunk rides; the warm-up that runs them afterwards adds no program."""
     from test_engine import tiny_model
 
-    from hispec_jax.decoding import slots as slots_lib
+    from hispec_jax.decoding.engine import compile_cache
 
     model = tiny_model(4, 1, max_len=128)
     eng = SlotEngine(model, methods_lib.make_method(model, "ar"), slots=2, capacity=88,
                      greedy=True, eos_ids=model.eos_token_ids,  # a capacity no test shares
                      ride_prefill=True)
     assert len(eng._chunks()) == 2  # the small chunk and the full one
-    before = len(slots_lib._PROGRAMS)
+    before = len(compile_cache._PROGRAMS)
     ready = []
     eng.prepare(on_ready=lambda k, n: ready.append((k, n)))
     assert ready == [(k, 8) for k in range(1, 9)]
     # chunks, finish, cancel, the rounds per row count, the round a chunk of each size
     # rides (all rows)
-    assert len(slots_lib._PROGRAMS) - before == 2 + 1 + 1 + 2 + 2
+    assert len(compile_cache._PROGRAMS) - before == 2 + 1 + 1 + 2 + 2
     assert eng.compiled_rows == (1, 2) and list(eng.ride_rows) == [2]
     assert sorted(eng._riding) == [(2, 16), (2, eng.prefill_chunk)]
-    after = len(slots_lib._PROGRAMS)
+    after = len(compile_cache._PROGRAMS)
     eng.warm_up()
-    assert len(slots_lib._PROGRAMS) == after
+    assert len(compile_cache._PROGRAMS) == after
 
 
 def test_run_rounds_resumes_to_the_uninterrupted_run(model):

@@ -145,7 +145,8 @@ def plan_memory(cfg: ModelConfig, mesh_shape: dict[str, int] | str, *, method: s
                                   max(cfg.max_position_embeddings, max_len), max_len)
     loop_batch = _round_up(batch, shape["data"])
     slots = slots_lib.SlotEngine(model, decoder, slots=loop_batch, capacity=capacity,
-                                 greedy=greedy, eos_ids=(), prefill_chunk=block)
+                                 greedy=greedy, eos_ids=(), prefill_chunk=block,
+                                 empty_state=False)
     seconds, _ = slots.compile_batch()
     m = slots.memory_analysis()
     cache = compile_cache.structs(jax.eval_shape(slots.engine.empty_cache), mesh, loop_batch)

@@ -412,11 +412,16 @@ class SlotEngine:
         process's engines) that a drafter reading one (`Drafter.reads_store`: prompt
         lookup) drafts from, and that every request finished here (EOS or budget) with a
         scope enters; None, or a drafter that reads none: no store.
+      empty_state: make the slots' state (every slot free) now, so that every process of a
+        multi-host server runs that program at the same point; False: at first need, for
+        an engine that `insert_batch` fills first (offline `generate`: that program then
+        never runs).
     """
 
     def __init__(self, model, decoder: methods_lib.Decoder, *, slots: int, capacity: int,
                  greedy: bool, eos_ids: tuple[int, ...], prefill_chunk: int = PREFILL_CHUNK,
-                 ride_prefill: bool = False, store: suffix_store.SuffixStore | None = None):
+                 ride_prefill: bool = False, store: suffix_store.SuffixStore | None = None,
+                 empty_state: bool = True):
         if not isinstance(prefill_chunk, int) or prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be an integer >= 1, got {prefill_chunk!r}")
         data = sharding.axis_size(model.mesh, "data")
@@ -443,8 +448,8 @@ class SlotEngine:
         self._new_pass_cost: tuple | None = None
         self.pass_cost_pending = False  # a measurement for this engine is under way
         self.active_rows = active_rows(slots, data)
-        # the state and request of the slots: every slot free (`_empty`), made at first use
-        # (`insert_batch` makes its own, so offline `generate` never runs `_empty`)
+        # the state and request of the slots: every slot free (`_empty`), made now or at
+        # first use (`insert_batch` makes its own)
         self._state = self._req = None
         empty = lambda eng, batch: self._with_store(jax.eval_shape(
             lambda p, h: _empty(eng, p, h, self._eos_ids_E, self._windows_K1),
@@ -455,6 +460,8 @@ class SlotEngine:
         if slots > 1:  # the batch axis of every leaf, from the shapes of a one-slot state
             one = dataclasses.replace(self.engine, shapes=dataclasses.replace(shapes, batch=1))
             self._layout = batch_layout((state, req), empty(one, 1))
+        if empty_state:
+            self.state
         self.last_rows = slots  # the rows the last `generate` ran
         # the rounds loops compiled so far, by row count (`_program`s: at first use, or ahead
         # of time by `compile_rounds`, from any thread)
@@ -645,16 +652,16 @@ class SlotEngine:
     def compile_batch(self) -> tuple[float, str]:
         """Compiles what offline `generate` runs (`insert_batch`'s program and the rounds
         over every row), each loaded from the program cache where stored; returns (seconds
-        it took, how the programs were made: "cache" where every one was read from the
+        it took, 0 where this process held both already, how the programs were made: "cache" where every one was read from the
         program cache or already held, "stored" where one was compiled and written, "jit"
         where one compiled without being stored)."""
-        t0 = time.perf_counter()
+        t0, before = time.perf_counter(), compile_cache.compilations
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             made = [pool.submit(self._insert_program),
                     pool.submit(self.compile_rounds, self.slots)]
             insert = made[0].result()
             made[1].result()
-        seconds = time.perf_counter() - t0
+        seconds = time.perf_counter() - t0 if compile_cache.compilations > before else 0.0
         sources = {insert.source, self._rounds[self.slots].source}
         return seconds, next(s for s in ("jit", "stored", "cache") if s in sources)
 
