@@ -1,10 +1,10 @@
 """`generate`: the host side of decoding.
 
-Validates everything before any compilation, tokenizes, splits prompts into batches, pads
-every batch to one shape (prompt block = a power-of-two length bucket, batch padded with
-finished rows), gets the compiled loop of the `engine.Engine` for those shapes (each
-distinct engine compiles once per process, timed and counted), runs it and returns token
-ids, texts and stats.
+Validates everything before any compilation, tokenizes, splits prompts into batches, and
+runs each batch on the slot engine every entry point runs (`slots.SlotEngine`: the batch
+inserted at once, then rounds until every sequence is done; batch padded with free slots;
+its programs compiled once per process, timed and counted); returns token ids, texts and
+stats.
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ import os
 import time
 from typing import Any, Sequence
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from hispec_jax.decoding import chat as chat_lib
@@ -24,8 +22,8 @@ from hispec_jax.decoding import methods as methods_lib
 from hispec_jax.decoding import options as options_lib
 from hispec_jax.decoding import slots as slots_lib
 from hispec_jax.decoding import suffix_store
-from hispec_jax.decoding.prefill import MIN_PROMPT_BLOCK, PREFILL_CHUNK
 from hispec_jax.decoding.engine import compile_cache
+from hispec_jax.decoding.prefill import MIN_PROMPT_BLOCK, PREFILL_CHUNK
 from hispec_jax.decoding.sampling import SamplingParams
 from hispec_jax.models import sharding
 from hispec_jax.models.model import Model, place_on_mesh

@@ -1,6 +1,12 @@
-"""Slots: one compiled engine whose B sequences take requests independently (the prefill /
-insert / generate split of JetStream-style engines, on top of `decoding.engine.Engine`).
+"""Slots: the one engine every entry point runs (offline `generate`, `generate_stream`,
+`hispec chat`, `hispec serve`), whose B sequences take requests independently (the
+prefill / insert / generate split of JetStream-style engines, on top of
+`decoding.engine.Engine`).
 
+    insert_batch  (offline `generate`) every slot free: each request into its own slot at
+               once, one program prefilling the whole batch (`prefill.prefill`: the same
+               chunk rule) and building every slot's state; then `run_to_end`: the rounds
+               over all B rows until every slot is done
     admit      a prompt claims a free slot; it waits there to be prefilled
     prefill    one chunk of a waiting prompt goes into its slot's cache rows (C positions,
                or t = C / 4 for the last ones, as offline prefill: `prefill.chunk_counts`;
@@ -42,8 +48,8 @@ recompilation. Outputs do not change: a greedy sequence's tokens are AR's whatev
 batch, and a sampling sequence's draws and gate never depend on the rest of the batch.
 
 A riding chunk costs the streams its extra compute, not a pass of its own (measured in
-docs/serving.md, "Resumable runs and slots"). Which of the two chunk sizes rides is the scheduler's choice
-(its time budget).
+docs/serving.md, "Resumable runs and slots"). Which of the two chunk sizes rides is the
+scheduler's choice (its time budget).
 
 The compiled programs of an engine are a fixed set, whatever the prompts: the empty state,
 the two prefill chunks, finish, a rounds loop per row count, a round over all B rows with a
@@ -148,23 +154,33 @@ class _Rows:
 
     @classmethod
     def of(cls, requests, batch: int, capacity: int, eos_ids_E) -> "_Rows":
-        B, E = batch, len(eos_ids_E)
-        prompt, prompt_len = np.zeros((B, capacity), np.int32), np.ones((B,), np.int32)
-        max_new, min_new = np.zeros((B,), np.int32), np.zeros((B,), np.int32)
-        keys, scope = np.zeros((B, 2), np.uint32), np.full((B,), suffix_store.NO_SCOPE, np.int32)
-        temperature, top_k, top_p = np.ones((B,), np.float32), np.zeros((B,), np.int32), np.ones((B,), np.float32)
-        eos = np.broadcast_to(np.asarray(eos_ids_E, np.int32), (B, E)).copy()
+        """`requests` (`SlotRequest`s, at most `batch`) in rows 0, 1, ...; `eos_ids_E`: the
+        engine's EOS ids."""
+        B = batch
+        i32 = lambda fill: np.full((B,), fill, np.int32)
+        prompt = np.zeros((B, capacity), np.int32)
+        prompt_len, max_new, min_new = i32(1), i32(0), i32(0)
+        keys, scope = np.zeros((B, 2), np.uint32), i32(suffix_store.NO_SCOPE)
+        temperature, top_k, top_p = np.ones((B,), np.float32), i32(0), np.ones((B,), np.float32)
+        eos = np.tile(np.asarray(eos_ids_E, np.int32), (B, 1))
         for b, r in enumerate(requests):
-            n, s = len(r.prompt_ids), r.sampling
-            prompt[b, :n], prompt_len[b], max_new[b], min_new[b] = r.prompt_ids, n, r.max_new_tokens, r.min_tokens
+            s = r.sampling
+            prompt[b, :len(r.prompt_ids)], prompt_len[b] = r.prompt_ids, len(r.prompt_ids)
+            max_new[b], min_new[b], scope[b] = r.max_new_tokens, r.min_tokens, r.scope
             keys[b] = np.asarray(sequence_keys(s.seed, [r.sequence_index]))[0]
             temperature[b], top_k[b], top_p[b] = max(s.temperature, 1e-6), s.top_k, s.top_p
-            scope[b] = r.scope
             if r.ignore_eos:
                 eos[b] = -1
         return cls(prompt, prompt_len, max_new, keys,
                    SamplingArrays(temperature=temperature, top_k=top_k, top_p=top_p), eos,
                    min_new, scope)
+
+    def request(self, lookup_cost, store=None) -> Request:
+        """These rows as a `Request` (prompts in `tokens_BxS`)."""
+        return Request(tokens_BxS=self.prompt_BxS, prompt_lens_B=self.prompt_len_B,
+                       max_new_B=self.max_new_B, eos_ids_E=self.eos_BxE,
+                       sequence_keys_Bx2=self.key_Bx2, sampling=self.sampling,
+                       lookup_cost=lookup_cost, min_new_B=self.min_new_B, store=store)
 
 
 def _merge_row(big, small, slot, batch: int):
@@ -276,31 +292,28 @@ def _chunk(cfg, stop: int, params, cache, slot, tokens_1xC, start, prompt_len_1)
 
 
 def _finish(engine: engine_lib.Engine, params, heads, state: engine_lib.EngineState,
-            req: Request, slot, h_1xD, prompt_1xS, prompt_len_1, max_new_1, key_1x2,
-            sampling_1: SamplingArrays, windows_K1, eos_1xE, min_new_1, scope_1):
+            req: Request, slot, h_1xD, row: "_Rows", windows_K1):
     """Writes the per-sequence state of a prefilled prompt (`Engine.state_from_prefill`
-    as a batch of one) into row `slot` of the state and of the request (output buffer,
-    c_k, rings, windows, drafter state, keys, its EOS ids and `min_tokens`...); the cache
-    rows are the chunks'."""
+    as a batch of one; `row`: its request, one row) into row `slot` of the state and of the
+    request (output buffer, c_k, rings, windows, drafter state, keys, its EOS ids and
+    `min_tokens`...); the cache rows are the chunks'."""
     one = dataclasses.replace(engine, shapes=dataclasses.replace(engine.shapes, batch=1))
-    req_1 = Request(tokens_BxS=prompt_1xS, prompt_lens_B=prompt_len_1, max_new_B=max_new_1,
-                    eos_ids_E=eos_1xE, sequence_keys_Bx2=key_1x2, sampling=sampling_1,
-                    lookup_cost=req.lookup_cost, min_new_B=min_new_1)
+    req_1 = row.request(req.lookup_cost)
     fresh = one.state_from_prefill(params, heads, req_1, h_1xD, None, windows_K1)
     B = engine.shapes.batch
     merged = jax.tree.map(lambda b, s: _merge_row(b, s, slot, B),
                           state.replace(counters=(), cache=None), fresh.replace(counters=()))
     merged = merged.replace(counters=state.counters, cache=state.cache)
+    put = lambda b, s: b.at[slot].set(s[0])
     req = req.replace(
-        max_new_B=req.max_new_B.at[slot].set(max_new_1[0]),
-        prompt_lens_B=req.prompt_lens_B.at[slot].set(prompt_len_1[0]),
-        sequence_keys_Bx2=req.sequence_keys_Bx2.at[slot].set(key_1x2[0]),
-        eos_ids_E=req.eos_ids_E.at[slot].set(eos_1xE[0]),
-        min_new_B=req.min_new_B.at[slot].set(min_new_1[0]),
-        sampling=jax.tree.map(lambda b, s: b.at[slot].set(s[0]), req.sampling, sampling_1))
-    if req.store is not None:  # the scope it drafts from (`scope_1`: [1] int32)
-        req = req.replace(store=req.store.replace(
-            scope_B=req.store.scope_B.at[slot].set(scope_1[0])))
+        max_new_B=put(req.max_new_B, req_1.max_new_B),
+        prompt_lens_B=put(req.prompt_lens_B, req_1.prompt_lens_B),
+        sequence_keys_Bx2=put(req.sequence_keys_Bx2, req_1.sequence_keys_Bx2),
+        eos_ids_E=put(req.eos_ids_E, req_1.eos_ids_E),
+        min_new_B=put(req.min_new_B, req_1.min_new_B),
+        sampling=jax.tree.map(put, req.sampling, req_1.sampling))
+    if req.store is not None:  # the scope it drafts from
+        req = req.replace(store=req.store.replace(scope_B=put(req.store.scope_B, row.scope_B)))
     return merged, req
 
 
@@ -311,10 +324,7 @@ def _insert_all(engine: engine_lib.Engine, chunk: int, params, heads, rows: "_Ro
     own chunks run) into a new cache, and every slot's state built from it
     (`Engine.state_from_prefill`); rows past the requests (budget 0) are free slots.
     Returns (state, request). Static: the engine and `chunk`."""
-    req = Request(tokens_BxS=rows.prompt_BxS, prompt_lens_B=rows.prompt_len_B,
-                  max_new_B=rows.max_new_B, eos_ids_E=rows.eos_BxE,
-                  sequence_keys_Bx2=rows.key_Bx2, sampling=rows.sampling,
-                  lookup_cost=lookup_cost, min_new_B=rows.min_new_B, store=store)
+    req = rows.request(lookup_cost, store)
     h_BxD, cache = engine.prefill_prompts(params, req, engine.empty_cache(), chunk)
     state = engine.state_from_prefill(params, heads, req, h_BxD, cache, windows_K1)
     tokens_BxT = jnp.zeros((engine.shapes.batch, engine.shapes.prompt_block), jnp.int32)
@@ -629,7 +639,8 @@ class SlotEngine:
             store = suffix_store.StoreArrays(tokens_R=tokens_R, scope_R=scope_R,
                                              scope_B=rows.scope_B)
         if self._new_pass_cost is not None:
-            (self._lookup_cost, self.pass_cost_source), self._new_pass_cost = self._new_pass_cost, None
+            self._lookup_cost, self.pass_cost_source = self._new_pass_cost
+            self._new_pass_cost = None
         self._state = self._req = None  # the old cache freed before the new one is made
         self._state, self._req = self._run(*self._insert_call(rows, store))
         for b, r in enumerate(requests):
@@ -651,10 +662,11 @@ class SlotEngine:
 
     def compile_batch(self) -> tuple[float, str]:
         """Compiles what offline `generate` runs (`insert_batch`'s program and the rounds
-        over every row), each loaded from the program cache where stored; returns (seconds
-        it took, 0 where this process held both already, how the programs were made: "cache" where every one was read from the
-        program cache or already held, "stored" where one was compiled and written, "jit"
-        where one compiled without being stored)."""
+        over every row), each loaded from the program cache where stored, side by side.
+        Returns (the seconds it took, 0 where this process held both already; how they
+        were made: "cache" where both were read from the program cache, "stored" where one
+        was compiled and written there, "jit" where one compiled without being stored; a
+        program held already says how it was made first)."""
         t0, before = time.perf_counter(), compile_cache.compilations
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             made = [pool.submit(self._insert_program),
@@ -722,23 +734,10 @@ class SlotEngine:
 
     def _finish_call(self, slot: int, request: SlotRequest, h_1xD):
         """(fn, static, donate, args) of the finish step `_finish` runs."""
-        n = len(request.prompt_ids)
-        prompt = np.zeros((1, self.capacity), np.int32)
-        prompt[0, :n] = request.prompt_ids
-        s = request.sampling
-        sampling_1 = SamplingArrays(
-            temperature=np.asarray([max(s.temperature, 1e-6)], np.float32),
-            top_k=np.asarray([s.top_k], np.int32), top_p=np.asarray([s.top_p], np.float32))
-        key_1x2 = np.asarray(sequence_keys(s.seed, [request.sequence_index]))
-        eos_1xE = np.asarray(self._eos_ids_E)[None]
-        if request.ignore_eos:
-            eos_1xE = np.full_like(eos_1xE, -1)
+        row = _Rows.of((request,), 1, self.capacity, np.asarray(self._eos_ids_E))
         return (_finish, (self.engine,), (2, 3),
                 (self.model.params, self.model.heads, self.state, self.req, np.int32(slot),
-                 h_1xD, prompt, np.asarray([n], np.int32),
-                 np.asarray([request.max_new_tokens], np.int32), key_1x2, sampling_1,
-                 self._windows_K1, eos_1xE, np.asarray([request.min_tokens], np.int32),
-                 None if self.store is None else np.asarray([request.scope], np.int32)))
+                 h_1xD, row, self._windows_K1))
 
     def cancel(self, slot: int) -> None:
         """Stops `slot` now and frees it (its unreported tokens, or the rest of its
@@ -986,8 +985,8 @@ class SlotEngine:
         """Compiles every program this engine runs (the small and the full prefill chunk,
         finish, the rounds loop over each of `rows` rows (None: every count of
         `active_rows`) and the round a chunk of each size rides over each of `riding` rows
-        (None: those of `rows` in `ride_rows`), cancel): `prepare`, then runs them on two short requests
-        in slot 0, which must be free; returns the compilations it ran. Afterwards no
+        (None: those of `rows` in `ride_rows`), cancel): `prepare`, then runs them on two
+        short requests in slot 0, which must be free; returns the compilations it ran. Afterwards no
         prompt of any length compiles anything, nor does any slot where `rows` are all of
         `active_rows`. `on_phase(text)` hears what it is doing (a progress line)."""
         phase = on_phase or (lambda text: None)

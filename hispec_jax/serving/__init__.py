@@ -1,9 +1,6 @@
-"""Serving: engine slots (continuous batching), streaming text, the interactive chat and
-the OpenAI-compatible HTTP server (docs/serving.md).
+"""Serving: streaming text, the interactive chat and the OpenAI-compatible HTTP server
+(docs/serving.md), on the slot engine (`decoding/slots.py`: continuous batching).
 
-    slots.py               SlotEngine: admit a request into a free slot, prefill its prompt
-                           in fixed-size chunks, run a bounded number of rounds, hand out
-                           each slot's new tokens (a fixed set of compiled programs)
     detok.py               incremental detokenization (a short window per step; only text
                            later tokens cannot change)
     stream.py              generate_stream: text deltas as tokens are accepted;
