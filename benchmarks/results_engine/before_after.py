@@ -4,7 +4,8 @@ checkouts, interleaved, on the shipped model and SmolLM2 (GGUF, `hispec pull`).
     git worktree add /tmp/before <commit>; git worktree add /tmp/after <commit>
     python benchmarks/results_engine/before_after.py /tmp/before /tmp/after --rounds 3
 
-Each process loads the model, runs every case once to compile (or load) its programs, then
+Each round runs the two checkouts in turn, the first one alternating. Each process loads
+the model, runs every case once to compile (or load) its programs, then
 twice more, keeping the faster run's tokens/s (`stats["decode_seconds"]`: prefill, rounds
 and reading the tokens back; compilation excluded). Four prompts, 64 new tokens each, EOS
 ignored, greedy. Prints each process's figures and, per case, the median over rounds of
@@ -55,6 +56,7 @@ def main() -> int:
     ap.add_argument("before")
     ap.add_argument("after")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--models", default="shipped,smollm2", help="of: shipped, smollm2")
     ap.add_argument("--measure", default=None, help=argparse.SUPPRESS)  # a worker process
     args = ap.parse_args()
     if args.measure:
@@ -62,9 +64,9 @@ def main() -> int:
         return 0
     ratios: dict[str, list[float]] = {}
     for r in range(args.rounds):
-        for which in CASES:
+        for which in args.models.split(","):
             got = {}
-            for name in ("before", "after"):
+            for name in ("before", "after") if r % 2 == 0 else ("after", "before"):
                 proc = subprocess.run(
                     [sys.executable, __file__, args.before, args.after, "--measure", which],
                     env=dict(os.environ, PYTHONPATH=getattr(args, name)), capture_output=True,

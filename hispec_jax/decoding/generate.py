@@ -289,16 +289,15 @@ def decode(model: Model, prompt_ids: list[list[int]], decoder: methods_lib.Decod
     block, capacity = plan_shapes(max_prompt_len, max_new_tokens, decoder.lookahead(),
                                   model.cfg.max_position_embeddings, max_cache_len)
     eos = () if ignore_eos else stop_token_ids(model, chat)
+    if reuse_compiled:  # a compiled loop of larger window bounds whose lookahead still fits
+        covering = compile_cache.covering(slots_lib.engine_of(
+            model, decoder.hierarchy, slots=loop_batch, capacity=capacity,
+            greedy=sampling.greedy, eos_ids=eos))
+        if max_prompt_len + max_new_tokens + covering.hierarchy.lookahead <= capacity:
+            decoder = dataclasses.replace(decoder, hierarchy=covering.hierarchy)
     slots = slots_lib.SlotEngine(model, decoder, slots=loop_batch, capacity=capacity,
                                  greedy=sampling.greedy, eos_ids=eos, prefill_chunk=block,
                                  store=store, empty_state=False)
-    if reuse_compiled:  # a compiled loop of larger window bounds whose lookahead still fits
-        covering = compile_cache.covering(slots.engine)
-        if max_prompt_len + max_new_tokens + covering.hierarchy.lookahead <= capacity:
-            slots = slots_lib.SlotEngine(
-                model, dataclasses.replace(decoder, hierarchy=covering.hierarchy),
-                slots=loop_batch, capacity=capacity, greedy=sampling.greedy, eos_ids=eos,
-                prefill_chunk=block, store=store, empty_state=False)
     if lookup_cost is not None:
         slots.use_pass_cost(lookup_cost, "given")
     compiled_before = compile_cache.compilations

@@ -130,6 +130,11 @@ class Program:
         """The outputs as `jax.ShapeDtypeStruct`s (a next program's arguments, untraced)."""
         return self.executable.out_info
 
+    @functools.cached_property
+    def memory_analysis(self):
+        """XLA's memory analysis of the executable (asked once: tens of milliseconds)."""
+        return self.executable.memory_analysis()
+
 
 def compile_cached(jitted, args, *, key: str, compiler_options=None, mesh=None,
                    directory: str | Path | None | bool = True) -> Program:

@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import itertools
 import os
 import threading
@@ -103,6 +104,24 @@ jax.monitoring.register_event_duration_secs_listener(_on_event)
 def backend_compiles() -> int:
     """XLA compilations this process has run so far (every jitted program, however small)."""
     return _backend_compiles
+
+
+def engine_of(model, hierarchy, *, slots: int, capacity: int, greedy: bool,
+              eos_ids: tuple[int, ...]) -> engine_lib.Engine:
+    """The `Engine` a `SlotEngine` of these settings runs (its programs' static argument)."""
+    shapes = engine_lib.Shapes(batch=slots, capacity=capacity, prompt_block=MIN_PROMPT_BLOCK,
+                               num_eos=max(1, len(eos_ids)))
+    return engine_lib.Engine.for_model(model, hierarchy, shapes, greedy)
+
+
+@functools.lru_cache(maxsize=64)
+def _empty_shapes(engine: engine_lib.Engine):
+    """`_empty`'s (state, request) for `engine` as shapes: traced once per engine and
+    process, not at every `SlotEngine` (offline `generate` makes one per call)."""
+    params, heads = engine.abstract_arguments()[:2]
+    i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
+    return jax.eval_shape(functools.partial(_empty, engine), params, heads,
+                          i32(engine.shapes.num_eos), i32(engine.hierarchy.num_levels - 1))
 
 
 # Prompt positions per prefill chunk. The longest pause a prompt entering a slot puts
@@ -443,9 +462,8 @@ class SlotEngine:
         small = small_chunk(self.prefill_chunk)
         self._small_chunk = small
         self._small_tail = min(MAX_SMALL, (self.prefill_chunk - 1) // small) * small
-        shapes = engine_lib.Shapes(batch=slots, capacity=capacity, prompt_block=MIN_PROMPT_BLOCK,
-                                   num_eos=max(1, len(self.eos_ids)))
-        self.engine = engine_lib.Engine.for_model(model, decoder.hierarchy, shapes, greedy)
+        self.engine = engine_of(model, decoder.hierarchy, slots=slots, capacity=capacity,
+                                greedy=greedy, eos_ids=self.eos_ids)
         self._eos_ids_E = jnp.asarray(list(self.eos_ids) or [-1], jnp.int32)
         self._windows_K1 = decoder.windows_array()
         if not getattr(decoder.hierarchy.drafter, "reads_store", False):
@@ -461,14 +479,13 @@ class SlotEngine:
         # the state and request of the slots: every slot free (`_empty`), made now or at
         # first use (`insert_batch` makes its own)
         self._state = self._req = None
-        empty = lambda eng, batch: self._with_store(jax.eval_shape(
-            lambda p, h: _empty(eng, p, h, self._eos_ids_E, self._windows_K1),
-            model.params, model.heads), batch)
+        empty = lambda eng, batch: self._with_store(_empty_shapes(eng), batch)
         state, req = empty(self.engine, slots)
         req = req.replace(lookup_cost=self._lookup_cost)
         self._layout = None
         if slots > 1:  # the batch axis of every leaf, from the shapes of a one-slot state
-            one = dataclasses.replace(self.engine, shapes=dataclasses.replace(shapes, batch=1))
+            one = dataclasses.replace(self.engine, shapes=dataclasses.replace(
+                self.engine.shapes, batch=1))
             self._layout = batch_layout((state, req), empty(one, 1))
         if empty_state:
             self.state
@@ -817,7 +834,7 @@ class SlotEngine:
         the rounds loops compiled so far (the weights and the cache are arguments of each):
         the peak of an offline batch. Compiles `insert_batch`'s program where needed."""
         programs = [self._insert_program(), *self._rounds.values()]
-        analyses = [p.executable.memory_analysis() for p in programs]
+        analyses = [p.memory_analysis for p in programs]
         return types.SimpleNamespace(**{f: max(getattr(a, f) for a in analyses) for f in (
             "argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
             "temp_size_in_bytes", "generated_code_size_in_bytes")})
