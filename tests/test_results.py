@@ -37,7 +37,8 @@ def test_records_name_what_ran_and_their_output():
 
 
 def numbers_in(text: str) -> list[float]:
-    return [float(n) for n in re.findall(r"-?\d+(?:\.\d+)?(?:[eE]-?\d+)?", text)]
+    # a minus right after a digit is a range's dash ("0.96-1.12": two numbers), not a sign
+    return [float(n) for n in re.findall(r"(?:(?<![\d.])-)?\d+(?:\.\d+)?(?:[eE]-?\d+)?", text)]
 
 
 def decimals(value: float) -> int:
