@@ -1,8 +1,8 @@
 """Offline `generate` before and after a change to the engine: fresh processes of two
 checkouts, interleaved, on the shipped model and SmolLM2 (GGUF, `hispec pull`).
 
-    git worktree add /tmp/before <commit>; git worktree add /tmp/after <commit>
-    python benchmarks/results_engine/before_after.py /tmp/before /tmp/after --rounds 3
+    git worktree add ../before <commit>; git worktree add ../after <commit>
+    python benchmarks/results_engine/before_after.py ../before ../after --rounds 3
 
 Each round runs the two checkouts in turn, the first one alternating. Each process loads
 the model, runs every case once to compile (or load) its programs, then

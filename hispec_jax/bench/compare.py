@@ -402,7 +402,7 @@ def sampling_runner(model, prompts, spec, temperature: float, seed: int, common:
         r = run(seed)
         return suite.Result(name=spec.name, token_ids=r.token_ids,
                             new_tokens=r.stats["new_tokens"],
-                            compile_seconds=r.stats["compile_seconds"],
+                            compile_seconds=r.stats["program_seconds"],
                             stats={k: r.stats.get(k) for k in suite.STAT_KEYS},
                             options=dict(spec.options))
 

@@ -335,6 +335,7 @@ def decode(model: Model, prompt_ids: list[list[int]], decoder: methods_lib.Decod
         "decode_seconds": run_seconds,
         "compile_seconds": compile_seconds,
         "compile_count": compile_count,
+        "program_seconds": slots.batch_programs_seconds(),
         "program_source": program_source,
         "program_memory_bytes": program_bytes(slots.memory_analysis()),
         "batches": len(method_stats),

@@ -829,6 +829,12 @@ class SlotEngine:
         whichever slots decode): what offline `generate` runs after `insert_batch`."""
         return self.generate(np.iinfo(np.int32).max, rows=(None, self.slots))
 
+    def batch_programs_seconds(self) -> float:
+        """Seconds this process spent making what offline `generate` runs (`compile_batch`'s
+        programs: compiling or loading them), in this call or an earlier one."""
+        return (compile_cache.seconds_of(self._insert_program())
+                + compile_cache.seconds_of(self._rounds[self.slots]))
+
     def memory_analysis(self):
         """Per field of XLA's memory analysis, the largest over `insert_batch`'s program and
         the rounds loops compiled so far (the weights and the cache are arguments of each):
