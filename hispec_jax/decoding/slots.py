@@ -182,14 +182,18 @@ class _Rows:
         keys, scope = np.zeros((B, 2), np.uint32), i32(suffix_store.NO_SCOPE)
         temperature, top_k, top_p = np.ones((B,), np.float32), i32(0), np.ones((B,), np.float32)
         eos = np.tile(np.asarray(eos_ids_E, np.int32), (B, 1))
+        rows_of_seed: dict[int, list[int]] = {}
         for b, r in enumerate(requests):
             s = r.sampling
             prompt[b, :len(r.prompt_ids)], prompt_len[b] = r.prompt_ids, len(r.prompt_ids)
             max_new[b], min_new[b], scope[b] = r.max_new_tokens, r.min_tokens, r.scope
-            keys[b] = np.asarray(sequence_keys(s.seed, [r.sequence_index]))[0]
             temperature[b], top_k[b], top_p[b] = max(s.temperature, 1e-6), s.top_k, s.top_p
+            rows_of_seed.setdefault(s.seed, []).append(b)
             if r.ignore_eos:
                 eos[b] = -1
+        for seed, rows in rows_of_seed.items():  # one call per seed, not per request
+            keys[rows] = np.asarray(sequence_keys(
+                seed, [requests[b].sequence_index for b in rows]))
         return cls(prompt, prompt_len, max_new, keys,
                    SamplingArrays(temperature=temperature, top_k=top_k, top_p=top_p), eos,
                    min_new, scope)
