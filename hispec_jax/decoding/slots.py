@@ -576,6 +576,14 @@ class SlotEngine:
         from the next `generate` on; callable from any thread (arrays: nothing recompiles)."""
         self._new_pass_cost = (cost, source)
 
+    def _take_pass_cost(self) -> bool:
+        """Adopts the pass cost `use_pass_cost` left waiting, if any (True: one was)."""
+        if self._new_pass_cost is None:
+            return False
+        self._lookup_cost, self.pass_cost_source = self._new_pass_cost
+        self._new_pass_cost = None
+        return True
+
     @property
     def rides(self) -> bool:
         """Whether a prefill chunk can ride this engine's rounds (`ride_rows` not empty)."""
@@ -659,9 +667,7 @@ class SlotEngine:
             tokens_R, scope_R = self.store.host_arrays()
             store = suffix_store.StoreArrays(tokens_R=tokens_R, scope_R=scope_R,
                                              scope_B=rows.scope_B)
-        if self._new_pass_cost is not None:
-            self._lookup_cost, self.pass_cost_source = self._new_pass_cost
-            self._new_pass_cost = None
+        self._take_pass_cost()
         self._state = self._req = None  # the old cache freed before the new one is made
         self._state, self._req = self._run(*self._insert_call(rows, store))
         for b, r in enumerate(requests):
@@ -793,10 +799,8 @@ class SlotEngine:
         if not decoding:
             return []
         riding, rounds_rows = self.rows_planned(ride) if rows is None else rows
-        if self._new_pass_cost is not None:
-            self._lookup_cost, self.pass_cost_source = self._new_pass_cost
+        if self._take_pass_cost():
             self.req = self.req.replace(lookup_cost=self._lookup_cost)
-            self._new_pass_cost = None
         if self.store is not None and self._store_version != self.store.version:
             self._store_version = self.store.version  # a new copy: same shapes, no compile
             tokens_R, scope_R = self.store.host_arrays()
