@@ -39,10 +39,9 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from hispec_jax.decoding.backbone import TRANSFORMER, Backbone
 from hispec_jax.models.config import ModelConfig
-from hispec_jax.models.heads import exit_logits
 from hispec_jax.models.kv_cache import KVCache
-from hispec_jax.models.transformer import run_layers_cached
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,19 +117,20 @@ class StaticDraftExit:
         return jnp.zeros_like(pending_B, dtype=bool)
 
     def draft(self, params, heads, cfg: ModelConfig, inp: DraftInput, cache: KVCache,
-              exit_layer: int, state: Any) -> DraftOutput:
+              exit_layer: int, state: Any, backbone: Backbone = TRANSFORMER) -> DraftOutput:
         positions_Bx1 = jnp.where(inp.part_B, inp.position_B, inp.capacity)[:, None]
-        result = run_layers_cached(params, cfg, inp.x_Bx1xD, positions_Bx1, cache, 0,
-                                   exit_layer, rider=inp.rider)
+        result = backbone.run_layers_cached(params, cfg, inp.x_Bx1xD, positions_Bx1, cache, 0,
+                                            exit_layer, rider=inp.rider)
         (h_Bx1xD, cache), rider = result[:2], (None if inp.rider is None else result[2])
         with jax.named_scope("head"):
-            logits_BxV = exit_logits(params, heads, cfg, h_Bx1xD, exit_layer)[:, 0]
+            logits_BxV = backbone.exit_logits(params, heads, cfg, h_Bx1xD, exit_layer)[:, 0]
         return DraftOutput(h_Bx1xD, logits_BxV.astype(jnp.float32), cache, exit_layer,
                            exit_layer * jnp.sum(inp.part_B),
                            jnp.full(inp.position_B.shape, exit_layer, jnp.int32), state,
                            rider=rider)
 
-    def align(self, params, cfg, x_BxTxD, positions_BxT, valid_BxT, cache, state, lo):
+    def align(self, params, cfg, x_BxTxD, positions_BxT, valid_BxT, cache, state, lo,
+              backbone: Backbone = TRANSFORMER):
         """Every draft position is at layer e_0 already: nothing to align."""
         return None
 
@@ -190,7 +190,8 @@ class DynamicDraftExit:
         return 1.0 / jnp.sum(jnp.exp(shifted_BxV), axis=-1) >= self.tau
 
     def draft(self, params, heads, cfg: ModelConfig, inp: DraftInput, cache: KVCache,
-              exit_layer: int, state: DepthState) -> DraftOutput:
+              exit_layer: int, state: DepthState,
+              backbone: Backbone = TRANSFORMER) -> DraftOutput:
         del exit_layer  # = the depth bound
         B, T, S = inp.position_B.shape[0], inp.block, inp.capacity
         ring = inp.ring_BxWxD
@@ -215,7 +216,7 @@ class DynamicDraftExit:
         for layer in range(self.depth_bound):
             runs_BxT = valid_BxT & going_B[:, None] & (depth_BxT == layer)
             x_BxTxD, cache = jax.lax.cond(
-                jnp.any(going_B), _one_layer(params, cfg, write_BxT, runs_BxT, layer),
+                jnp.any(going_B), _one_layer(backbone, params, cfg, write_BxT, runs_BxT, layer),
                 lambda xc: xc, (x_BxTxD, cache))
             passes += jnp.any(going_B).astype(jnp.int32)
             evals += jnp.sum(runs_BxT)
@@ -228,7 +229,8 @@ class DynamicDraftExit:
             with jax.named_scope("head"):
                 z_BxV = jax.lax.cond(
                     jnp.any(going_B),
-                    lambda h: exit_logits(params, heads, cfg, h, e)[:, 0].astype(jnp.float32),
+                    lambda h: backbone.exit_logits(params, heads, cfg, h, e)[:, 0].astype(
+                        jnp.float32),
                     lambda h: jnp.zeros((B, cfg.vocab_size), jnp.float32), h_Bx1xD)
             confident_B = self.confident(z_BxV, e)
             stop_B = going_B & (confident_B | (e == self.depth_bound))
@@ -248,7 +250,7 @@ class DynamicDraftExit:
                            head_evals_E=heads_E)
 
     def align(self, params, cfg, x_BxTxD, positions_BxT, valid_BxT, cache, state: DepthState,
-              lo: int):
+              lo: int, backbone: Backbone = TRANSFORMER):
         """Brings every valid block position from its depth up to layer `lo` (= D).
 
         Returns (x, cache, lo, layer passes, layer x token evaluations)."""
@@ -260,18 +262,20 @@ class DynamicDraftExit:
         for layer in range(self.exits[0], lo):
             runs_BxT = valid_BxT & (depth_BxT <= layer)
             x_BxTxD, cache = jax.lax.cond(
-                jnp.any(runs_BxT), _one_layer(params, cfg, positions_BxT, runs_BxT, layer),
+                jnp.any(runs_BxT), _one_layer(backbone, params, cfg, positions_BxT, runs_BxT,
+                                              layer),
                 lambda xc: xc, (x_BxTxD, cache))
             passes += jnp.any(runs_BxT).astype(jnp.int32)
             evals += jnp.sum(runs_BxT)
         return x_BxTxD, cache, lo, passes, evals
 
 
-def _one_layer(params, cfg, positions_BxT, runs_BxT, layer):
+def _one_layer(backbone: Backbone, params, cfg, positions_BxT, runs_BxT, layer):
     """(x, cache) -> (x, cache) after layer `layer` for the tokens in `runs_BxT` (the others
     pass through and write nothing)."""
     def run(x_and_cache):
         x_BxTxD, cache = x_and_cache
-        return run_layers_cached(params, cfg, x_BxTxD, positions_BxT, cache, layer, layer + 1,
-                                 stop_BxT=jnp.where(runs_BxT, layer + 1, layer))
+        return backbone.run_layers_cached(params, cfg, x_BxTxD, positions_BxT, cache, layer,
+                                          layer + 1,
+                                          stop_BxT=jnp.where(runs_BxT, layer + 1, layer))
     return run

@@ -107,6 +107,10 @@ def summarize_counters(h: Hierarchy, counters: list[Counters], batch_sequences: 
     # How many tokens each top-level verification checked (SV's verified lengths), and the
     # layer each draft token exited at (SpecBound's depths; one bar for a static exit).
     stats["verified_length_histogram"] = total.verified_hist.tolist() if K > 1 else []
+    # Passes of each verifying level by the block length they ran at (level 0: none here;
+    # its draft steps are `actions_per_level[0]`).
+    stats["passes_per_block"] = [{int(T): int(n) for T, n in enumerate(row) if n}
+                                 for row in total.block_passes_KxT.tolist()]
     stats.update(h.drafter.stats(h, total))  # the drafter's own (`Drafter.stats`)
     return stats
 

@@ -181,11 +181,12 @@ class DraftExitPolicy(Protocol):
         """[B] bool: drafting ends this round for these sequences."""
 
     def draft(self, params, heads, cfg: ModelConfig, inp: DraftInput, cache: KVCache,
-              exit_layer: int, state: Any) -> DraftOutput:
-        """One draft step for the sequences in `inp.part_B`: the next token's logits."""
+              exit_layer: int, state: Any, backbone: Any) -> DraftOutput:
+        """One draft step for the sequences in `inp.part_B`: the next token's logits (the
+        model's functions are `backbone`'s: `decoding/backbone.py`)."""
 
     def align(self, params, cfg: ModelConfig, x_BxTxD: jax.Array, positions_BxT: jax.Array,
-              valid_BxT: jax.Array, cache: KVCache, state: Any, lo: int) -> Any:
+              valid_BxT: jax.Array, cache: KVCache, state: Any, lo: int, backbone: Any) -> Any:
         """Before level 1 continues from layer `lo`: bring drafts that exited elsewhere to
         it (None: every draft already is at `lo`)."""
 

@@ -31,19 +31,18 @@ batch 1 under i.i.d. acceptance.
 The replay is needed where the formulas do not hold: the prompt-lookup drafter (its
 acceptance is not i.i.d. per token), K >= 4 (a rejection at the top discards what the
 middle levels collected) and batches (the "sync" schedule verifies every sequence when any
-one is ready). It runs the engine's round on the calibration prompts' greedy continuations
-and every exit's recorded choices along them, and counts what the engine counts: rounds,
-passes per level and block, tokens proposed, accepted and emitted
-(`tests/test_planner_lookup.py` checks the counts equal the engine's counters).
+one is ready). It is the engine itself: the compiled loop run on a model that answers
+every exit with the choice the calibration recorded (`trace_model.py`), its counters
+(rounds, passes per level and block, tokens proposed, accepted and emitted) priced by
+`price`. There is no second implementation of the round to keep in step.
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import functools
 from typing import Callable
 
+import jax
 import numpy as np
 
 from hispec_jax.decoding import windows as windows_lib
@@ -242,7 +241,8 @@ class LookupProfile:
 
 @dataclasses.dataclass(frozen=True)
 class Run:
-    """What `replay` counted, summed over the calibration prompts (the engine's `Counters`).
+    """What `replay` counted, summed over the calibration prompts (from the engine's
+    `Counters`).
 
     Attributes:
       level_exits: the exit of every level, level 0 (the drafter) first; 0 is the lookup
@@ -251,7 +251,8 @@ class Run:
         last group; every row counts as a sequence).
       rounds: loop trips (summed over groups).
       passes: ((level k, block T), count) of every pass: level 0's draft steps (T = 1; one
-        lookup a round), then every verification.
+        lookup a round), then every verification by the block it ran
+        (`Counters.block_passes_KxT`).
       proposed: [K] tokens submitted to each verifying level (level 0: 0).
       accepted: [K] of those, tokens the level accepted.
       emitted: tokens the loop emitted, per sequence (summed over groups, / batch).
@@ -276,45 +277,11 @@ class Run:
         return actions
 
 
-def _lookup_proposal(context: list[int], drafter, limit: int):
-    """`drafter.propose` (a `lookup.PromptLookup`) for one sequence in numpy: (tokens,
-    matched, n of the match)."""
-    c = len(context) - 1
-    arr = np.asarray(context)
-    # the longest suffix with an earlier occurrence
-    for n in range(min(drafter.max_ngram, c), 0, -1):
-        rows = np.lib.stride_tricks.sliding_window_view(arr[:c], n)  # row r ends at r + n - 1
-        hits = np.flatnonzero((rows == arr[c - n + 1:]).all(axis=1))
-        if hits.size:
-            j = int(hits[-1]) + n - 1  # the most recent end
-            m = max(1, min(c - j, limit, drafter.ngram_tokens(n)))  # ngram_tokens <= k
-            return context[j + 1:j + 1 + m], True, n
-    return [context[c]], False, 0  # the placeholder: the newest token again
-
-
-@functools.cache
-def _compiled_gate():
-    """The acceptance gate's choice (`gate.choose` at each sequence's estimate, one block for
-    the batch) and `GateState.record`, compiled: `replay` calls them every round, where
-    eager JAX ops would cost milliseconds per round."""
-    import jax
-
-    from hispec_jax.decoding import gate as gate_lib
-
-    def choose(estimates, ngram_B, length_B, matched_B, part_B, cost, blocks):
-        return gate_lib.choose(estimates.of_match(ngram_B), length_B, matched_B, part_B,
-                               blocks, cost, joint=True)
-
-    return (jax.jit(choose, static_argnames="blocks"),
-            jax.jit(gate_lib.GateState.record))
-
-
 def replay(trace: Trace, exits: tuple[int, ...], windows: tuple[int, ...], lookup: int = 0,
            batch: int = 1) -> Run:
-    """The engine's greedy "sync" round loop (`engine/round.py`: `Round`)
-    replayed on `trace`: every level keeps the tokens below it that match its exit's
-    recorded choices (the top level: the continuation itself) and at the first mismatch
-    writes its own choice and rolls the levels below back.
+    """The engine's greedy loop (`Engine.run`: the compiled round of `engine/round.py`) on
+    `trace`, the model replaced by the trace's recorded choices (`trace_model.py`), and
+    what it counted:
 
         exits (d, L), windows (Nd,)              LayerSkip: exit d drafts Nd + 1 tokens
         exits (d, i, L), windows (Nd, Ni)        HiSpec
@@ -323,140 +290,26 @@ def replay(trace: Trace, exits: tuple[int, ...], windows: tuple[int, ...], looku
                                                   verifies its proposals, L verifies
                                                   once Nd + 1 tokens are pending
 
-    With the lookup drafter (level 0) each round makes one n-gram lookup on the sequence
-    so far (with the tokens the lower levels tentatively kept), its acceptance gate choosing the proposals' lengths
-    at the backend's default pass cost (`gate.py`), and every level above it runs the shortest
-    power-of-two block holding its input (`Hierarchy.level_blocks`); exit levels run
-    their static blocks. The counts are the engine's wherever an exit's choices do not
-    depend on tokens the top level rejects (the always-agree model; the lookup alone on
-    any model); otherwise an exit's choice after such a token is read off the
-    continuation's context (those tokens are discarded either way)."""
-    from hispec_jax.decoding import gate as gate_lib
-    from hispec_jax.decoding import lookup as lookup_lib
-
-    gate_choose, gate_record = _compiled_gate()
-    pass_cost = gate_lib.default_pass_cost()
+    The calibration prompts run in groups of `batch` (the last group filled by cycling
+    them; every row counts as a sequence); the lookup's acceptance gate weighs the
+    backend's default pass cost (`gate.default_pass_cost`)."""
+    from hispec_jax.planner import trace_model
 
     exits, windows = tuple(exits), tuple(windows)
-    level_exits = ((0,) if lookup else ()) + exits
-    K, L = len(level_exits), exits[-1]
-    if K < 2 or len(windows) != len(exits) - 1:
+    if len(exits) + bool(lookup) < 2 or len(windows) != len(exits) - 1:
         raise ValueError(f"replay needs a drafter below a verifier and one window per level "
                          f"above the first exit: exits {exits}, windows {windows}")
-    if lookup:  # level 1 verifies whatever one lookup proposed
-        drafter = lookup_lib.PromptLookup(max_tokens=lookup, max_ngram=trace.max_ngram)
-        level_windows = (0,) + windows
-        thresholds = (lookup,) + tuple(w + 1 for w in windows)
-    else:
-        level_windows = windows
-        thresholds = tuple(w + 1 for w in windows)
-    static = windows_lib.block_lengths(thresholds)
-    level_blocks = {level: (windows_lib.power_of_two_blocks(static[level - 1]) if lookup
-                            else (static[level - 1],)) for level in range(1, K)}
-    preds = dict(trace.predictions)
-    n_seq = len(trace.sequences)
-    groups = [[(g + b) % n_seq for b in range(batch)] for g in range(0, n_seq, batch)]
-    rounds, passes, emitted = 0, collections.Counter(), 0
-    proposed, accepted = [0] * K, [0] * K
-    verified = np.zeros(static[-1] + 1, np.int64)
-    for group in groups:
-        seqs = [trace.sequences[s] for s in group]
-        P = [trace.starts[s] for s in group]
-        buf = [list(seq[:p + 1]) for seq, p in zip(seqs, P)]  # len(buf[b]) == c_0 + 1
-        c = [[p] * K for p in P]
-        max_new = [len(seq) - p for seq, p in zip(seqs, P)]
-        num_new = [1] * batch  # the first token comes from prefill
-        looked = [0] * batch
-        estimates = gate_lib.GateState.init(batch, trace.max_ngram, runs=True)
-
-        def choice(b, level, q):  # level's greedy token after position q
-            if level_exits[level] == L:
-                return seqs[b][q + 1]
-            per = preds[level_exits[level]][group[b]]
-            return per[min(q - P[b], len(per) - 1)]
-
-        def pending(b, level):
-            return c[b][level - 1] - c[b][level]
-
-        def ready(b, level):
-            ahead = c[b][level - 1] + 1 - (P[b] + num_new[b])
-            return (pending(b, level) >= level_windows[level - 1] + 1
-                    or (ahead >= max_new[b] - num_new[b] and pending(b, level) > 0))
-
-        while any(n < m for n, m in zip(num_new, max_new)):
-            rounds += 1
-            active = [n < m for n, m in zip(num_new, max_new)]
-            higher = [any(ready(b, j) for j in range(2, K)) for b in range(batch)]
-            if lookup:  # one lookup proposes the whole block
-                passes[(0, 1)] += 1
-                found = {}
-                for b in range(batch):
-                    if not active[b] or higher[b] or ready(b, 1):
-                        continue
-                    c0, length = c[b][0], P[b] + num_new[b]
-                    limit = max(1, min(lookup, max_new[b] - num_new[b] - (c0 + 1 - length)))
-                    found[b] = _lookup_proposal(buf[b], drafter, limit)
-                part = np.asarray([b in found for b in range(batch)])
-                ngram = np.asarray([found[b][2] if b in found else 0 for b in range(batch)])
-                if drafter.gate:  # `LookupDrafter.draft`: one block for the batch ("sync")
-                    gated = np.asarray(gate_choose(
-                        estimates, ngram, np.asarray(
-                            [len(found[b][0]) if b in found else 1 for b in range(batch)]),
-                        np.asarray([b in found and found[b][1] for b in range(batch)]), part,
-                        pass_cost, blocks=level_blocks[1]))
-                    found = {b: (t[:gated[b]], matched, n) for b, (t, matched, n) in found.items()}
-                estimates = estimates.replace(ngram_B=np.where(part, ngram, estimates.ngram_B))
-                for b, (tokens, matched, _) in found.items():
-                    buf[b] += tokens
-                    c[b][0] += len(tokens)
-                    looked[b] = len(tokens) if matched else 0
-            else:  # up to block_1 draft steps, while some sequence's level-1 input is short
-                for step in range(static[0]):
-                    part = [active[b] and not higher[b] and not ready(b, 1) for b in range(batch)]
-                    if step and not any(part):
-                        break
-                    passes[(0, 1)] += 1
-                    for b in range(batch):
-                        if part[b]:
-                            buf[b].append(choice(b, 0, c[b][0]))
-                            c[b][0] += 1
-            for level in range(1, K):
-                part = [active[b] and pending(b, level) > 0 for b in range(batch)]
-                looked_kept = np.zeros((2, batch), np.int32)
-                if level >= 2 and not any(p and ready(b, level) for b, p in enumerate(part)):
-                    continue
-                longest = max([pending(b, level) for b in range(batch) if part[b]], default=0)
-                sizes = level_blocks[level]
-                passes[(level, next((t for t in sizes if t >= longest), sizes[-1]))] += 1
-                for b in range(batch):
-                    if not part[b]:
-                        continue
-                    start, n = c[b][level], pending(b, level)
-                    m = 0
-                    while m < n and buf[b][start + 1 + m] == choice(b, level, start + m):
-                        m += 1
-                    proposed[level] += n
-                    accepted[level] += m
-                    if m < n:  # level's own token replaces the rejected one; lower levels roll back
-                        pos = start + m + 1
-                        buf[b][pos] = choice(b, level, start + m)
-                        del buf[b][pos + 1:]
-                        c[b][:level + 1] = [pos] * (level + 1)
-                    else:
-                        c[b][level] = c[b][level - 1]
-                    if level == 1 and lookup:
-                        looked_kept[:, b] = looked[b], min(m, looked[b])
-                    if level == K - 1:
-                        verified[n] += 1
-                        count = min(c[b][level] - start, max_new[b] - num_new[b])
-                        num_new[b] += count
-                        emitted += count
-                if level == 1 and lookup and any(part):  # `LookupDrafter.record`
-                    estimates = gate_record(estimates, *looked_kept)
-    return Run(level_exits=level_exits, batch=batch, rounds=rounds,
-               passes=tuple(sorted(passes.items())), proposed=tuple(proposed),
-               accepted=tuple(accepted), emitted=emitted / batch,
-               verified=tuple(int(v) for v in verified))
+    _, counters = trace_model.run_counters(trace, exits, windows, lookup, batch)
+    total = jax.tree.map(lambda *xs: np.sum(np.stack(xs), axis=0), *counters)
+    level_exits = ((0,) if lookup else ()) + exits
+    passes = [((0, 1), int(total.actions_K[0]))] + [
+        ((k, T), int(n)) for k in range(1, len(level_exits))
+        for T, n in enumerate(total.block_passes_KxT[k]) if n]
+    return Run(level_exits=level_exits, batch=batch, rounds=int(total.rounds),
+               passes=tuple(passes), proposed=tuple(int(n) for n in total.proposed_K),
+               accepted=tuple(int(n) for n in total.accepted_K),
+               emitted=int(total.emitted) / batch,
+               verified=tuple(int(n) for n in total.verified_hist))
 
 
 def price(run: Run, costs: Costs) -> Prediction:
@@ -497,6 +350,15 @@ class Predictor:
         """Whether `exits` (with the lookup drafter at k = `lookup`) is replayed."""
         return bool(lookup) or (self.trace is not None and len(exits) > 1
                                 and (self.costs.batch > 1 or len(exits) > 3))
+
+    def prepare(self, plans) -> None:
+        """Compiles, several at once, the replays of the plans ((exits, windows, lookup k),
+        ...) this predictor will score (`trace_model.prepare`); the rest cost nothing."""
+        from hispec_jax.planner import trace_model
+
+        plans = [(tuple(e), tuple(w), k) for e, w, k in plans if self.replays(tuple(e), k)]
+        if plans and self.trace is not None:
+            trace_model.prepare(self.trace, plans, self.costs.batch)
 
     def __call__(self, exits, windows, lookup: int = 0) -> tuple[Prediction, float | None]:
         """(the prediction, its work per token or None without `work`)."""

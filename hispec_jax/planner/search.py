@@ -109,6 +109,7 @@ def _exit_plans(exits, predictor: latency.Predictor, *, max_levels, draft_lens,
         best = next(c for c in ranked if len(c[0]) == K)
         if best not in front:
             front.append(best)
+    predictor.prepare([(e, w, 0) for e, w in front])
     return [scored_plan(predictor, e, w) for e, w in front]
 
 
@@ -149,11 +150,20 @@ def lookup_plans(exits: Sequence[int], costs: Costs, lookup: latency.LookupProfi
         return []
     L = exits[-1]
     predictor = latency.Predictor(None, costs, trace, work)
-    plans = [scored_plan(predictor, (L,), (), lookup.k)]
     lower = [e for e in exits if e < L and e in dict(trace.predictions)]
+    ks = _lookup_ks(lookup.k)
+    # Every program this search may replay, compiled together: a replay's program depends
+    # on the plan's number of levels, not on its exits (`trace_model.py`), so placeholder
+    # exits stand for the ones the rounds below pick.
+    shapes = [((L,), (), lookup.k)]
+    if lower:
+        shapes += [((1, L), (nd,), k) for k in ks for nd in draft_lens]
+    if lower and max_levels >= 3 and L > 2:
+        shapes += [((1, 2, L), w, k) for w in LOOKUP_HISPEC_WINDOWS for k in ks]
+    predictor.prepare(shapes)
+    plans = [scored_plan(predictor, (L,), (), lookup.k)]
     if not lower:
         return plans
-    ks = _lookup_ks(lookup.k)
     first = sorted((scored_plan(predictor, (d, L), (2,), k) for d in lower for k in ks),
                    key=lambda p: -p.predicted_tokens_per_second)
     kept = [(p.exits[0], p.lookup) for p in first[:LOOKUP_EXITS_KEPT]]

@@ -635,7 +635,7 @@ class DraftModelDrafter:
         ds = ds.replace(checked_B=jnp.maximum(n_B - ds.sealed_B, 0))  # drafts, not the placeholder
         tokens_BxT = gather_positions(state.out.tokens_BxS, positions_BxT)
         lo, _ = rnd.h.layer_range(1)
-        return embed(rnd.params, tokens_BxT), state.replace(draft_state=ds), lo, 0, 0
+        return rnd.backbone.embed(rnd.params, tokens_BxT), state.replace(draft_state=ds), lo, 0, 0
 
     def proposal_logq(self, rnd, state, proposed_pos_BxT, proposed_BxT):
         del proposed_BxT

@@ -44,7 +44,6 @@ from hispec_jax.decoding.engine.state import (gather_positions, ring_read, ring_
 from hispec_jax.decoding.sampling import filtered_logprobs
 from hispec_jax.decoding.windows import power_of_two_blocks
 from hispec_jax.models.heads import head_cost_layers
-from hispec_jax.models.transformer import embed
 
 
 @flax.struct.dataclass
@@ -190,11 +189,12 @@ class ExitDrafter:
         token_B = gather_positions(out.tokens_BxS, pos_B[:, None])[:, 0]
         K = h.num_levels
         d = self.draft_exit.draft(rnd.params, rnd.heads, cfg, draft_lib.DraftInput(
-            x_Bx1xD=embed(rnd.params, token_B[:, None]), position_B=pos_B, part_B=part_B,
+            x_Bx1xD=rnd.backbone.embed(rnd.params, token_B[:, None]), position_B=pos_B,
+            part_B=part_B,
             pending_start_B=c[:, 1] if K > 1 else pos_B,
             ring_BxWxD=state.hidden[0] if K > 1 else None, capacity=S,
             block=h.blocks[0] if K > 1 else 1, rider=state.rider), state.cache, h.exits[0],
-            state.draft_state.exit)
+            state.draft_state.exit, backbone=rnd.backbone)
         logits_BxV = d.logits_BxV
         if K == 1:  # the draft level is the top level: no EOS before min_new_B
             logits_BxV = emit.suppress_eos(logits_BxV[:, None], rnd.req.eos_ids_E,
@@ -248,7 +248,8 @@ class ExitDrafter:
                 checked_B=jnp.sum(valid_BxT, axis=1).astype(jnp.int32))))
         x_BxTxD = ring_read(state.hidden[0], positions_BxT)
         aligned = self.draft_exit.align(rnd.params, rnd.cfg, x_BxTxD, positions_BxT,
-                                        valid_BxT, state.cache, ds.exit, lo)
+                                        valid_BxT, state.cache, ds.exit, lo,
+                                        backbone=rnd.backbone)
         if aligned is None:
             return x_BxTxD, state, lo, 0, 0
         if not write_cache:
@@ -494,7 +495,7 @@ class LookupDrafter:
         del valid_BxT, write_cache
         lo, _ = rnd.h.layer_range(1)
         tokens_BxT = gather_positions(state.out.tokens_BxS, positions_BxT)
-        return embed(rnd.params, tokens_BxT), state, lo, 0, 0
+        return rnd.backbone.embed(rnd.params, tokens_BxT), state, lo, 0, 0
 
     def proposal_logq(self, rnd, state, proposed_pos_BxT, proposed_BxT):
         """Deterministic proposals: q one-hot (greedy rules read no q)."""

@@ -17,16 +17,15 @@ import jax
 import jax.numpy as jnp
 
 from hispec_jax.decoding import emit
+from hispec_jax.decoding.backbone import TRANSFORMER, Backbone
 from hispec_jax.decoding.engine.hierarchy import Hierarchy
 from hispec_jax.decoding.engine.round import Round
 from hispec_jax.decoding.engine.state import Counters, EngineState
-from hispec_jax.decoding.prefill import prefill
 from hispec_jax.decoding.request import Request
 from hispec_jax.decoding.sampling import SamplingArrays, choose_tokens
 from hispec_jax.decoding.suffix_store import StoreArrays
 from hispec_jax.models import sharding
 from hispec_jax.models.config import ModelConfig
-from hispec_jax.models.heads import exit_logits
 from hispec_jax.models.kv_cache import KVCache
 
 
@@ -83,6 +82,8 @@ class Engine:
         parameters and exit heads (the layer layout and trained heads are part of the key).
       shardings: how `run` is partitioned over a device mesh (`decoding.mesh.LoopShardings`,
         hashable: in/out shardings and the mesh it is lowered under); None: one device.
+      backbone: the model's functions the loop calls (`decoding/backbone.py`): the
+        transformer, or the planner's trace model.
     """
 
     cfg: ModelConfig
@@ -92,6 +93,7 @@ class Engine:
     params_signature: tuple
     heads_signature: tuple
     shardings: Any = None
+    backbone: Backbone = TRANSFORMER
 
     @classmethod
     def for_model(cls, model, hierarchy: Hierarchy, shapes: Shapes, greedy: bool = True,
@@ -135,9 +137,10 @@ class Engine:
         [B, D] at each prompt's last position (in the embeddings' dtype, the residual
         stream's) and the cache."""
         with jax.named_scope("prefill"):
-            h_BxD, cache = prefill(params, self.cfg, req.tokens_BxS, req.prompt_lens_B, cache,
-                                   self.hierarchy.exits[-1],
-                                   chunk=chunk or self.shapes.prompt_block)
+            h_BxD, cache = self.backbone.prefill(params, self.cfg, req.tokens_BxS,
+                                                 req.prompt_lens_B, cache,
+                                                 self.hierarchy.exits[-1],
+                                                 chunk=chunk or self.shapes.prompt_block)
         return h_BxD.astype(params["embed"].dtype), cache
 
     def state_from_prefill(self, params, heads, req: Request, h_BxD: jax.Array, cache,
@@ -153,7 +156,8 @@ class Engine:
         if not greedy and K > 1 and not h.rule.needs_proposal_dists:
             raise ValueError("sampling with a speculative hierarchy needs a sampling acceptance rule")
         with jax.named_scope("first_token"):
-            logits_BxV = emit.suppress_eos(exit_logits(params, heads, cfg, h_BxD[:, None], top),
+            logits_BxV = emit.suppress_eos(self.backbone.exit_logits(params, heads, cfg,
+                                                                     h_BxD[:, None], top),
                                            req.eos_ids_E, jnp.zeros((B, 1), jnp.int32),
                                            req.min_new_B)[:, 0]
             first_keys = jax.vmap(jax.random.fold_in)(req.sequence_keys_Bx2, jnp.full((B,), -1))
@@ -186,7 +190,8 @@ class Engine:
 
     def step(self, params, heads, req: Request, state: EngineState) -> EngineState:
         """One speculation round for the whole batch (one trip of the loop)."""
-        return Round(params, heads, req, self.cfg, self.hierarchy, self.greedy)(state)
+        return Round(params, heads, req, self.cfg, self.hierarchy, self.greedy,
+                     self.backbone)(state)
 
     def run(self, params, heads, req: Request, cache: KVCache, windows_K1: jax.Array):
         """Prefill, then rounds until every sequence is done (`prefill_prompts`, then

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from hispec_jax.decoding import emit
 from hispec_jax.decoding import policies
 from hispec_jax.decoding.acceptance import Verdict
+from hispec_jax.decoding.backbone import TRANSFORMER, Backbone
 from hispec_jax.decoding.engine.hierarchy import Hierarchy
 from hispec_jax.decoding.engine.state import (EngineState, gather_positions, ring_read,
                                               ring_write, scatter_tokens)
@@ -31,9 +32,7 @@ from hispec_jax.decoding.prefill import block_positions
 from hispec_jax.decoding.request import Request
 from hispec_jax.decoding.sampling import filtered_logprobs
 from hispec_jax.models.config import ModelConfig
-from hispec_jax.models.heads import exit_logits
 from hispec_jax.models.kv_cache import KVBlock
-from hispec_jax.models.transformer import run_layers, run_layers_cached
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,9 +84,10 @@ class Round:
     """
 
     def __init__(self, params, heads, req: Request, cfg: ModelConfig, h: Hierarchy,
-                 greedy: bool):
+                 greedy: bool, backbone: Backbone = TRANSFORMER):
         self.params, self.heads, self.req, self.cfg, self.h, self.greedy = (
             params, heads, req, cfg, h, greedy)
+        self.backbone = backbone  # the model's functions (`decoding/backbone.py`)
 
     # ---- readiness --------------------------------------------------------------------
     def pending(self, state: EngineState, k: int) -> jax.Array:
@@ -260,17 +260,18 @@ class Round:
         passes, evals = passes + hi - lo, evals + (hi - lo) * jnp.sum(n_B)
         kv, rider = None, state.rider if k == 1 else None  # a prefill chunk rides level 1
         if write_cache:
-            result = run_layers_cached(self.params, cfg, x_BxTxD, positions_BxT, state.cache,
-                                       lo, hi, rider=rider)
+            result = self.backbone.run_layers_cached(self.params, cfg, x_BxTxD, positions_BxT,
+                                                     state.cache, lo, hi, rider=rider)
             h_BxTxD, cache = result[:2]
         else:
-            result = run_layers(self.params, cfg, x_BxTxD, positions_BxT, state.cache, lo, hi,
-                                split_context=True, rider=rider)
+            result = self.backbone.run_layers(self.params, cfg, x_BxTxD, positions_BxT,
+                                              state.cache, lo, hi, split_context=True,
+                                              rider=rider)
             (h_BxTxD, kv), cache = result[:2], state.cache
         if rider is not None:
             state = state.replace(rider=result[2])
         with jax.named_scope("head"):
-            logits_BxTxV = exit_logits(self.params, self.heads, cfg, h_BxTxD, hi)
+            logits_BxTxV = self.backbone.exit_logits(self.params, self.heads, cfg, h_BxTxD, hi)
         if k == self.h.num_levels:  # the top level decides: no EOS before min_new_B
             logits_BxTxV = emit.suppress_eos(
                 logits_BxTxV, self.req.eos_ids_E,
@@ -384,6 +385,7 @@ class Round:
         windows = self.h.window_policy.update(state.windows, k, K, m_B, n_B, part_B)
         counters = counters.replace(
             actions_K=counters.actions_K.at[k].add(1),
+            block_passes_KxT=counters.block_passes_KxT.at[k, T].add(1),
             layer_passes=counters.layer_passes + fwd.layer_passes,
             layer_token_evals=counters.layer_token_evals + fwd.layer_token_evals,
             head_evals_E=counters.head_evals_E.at[self.h.exits[k]].add(1),

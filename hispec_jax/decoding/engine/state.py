@@ -27,6 +27,8 @@ class Counters:
     Attributes:
       rounds: [] loop trips (speculation rounds).
       actions_K: [K] passes run at each level (level 0: draft steps).
+      block_passes_KxT: [K, blocks[-1] + 1] the passes of each verifying level k >= 1 by the
+        block length T they ran at (what a pass costs: `costs.Costs.stage`).
       layer_passes: [] sequential layer passes (each pass adds its depth once).
       layer_token_evals: [] layers x valid tokens actually computed (decode, not prefill).
       head_evals_E: [L + 1] sequential exit-head evaluations by exit layer (a pass's head
@@ -46,6 +48,7 @@ class Counters:
 
     rounds: jax.Array
     actions_K: jax.Array
+    block_passes_KxT: jax.Array
     layer_passes: jax.Array
     layer_token_evals: jax.Array
     head_evals_E: jax.Array
@@ -63,7 +66,8 @@ class Counters:
               drafter: Any = ()) -> "Counters":
         """Every counter at 0: [K] per level, [L + 1] per exit layer, [max_verified + 1]
         per verified length, [] the rest; `drafter`: the drafter's own, as it made them."""
-        shapes = {"actions_K": (K,), "verifications_K": (K,), "proposed_K": (K,),
+        shapes = {"actions_K": (K,), "block_passes_KxT": (K, max_verified + 1),
+                  "verifications_K": (K,), "proposed_K": (K,),
                   "accepted_K": (K,), "head_evals_E": (num_layers + 1,),
                   "verified_hist": (max_verified + 1,)}
         return cls(**{f.name: jnp.zeros(shapes.get(f.name, ()), jnp.int32)
