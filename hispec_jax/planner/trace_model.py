@@ -20,8 +20,8 @@ layers between exits only count work, which the planner prices from the passes i
 (`latency.price`), so plans of the same shape (levels, windows, lookup k) share one
 program and differ only in their tables. Tokens are renumbered to the trace's own (a
 power of two of them), positions padded to a multiple of 64: traces of similar size share
-programs too. Programs are compiled here, several at once (`prepare`), not in the engine's
-program cache.
+programs too. The programs go through the process's one program cache (`compile_cache`),
+compiled several at once before a search scores its plans (`prepare`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import numpy as np
 
 from hispec_jax.decoding import methods
 from hispec_jax.decoding.backbone import Backbone
-from hispec_jax.decoding.engine import Engine, Shapes
+from hispec_jax.decoding.engine import Engine, Shapes, compile_cache
 from hispec_jax.decoding.gate import default_pass_cost
 from hispec_jax.decoding.request import Request
 from hispec_jax.decoding.sampling import SamplingArrays
@@ -184,37 +184,25 @@ def engine(trace, exits, windows, lookup: int, batch: int) -> tuple[Engine, meth
     return eng, dec
 
 
-_PROGRAMS: dict[Engine, jax.stages.Compiled] = {}
-MAX_PROGRAMS = 256
+def _replay_loop(eng: Engine, params, heads, req, cache, windows_K1):
+    """`Engine.run`: what the replay compiles (the name keys it in the program cache)."""
+    return eng.run(params, heads, req, cache, windows_K1)
 
 
-def _compile(eng: Engine) -> jax.stages.Compiled:
-    return jax.jit(eng.run).lower(*eng.abstract_arguments()).compile()
-
-
-def _keep(eng: Engine, compiled: jax.stages.Compiled) -> jax.stages.Compiled:
-    if len(_PROGRAMS) >= MAX_PROGRAMS:  # the oldest goes first
-        del _PROGRAMS[next(iter(_PROGRAMS))]
-    _PROGRAMS[eng] = compiled
-    return compiled
-
-
-def program(eng: Engine) -> jax.stages.Compiled:
-    """`eng.run` compiled (at most `MAX_PROGRAMS` kept)."""
-    return _PROGRAMS[eng] if eng in _PROGRAMS else _keep(eng, _compile(eng))
+def program(eng: Engine):
+    """`eng.run` compiled, through the process's one program cache (`compile_cache.program`:
+    kept in process and stored across processes, as the decoding programs are)."""
+    return compile_cache.program(_replay_loop, (eng,), (), eng.abstract_arguments())
 
 
 def prepare(trace, plans, batch: int) -> None:
-    """Compiles the programs of `plans` ((exits, windows, lookup k), ...) not compiled yet,
-    several at once (XLA compiles outside the GIL): what a search replays next."""
-    todo = [e for e in dict.fromkeys(engine(trace, *p, batch)[0] for p in plans)
-            if e not in _PROGRAMS][:MAX_PROGRAMS]
-    if len(todo) < 2:
-        return
-    with concurrent.futures.ThreadPoolExecutor(min(len(todo), os.cpu_count() or 1)) as pool:
-        compiled = list(pool.map(_compile, todo))
-    for eng, c in zip(todo, compiled):
-        _keep(eng, c)
+    """Compiles the programs of `plans` ((exits, windows, lookup k), ...), several at once
+    (XLA compiles outside the GIL; those made already cost a lookup): what a search
+    replays next."""
+    engines = list(dict.fromkeys(engine(trace, *p, batch)[0] for p in plans))
+    if len(engines) > 1:
+        with concurrent.futures.ThreadPoolExecutor(min(len(engines), os.cpu_count() or 1)) as pool:
+            list(pool.map(program, engines))
 
 
 def run_counters(trace, exits: tuple[int, ...], windows: tuple[int, ...], lookup: int = 0,
