@@ -73,6 +73,28 @@ def test_the_replay_counts_what_the_engine_counts(always_agree, exits, windows, 
     assert work.seconds_per_token == pytest.approx(got.stats["work_per_token"])
 
 
+def test_replays_of_one_plan_shape_share_one_program_and_count_passes_by_block():
+    """The trace model numbers its exits 1..K: plans that differ only in their exits replay
+    on one compiled program (their tables differ), and the engine's passes by block add
+    up to its passes per level."""
+    from hispec_jax.decoding import generate as generate_lib
+    from hispec_jax.decoding.engine import compile_cache
+
+    model = tiny_model(6, 1)
+    _, trace = _trace_of(model, PROMPTS, 20)
+    latency.replay(trace, (2, 6), (3,), lookup=4)
+    before = compile_cache.compilations
+    for exits in ((1, 6), (3, 6), (5, 6)):
+        run = latency.replay(trace, exits, (3,), lookup=4)
+        assert sum(n for (level, _), n in run.passes if level == 2) == run.actions_per_level()[2]
+    assert compile_cache.compilations == before
+    stats = generate_lib.generate(model, PROMPTS, max_new_tokens=20, ignore_eos=True,
+                                  **dict(LAYERSKIP, lookup=4)).stats
+    assert [sum(per.values()) for per in stats["passes_per_block"][1:]] == \
+        stats["actions_per_level"][1:]
+    assert set(stats["passes_per_block"][1]) <= {1, 2, 4}  # the lookup's power-of-two blocks
+
+
 def test_the_replay_of_lookup_alone_is_the_measured_profile():
     """`measure_lookup`'s run of `method="lookup"` is what the replay counts."""
     model = tiny_model(4, 1)
