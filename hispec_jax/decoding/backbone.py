@@ -1,7 +1,9 @@
 """The model functions the decoding engine calls, as one object: `Backbone`.
 
-The engine (`engine/`: the round, the drafters, the first token) reaches the model only
-through these five calls, so one field of the `Engine` says which model runs them:
+The engine's loop (`engine/`: the round, the drafters, the first token) reaches the model
+only through these five calls, so one field of the `Engine` says which model runs them
+(the serving slots' prompt chunks, `slots._chunk`, and a draft model's own passes run the
+transformer directly):
 
     embed               tokens -> layer-0 states
     run_layers          layers [a, b) over a block, reading the cache (keys/values returned)
