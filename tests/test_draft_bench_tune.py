@@ -72,6 +72,10 @@ def test_bench_and_tune_reject_bad_draft_flags(dirs, capsys):
              "vocabulary has 80 entries, the model's 96")
     _rejects(["tune", "--model", target, "--draft-model", draft, "--draft-k", "99"], capsys,
              "--draft-k 99")
+    _rejects(["tune", "--model", target, "--smaller-draft-model", draft], capsys,
+             "--smaller-draft-model", "needs --draft-model")
+    _rejects(["tune", "--model", target, "--draft-model", draft, "--smaller-draft-model",
+              other], capsys, "--smaller-draft-model", "vocabulary has 80 entries")
 
 
 def test_bench_tasks_passes_the_draft_flags_on(dirs, tmp_path, monkeypatch, capsys):
@@ -123,6 +127,34 @@ def test_draft_plan_round_trips_and_needs_its_draft_model():
     assert plan_lib.model_key(pair) != plan_lib.model_key(target)  # the pair's plan file
 
 
+@pytest.mark.parametrize("plan, kind, name, options", [
+    (plan_lib.Plan(exits=(4,), draft_k=4, lookup=3), "draft+lookup",
+     "draft model k=4 + lookup k=3", {"draft_k": 4, "lookup": 3}),
+    (plan_lib.Plan(exits=(4,), draft_k=4, inner_k=2), "draft+draft",
+     "draft model k=4 + smaller draft model k=2", {"draft_k": (2, 4)}),
+    (plan_lib.Plan(exits=(1, 4), windows=(3,), draft_k=2), "layerskip+draft",
+     "layerskip d=1 nd=3 + draft model k=2", {"draft_exit": 1, "draft_len": 3, "draft_k": 2}),
+    (plan_lib.Plan(exits=(1, 2, 4), windows=(1, 4), draft_k=3), "hispec+draft",
+     "hispec d=1 i=2 nd=1 ni=4 + draft model k=3",
+     {"draft_exit": 1, "draft_len": 1, "verify_exits": (2,), "verify_window": 4, "draft_k": 3}),
+])
+def test_plans_over_and_under_a_draft_model_round_trip(plan, kind, name, options):
+    """Each hierarchy a tune prices with a draft model is a plan that names itself, saves,
+    builds its decoder on the models `tune.plan_model` gives it and reads back from it."""
+    from hispec_jax.planner import tune as tune_lib
+
+    assert (plan.kind, plan.name(), plan.method_options()) == (kind, name, options)
+    assert plan_lib.Plan.from_json(json.loads(json.dumps(plan.to_json()))) == plan
+    target, draft, small = _tiny(), _tiny(layers=2, seed=2), _tiny(layers=1, seed=5)
+    both = target.with_draft(draft.with_draft(small))
+    model = tune_lib.plan_model(both, plan)
+    assert (model.draft.params.get("draft") is not None) == bool(plan.inner_k)
+    assert plan_lib.Plan.of_decoder(plan.decoder(model)) == plan
+    if plan.inner_k:
+        with pytest.raises(ValueError, match="two draft models"):
+            plan.decoder(target.with_draft(draft))
+
+
 @pytest.mark.parametrize("alpha", [0.0, 0.3, 0.7, 0.95, 1.0])
 def test_per_token_acceptance_inverts_the_expected_run(alpha):
     k = 6
@@ -131,10 +163,17 @@ def test_per_token_acceptance_inverts_the_expected_run(alpha):
     assert got == pytest.approx(alpha, abs=2e-3)
 
 
+def _measured(alpha: float, ratio: float = 0.1, **structures) -> dict:
+    """What `draft_plans.measure` returns, for a draft model alone (and `structures`)."""
+    return {"k": 8, "proposed": 80, "accepted": 0, "alpha": alpha, "steps_per_draft": 1.0,
+            "wide_share": 0.0, "below_k": 0, "below_per_draft": 0.0, "step_ratio": ratio,
+            "agreement": {}, **structures}
+
+
 def test_draft_plans_are_priced_by_the_renewal_formula():
     ar = latency.predict((4,), (), [], COSTS)
     step = 0.1 * COSTS.stage(0, 4, 1)
-    agree = draft_plans.plans(1.0, 0.1, COSTS, 4, ks=(2, 4))
+    agree = draft_plans.plans(_measured(1.0), COSTS, 4, ks=(2, 4))
     for plan, k in zip(agree, (2, 4)):
         assert plan.tokens_per_round == k + 1
         block = latency.blocks((k,))[0]
@@ -143,13 +182,48 @@ def test_draft_plans_are_priced_by_the_renewal_formula():
         assert plan.predicted_speedup == pytest.approx(plan.predicted_tokens_per_second
                                                        / ar.tokens_per_second)
         assert plan.predicted_speedup > 1
-    assert all(p.predicted_speedup < 1 for p in draft_plans.plans(0.0, 0.1, COSTS, 4))
+    assert all(p.predicted_speedup < 1 for p in draft_plans.plans(_measured(0.0), COSTS, 4))
+
+
+def test_drafts_below_and_exits_above_a_draft_model_are_priced():
+    """A lookup (or a smaller draft model) that halves the draft model's passes per draft
+    costs their share of wide passes (and the smaller model's steps); the draft model under
+    exit d is checked at its agreement with d, then the calibration's alpha(d, L)."""
+    k, one = 4, COSTS.stage(0, 4, 1)
+    t_draft, t_small = 0.1 * one, 0.02 * one
+    lookup = dict(_measured(1.0), steps_per_draft=0.5, wide_share=0.5, below_k=7,
+                  below_per_draft=0.75)
+    smaller = dict(lookup, below_k=3, below_per_draft=2.0, step_ratio=0.02)
+    measured = _measured(1.0, lookup=lookup, smaller=smaller, agreement={"1": 0.9, "4": 1.0})
+    alpha_of = lambda a, b: 0.6  # noqa: E731
+    plans = {p.name(): p for p in draft_plans.plans(measured, COSTS, 4, ks=(k,),
+                                                    alpha_of=alpha_of, exits=(1, 2, 4))}
+    block = latency.blocks((k,))[0]
+
+    def speed(draft_s):
+        return (k + 1) / (COSTS.round_s + draft_s + COSTS.stage(0, 4, block))
+
+    wide = COSTS.stage(0, 4, 2 + k - 1) / one  # the lookup's k - 1 at k
+    assert plans["draft model k=4 + lookup k=3"].predicted_tokens_per_second == pytest.approx(
+        speed(k * 0.5 * t_draft * (0.5 + 0.5 * wide)))
+    wide = COSTS.stage(0, 4, 2 + 3) / one
+    assert plans["draft model k=4 + smaller draft model k=3"].predicted_tokens_per_second == \
+        pytest.approx(speed(k * (0.5 * t_draft * (0.5 + 0.5 * wide) + 2.0 * t_small)))
+    assert plans["draft model k=4"].predicted_tokens_per_second == pytest.approx(
+        speed(k * t_draft))
+    under = plans["layerskip d=1 nd=2 + draft model k=4"]
+    want = latency.predict((0, 1, 4), (k, 2), [0.9, 0.6], COSTS, draft_s=k * t_draft)
+    assert under.predicted_tokens_per_second == pytest.approx(want.tokens_per_second)
+    assert under.method_options()["draft_exit"] == 1
+    assert any(p.kind == "hispec+draft" and p.exits == (1, 2, 4) for p in plans.values())
+    assert not any(p.exits[0] == 2 for p in plans.values() if p.draft_k)  # no agreement known
 
 
 def test_tune_ranks_measured_draft_plans_with_the_others(tmp_path, monkeypatch):
     """`tune` on a pair (calibration replaced by fixed costs and acceptance): the draft
-    model's acceptance and step cost are measured, its plans join the ranking (the best of
-    them always kept), the plan file is the pair's, and --verify times them on the pair."""
+    model's acceptance, step cost and agreement with the exits are measured, alone and over
+    a lookup; its plans join the ranking (the best of each kind always kept), the plan file
+    is the pair's, and --verify times them on the pair."""
     from hispec_jax.planner import calibrate, tune as tune_lib
 
     monkeypatch.setattr("hispec_jax.planner.plan.cache_dir", lambda: tmp_path / "plans")
@@ -174,14 +248,19 @@ def test_tune_ranks_measured_draft_plans_with_the_others(tmp_path, monkeypatch):
     assert draft["alpha"] > 0.99 and draft["k"] == 3 and 0 < draft["step_ratio"]
     names = [p.name() for p in report["plans"]]
     assert any(n.startswith("draft model k=") for n in names)
+    # the best of each draft kind is listed: over a lookup, under exits (LayerSkip, HiSpec)
+    assert {"draft", "draft+lookup", "layerskip+draft", "hispec+draft"} <= {
+        p.kind for p in report["plans"]}
+    assert draft["lookup"]["steps_per_draft"] <= 1 and set(draft["agreement"]) == {"1", "2", "3", "4"}
     assert report["chosen_by"].startswith("measurement")  # --verify ranks by measurement
     rows = {r["plan"]: r for r in report["verify"]}
     drafted = [n for n in names if n.startswith("draft model")]
     assert all(rows[n]["measured_tokens_per_second"] > 0 for n in drafted)
     payload = json.loads(plan_lib.plan_path(pair, 1).read_text())
     assert payload["model"] == plan_lib.model_key(pair) and payload["draft_model"]["k"] == 3
-    assert any("draft model: per-token acceptance" in line
-               for line in tune_lib.summary_lines(report))
+    lines = tune_lib.summary_lines(report)
+    assert any("draft model: per-token acceptance" in line for line in lines)
+    assert any("draft model over a lookup: per-token acceptance" in line for line in lines)
 
 
 # ---- method="auto" with a draft model -------------------------------------------------------
@@ -205,7 +284,7 @@ def test_auto_with_a_draft_model_runs_the_pairs_plan(tmp_path, monkeypatch, caps
     """generate(method="auto", draft=...) without a plan tunes the pair quickly (its draft
     plans ranked with the target's own), decodes with the chosen draft plan, AR's tokens;
     the saved plan is the pair's and the next call runs it without tuning; a pair's plan
-    without the draft model decodes on the target alone; two draft models are refused."""
+    without the draft model decodes on the target alone; two draft models get theirs."""
     from hispec_jax import generate
     from hispec_jax.planner import calibrate, tune as tune_lib
 
@@ -233,6 +312,7 @@ def test_auto_with_a_draft_model_runs_the_pairs_plan(tmp_path, monkeypatch, caps
     def no_tune(*a, **k):
         raise AssertionError("a saved plan is run without tuning")
 
+    real_tune = tune_lib.tune
     monkeypatch.setattr(tune_lib, "tune", no_tune)
     again = generate(target, prompts, method="auto", draft=draft, max_new_tokens=12,
                      ignore_eos=True)
@@ -244,5 +324,11 @@ def test_auto_with_a_draft_model_runs_the_pairs_plan(tmp_path, monkeypatch, caps
                      ignore_eos=True)
     assert alone.token_ids == ar.token_ids and alone.stats["plan"] == "layerskip d=1 nd=2"
     assert "draft_model" not in alone.stats
-    with pytest.raises(ValueError, match="prices one draft model"):
-        generate(target, prompts, method="auto", draft=(_tiny(1, seed=5), draft))
+    # two draft models: the tune prices the plans of both beside the others
+    monkeypatch.setattr(tune_lib, "tune", real_tune)
+    small = _tiny(1, seed=5)
+    both = generate(target, prompts, method="auto", draft=(small, draft), max_new_tokens=12,
+                    ignore_eos=True)
+    assert both.token_ids == ar.token_ids
+    chosen = plan_lib.load_plan(target.with_draft(draft.with_draft(small)), 2)
+    assert chosen is not None and chosen.name() == both.stats["plan"]

@@ -56,6 +56,9 @@ def add_parsers(subparsers) -> None:
                            "the same vocabulary, priced by its acceptance on the calibration "
                            "prompts and its step's cost here, ranked with the other plans; the "
                            "plan file is the pair's")
+    tune.add_argument("--smaller-draft-model", default=None, metavar="PATH",
+                      help="--draft-model: a second, smaller draft model of the same vocabulary "
+                           "drafting for it (HSD's two draft models): their plans join too")
     tune.add_argument("--draft-k", type=int, default=None, metavar="K",
                       help="--draft-model: price only k = K (default: k = "
                            + ", ".join(map(str, (1, 2, 3, 4, 5, 6, 8))) + ")")

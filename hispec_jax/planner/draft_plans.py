@@ -1,33 +1,60 @@
-"""A draft model's plans for `tune`: measured acceptance and draft-step cost -> the latency
-model -> plans scored like the exit and lookup hierarchies.
+"""A draft model's plans for `tune`: what the draft model (and what drafts below it) did on
+the calibration prompts, priced by this device's costs and ranked with the exit and lookup
+hierarchies.
 
-A draft model drafting k tokens for the final layer (method "draft", the bonus: a round at
-k drafts checks k + 1 positions and emits the accepted run, then the correction or, after k
-kept drafts, the target's own next token):
+The hierarchies priced, lowest level first (k: the draft model's drafts a round):
 
-    round cost   round_s + k t_draft + stage(0, L, block(k + 1))
-    tokens       E(k + 1) = 1 + a + ... + a^k             (i.i.d. per-token acceptance a)
+    draft model -> L                          classic (method "draft")
+    lookup k - 1 -> draft model -> L          the lookup's tokens checked in its passes
+    smaller draft model -> draft model -> L   HSD's two draft models (k' per pass)
+    draft model -> d -> L                     LayerSkip over a draft model
+    draft model -> d -> i -> L                HiSpec over a draft model
 
-with the target's stages as `calibrate` measured them, t_draft the draft model's AR step
-priced as the target's AR stage times the ratio of the two models' AR passes timed side by
-side here (`gate.time_passes`), and a fitted to what the draft model's ungated drafts kept
-on the calibration prompts (`acceptance`). The gate that the plan runs with (default on)
-drafts fewer where drafts do not pay; the price here is the fixed-window one.
+A round at k costs round_s + draft_s(k) + the target's levels, `latency.predict` with
+e_0 = 0 (level 1 checks the k drafts and its own next token, the bonus), where
+
+    draft_s(k) = k (s t_pass + i t_small)
+    t_pass     = t_draft ((1 - w) + w stage(0, L, 2 + k_below) / stage(0, L, 1))
+
+s is the draft model's passes per drafted token (1 alone; fewer where a pass keeps tokens
+from below), w the share of its passes that ran the wide block holding the tokens from
+below (k_below of them at most), i the smaller model's passes per drafted token; t_draft and
+t_small are their AR steps, priced as the calibrated target AR stage times the ratio of
+their passes to the target's timed side by side here (`gate.time_passes`), and the target's
+block costs stand for the draft model's growth with the block's length. s, w and i are
+measured at the largest k, ungated, and taken per drafted token at every k. A lookup under
+the draft model proposes at most the round's drafts after the step's own, so each k is
+priced with lookup k - 1 (a longer one only widens the block).
+
+Acceptance. The final layer's of the draft model's drafts: the i.i.d. per-token a whose
+geometric run of at most k kept drafts keeps what the ungated drafts kept
+(`per_token_acceptance`), for each structure apart. Exit d's: the share of positions where
+the draft model's and exit d's greedy choices agree along the same continuations,
+teacher-forced (`agreement`); above d, the calibration's alpha(d, ...) as for the exit
+hierarchies. The gate that the plans run with (default on) drafts less where drafts do not
+pay; the price here is the fixed-window one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
 
+from hispec_jax.decoding import options as options_lib
 from hispec_jax.decoding.costs import Costs
+from hispec_jax.models.draft_weights import DraftWeights
 from hispec_jax.models.model import Model
 from hispec_jax.planner import latency
 from hispec_jax.planner.plan import Plan
 
 # the k a tune prices (and the k its acceptance is measured at: the largest)
 CANDIDATE_KS = (1, 2, 3, 4, 5, 6, 8)
+# the final layer's window Nd above exit d (LayerSkip over a draft model), and HiSpec's
+EXIT_WINDOWS = (1, 2, 3, 4, 6, 8)
+VERIFY_WINDOWS = (2, 4, 6, 8, 12, 16)
+HISPEC_DRAFT_EXITS_KEPT = 3  # the best draft exits of LayerSkip over a draft model, for HiSpec's
 
 
 def per_token_acceptance(accepted: int, proposed: int, k: int) -> float:
@@ -45,69 +72,190 @@ def per_token_acceptance(accepted: int, proposed: int, k: int) -> float:
     return (lo + hi) / 2
 
 
-def acceptance(model: Model, prompts: list[list[int]], new_tokens: int, batch_size: int,
-               k: int = max(CANDIDATE_KS)) -> dict[str, Any]:
-    """What the draft model's ungated drafts of k tokens kept on `prompts` (greedy, EOS
-    ignored): {"proposed", "accepted", "alpha"}."""
+# ---- the models of a pair --------------------------------------------------------------------
+def smaller_of(model: Model) -> DraftWeights | None:
+    """The draft model's own draft model (HSD's smaller one), or None."""
+    draft = model.draft
+    if draft is None or not isinstance(draft.params, dict):
+        return None
+    return draft.params.get("draft")
+
+
+def with_one_draft(model: Model) -> Model:
+    """`model` with its draft model but not the draft model's own (itself when it has none)."""
+    if smaller_of(model) is None:
+        return model
+    draft = model.draft
+    mid = dataclasses.replace(draft, params={k: v for k, v in draft.params.items()
+                                             if k != "draft"})
+    return dataclasses.replace(model, params={**model.params, "draft": mid})
+
+
+def alone(weights: DraftWeights | Model) -> Model:
+    """A draft model's weights as a `Model` of its own (without a draft model)."""
+    params = {k: v for k, v in weights.params.items() if k != "draft"}
+    return Model(cfg=weights.cfg, params=params, generation_config={})
+
+
+# ---- measuring ------------------------------------------------------------------------------
+def _ungated(model: Model, prompts, new_tokens: int, batch_size: int, k, lookup: int = 0):
+    """An ungated draft run at k (greedy, EOS ignored): (its `stats["draft_model"]`, the
+    sequences prompt + continuation)."""
     from hispec_jax.decoding.generate import generate
 
     out = generate(model, prompts, method="draft", draft_k=k, draft_gate=False,
-                   max_new_tokens=new_tokens, batch_size=batch_size, ignore_eos=True)
-    stats = out.stats["draft_model"]
-    return {"proposed": stats["proposed"], "accepted": stats["accepted"], "k": k,
-            "alpha": per_token_acceptance(stats["accepted"], stats["proposed"], k)}
+                   max_new_tokens=new_tokens, batch_size=batch_size, ignore_eos=True,
+                   **({"lookup": lookup} if lookup else {}))
+    return out.stats["draft_model"], [list(p) + list(t) for p, t in zip(prompts, out.token_ids)]
 
 
-def draft_step_ratio(model: Model, batch_size: int, context: int, capacity: int,
-                     repeats: int = 5) -> float:
-    """The draft model's AR step over the target's, both timed here (`gate.time_passes`,
-    interleaved, the fastest of `repeats`)."""
+def _structure(stats: dict, k: int) -> dict[str, Any]:
+    """What an ungated run at k says of its structure: acceptance and passes per draft."""
+    drafted, steps = max(stats["drafted"], 1), max(stats["draft_steps"], 1)
+    below = stats.get("lookup") or stats.get("inner_draft_model") or {}
+    return {"k": k, "proposed": stats["proposed"], "accepted": stats["accepted"],
+            "alpha": per_token_acceptance(stats["accepted"], stats["proposed"], k),
+            "steps_per_draft": stats["draft_steps"] / drafted,
+            "wide_share": stats.get("wide_steps", 0) / steps,
+            "below_k": below.get("k", 0), "below_per_draft": below.get("proposed", 0) / drafted}
+
+
+def step_ratio(target: Model, draft: Model, batch_size: int, context: int, capacity: int,
+               repeats: int = 5) -> float:
+    """`draft`'s AR step over `target`'s, both timed here (`gate.time_passes`, the fastest of
+    `repeats`)."""
     from hispec_jax.decoding import gate
 
-    draft = Model(cfg=model.draft.cfg, params=model.draft.params, generation_config={})
-    target = Model(cfg=model.cfg, params={k: v for k, v in model.params.items() if k != "draft"},
-                   generation_config={})
     shape = [(batch_size, 1)]
     t = gate.time_passes(target, shape, context=context, capacity=capacity, repeats=repeats)
     d = gate.time_passes(draft, shape, context=context, capacity=capacity, repeats=repeats)
     return d[shape[0]] / t[shape[0]]
 
 
-def predict(k: int, alpha: float, draft_step_s: float, costs: Costs,
-            num_layers: int) -> latency.Prediction:
-    """The draft plan's steady-state speed (module docstring)."""
-    block = latency.blocks((k,))[0]
-    cost = costs.round_s + k * draft_step_s + costs.stage(0, num_layers, block)
-    tokens = latency.expected_emitted(alpha, k + 1)
-    t = cost / tokens
-    return latency.Prediction(tokens, t, costs.batch / t)
+def agreement(target: Model, draft: Model, sequences: list[list[int]],
+              starts: list[int]) -> dict[str, float]:
+    """{str(exit): the share of the continuations' positions where `draft`'s greedy choice
+    is exit's} for every exit of `target` with a head, teacher-forced."""
+    from hispec_jax.planner.calibrate import exit_choices
 
-
-def plans(alpha: float, step_ratio: float, costs: Costs, num_layers: int,
-          ks=CANDIDATE_KS, gate: bool = True) -> list[Plan]:
-    """A scored `Plan` per k (speedups over AR at the same costs); `gate`: the plans run
-    with the acceptance gate."""
-    ar = latency.predict((num_layers,), (), [], costs)
-    draft_step_s = step_ratio * costs.stage(0, num_layers, 1)
-    out = []
-    for k in ks:
-        pred = predict(k, alpha, draft_step_s, costs, num_layers)
-        out.append(Plan(exits=(num_layers,), draft_k=k, draft_gate=gate,
-                        predicted_tokens_per_second=pred.tokens_per_second,
-                        predicted_speedup=pred.tokens_per_second / ar.tokens_per_second,
-                        tokens_per_round=pred.tokens_per_round))
-    return out
+    mine = exit_choices(draft, sequences)[draft.cfg.num_layers]
+    theirs = exit_choices(target, sequences)
+    cut = lambda c, p: c[max(p - 1, 0):len(c) - 1]  # noqa: E731 (the continuation's predictions)
+    ours = np.concatenate([cut(c, p) for c, p in zip(mine, starts)])
+    return {str(e): float(np.mean(ours == np.concatenate([cut(c, p) for c, p in zip(per, starts)])))
+            for e, per in sorted(theirs.items())}
 
 
 def measure(model: Model, prompts: list[list[int]], new_tokens: int, batch_size: int,
             capacity: int, progress=None, k: int = max(CANDIDATE_KS)) -> dict[str, Any]:
-    """The draft model's acceptance on `prompts` (ungated drafts of `k` tokens) and its
-    step's cost ratio (what `plans` takes)."""
-    if progress:
-        progress("draft model: acceptance on the calibration prompts")
-    measured = acceptance(model, prompts, new_tokens, batch_size, k)
-    if progress:
-        progress("draft model: its step's cost against the target's")
+    """Everything `plans` prices by: the draft model's ungated drafts of `k` tokens on
+    `prompts` alone ({"k", "proposed", "accepted", "alpha", "steps_per_draft", ...}), its
+    step's cost ratio ("step_ratio"), its agreement with the target's exits ("agreement"),
+    and the same for a lookup of k - 1 below it ("lookup") and, when the draft model has
+    one, its smaller draft model below it ("smaller", with its own "step_ratio")."""
+    say = progress or (lambda msg: None)
+    from hispec_jax.planner.tune import without_draft
+
+    pair, target = with_one_draft(model), without_draft(model)
+    say("draft model: its drafts on the calibration prompts")
+    stats, sequences = _ungated(pair, prompts, new_tokens, batch_size, k)
+    measured = _structure(stats, k)
     context = min(capacity // 2, int(np.mean([len(p) for p in prompts])) + new_tokens // 2)
-    measured["step_ratio"] = draft_step_ratio(model, batch_size, context, capacity)
+    say("draft model: its step's cost against the target's")
+    measured["step_ratio"] = step_ratio(target, alone(model.draft), batch_size, context, capacity)
+    say("draft model: its agreement with the target's exits")
+    measured["agreement"] = agreement(target, alone(model.draft), sequences,
+                                      [len(p) for p in prompts])
+    measured["lookup"] = measured["smaller"] = None
+    if k >= 2:
+        say(f"draft model: over a prompt lookup of {k - 1}")
+        measured["lookup"] = _structure(_ungated(pair, prompts, new_tokens, batch_size, k,
+                                                 lookup=k - 1)[0], k)
+    smaller = smaller_of(model)
+    if smaller is not None and k >= 2:
+        inner_k = options_lib.DEFAULT_INNER_DRAFT_K
+        say(f"smaller draft model: its drafts of {inner_k} for the draft model's passes")
+        measured["smaller"] = _structure(_ungated(model, prompts, new_tokens, batch_size,
+                                                  (inner_k, k))[0], k)
+        measured["smaller"]["step_ratio"] = step_ratio(target, alone(smaller), batch_size,
+                                                       context, capacity)
     return measured
+
+
+# ---- pricing --------------------------------------------------------------------------------
+def draft_seconds(k: int, structure: dict[str, Any], t_draft: float, costs: Costs,
+                  num_layers: int, t_smaller: float = 0.0) -> float:
+    """draft_s(k) of the module docstring: a round's k drafts of `structure`."""
+    wide = 1.0
+    if structure["below_k"]:
+        one = costs.stage(0, num_layers, 1)
+        wide = costs.stage(0, num_layers, 2 + structure["below_k"]) / one
+    t_pass = t_draft * ((1 - structure["wide_share"]) + structure["wide_share"] * wide)
+    return k * (structure["steps_per_draft"] * t_pass + structure["below_per_draft"] * t_smaller)
+
+
+def _scored(plan: Plan, pred: latency.Prediction, ar: latency.Prediction) -> Plan:
+    return dataclasses.replace(plan, predicted_tokens_per_second=pred.tokens_per_second,
+                               predicted_speedup=pred.tokens_per_second / ar.tokens_per_second,
+                               tokens_per_round=pred.tokens_per_round)
+
+
+def plans(measured: dict[str, Any], costs: Costs, num_layers: int, ks=CANDIDATE_KS,
+          gate: bool = True, alpha_of=None, exits=()) -> list[Plan]:
+    """Every priced plan (module docstring), speedups over AR at the same costs; `gate`:
+    the plans run with the acceptance gate; `alpha_of(a, b)` and `exits` (ascending, the
+    last L): the calibration's, for the plans over the target's exits (none without)."""
+    L = num_layers
+    ar = latency.predict((L,), (), [], costs)
+    t_draft = measured["step_ratio"] * costs.stage(0, L, 1)
+    base = Plan(exits=(L,), draft_gate=gate)
+    smaller = measured.get("smaller")
+    t_small = smaller["step_ratio"] * costs.stage(0, L, 1) if smaller else 0.0
+    out = []
+    for k in ks:
+        # (plan fields, what its drafts did, the smaller model's step)
+        variants = [({}, measured, 0.0)]
+        if k >= 2 and measured.get("lookup"):
+            variants.append(({"lookup": k - 1}, dict(measured["lookup"], below_k=k - 1), 0.0))
+        if k >= 2 and smaller:
+            variants.append(({"inner_k": smaller["below_k"]}, smaller, t_small))
+        for fields, structure, t_s in variants:
+            d_s = draft_seconds(k, structure, t_draft, costs, L, t_s)
+            pred = latency.predict((0, L), (k,), [structure["alpha"]], costs, draft_s=d_s)
+            out.append(_scored(dataclasses.replace(base, draft_k=k, **fields), pred, ar))
+    out += _over_exits(measured, costs, L, ks, base, ar, t_draft, alpha_of, exits)
+    return out
+
+
+def _over_exits(measured, costs, L, ks, base, ar, t_draft, alpha_of, exits) -> list[Plan]:
+    """LayerSkip and HiSpec over the draft model: exit d checks its drafts first."""
+    agree = measured.get("agreement") or {}
+    lower = [e for e in exits if e < L and str(e) in agree]
+    if alpha_of is None or not lower:
+        return []
+    layerskip, hispec = [], []
+    for d in lower:
+        for k in ks:
+            d_s = draft_seconds(k, measured, t_draft, costs, L)
+            for nd in EXIT_WINDOWS:
+                pred = latency.predict((0, d, L), (k, nd), [agree[str(d)], alpha_of(d, L)],
+                                       costs, draft_s=d_s)
+                layerskip.append(_scored(dataclasses.replace(base, exits=(d, L), windows=(nd,),
+                                                             draft_k=k), pred, ar))
+    best = dict.fromkeys(p.exits[0] for p in sorted(layerskip, key=_slower))  # draft exits, best first
+    for d in list(best)[:HISPEC_DRAFT_EXITS_KEPT]:
+        for i in (e for e in exits if d < e < L):
+            alphas = [agree[str(d)], alpha_of(d, i), alpha_of(i, L)]
+            for k in ks:
+                d_s = draft_seconds(k, measured, t_draft, costs, L)
+                for nd in EXIT_WINDOWS[:4]:
+                    for ni in VERIFY_WINDOWS:
+                        pred = latency.predict((0, d, i, L), (k, nd, ni), alphas, costs,
+                                               draft_s=d_s)
+                        hispec.append(_scored(dataclasses.replace(
+                            base, exits=(d, i, L), windows=(nd, ni), draft_k=k), pred, ar))
+    return layerskip + hispec
+
+
+def _slower(plan: Plan) -> float:
+    return -plan.predicted_tokens_per_second

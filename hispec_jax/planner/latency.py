@@ -118,7 +118,7 @@ def level_alphas(exits: tuple[int, ...], alpha: AlphaFn) -> list[float]:
 
 
 def predict(exits: tuple[int, ...], windows: tuple[int, ...], alphas: list[float],
-            costs: Costs) -> Prediction:
+            costs: Costs, draft_s: float | None = None) -> Prediction:
     """The renewal formulas: expected tokens per round and latency per token of a
     fixed-window exit hierarchy (see the module docstring; exact for K <= 3 at batch 1,
     the batch priced as if in phase).
@@ -128,6 +128,9 @@ def predict(exits: tuple[int, ...], windows: tuple[int, ...], alphas: list[float
       windows: (Nd, N_2, ..., N_{K-1}), K - 1 entries.
       alphas: acceptance of each verifying level, alpha(e_{k-1}, e_k), K - 1 entries.
       costs: measured costs.
+      draft_s: level 0's cost per round where it is not the target's own exit (a draft
+        model's Nd steps, `draft_plans`: e_0 = 0 and level 1 checks its Nd drafts and its
+        own next token, the bonus); None: Nd + 1 steps of stage(0, e_0, 1).
     """
     K = len(exits)
     if K == 1:
@@ -136,7 +139,8 @@ def predict(exits: tuple[int, ...], windows: tuple[int, ...], alphas: list[float
     blk = blocks(windows)
     nd = windows[0]
     # Level 1: one cycle = one round.
-    cost = costs.round_s + (nd + 1) * costs.stage(0, exits[0], 1) + costs.stage(exits[0], exits[1], blk[0])
+    drafting = (nd + 1) * costs.stage(0, exits[0], 1) if draft_s is None else draft_s
+    cost = costs.round_s + drafting + costs.stage(exits[0], exits[1], blk[0])
     out = emitted_distribution(alphas[0], nd + 1)
     rounds = 1.0
     for k in range(2, K):

@@ -44,11 +44,16 @@ class Plan:
       lookup: k of the prompt-lookup drafter, 0: none. With exits (L,) `method="lookup"`;
         below exits (d, L) or (d, i, ..., L) the drafter is level 0 under LayerSkip /
         HiSpec (`lookup=k`): exit d verifies its drafts, and the windows are the levels
-        above it (`Nd`: L, or i, verifies once Nd + 1 tokens are pending).
-      draft_k: k of a draft model drafting for the final layer (method "draft", exits
-        (L,)), 0: none. Such a plan runs only on the model with the same draft model
-        (`Model.with_draft`, `--draft-model`): its plan file is keyed by both.
+        above it (`Nd`: L, or i, verifies once Nd + 1 tokens are pending). With
+        `draft_k`, a lookup below the draft model.
+      draft_k: k of a draft model drafting for the target's levels, 0: none. With exits
+        (L,) the final layer verifies it (method "draft"); with (d, L) or (d, i, L) it is
+        level 0 under LayerSkip / HiSpec (`draft=`), the windows those of the levels
+        above exit d, as for a lookup. Such a plan runs only on the model with the same
+        draft model (`Model.with_draft`, `--draft-model`): its plan file is keyed by both.
       draft_gate: with `draft_k`, whether the acceptance gate picks each round's window.
+      inner_k: with `draft_k`, k' of the draft model's own draft model below it (HSD's two
+        draft models: `draft_k=(k', k)`), 0: none.
     """
 
     exits: tuple[int, ...]
@@ -62,14 +67,17 @@ class Plan:
     lookup: int = 0
     draft_k: int = 0
     draft_gate: bool = True
+    inner_k: int = 0
 
     def __post_init__(self):
         if self.lookup and self.adaptive:
             raise ValueError("a lookup plan has fixed windows (the lookup adapts its own k)")
+        if self.inner_k and (not self.draft_k or self.lookup):
+            raise ValueError("inner_k is a second draft model's: it needs draft_k and no lookup")
 
     @property
     def method(self) -> str:
-        if self.draft_k:
+        if self.draft_k and len(self.exits) == 1:
             return "draft"
         if self.lookup and len(self.exits) == 1:
             return "lookup"
@@ -78,13 +86,21 @@ class Plan:
     @property
     def kind(self) -> str:
         """The plan's family in the search's table: ar, layerskip, hispec, lookup,
-        layerskip+lookup, hispec+lookup."""
+        layerskip+lookup, hispec+lookup, draft, draft+lookup, draft+draft (two draft
+        models), layerskip+draft, hispec+draft."""
+        if self.draft_k:
+            return ("draft" if len(self.exits) == 1 else self.method + "+draft") + (
+                "+lookup" if self.lookup else "+draft" if self.inner_k else "")
         return self.method + ("+lookup" if self.lookup and len(self.exits) > 1 else "")
 
     def method_options(self) -> dict[str, Any]:
         """Options of `make_method(model, self.method, **options)`."""
         if self.draft_k:
-            return {"draft_k": self.draft_k, **({} if self.draft_gate else {"draft_gate": False})}
+            exits = dataclasses.replace(self, draft_k=0, lookup=0, inner_k=0)
+            return {**exits.method_options(),
+                    "draft_k": (self.inner_k, self.draft_k) if self.inner_k else self.draft_k,
+                    **({} if self.draft_gate else {"draft_gate": False}),
+                    **({"lookup": self.lookup} if self.lookup else {})}
         if self.lookup and len(self.exits) == 1:
             return {"lookup": self.lookup}
         if len(self.exits) == 1:
@@ -108,10 +124,13 @@ class Plan:
         h = decoder.hierarchy
         options = h.drafter.plan_options()
         k = options.get("lookup", 0)
-        if options.get("draft_k"):  # a draft model for the final layer
-            return cls(exits=tuple(e for e in h.exits if e), draft_k=options["draft_k"],
-                       draft_gate=options.get("draft_gate", True))
-        return cls(exits=tuple(e for e in h.exits if e), windows=tuple(decoder.windows[1 if k else 0:]),
+        exits = tuple(e for e in h.exits if e)
+        if options.get("draft_k"):  # a draft model below the target's levels
+            ks = options["draft_k"]
+            inner_k, draft_k = ks if isinstance(ks, tuple) else (0, ks)
+            return cls(exits=exits, windows=tuple(decoder.windows[1:]), draft_k=draft_k,
+                       draft_gate=options.get("draft_gate", True), lookup=k, inner_k=inner_k)
+        return cls(exits=exits, windows=tuple(decoder.windows[1 if k else 0:]),
                    adaptive=h.adaptive, lookup=k)
 
     def spec(self) -> method_spec.MethodSpec:
@@ -123,11 +142,19 @@ class Plan:
         if self.draft_k and model.draft is None:
             raise ValueError(f"the plan '{self.name()}' drafts with a draft model: give the "
                              "model the draft model it was tuned with (--draft-model)")
+        if self.inner_k and "draft" not in model.draft.params:
+            raise ValueError(f"the plan '{self.name()}' drafts with two draft models: give "
+                             "the smaller one too (--smaller-draft-model)")
         return methods.make_method(model, self.spec(), greedy=greedy)
 
     def name(self) -> str:
         if self.draft_k:
-            return f"draft model k={self.draft_k}" + ("" if self.draft_gate else " ungated")
+            drafts = (f"draft model k={self.draft_k}" + ("" if self.draft_gate else " ungated")
+                      + (f" + lookup k={self.lookup}" if self.lookup else "")
+                      + (f" + smaller draft model k={self.inner_k}" if self.inner_k else ""))
+            if len(self.exits) == 1:
+                return drafts
+            return dataclasses.replace(self, draft_k=0, lookup=0, inner_k=0).name() + " + " + drafts
         if self.lookup and len(self.exits) == 1:
             return f"lookup k={self.lookup}"
         if self.lookup:

@@ -35,8 +35,9 @@ def tune(model: Model, batch_size: int = 1, *, quick: bool = False,
     file, "search_seconds", "chosen_by": "prediction"}.
     `costs_from`: reuse an earlier calibration's costs (`calibrate.calibrate`).
     A model with a draft model (`Model.with_draft`): its plans at each k of `draft_ks`
-    (`draft_plans`: measured acceptance, this device's costs) are ranked with the others,
-    the best of them always kept; the plan file is the pair's (`plan.model_key`)."""
+    (`draft_plans`: alone, over a lookup, over its own smaller draft model when it has one,
+    under the target's exits; measured acceptance, this device's costs) are ranked with the
+    others, the best of them always kept; the plan file is the pair's (`plan.model_key`)."""
     settings = settings or (calibrate_lib.Settings.quick() if quick else calibrate_lib.Settings())
     target = without_draft(model)  # the exits and lookup are the target's alone
     cal = calibrate_lib.calibrate(target, batch_size, prompts=prompts, settings=settings,
@@ -52,13 +53,17 @@ def tune(model: Model, batch_size: int = 1, *, quick: bool = False,
             model, prompts or calibrate_lib.calibration_prompts(target, settings.num_prompts,
                                                                 settings.max_prompt_tokens),
             settings.new_tokens, batch_size, settings.capacity, progress, k=max(draft_ks))
-        priced = draft_plans.plans(draft["alpha"], draft["step_ratio"], cal.costs,
-                                   model.cfg.num_layers, draft_ks, draft_gate)
+        priced = draft_plans.plans(draft, cal.costs, model.cfg.num_layers, draft_ks, draft_gate,
+                                   alpha_of=cal.alpha_of, exits=cal.exits)
         # the search's list stays whole (its top, then the best of each kind); the draft
-        # plans that rank among the top join it, the best of them always
+        # plans that rank among the top join it, and the best of each draft kind
         speed = lambda p: -p.predicted_tokens_per_second  # noqa: E731
         ranked = sorted(plans + priced, key=speed)[:top]
-        joining = [p for p in priced if p in ranked] or [min(priced, key=speed)]
+        best = {}
+        for p in sorted(priced, key=speed):
+            best.setdefault(p.kind, p)
+        joining = [p for p in priced if p in ranked]
+        joining += [p for p in best.values() if p not in joining]
         plans = sorted(plans + joining, key=speed)
     path = None
     if save:
@@ -93,11 +98,8 @@ def auto_decoder(model: Model, batch_size: int, greedy: bool = True, plan_file=N
     """(the `Decoder` of the saved plan for (model, device, batch size), the plan); tunes
     quickly first (saying so on stderr) when there is none. A model with a draft model
     (`Model.with_draft`) gets the pair's plan: its draft plans ranked with the target's own
-    exit and lookup plans (`tune`); a plan without the draft model decodes on the target
-    alone (`plan_model`). Two draft models (HSD) are refused: `tune` prices one."""
-    if model.draft is not None and "draft" in model.draft.params:
-        raise ValueError("method 'auto' prices one draft model; with two, pass "
-                         "method='draft' (draft_k=(k', k))")
+    exit and lookup plans (`tune`); a plan runs on the models it was priced on
+    (`plan_model`)."""
     plan = plan_lib.load_plan(model, batch_size, plan_file)
     if plan is None:
         what = "model" if model.draft is None else "model and draft model"
@@ -108,9 +110,11 @@ def auto_decoder(model: Model, batch_size: int, greedy: bool = True, plan_file=N
 
 
 def plan_model(model: Model, plan) -> Model:
-    """The model `plan` decodes on: the pair for a draft model's plan, else the target
-    alone (as `tune` priced it)."""
-    return model if plan.draft_k else without_draft(model)
+    """The model `plan` decodes on, as `tune` priced it: with both draft models for a plan
+    of two, with the draft model alone for a plan of one, else the target alone."""
+    if plan.inner_k:
+        return model
+    return draft_plans.with_one_draft(model) if plan.draft_k else without_draft(model)
 
 
 def measure_plans(model: Model, plans: list, batch_size: int, prompts: list[list[int]],
@@ -278,6 +282,14 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         lines.append(f"draft model: per-token acceptance {draft['alpha']:.3f} ({draft['accepted']} "
                      f"of {draft['proposed']} drafts kept at k={draft['k']}, ungated); a draft "
                      f"step costs {draft['step_ratio']:.3f} of the target's AR step")
+        for name, s in (("over a lookup", draft.get("lookup")),
+                        ("over the smaller draft model", draft.get("smaller"))):
+            if s:
+                lines.append(f"draft model {name}: per-token acceptance {s['alpha']:.3f}, "
+                             f"{s['steps_per_draft']:.2f} of its passes per draft "
+                             f"({s['wide_share']:.0%} with tokens from below)"
+                             + (f"; a smaller model's step costs {s['step_ratio']:.3f}"
+                                if "step_ratio" in s else ""))
     measured = {r["plan"]: r for r in (report.get("verify") or [])}
     header = (f"{'plan':40s} {'pred tok/s':>10s} {'pred x AR':>9s} {'tok/round':>9s} "
               f"{'work/tok':>8s} {'work x AR':>9s}")

@@ -205,6 +205,8 @@ class DraftModelCounters:
       below_proposed: [] with a lookup or a smaller draft model below the draft model, the
         tokens it proposed to the draft model.
       below_accepted: [] of those, tokens the draft model kept as its drafts.
+      wide_steps: [] of `steps`, those whose pass ran the block that holds the tokens from
+        below (2 + their k positions: the planner prices them apart, `draft_plans`).
     """
 
     steps: jax.Array
@@ -214,6 +216,7 @@ class DraftModelCounters:
     caught_up: jax.Array
     below_proposed: jax.Array
     below_accepted: jax.Array
+    wide_steps: jax.Array
 
 
 @flax.struct.dataclass
@@ -354,7 +357,8 @@ class DraftModelDrafter:
         del num_layers
         zero = jnp.zeros((), jnp.int32)
         return DraftModelCounters(steps=zero, drafted=zero, proposed=zero, accepted=zero,
-                                  caught_up=zero, below_proposed=zero, below_accepted=zero)
+                                  caught_up=zero, below_proposed=zero, below_accepted=zero,
+                                  wide_steps=zero)
 
     def stats(self, h, total) -> dict:
         c = total.drafter
@@ -365,6 +369,7 @@ class DraftModelDrafter:
             "draft_steps": int(c.steps), "drafted": int(c.drafted), "proposed": proposed,
             "accepted": accepted, "acceptance_rate": accepted / proposed if proposed else None,
             "caught_up_positions": int(c.caught_up), "verified_by_exit": h.exits[1],
+            "wide_steps": int(c.wide_steps),
             **({} if self.lookup is None else {"lookup": {
                 "k": self.lookup.max_tokens, "max_ngram": self.lookup.max_ngram,
                 "proposed": int(c.below_proposed), "accepted": int(c.below_accepted)}}),
@@ -590,7 +595,8 @@ class DraftModelDrafter:
             drafter=mine.replace(steps=mine.steps + jnp.sum(part_B),
                                  drafted=mine.drafted + jnp.sum(n_B),
                                  below_proposed=mine.below_proposed + jnp.sum(m_B * part_B),
-                                 below_accepted=mine.below_accepted + jnp.sum(kept_B)))
+                                 below_accepted=mine.below_accepted + jnp.sum(kept_B),
+                                 wide_steps=mine.wide_steps + (jnp.sum(part_B) if M else 0)))
         ds = ds.replace(cached_B=jnp.where(part_B, pos_B + 1 + kept_B, ds.cached_B))
         if ds.inner is not None and M:
             ds = ds.replace(inner=InnerDraftModel.settle(ds.inner, pos_B, m_B, kept_B))
