@@ -332,3 +332,24 @@ def test_auto_with_a_draft_model_runs_the_pairs_plan(tmp_path, monkeypatch, caps
     assert both.token_ids == ar.token_ids
     chosen = plan_lib.load_plan(target.with_draft(draft.with_draft(small)), 2)
     assert chosen is not None and chosen.name() == both.stats["plan"]
+
+
+def test_saved_agreeing_pair_agrees_at_both_levels(tmp_path):
+    """`hispec bench-tool draft-model --save-pair DIR` writes a target, its draft and a
+    smaller draft whose greedy tokens agree: every draft kept at both levels, AR's tokens."""
+    from hispec_jax import generate, load_model
+    from hispec_jax.bench import draft_pair
+
+    assert draft_pair.main(["--save-pair", str(tmp_path), "--layers", "4", "--hidden", "64",
+                            "--vocab", "128", "--draft-layers", "3", "--smaller-layers", "1"]) == 0
+    target, draft, small = (load_model(tmp_path / name) for name in ("target", "draft", "smaller"))
+    assert (draft.cfg.num_layers, small.cfg.num_layers) == (3, 1)
+    prompts = [[5, 6, 7, 8, 9]]
+    ar = generate(target, prompts, method="ar", max_new_tokens=10, ignore_eos=True)
+    out = generate(target, prompts, draft=(small, draft), draft_k=(2, 3), draft_gate=False,
+                   max_new_tokens=10, ignore_eos=True)
+    stats = out.stats["draft_model"]
+    assert out.token_ids == ar.token_ids
+    assert stats["accepted"] == stats["proposed"] > 0
+    inner = stats["inner_draft_model"]
+    assert inner["accepted"] == inner["proposed"] > 0

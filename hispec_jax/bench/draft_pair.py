@@ -31,6 +31,12 @@ the loop against its passes timed alone; the difference is the engine's own work
 
     hispec bench-tool draft-model                       # 24 x 512 target, 6-layer drafts
     hispec bench-tool draft-model --layers 8 --hidden 64 --draft-layers 2 --rounds 1
+
+`--save-pair DIR` instead writes three models that agree (as Hugging Face directories):
+DIR/target, DIR/draft (its first n layers) and DIR/smaller (its first m < n layers; the
+target's layers [m, L) add nothing), for `hispec tune --model DIR/target --draft-model
+DIR/draft --smaller-draft-model DIR/smaller --verify`: every plan of a draft model priced
+and timed on one machine.
 """
 
 from __future__ import annotations
@@ -78,6 +84,23 @@ def agreeing_pair(target: Model, draft_layers: int) -> tuple[Model, Model]:
     draft = Model(cfg=target.cfg.replace(num_layers=n), params=draft_params,
                   generation_config={})
     return dataclasses.replace(target, params=params), draft
+
+
+def save_pair(directory: str, target: Model, n: int, m: int) -> int:
+    """Writes `target` with its layers [m, L) adding nothing, its first n layers (the draft)
+    and its first m (the smaller draft): three models whose greedy tokens agree."""
+    from pathlib import Path
+
+    from hispec_jax import save_model
+
+    target, smaller = agreeing_pair(target, m)
+    layers = with_layer_layout(target.params, "scan")["layers"]
+    draft = Model(cfg=target.cfg.replace(num_layers=n), generation_config={},
+                  params={**target.params, "layers": jax.tree.map(lambda x: x[:n], layers)})
+    for name, model in (("target", target), ("draft", draft), ("smaller", smaller)):
+        save_model(model, Path(directory) / name)
+        print(f"{name}: {describe(model)} -> {Path(directory) / name}")
+    return 0
 
 
 def draft_fraction_by_macs(target: Model, draft: Model, k: int) -> float:
@@ -252,6 +275,11 @@ def main(argv=None) -> int:
     ap.add_argument("--layer-layout", choices=["scan", "unrolled"], default=None,
                     help="default: the backend's")
     ap.add_argument("--out", default=None, help="write the report as JSON here")
+    ap.add_argument("--save-pair", default=None, metavar="DIR",
+                    help="write DIR/target, DIR/draft and DIR/smaller (module docstring) and "
+                         "stop")
+    ap.add_argument("--smaller-layers", type=int, default=None,
+                    help="--save-pair: the smaller draft model's layers m (default n/3)")
     args = ap.parse_args(argv)
     n = args.draft_layers if args.draft_layers is not None else max(1, args.layers // 4)
     for name in ("layers", "hidden", "vocab", "k", "prompts", "prompt_len", "max_new_tokens",
@@ -263,6 +291,12 @@ def main(argv=None) -> int:
     from hispec_jax.decoding.options import MAX_DRAFT_K
     if args.k > MAX_DRAFT_K:
         ap.error(f"--k must be <= {MAX_DRAFT_K}, got {args.k}")
+    if args.save_pair:
+        m = args.smaller_layers if args.smaller_layers is not None else max(1, n // 3)
+        if not 1 <= m < n:
+            ap.error(f"--smaller-layers must be in 1..{n - 1}, got {m}")
+        return save_pair(args.save_pair, random_llama(args.layers, args.hidden, args.vocab,
+                                                       args.seed), n, m)
     layout = args.layer_layout or default_layer_layout()
     target, agree = agreeing_pair(random_llama(args.layers, args.hidden, args.vocab, args.seed), n)
     disagree = random_llama(n, args.hidden, args.vocab, args.seed + 1)
