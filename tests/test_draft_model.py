@@ -407,11 +407,13 @@ def test_command_line_draft_model_gives_ar_output(pairs, capsys):
 
 
 # ---- the compiled loop ----------------------------------------------------------------------
-@pytest.mark.parametrize("layout", ["scan", "unrolled"])
-def test_the_compiled_loop_copies_no_draft_cache(layout, users_codegen):
-    """The draft's KV cache is written outside every `lax.cond` (its passes only read it):
-    the optimized HLO of a gated draft-model loop copies no buffer of the draft's cache
-    inside the loop (a branch that updates the cache makes XLA copy it at every branch)."""
+@pytest.mark.parametrize("layout, smaller", [("scan", False), ("unrolled", False),
+                                             ("unrolled", True)])
+def test_the_compiled_loop_copies_no_draft_cache(layout, smaller, users_codegen):
+    """The draft's KV cache (and with two draft models the smaller one's) is written outside
+    every `lax.cond` (its passes only read it): the optimized HLO of a gated draft-model
+    loop copies no buffer of either cache inside the loop (a branch that updates a cache
+    makes XLA copy it at every branch)."""
     import re
 
     from hispec_jax.decoding import methods
@@ -425,9 +427,12 @@ def test_the_compiled_loop_copies_no_draft_cache(layout, users_codegen):
         return Model(cfg=cfg, params=with_layer_layout(init_params(cfg, jax.random.PRNGKey(seed)),
                                                        layout))
 
-    # the draft's cache layer [B, 2, S, 8], the target's [B, 1, S, 8]
-    pair = model(16, 2, 1, 3, 0).with_draft(model(32, 4, 2, 2, 1))
-    decoder = methods.make_method(pair, "draft", draft_k=3)
+    # the draft's cache layer [B, 2, S, 8], the smaller's [B, 3, S, 8], the target's [B, 1, S, 8]
+    draft = model(32, 4, 2, 2, 1)
+    if smaller:
+        draft = draft.with_draft(model(24, 3, 3, 1, 2))
+    pair = model(16, 2, 1, 3, 0).with_draft(draft)
+    decoder = methods.make_method(pair, "draft", draft_k=(2, 3) if smaller else 3)
     engine = engine_lib.Engine.for_model(pair, decoder.hierarchy,
                                          engine_lib.Shapes(batch=2, capacity=96, prompt_block=16))
     text = engine.lower().compile().as_text()
@@ -436,3 +441,8 @@ def test_the_compiled_loop_copies_no_draft_cache(layout, users_codegen):
     assert re.search(rf"{shape}[^ ]* (?:scatter|fusion)\(", loop), "no draft-cache write?"
     copies = re.findall(rf"= {shape}[^ ]* copy\(", loop)
     assert not copies, copies[:3]
+    if smaller:
+        shape = r"f32\[(?:[0-9]+,)?2,3,96,8\]"
+        assert re.search(rf"{shape}[^ ]* (?:scatter|fusion)\(", loop), "no smaller-cache write?"
+        copies = re.findall(rf"= {shape}[^ ]* copy\(", loop)
+        assert not copies, copies[:3]

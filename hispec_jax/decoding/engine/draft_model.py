@@ -134,7 +134,10 @@ class InnerDraftModel:
     def propose(self, params, tokens_BxS, st: InnerState, pos_B, m_B, greedy: bool, sampling,
                 key_Bx2):
         """Drafts m_B (<= k) tokens after position c = `pos_B`: runs x_c (with x_{c-1}
-        when its cache stops there; first catching up to c - 1), then its own drafts.
+        when its cache stops there; first catching up to c - 1), then its own drafts; no
+        pass where every m_B is 0. Its cache is written outside any `lax.cond`, as the
+        draft model's (`DraftModelDrafter.draft`): the first pass only reads it in the
+        switch that picks its block, and its keys/values are written after.
         Returns (tokens [B, k], log q' [B, k, V] or None (greedy), state, [] caught up)."""
         S, cfg, K = tokens_BxS.shape[1], self.cfg, self.k
         part_B = m_B > 0
@@ -144,13 +147,27 @@ class InnerDraftModel:
         known_B = jnp.where(part_B, 1 + (cached_B < pos_B), 0)
 
         def first(T):
-            def run(cache):
+            def run():
                 positions_BxT = block_positions(pos_B - known_B + 1, known_B, T, S)
-                logits_Bx1xV, cache = pass_logits(
+                logits_Bx1xV, kv = pass_logits(
                     params, cfg, cache, gather_positions(tokens_BxS, positions_BxT),
-                    positions_BxT, (known_B - 1)[:, None])
-                return logits_Bx1xV[:, 0], cache
+                    positions_BxT, (known_B - 1)[:, None], write=False)
+                pad_kv = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, 2 - T), (0, 0), (0, 0)))  # noqa: E731
+                return (logits_Bx1xV[:, 0],
+                        jnp.pad(positions_BxT, ((0, 0), (0, 2 - T)), constant_values=S),
+                        KVBlock(k=pad_kv(kv.k), v=pad_kv(kv.v)))
             return run
+
+        def no_pass():  # nothing drafts: the shapes of a pass, its positions all S (dropped)
+            shapes = jax.eval_shape(first(2))
+            zeros = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes)
+            return zeros[0], jnp.full_like(zeros[1], S), zeros[2]
+
+        which = jnp.where(jnp.any(known_B == 2), 2, jnp.any(part_B).astype(jnp.int32))
+        logits_BxV, positions_Bx2, kv = jax.lax.switch(which, [no_pass, first(1), first(2)])
+        # (the barrier keeps XLA from moving the write back into every branch)
+        positions_Bx2, kv = jax.lax.optimization_barrier((positions_Bx2, kv))
+        cache = cache.write_block(0, positions_Bx2, kv)
 
         def choose(logits_BxV, j):
             if greedy:
@@ -159,7 +176,6 @@ class InnerDraftModel:
             keys_Bx2 = jax.vmap(lambda k: jax.random.fold_in(k, 1000 + j))(key_Bx2)
             return jax.vmap(jax.random.categorical)(keys_Bx2, logq_BxV).astype(jnp.int32), logq_BxV
 
-        logits_BxV, cache = jax.lax.cond(jnp.any(known_B == 2), first(2), first(1), cache)
         y_B, logq_BxV = choose(logits_BxV, 0)
         tokens_BxK = jnp.zeros((pos_B.shape[0], K), jnp.int32).at[:, 0].set(y_B)
         logq_BxKxV = None if greedy else jnp.zeros(logq_BxV.shape[:1] + (K,) + logq_BxV.shape[1:],
@@ -489,8 +505,12 @@ class DraftModelDrafter:
         plain = lambda s: jax.lax.cond(jnp.any(known_B == 2), advance(2), advance(1), s)
         left_B = ds.window_B - (pos_B - c[:, 1])  # drafts the round still needs, >= 1
         if self.inner is not None:
-            branch = jax.lax.cond(jnp.any(part_B & (left_B > 1)),
-                                  lambda s: self._with_inner(rnd, s, part_B, left_B, advance),
+            # its drafts: what the round still needs after this step's own (outside the
+            # cond, so that its cache is written outside every branch)
+            m_B = jnp.where(part_B, jnp.clip(left_B - 1, 0, self.inner.k), 0)
+            state, proposed_BxM, logq_BxMxV = self._inner_proposal(rnd, state, m_B)
+            branch = jax.lax.cond(jnp.any(m_B > 0),
+                                  advance(2 + self.inner.k, proposed_BxM, m_B, logq_BxMxV),
                                   plain, state)
         elif self.lookup is not None:
             # the lookup proposes at most the drafts the round still needs after this step's
@@ -506,20 +526,18 @@ class DraftModelDrafter:
         ds = state.draft_state
         return state.replace(draft_state=ds.replace(cache=cache.write_block(0, positions_BxT, kv)))
 
-    def _with_inner(self, rnd, state, part_B, left_B, advance):
-        """The smaller draft model drafts up to its k tokens (what the round still needs
-        after this step's own) and the draft model checks them in its pass (`advance`)."""
+    def _inner_proposal(self, rnd, state, m_B):
+        """The smaller draft model drafts m_B tokens (`InnerDraftModel.propose`) for the
+        draft model's pass to check: (state, tokens [B, k'], log q' [B, k', V] or None)."""
         ds = state.draft_state
         params = self._weights(rnd)
-        pos_B = state.processed_BxK[:, 0]
-        m_B = jnp.where(part_B, jnp.clip(left_B - 1, 0, self.inner.k), 0)
         proposed_BxM, logq_BxMxV, inner, ran = self.inner.propose(
-            params["draft"].params, state.out.tokens_BxS, ds.inner, pos_B, m_B, rnd.greedy,
-            rnd.req.sampling, rnd.keys(state, 1))
+            params["draft"].params, state.out.tokens_BxS, ds.inner, state.processed_BxK[:, 0],
+            m_B, rnd.greedy, rnd.req.sampling, rnd.keys(state, 1))
         counters = state.counters
         state = state.replace(draft_state=ds.replace(inner=inner), counters=counters.replace(
             drafter=counters.drafter.replace(caught_up=counters.drafter.caught_up + ran)))
-        return advance(2 + self.inner.k, proposed_BxM, m_B, logq_BxMxV)(state)
+        return state, proposed_BxM, logq_BxMxV
 
     def _advance(self, rnd, state, cache: KVCache, part_B, known_B, proposed_BxM, m_B, T: int,
                  pad: int, proposal_logq_BxMxV=None):
