@@ -68,6 +68,8 @@ def test_greedy_equals_ar_and_transformers_assisted_generation(pairs, loaded, ki
     # every prompt is caught up before its first draft (its last position runs with the
     # first draft step)
     assert stats["caught_up_positions"] >= sum(len(p) - 1 for p in got.prompt_token_ids)
+    # its passes' share of the work (by multiply-adds): the target's passes remain
+    assert 0 < stats["work_share"] < 0.5
     # transformers' own speculative decoding with the same pair (batch 1, greedy)
     torch_target, _, torch_draft, _ = pairs[kind]
     ids = torch.tensor([got.prompt_token_ids[0]])

@@ -112,6 +112,12 @@ def summarize_counters(h: Hierarchy, counters: list[Counters], batch_sequences: 
     stats["passes_per_block"] = [{int(T): int(n) for T, n in enumerate(row) if n}
                                  for row in total.block_passes_KxT.tolist()]
     stats.update(h.drafter.stats(h, total))  # the drafter's own (`Drafter.stats`)
+    if model is not None and "draft_model" in stats and stats.get("work_per_token"):
+        # the draft models' share of the work (what their passes cost, by multiply-adds)
+        draft = h.drafter.work_layers(model.cfg, int(total.actions_K[0]), total.drafter,
+                                      max(sum(batch_sequences) / len(batch_sequences), 1))
+        target = stats["work_per_token"] * per_sequence_tokens
+        stats["draft_model"]["work_share"] = draft / (draft + target)
     return stats
 
 

@@ -80,6 +80,11 @@ def catch_up(params, cfg: ModelConfig, chunk: int, tokens_BxS: jax.Array, cache:
                                   (cache, cached_B, jnp.zeros((), jnp.int32)))
 
 
+def pass_macs(cfg: ModelConfig) -> int:
+    """Multiply-adds per position of a draft model's pass: its layers and its head."""
+    return cfg.num_layers * heads_lib.layer_macs(cfg) + cfg.hidden_size * cfg.vocab_size
+
+
 def pass_logits(params, cfg: ModelConfig, cache: KVCache, tokens_BxT: jax.Array,
                 positions_BxT: jax.Array, rows_BxR: jax.Array, write: bool = True):
     """One pass of a draft model over a block: the logits [B, R, V] of its rows `rows_BxR`
@@ -394,6 +399,19 @@ class DraftModelDrafter:
                 "k": self.inner.k, "proposed": int(c.below_proposed),
                 "accepted": int(c.below_accepted)}})}}
 
+    def work_layers(self, target_cfg: ModelConfig, draft_passes: int, c, batch: float) -> float:
+        """Its passes' work in the target's layer equivalents (by multiply-adds, a pass
+        counted once whatever its block, as `methods.work_stats` counts the target's):
+        `draft_passes` passes of the draft model over the batch, the smaller model's passes
+        at the rate per draft step its proposals show, and catch-up in passes of `chunk`
+        positions per sequence (`batch`: sequences per pass; both estimates past batch 1)."""
+        layer = heads_lib.layer_macs(target_cfg)
+        work = (draft_passes + int(c.caught_up) / (self.chunk * batch)) * pass_macs(self.cfg) / layer
+        if self.inner is not None and int(c.steps):
+            work += (draft_passes * int(c.below_proposed) / int(c.steps)
+                     * pass_macs(self.inner.cfg) / layer)
+        return work
+
     def events(self, c) -> dict[str, Any]:
         """Its counts for /metrics (`hispec:spec_decode_drafter_events_total`)."""
         events = {"draft_passes": c.steps, "drafted": c.drafted, "caught_up": c.caught_up}
@@ -703,6 +721,4 @@ class DraftModelDrafter:
         head e_1."""
         cfg, e1 = rnd.cfg, rnd.h.exits[1]
         target = lambda e: e * heads_lib.layer_macs(cfg) + heads_lib.head_macs(cfg, rnd.heads, e)
-        d = self.cfg
-        draft = d.num_layers * heads_lib.layer_macs(d) + d.hidden_size * d.vocab_size
-        return draft / target(cfg.num_layers), target(e1) / target(cfg.num_layers)
+        return pass_macs(self.cfg) / target(cfg.num_layers), target(e1) / target(cfg.num_layers)
