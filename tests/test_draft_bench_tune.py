@@ -330,8 +330,10 @@ def test_auto_with_a_draft_model_runs_the_pairs_plan(tmp_path, monkeypatch, caps
     both = generate(target, prompts, method="auto", draft=(small, draft), max_new_tokens=12,
                     ignore_eos=True)
     assert both.token_ids == ar.token_ids
-    chosen = plan_lib.load_plan(target.with_draft(draft.with_draft(small)), 2)
+    three = target.with_draft(draft.with_draft(small))
+    chosen = plan_lib.load_plan(three, 2)
     assert chosen is not None and chosen.name() == both.stats["plan"]
+    assert plan_lib.model_key(three) != plan_lib.model_key(pair)  # a plan file of its own
 
 
 def test_saved_agreeing_pair_agrees_at_both_levels(tmp_path):

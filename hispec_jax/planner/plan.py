@@ -190,11 +190,12 @@ def model_key(model: Model) -> str:
     embed = np.asarray(model.params["embed"])
     h.update(np.ascontiguousarray(embed[:4]).tobytes())
     h.update(np.float64(np.asarray(embed, np.float64).sum()).tobytes())
-    if model.draft is not None:  # a draft model's plans are the pair's
-        draft = model.params["draft"]
+    draft = model.draft
+    while draft is not None:  # a draft model's plans are the pair's (or the three models')
         h.update(repr(draft.cfg).encode())
         leaves = jax.tree.leaves(draft.params["layers"])
         h.update(np.float64(np.asarray(leaves[0], np.float64).sum()).tobytes())
+        draft = draft.params.get("draft") if isinstance(draft.params, dict) else None
     name = Path(model.path).name if model.path else "model"
     name = re.sub(r"[^A-Za-z0-9_.-]+", "-", name)[:40] or "model"
     return f"{name}-{h.hexdigest()[:12]}"
