@@ -91,6 +91,14 @@ def with_one_draft(model: Model) -> Model:
     return dataclasses.replace(model, params={**model.params, "draft": mid})
 
 
+def without_draft(model: Model) -> Model:
+    """`model` without its draft model (itself when it has none)."""
+    if model.draft is None:
+        return model
+    return dataclasses.replace(model, params={k: v for k, v in model.params.items()
+                                              if k != "draft"})
+
+
 def alone(weights: DraftWeights | Model) -> Model:
     """A draft model's weights as a `Model` of its own (without a draft model)."""
     params = {k: v for k, v in weights.params.items() if k != "draft"}
@@ -154,8 +162,6 @@ def measure(model: Model, prompts: list[list[int]], new_tokens: int, batch_size:
     and the same for a lookup of k - 1 below it ("lookup") and, when the draft model has
     one, its smaller draft model below it ("smaller", with its own "step_ratio")."""
     say = progress or (lambda msg: None)
-    from hispec_jax.planner.tune import without_draft
-
     pair, target = with_one_draft(model), without_draft(model)
     say("draft model: its drafts on the calibration prompts")
     stats, sequences = _ungated(pair, prompts, new_tokens, batch_size, k)

@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 import time
@@ -23,6 +22,7 @@ from hispec_jax.models.model import Model
 from hispec_jax.planner import calibrate as calibrate_lib
 from hispec_jax.planner import draft_plans
 from hispec_jax.planner import latency, plan as plan_lib, search as search_lib
+from hispec_jax.planner.draft_plans import without_draft
 
 
 def tune(model: Model, batch_size: int = 1, *, quick: bool = False,
@@ -76,14 +76,6 @@ def tune(model: Model, batch_size: int = 1, *, quick: bool = False,
                                        payload)
     return {"plans": plans, "calibration": cal, "path": path, "search_seconds": search_seconds,
             "chosen_by": "prediction", "draft_model": draft}
-
-
-def without_draft(model: Model) -> Model:
-    """`model` without its draft model (itself when it has none)."""
-    if model.draft is None:
-        return model
-    return dataclasses.replace(model, params={k: v for k, v in model.params.items()
-                                              if k != "draft"})
 
 
 def recommended_hierarchies(model: Model) -> list[tuple[tuple[int, ...], tuple[int, ...], bool]]:
