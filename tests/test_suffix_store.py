@@ -5,6 +5,8 @@ counters say so), and a new store compiles nothing."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -76,7 +78,12 @@ def test_store_proposal_equals_reference(data):
             assert (prop.tokens_BxK[b, :got_n].tolist(), int(prop.ngram_B[b])) == want
 
 
-def test_the_own_context_wins_ties_and_the_longer_match_wins():
+def test_the_store_proposes_where_its_proposal_is_worth_more():
+    """`gate.proposal_value` prices a proposal at its bucket's estimate (expected tokens per
+    unit of pass cost, the best block); the round takes the store's where it is worth more
+    than the own context's (`LookupDrafter.worth_more`, `suffix_store.prefer`)."""
+    from hispec_jax.decoding import gate
+
     lookup = PromptLookup(4, 4)
     # own context: ... 5 6 7 | 5 6 7 -> a 3-gram own match; the store holds a 4-gram one
     tokens = jnp.asarray([[9, 5, 6, 7, 1, 5, 6, 7]], jnp.int32)
@@ -84,18 +91,25 @@ def test_the_own_context_wins_ties_and_the_longer_match_wins():
     limit = jnp.asarray([4], jnp.int32)
     own = lookup.propose(tokens, c, limit)
     assert int(own.ngram_B[0]) == 3
-    for store, want_store in (([1, 5, 6, 7, 2, 2, SENTINEL], True),    # 4-gram: longer
-                              ([0, 5, 6, 7, 2, 2, SENTINEL], False)):  # 3-gram: a tie
-        arrays = StoreArrays(tokens_R=jnp.asarray(store, jnp.int32),
-                             scope_R=jnp.zeros((len(store),), jnp.int32),
-                             scope_B=jnp.zeros((1,), jnp.int32))
-        prop, from_store = suffix_store.prefer_longer(
-            own, suffix_store.propose(lookup, arrays, tokens, c, limit))
-        assert bool(from_store[0]) == want_store
-        if want_store:
-            assert prop.tokens_BxK[0, :int(prop.length_B[0])].tolist() == [2, 2]
-        else:
-            assert prop.tokens_BxK[0].tolist() == own.tokens_BxK[0].tolist()
+    arrays = StoreArrays(tokens_R=jnp.asarray([1, 5, 6, 7, 2, 2, SENTINEL], jnp.int32),
+                         scope_R=jnp.zeros((7,), jnp.int32), scope_B=jnp.zeros((1,), jnp.int32))
+    earlier = suffix_store.propose(lookup, arrays, tokens, c, limit)
+    assert int(earlier.ngram_B[0]) == 4 and bool(earlier.matched_B[0])
+    for use, want in ((True, [2, 2]), (False, own.tokens_BxK[0, :int(own.length_B[0])].tolist())):
+        prop, from_store = suffix_store.prefer(own, earlier, jnp.asarray([use]))
+        assert bool(from_store[0]) == use
+        assert prop.tokens_BxK[0, :int(prop.length_B[0])].tolist() == want
+    unmatched = dataclasses.replace(earlier, matched_B=jnp.asarray([False]))
+    assert not bool(suffix_store.prefer(own, unmatched, jnp.asarray([True]))[1][0])
+
+    cost, blocks = gate.PassCost.of(15.75, 4.25), (1, 2, 4, 8, 16)
+    value = lambda a, m, matched=True: float(gate.proposal_value(
+        jnp.asarray([a], jnp.float32), jnp.asarray([m], jnp.int32), jnp.asarray([matched]),
+        blocks, cost)[0])
+    assert value(0.9, 8, matched=False) == 1.0  # no match: the AR step
+    assert value(2 / 3, 8) > 1.0 and value(0.05, 8) < 1.0 + 1e-6  # a poor bucket: not worth it
+    assert value(0.9, 16) > value(0.9, 8) > value(0.9, 2)  # more tokens at a good estimate
+    assert value(0.9, 4) > value(0.3, 16)  # a better estimate beats a longer proposal
 
 
 # ------------------------------------------------------------------ 2. the host ring

@@ -10,6 +10,9 @@ Tasks, from packaged data only (`datasets.py`: the ShareGPT evaluation split, Hu
     extract    "List the dates, names and numbers in this text:" + a passage with digits
     code       "Add type hints and a docstring to this function:" + a HumanEval problem
                completed with its canonical solution (a code edit: mostly copying)
+    json       one fixed JSON schema filled from a passage (as summarize's): every answer
+               repeats the schema's keys and layout, what drafts from earlier requests
+               (`--cross-request`) copy; not in the default `--tasks`
 
 Per task one `suite.compare` (greedy, EOS ignored, so every method emits exactly
 `--max-new-tokens` per prompt, or with `--stop-at-eos` up to that many, each prompt stopping
@@ -52,12 +55,17 @@ import sys
 from hispec_jax import datasets
 from hispec_jax.bench import args as args_lib
 
-TASKS = ("chat", "summarize", "extract", "code")
+TASKS = ("chat", "summarize", "extract", "code", "json")
+DEFAULT_TASKS = TASKS[:4]  # `--tasks`' default
 PASSAGE_CHARS = (400, 1600)  # passages long enough to copy from, short enough for a prompt
 INSTRUCTIONS = {
     "summarize": "Summarize this text:\n\n{}",
     "extract": "List the dates, names and numbers in this text:\n\n{}",
     "code": "Add type hints and a docstring to this function:\n\n```python\n{}```",
+    "json": ('Extract from this text a JSON object with exactly these keys: "topic" (a short '
+             'phrase), "people" (a list of names), "places" (a list), "numbers" (a list), '
+             '"sentiment" ("positive", "neutral" or "negative") and "summary" (one sentence). '
+             'Answer with the JSON object only.\n\n{}'),
 }
 PROG = "hispec bench-tool tasks"
 
@@ -95,7 +103,7 @@ def task_messages(task: str) -> list[str]:
         texts = (datasets.first_user_prompt(r) for r in evaluation)
         prefix, suffix = "User: ", "\nAssistant:"
         return [t[len(prefix):-len(suffix)] for t in texts if t is not None]
-    if task in ("summarize", "extract"):
+    if task in ("summarize", "extract", "json"):
         return [INSTRUCTIONS[task].format(p) for p in _passages(task == "extract")]
     if task == "code":
         return [INSTRUCTIONS["code"].format(s) for s in _humaneval_solutions()]
@@ -129,7 +137,7 @@ def parse_tasks(text: str) -> tuple[str, ...]:
 
 def parse_args(argv=None):
     p = args_lib.Parser(prog=PROG, description=__doc__.split("\n")[0])
-    p.add_argument("--tasks", default=",".join(TASKS), help="comma-separated: " + ", ".join(TASKS))
+    p.add_argument("--tasks", default=",".join(DEFAULT_TASKS), help="comma-separated: " + ", ".join(TASKS))
     p.add_argument("--model", default=None,
                    help="Hugging Face model directory or .gguf file (default: the shipped model)")
     p.add_argument("--chat", action="store_true", help="render prompts with the chat template")

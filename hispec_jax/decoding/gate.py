@@ -293,6 +293,19 @@ def choose(accept_B: jax.Array, length_B: jax.Array, matched_B: jax.Array, part_
     return jnp.where(matched_B, m_BxJ[jnp.arange(B), best_B], 1).astype(jnp.int32)
 
 
+def proposal_value(accept_B: jax.Array, length_B: jax.Array, matched_B: jax.Array,
+                   blocks: tuple[int, ...], cost: PassCost) -> jax.Array:
+    """[B] float32, what a proposal is worth: the most expected tokens per unit of cost
+    that a pass over any block of it (its first min(T, m) tokens, T of `blocks`) brings a
+    sequence on its own, max_T E(min(T, m)) / C(1, T). No match: 1, the AR step's
+    E(1) / C(1, 1). How the lookup weighs a match in the sequence's own context against
+    one in earlier requests' store, each at its own bucket's estimate (`LookupDrafter`)."""
+    T_J = jnp.asarray(blocks, jnp.int32)
+    m_BxJ = jnp.where(matched_B[:, None], jnp.minimum(T_J[None, :], length_B[:, None]), 1)
+    score_BxJ = expected_tokens(accept_B[:, None], m_BxJ) / block_costs(1, blocks, cost)[None, :]
+    return jnp.where(matched_B, jnp.max(score_BxJ, axis=1), 1.0)
+
+
 # ------------------------------------------------------------- the exit drafter's gate
 def exit_round_cost(batch, window, draft_fraction, verify_fraction, cost: PassCost,
                     bonus: bool = False):

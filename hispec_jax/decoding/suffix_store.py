@@ -17,10 +17,12 @@ buffer of the same shape never recompiles.
                      never past the entry's SENTINEL)
 
 The sentinel (-1) equals no token, so no match crosses two entries; a sequence whose scope
-is `NO_SCOPE` (a request that opted out) never matches. The round uses the store's match
-where it is longer than the sequence's own (`prefer_longer`; the own context wins ties),
-and its n is the confidence the acceptance gate buckets by, in buckets of its own
-(`LookupDrafter.bucket`: a store match's N + n, apart from an own match's n).
+is `NO_SCOPE` (a request that opted out) never matches. The match's n is the confidence
+the acceptance gate buckets by, in buckets of its own (`LookupDrafter.bucket`: a store
+match's N + n, apart from an own match's n), and the round uses the store's proposal where
+it is worth more than the sequence's own at those buckets' estimates
+(`LookupDrafter.worth_more`, `gate.proposal_value`; `prefer`): a store match that holds
+less often than the sequence's own no longer displaces it for being longer.
 
 `SuffixStore` is the host side, one per server process: finished requests' tokens enter a
 ring of R tokens (the oldest evicted), and `arrays()` hands the engine a new device copy.
@@ -75,7 +77,8 @@ def propose(lookup: lookup_lib.PromptLookup, store: StoreArrays, tokens_BxS: jax
             newest_B: jax.Array, limit_B: jax.Array) -> lookup_lib.Proposal:
     """Each sequence's proposal from the store: the longest suffix of its context (n =
     `MIN_STORE_NGRAM` .. `lookup.max_ngram`) that occurs in the store within its scope and
-    is followed there by a token; of those, the most recent. Proposes what followed, up to
+    is followed there by a token; of those, the most recent (one max over [B, R] of
+    n R + j). Proposes what followed, up to
     `limit_B` and the schedule's share for n (`PromptLookup.ngram_tokens`), never past the
     entry's end. No match: `matched_B` False (the caller keeps its own proposal).
 
@@ -89,26 +92,25 @@ def propose(lookup: lookup_lib.PromptLookup, store: StoreArrays, tokens_BxS: jax
     B = tokens_BxS.shape[0]
     R = store.tokens_R.shape[0]
     N, k = lookup.max_ngram, lookup.max_tokens
-    j_R = jnp.arange(R)
+    j_R = jnp.arange(R, dtype=jnp.int32)
     batch_B = jnp.arange(B)
     # a match may end at j only where a token of the same entry follows it
     follows_R = jnp.pad(store.tokens_R[1:], (0, 1), constant_values=SENTINEL) != SENTINEL
     usable_BxR = ((store.scope_R[None, :] == store.scope_B[:, None])
                   & (store.scope_B[:, None] != NO_SCOPE) & follows_R[None, :])
-    match_BxR = jnp.ones((B, R), bool)
-    best_end_B = jnp.full((B,), -1, jnp.int32)
-    ngram_B = jnp.zeros((B,), jnp.int32)
+    # n_BxR: how many of the sequence's last tokens (up to N) end at j, from a running AND
+    # over the shifts; then one max over n R + j picks the longest n, then the most recent
+    # end (one reduction over [B, R], not one per n: the store is long)
+    match_BxR = usable_BxR
+    n_BxR = jnp.zeros((B, R), jnp.int32)
     for i in range(N):
         suffix_B = tokens_BxS[batch_B, jnp.maximum(newest_B - i, 0)]
         shifted_R = jnp.pad(store.tokens_R, (i, 0), constant_values=SENTINEL)[:R]
-        match_BxR &= shifted_R[None, :] == suffix_B[:, None]
-        if i + 1 < MIN_STORE_NGRAM:
-            continue
-        ok_BxR = match_BxR & usable_BxR & (newest_B[:, None] >= i)
-        end_B = jnp.max(jnp.where(ok_BxR, j_R[None, :], -1), axis=1).astype(jnp.int32)
-        found_B = end_B >= 0  # a longer n that matches overrides a shorter one
-        best_end_B = jnp.where(found_B, end_B, best_end_B)
-        ngram_B = jnp.where(found_B, i + 1, ngram_B)
+        match_BxR &= (shifted_R[None, :] == suffix_B[:, None]) & (newest_B[:, None] >= i)
+        n_BxR += match_BxR
+    key_B = jnp.max(jnp.where(n_BxR >= MIN_STORE_NGRAM, n_BxR * R + j_R[None, :], -1), axis=1)
+    best_end_B = jnp.where(key_B >= 0, key_B % R, -1).astype(jnp.int32)
+    ngram_B = jnp.where(key_B >= 0, key_B // R, 0).astype(jnp.int32)
     matched_B = best_end_B >= 0
     start_B = jnp.maximum(best_end_B + 1, 0)
     tokens_BxK = store.tokens_R[jnp.clip(start_B[:, None] + jnp.arange(k)[None, :], 0, R - 1)]
@@ -121,11 +123,11 @@ def propose(lookup: lookup_lib.PromptLookup, store: StoreArrays, tokens_BxS: jax
                                matched_B=matched_B, ngram_B=ngram_B)
 
 
-def prefer_longer(own: lookup_lib.Proposal,
-                  earlier: lookup_lib.Proposal) -> tuple[lookup_lib.Proposal, jax.Array]:
-    """Per sequence, the store's proposal where its match is longer than the own context's
-    (ties: the own one). Returns (the proposal, [B] bool: it came from the store)."""
-    use_B = earlier.matched_B & (earlier.ngram_B > own.ngram_B)
+def prefer(own: lookup_lib.Proposal, earlier: lookup_lib.Proposal,
+           use_B: jax.Array) -> tuple[lookup_lib.Proposal, jax.Array]:
+    """Per sequence, the store's proposal where `use_B` (and it matched), else the own
+    context's. Returns (the proposal, [B] bool: it came from the store)."""
+    use_B = use_B & earlier.matched_B
     pick = lambda a, b: jnp.where(use_B.reshape(use_B.shape + (1,) * (a.ndim - 1)), b, a)
     return lookup_lib.Proposal(**{f.name: pick(getattr(own, f.name), getattr(earlier, f.name))
                                   for f in dataclasses.fields(own)}), use_B

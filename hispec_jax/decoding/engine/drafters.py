@@ -429,6 +429,16 @@ class LookupDrafter:
         at other rates than the sequence's own."""
         return ngram_B + self.lookup.max_ngram * from_store_B.astype(ngram_B.dtype)
 
+    def worth_more(self, rnd, gate, earlier, own) -> jax.Array:
+        """[B] bool: the store's proposal `earlier` is worth more than the own context's
+        `own` (`gate.proposal_value` at each one's bucket estimate: a sequence whose store
+        matches keep few tokens goes on drafting from its own context; ties: the own)."""
+        blocks, cost = rnd.h.level_blocks(1), rnd.req.lookup_cost
+        value = lambda p, store: gate_lib.proposal_value(
+            gate.of_match(self.bucket(p.ngram_B, jnp.full_like(p.matched_B, store))),
+            p.length_B, p.matched_B, blocks, cost)
+        return value(earlier, True) > value(own, False)
+
     def init(self, batch: int, ring: int, capacity: int) -> LookupState:
         del ring, capacity
         return LookupState(proposed_B=jnp.zeros((batch,), jnp.int32),
@@ -458,9 +468,11 @@ class LookupDrafter:
         with jax.named_scope("lookup"):
             prop = self.lookup.propose(out.tokens_BxS, c[:, 0], limit_B)
             from_store_B = jnp.zeros_like(prop.matched_B)
-            if rnd.req.store is not None:  # earlier requests' tokens: the longer match wins
-                prop, from_store_B = suffix_store.prefer_longer(prop, suffix_store.propose(
-                    self.lookup, rnd.req.store, out.tokens_BxS, c[:, 0], limit_B))
+            if rnd.req.store is not None:  # earlier requests' tokens: the match worth more
+                earlier = suffix_store.propose(self.lookup, rnd.req.store, out.tokens_BxS,
+                                               c[:, 0], limit_B)
+                prop, from_store_B = suffix_store.prefer(prop, earlier, self.worth_more(
+                    rnd, ds.gate, earlier, prop))
             length_B = prop.length_B
             bucket_B = self.bucket(prop.ngram_B, from_store_B)
             if self.lookup.gate:  # greedy: one block for the batch; sampling: each alone
