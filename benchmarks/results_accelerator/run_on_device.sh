@@ -41,6 +41,13 @@
 #                          (load_model(quantize="int8")) against bf16            ~150 (CPU-tested)
 #   int8_departures        the default model in bf16: where int8 AR departs from bf16 AR, and
 #                          LayerSkip / HiSpec on int8 against int8 AR, 16 prompts  ~90 (CPU-tested)
+#   draft_8b               a draft model at accelerator shapes: an 8B-shaped random Llama
+#                          (32 x 4096, V 128256, bf16) with a 4-layer draft that always agrees
+#                          and one that never does, beside AR and the cost model
+#                          (hispec bench-tool draft-model)                     not yet run (CPU-tested)
+#   draft_tune             hispec tune --verify on three agreeing random models at 1B/300M/100M
+#                          shapes (bench-tool draft-model --save-pair): every draft-model plan
+#                          priced and timed                                    not yet run (CPU-tested)
 #   pass_cost_default      the lookup gate's pass costs C(b, T) of the default model measured
 #                          on the GPU (hispec bench-tool pass-cost; the gate's GPU default,
 #                          F 256, J 0, is a guess at a memory-bound pass)       not yet run
@@ -106,6 +113,13 @@ for part in "$@"; do
       pass-cost --model hispec_jax/default_model --repeats 3 --calls 5 ;;
     profile_8b) run $part 150 $BIG python3 benchmarks/results_accelerator/profile_ar.py \
       --out-dir $RES/$part ;;
+    draft_8b) run $part 300 $BIG python3 -m hispec_jax.bench draft-model --layers 32 --hidden 4096 \
+      --vocab 128256 --draft-layers 4 --dtype bfloat16 --rounds 2 --out $RES/$part.json ;;
+    draft_tune) python3 -m hispec_jax.bench draft-model --save-pair $RES/pair --layers 16 \
+      --hidden 2048 --vocab 32768 --draft-layers 4 --smaller-layers 1 --dtype bfloat16 \
+      > $RES/pair.log 2>&1
+      run $part 300 $HS tune --model $RES/pair/target --draft-model $RES/pair/draft \
+      --smaller-draft-model $RES/pair/smaller --quick --verify --top 4 --out $RES/$part.json ;;
     kernels) run $part 200 python3 benchmarks/results_claims/engine_vs_minimal_step.py ;;
     layouts_8b_graphs_off) run $part 150 env XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=" \
       $BIG $ACC --parts layouts --out-dir $RES/$part ;;

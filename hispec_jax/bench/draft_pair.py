@@ -60,14 +60,15 @@ from hispec_jax.models.model import Model
 from hispec_jax.models.params import default_layer_layout, init_params, with_layer_layout
 
 
-def random_llama(layers: int, hidden: int, vocab: int, seed: int) -> Model:
+def random_llama(layers: int, hidden: int, vocab: int, seed: int,
+                 dtype: str = "float32") -> Model:
     """A random-weight Llama of `layers` x `hidden` (MLP 2.75 D, head_dim 64, half as many
-    KV heads as query heads), float32, scanned layout."""
+    KV heads as query heads), of `dtype`, scanned layout."""
     heads = max(1, hidden // 64)
     cfg = ModelConfig(model_type="llama", vocab_size=vocab, hidden_size=hidden,
                       intermediate_size=int(2.75 * hidden) // 8 * 8, num_layers=layers,
                       num_heads=heads, num_kv_heads=max(1, heads // 2), head_dim=min(64, hidden),
-                      max_position_embeddings=4096)
+                      max_position_embeddings=4096, dtype=dtype)
     params = with_layer_layout(init_params(cfg, jax.random.key(seed)), "scan")
     return Model(cfg=cfg, params=params, generation_config={})
 
@@ -272,6 +273,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=5, help="repeats of each timed pass")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                    help="the models' dtype (bfloat16 on accelerators; XLA:CPU runs it slowly)")
     ap.add_argument("--layer-layout", choices=["scan", "unrolled"], default=None,
                     help="default: the backend's")
     ap.add_argument("--out", default=None, help="write the report as JSON here")
@@ -296,10 +299,11 @@ def main(argv=None) -> int:
         if not 1 <= m < n:
             ap.error(f"--smaller-layers must be in 1..{n - 1}, got {m}")
         return save_pair(args.save_pair, random_llama(args.layers, args.hidden, args.vocab,
-                                                       args.seed), n, m)
+                                                       args.seed, args.dtype), n, m)
     layout = args.layer_layout or default_layer_layout()
-    target, agree = agreeing_pair(random_llama(args.layers, args.hidden, args.vocab, args.seed), n)
-    disagree = random_llama(n, args.hidden, args.vocab, args.seed + 1)
+    target, agree = agreeing_pair(random_llama(args.layers, args.hidden, args.vocab, args.seed,
+                                               args.dtype), n)
+    disagree = random_llama(n, args.hidden, args.vocab, args.seed + 1, args.dtype)
     target, agree, disagree = (in_layout(m, layout) for m in (target, agree, disagree))
     report = run(target, agree, disagree, k=args.k, prompts=args.prompts,
                  prompt_len=args.prompt_len, max_new_tokens=args.max_new_tokens,
