@@ -3,6 +3,7 @@
 by measured acceptance and this device's costs and ranked with the others, and bad input is
 a one-line error (exit status 2) before anything compiles. Tiny random models."""
 
+import dataclasses
 import json
 
 import jax
@@ -185,6 +186,55 @@ def test_draft_plans_are_priced_by_the_renewal_formula():
     assert all(p.predicted_speedup < 1 for p in draft_plans.plans(_measured(0.0), COSTS, 4))
 
 
+def test_the_timed_loops_scale_every_draft_step():
+    """g: the ungated loop's seconds less its prefills and the target's passes, per draft
+    pass, over the step's price from the passes alone; g': the same of the loop over the
+    smaller model, less the draft model's passes at g too, per smaller-model pass. Each
+    step is priced at its scale, and timing noise that leaves nothing keeps 1 (g' then g)."""
+    L, k, g, g_small = 4, 8, 1.5, 2.5
+    costs = dataclasses.replace(COSTS, prefill_s=2e-3)
+    one = costs.stage(0, L, 1)
+    step, small_step = 0.1 * one, 0.02 * one
+    rounds, batches = 10, 2
+    fixed = batches * costs.prefill_s + rounds * (costs.round_s + costs.stage(0, L, k + 1))
+    loop = {"seconds": fixed + 80 * g * step, "batches": batches, "rounds": rounds,
+            "draft_passes": 80, "below_passes": 0}
+    smaller = dict(_measured(1.0), below_k=3, below_per_draft=2.0, step_ratio=0.02)
+    t_pass = draft_plans.pass_seconds(smaller, g * step, costs, L)
+    smaller["loop"] = {"seconds": fixed + 30 * t_pass + 90 * g_small * small_step,
+                       "batches": batches, "rounds": rounds, "draft_passes": 30,
+                       "below_passes": 90}
+    measured = _measured(1.0, loop=loop, smaller=smaller)
+    assert draft_plans.loop_scale(measured, costs, L) == pytest.approx(g)
+    assert draft_plans.smaller_loop_scale(measured, costs, L) == pytest.approx(g_small)
+    plans = {p.name(): p for p in draft_plans.plans(measured, costs, L, ks=(4,))}
+    verify = costs.round_s + costs.stage(0, L, latency.blocks((4,))[0])
+    assert plans["draft model k=4"].predicted_tokens_per_second == pytest.approx(
+        5 / (verify + 4 * g * step))
+    assert plans["draft model k=4 + smaller draft model k=3"].predicted_tokens_per_second == \
+        pytest.approx(5 / (verify + draft_plans.draft_seconds(4, smaller, g * step, costs, L,
+                                                               g_small * small_step)))
+    noisy = dict(measured, loop=dict(loop, seconds=0.0))
+    assert draft_plans.loop_scale(noisy, costs, L) == 1.0
+    assert draft_plans.smaller_loop_scale(dict(measured, smaller=dict(smaller, loop=None)),
+                                          costs, L) == pytest.approx(g)
+    assert draft_plans.loop_scale(_measured(1.0), costs, L) == 1.0  # no timed loop
+
+
+def test_measure_times_the_loops_of_two_draft_models():
+    """`measure` on a target with two draft models (each the target itself: every draft
+    kept) times the draft model's loop and the loop over the smaller model, whose passes
+    it counts apart."""
+    target = _tiny()
+    trio = target.with_draft(target.with_draft(target))
+    measured = draft_plans.measure(trio, [[5, 6, 7, 8], [9, 10, 11]], 10, 1, 64, k=4)
+    loop, smaller = measured["loop"], measured["smaller"]
+    assert measured["alpha"] > 0.99 and smaller["alpha"] > 0.99
+    assert loop["seconds"] > 0 and loop["draft_passes"] > 0 and loop["below_passes"] == 0
+    assert smaller["loop"]["below_passes"] > 0 and smaller["loop"]["draft_passes"] > 0
+    assert smaller["loop"]["draft_passes"] < loop["draft_passes"]  # its tokens save passes
+
+
 def test_drafts_below_and_exits_above_a_draft_model_are_priced():
     """A lookup (or a smaller draft model) that halves the draft model's passes per draft
     costs their share of wide passes (and the smaller model's steps); the draft model under
@@ -246,6 +296,8 @@ def test_tune_ranks_measured_draft_plans_with_the_others(tmp_path, monkeypatch):
     assert seen["calibrated"].draft is None  # the exits are the target's alone
     draft = report["draft_model"]
     assert draft["alpha"] > 0.99 and draft["k"] == 3 and 0 < draft["step_ratio"]
+    assert draft["loop"]["rounds"] > 0 and draft["loop"]["draft_passes"] > 0 and \
+        draft["loop"]["seconds"] > 0
     names = [p.name() for p in report["plans"]]
     assert any(n.startswith("draft model k=") for n in names)
     # the best of each draft kind is listed: over a lookup, under exits (LayerSkip, HiSpec)

@@ -402,7 +402,7 @@ def test_calibration_times_its_loops_over_every_prompt_at_their_mean_context(mon
     from hispec_jax.planner import calibrate
 
     seen, contexts = [], []
-    real_generate_seconds = calibrate._generate_seconds
+    real_generate_seconds = calibrate.generate_seconds
     real_stage_costs = calibrate.measure_stage_costs
 
     def generate_seconds(model, prompts, repeats, **kwargs):
@@ -413,7 +413,7 @@ def test_calibration_times_its_loops_over_every_prompt_at_their_mean_context(mon
         contexts.append(context)
         return real_stage_costs(*args, context=context, **kwargs)
 
-    monkeypatch.setattr(calibrate, "_generate_seconds", generate_seconds)
+    monkeypatch.setattr(calibrate, "generate_seconds", generate_seconds)
     monkeypatch.setattr(calibrate, "measure_stage_costs", stage_costs)
     prompts = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14], [15, 16, 17, 18, 19]]
     settings = calibrate.Settings(num_prompts=3, max_prompt_tokens=8, new_tokens=8,

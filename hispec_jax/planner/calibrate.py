@@ -272,7 +272,9 @@ def measure_stage_costs(model: Model, batch: int, capacity: int, block_sizes, re
 
 
 # ------------------------------------------------------------------------- loop costs
-def _generate_seconds(model, prompts, repeats, **kwargs):
+def generate_seconds(model, prompts, repeats, **kwargs):
+    """(`generate`'s decode seconds on `prompts`, EOS ignored: the fastest of `repeats`
+    calls after a first that compiles, the last call's result)."""
     seconds, result = [], None
     for _ in range(repeats + 1):  # the first call compiles (not counted)
         result = generate_lib.generate(model, prompts, ignore_eos=True, **kwargs)
@@ -311,9 +313,9 @@ def calibrate(model: Model, batch_size: int = 1, prompts: list[list[int]] | None
     if costs_from is not None:
         return _prompt_measurements(model, ar, prompts, s, batch_size, capacity, tick, t_start,
                                     costs_from)
-    t_ar_run, _ = _generate_seconds(model, batch_prompts, s.repeats, method="ar",
+    t_ar_run, _ = generate_seconds(model, batch_prompts, s.repeats, method="ar",
                                     max_new_tokens=s.new_tokens, **common)
-    t_prefill, _ = _generate_seconds(model, batch_prompts, s.repeats, method="ar",
+    t_prefill, _ = generate_seconds(model, batch_prompts, s.repeats, method="ar",
                                      max_new_tokens=1, **common)
     t_ar_run, t_prefill = t_ar_run / batches, t_prefill / batches  # per batch
     per_round_ar = (t_ar_run - t_prefill) / max(s.new_tokens - 1, 1)
@@ -341,7 +343,7 @@ def calibrate(model: Model, batch_size: int = 1, prompts: list[list[int]] | None
         tick("LayerSkip loop (the stage scale and the fixed cost of a pass)")
         draft = methods.default_exits(model)[0]
         nd = 2
-        t_ls, r = _generate_seconds(model, batch_prompts, s.repeats, method="layerskip",
+        t_ls, r = generate_seconds(model, batch_prompts, s.repeats, method="layerskip",
                                     draft_exit=draft, draft_len=nd,
                                     max_new_tokens=s.new_tokens, **common)
         drafts, verifies = r.stats["actions_per_level"]

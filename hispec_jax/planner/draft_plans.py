@@ -19,10 +19,19 @@ e_0 = 0 (level 1 checks the k drafts and its own next token, the bonus), where
 s is the draft model's passes per drafted token (1 alone; fewer where a pass keeps tokens
 from below), w the share of its passes that ran the wide block holding the tokens from
 below (k_below of them at most), i the smaller model's passes per drafted token; t_draft and
-t_small are their AR steps, priced as the calibrated target AR stage times the ratio of
-their passes to the target's timed side by side here (`gate.time_passes`), and the target's
-block costs stand for the draft model's growth with the block's length. s, w and i are
-measured at the largest k, ungated, and taken per drafted token at every k. A lookup under
+t_small are their steps in the loop:
+
+    t_draft = g r stage(0, L, 1),    t_small = g' r' stage(0, L, 1)
+
+r (r') the ratio of the model's pass to the target's, timed side by side here
+(`gate.time_passes`), and g (g') its loop scale: a draft step in the loop pays more than
+its pass alone (its sampling, cache and ring writes, the step loop's trip; on the CPU a
+round took 1.3-1.6 times its passes alone against AR's 1.18, docs/draft_model.md). g is the
+ungated loop timed at the largest k, less its prefills and the target's passes, per draft
+pass, over r stage(0, L, 1) (`loop_scale`); g' the same of the loop over the smaller model,
+less the draft model's passes at g as well, per smaller-model pass (`smaller_loop_scale`). The target's block costs
+stand for the draft model's growth with the block's length. s, w and i are measured at the
+largest k, ungated, and taken per drafted token at every k. A lookup under
 the draft model proposes at most the round's drafts after the step's own, so each k is
 priced with lookup k - 1 (a longer one only widens the block).
 
@@ -54,7 +63,8 @@ CANDIDATE_KS = (1, 2, 3, 4, 5, 6, 8)
 # the final layer's window Nd above exit d (LayerSkip over a draft model), and HiSpec's
 EXIT_WINDOWS = (1, 2, 3, 4, 6, 8)
 VERIFY_WINDOWS = (2, 4, 6, 8, 12, 16)
-HISPEC_DRAFT_EXITS_KEPT = 3  # the best draft exits of LayerSkip over a draft model, for HiSpec's
+HISPEC_DRAFT_EXITS_KEPT = 3
+LOOP_REPEATS = 3  # timed calls of an ungated loop after its first (`_ungated`)  # the best draft exits of LayerSkip over a draft model, for HiSpec's
 
 
 def per_token_acceptance(accepted: int, proposed: int, k: int) -> float:
@@ -106,15 +116,31 @@ def alone(weights: DraftWeights | Model) -> Model:
 
 
 # ---- measuring ------------------------------------------------------------------------------
-def _ungated(model: Model, prompts, new_tokens: int, batch_size: int, k, lookup: int = 0):
-    """An ungated draft run at k (greedy, EOS ignored): (its `stats["draft_model"]`, the
-    sequences prompt + continuation)."""
+def _ungated(model: Model, prompts, new_tokens: int, batch_size: int, capacity: int, k,
+             lookup: int = 0, repeats: int = 0):
+    """An ungated draft run at k (greedy, EOS ignored, the calibration's cache capacity):
+    (its `stats["draft_model"]`, the sequences prompt + continuation, its loop timed as the
+    calibration times its loops (the fastest of `repeats` calls after a first that
+    compiles): {"seconds" (summed over the batches), "batches", "rounds", "draft_passes"
+    and "below_passes" (the draft model's and the smaller model's passes, each over the
+    batch)}, None when `repeats` is 0)."""
     from hispec_jax.decoding.generate import generate
+    from hispec_jax.planner.calibrate import generate_seconds
 
-    out = generate(model, prompts, method="draft", draft_k=k, draft_gate=False,
-                   max_new_tokens=new_tokens, batch_size=batch_size, ignore_eos=True,
-                   **({"lookup": lookup} if lookup else {}))
-    return out.stats["draft_model"], [list(p) + list(t) for p, t in zip(prompts, out.token_ids)]
+    kwargs = dict(method="draft", draft_k=k, draft_gate=False, max_new_tokens=new_tokens,
+                  batch_size=batch_size, max_cache_len=capacity,
+                  **({"lookup": lookup} if lookup else {}))
+    loop = None
+    if repeats:
+        seconds, out = generate_seconds(model, prompts, repeats, **kwargs)
+        stats = out.stats["draft_model"]
+        loop = {"seconds": seconds, "batches": out.stats["batches"],
+                "rounds": out.stats["rounds"], "draft_passes": stats["draft_steps"] / batch_size,
+                "below_passes": stats.get("inner_draft_model", {}).get("proposed", 0) / batch_size}
+    else:
+        out = generate(model, prompts, ignore_eos=True, **kwargs)
+    return (out.stats["draft_model"], [list(p) + list(t) for p, t in zip(prompts, out.token_ids)],
+            loop)
 
 
 def _structure(stats: dict, k: int) -> dict[str, Any]:
@@ -158,16 +184,18 @@ def measure(model: Model, prompts: list[list[int]], new_tokens: int, batch_size:
             capacity: int, progress=None, k: int = max(CANDIDATE_KS)) -> dict[str, Any]:
     """Everything `plans` prices by: the draft model's ungated drafts of `k` tokens on
     `prompts` alone ({"k", "proposed", "accepted", "alpha", "steps_per_draft", ...}), its
-    step's cost ratio ("step_ratio"), its agreement with the target's exits ("agreement"),
+    step's cost ratio ("step_ratio"), its loop timed ("loop", `_ungated`), its agreement with the target's exits ("agreement"),
     and the same for a lookup of k - 1 below it ("lookup") and, when the draft model has
-    one, its smaller draft model below it ("smaller", with its own "step_ratio")."""
+    one, its smaller draft model below it ("smaller", with its own "step_ratio" and
+    "loop")."""
     say = progress or (lambda msg: None)
     pair, target = with_one_draft(model), without_draft(model)
     say("draft model: its drafts on the calibration prompts")
-    stats, sequences = _ungated(pair, prompts, new_tokens, batch_size, k)
-    measured = _structure(stats, k)
+    stats, sequences, loop = _ungated(pair, prompts, new_tokens, batch_size, capacity, k,
+                                      repeats=LOOP_REPEATS)
+    measured = dict(_structure(stats, k), loop=loop)
     context = min(capacity // 2, int(np.mean([len(p) for p in prompts])) + new_tokens // 2)
-    say("draft model: its step's cost against the target's")
+    say("draft model: its step's cost against the target's, alone and in the loop")
     measured["step_ratio"] = step_ratio(target, alone(model.draft), batch_size, context, capacity)
     say("draft model: its agreement with the target's exits")
     measured["agreement"] = agreement(target, alone(model.draft), sequences,
@@ -175,29 +203,78 @@ def measure(model: Model, prompts: list[list[int]], new_tokens: int, batch_size:
     measured["lookup"] = measured["smaller"] = None
     if k >= 2:
         say(f"draft model: over a prompt lookup of {k - 1}")
-        measured["lookup"] = _structure(_ungated(pair, prompts, new_tokens, batch_size, k,
-                                                 lookup=k - 1)[0], k)
+        measured["lookup"] = _structure(_ungated(pair, prompts, new_tokens, batch_size, capacity,
+                                                 k, lookup=k - 1)[0], k)
     smaller = smaller_of(model)
     if smaller is not None and k >= 2:
         inner_k = options_lib.DEFAULT_INNER_DRAFT_K
         say(f"smaller draft model: its drafts of {inner_k} for the draft model's passes")
-        measured["smaller"] = _structure(_ungated(model, prompts, new_tokens, batch_size,
-                                                  (inner_k, k))[0], k)
+        stats, _, loop = _ungated(model, prompts, new_tokens, batch_size, capacity,
+                                  (inner_k, k), repeats=LOOP_REPEATS)
+        measured["smaller"] = dict(_structure(stats, k), loop=loop)
         measured["smaller"]["step_ratio"] = step_ratio(target, alone(smaller), batch_size,
                                                        context, capacity)
     return measured
 
 
 # ---- pricing --------------------------------------------------------------------------------
-def draft_seconds(k: int, structure: dict[str, Any], t_draft: float, costs: Costs,
-                  num_layers: int, t_smaller: float = 0.0) -> float:
-    """draft_s(k) of the module docstring: a round's k drafts of `structure`."""
+def pass_seconds(structure: dict[str, Any], t_draft: float, costs: Costs,
+                 num_layers: int) -> float:
+    """t_pass of the module docstring: a draft-model pass of `structure`, its wide share
+    priced by the target's growth with the block."""
     wide = 1.0
     if structure["below_k"]:
         one = costs.stage(0, num_layers, 1)
         wide = costs.stage(0, num_layers, 2 + structure["below_k"]) / one
-    t_pass = t_draft * ((1 - structure["wide_share"]) + structure["wide_share"] * wide)
+    return t_draft * ((1 - structure["wide_share"]) + structure["wide_share"] * wide)
+
+
+def draft_seconds(k: int, structure: dict[str, Any], t_draft: float, costs: Costs,
+                  num_layers: int, t_smaller: float = 0.0) -> float:
+    """draft_s(k) of the module docstring: a round's k drafts of `structure`."""
+    t_pass = pass_seconds(structure, t_draft, costs, num_layers)
     return k * (structure["steps_per_draft"] * t_pass + structure["below_per_draft"] * t_smaller)
+
+
+def _unexplained(loop: dict[str, float], k: int, costs: Costs, num_layers: int) -> float:
+    """A timed ungated loop's seconds less the batches' prefills and, each round, round_s
+    and the target's pass over the block of k + 1."""
+    return (loop["seconds"] - loop["batches"] * costs.prefill_s
+            - loop["rounds"] * (costs.round_s + costs.stage(0, num_layers, k + 1)))
+
+
+def _per_pass_over_price(seconds: float, passes: float, priced: float) -> float:
+    if seconds <= 0 or passes <= 0 or priced <= 0:
+        return 1.0
+    return float(np.clip(seconds / passes / priced, 0.5, 4.0))
+
+
+def loop_scale(measured: dict[str, Any], costs: Costs, num_layers: int) -> float:
+    """g of the module docstring: the draft step's seconds in the timed ungated loop (what
+    `_unexplained` leaves, per draft pass) over its price from the passes alone,
+    r stage(0, L, 1); clipped to [1/2, 4] against timing noise, and 1 without a timed loop
+    or where nothing is left."""
+    loop = measured.get("loop")
+    if not loop:
+        return 1.0
+    return _per_pass_over_price(_unexplained(loop, measured["k"], costs, num_layers),
+                                loop["draft_passes"],
+                                measured["step_ratio"] * costs.stage(0, num_layers, 1))
+
+
+def smaller_loop_scale(measured: dict[str, Any], costs: Costs, num_layers: int) -> float:
+    """g' of the module docstring: the smaller model's step in its own timed loop (what
+    `_unexplained` leaves less the draft model's passes at g, per smaller-model pass) over
+    r' stage(0, L, 1); clipped as g, and g without that loop."""
+    g = loop_scale(measured, costs, num_layers)
+    smaller = measured.get("smaller") or {}
+    loop = smaller.get("loop")
+    if not loop:
+        return g
+    one = costs.stage(0, num_layers, 1)
+    t_pass = pass_seconds(smaller, g * measured["step_ratio"] * one, costs, num_layers)
+    rest = _unexplained(loop, smaller["k"], costs, num_layers) - loop["draft_passes"] * t_pass
+    return _per_pass_over_price(rest, loop["below_passes"], smaller["step_ratio"] * one)
 
 
 def _scored(plan: Plan, pred: latency.Prediction, ar: latency.Prediction) -> Plan:
@@ -213,10 +290,11 @@ def plans(measured: dict[str, Any], costs: Costs, num_layers: int, ks=CANDIDATE_
     last L): the calibration's, for the plans over the target's exits (none without)."""
     L = num_layers
     ar = latency.predict((L,), (), [], costs)
-    t_draft = measured["step_ratio"] * costs.stage(0, L, 1)
+    t_draft = loop_scale(measured, costs, L) * measured["step_ratio"] * costs.stage(0, L, 1)
     base = Plan(exits=(L,), draft_gate=gate)
     smaller = measured.get("smaller")
-    t_small = smaller["step_ratio"] * costs.stage(0, L, 1) if smaller else 0.0
+    t_small = (smaller_loop_scale(measured, costs, L) * smaller["step_ratio"]
+               * costs.stage(0, L, 1) if smaller else 0.0)
     out = []
     for k in ks:
         # (plan fields, what its drafts did, the smaller model's step)

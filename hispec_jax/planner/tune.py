@@ -273,15 +273,17 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     if draft:
         lines.append(f"draft model: per-token acceptance {draft['alpha']:.3f} ({draft['accepted']} "
                      f"of {draft['proposed']} drafts kept at k={draft['k']}, ungated); a draft "
-                     f"step costs {draft['step_ratio']:.3f} of the target's AR step")
+                     f"step costs {draft['step_ratio']:.3f} of the target's AR step alone, "
+                     f"{draft_plans.loop_scale(draft, c, c.num_layers):.2f} times that in the loop")
         for name, s in (("over a lookup", draft.get("lookup")),
                         ("over the smaller draft model", draft.get("smaller"))):
             if s:
                 lines.append(f"draft model {name}: per-token acceptance {s['alpha']:.3f}, "
                              f"{s['steps_per_draft']:.2f} of its passes per draft "
                              f"({s['wide_share']:.0%} with tokens from below)"
-                             + (f"; a smaller model's step costs {s['step_ratio']:.3f}"
-                                if "step_ratio" in s else ""))
+                             + (f"; a smaller model's step costs {s['step_ratio']:.3f} "
+                                f"alone, {draft_plans.smaller_loop_scale(draft, c, c.num_layers):.2f}"
+                                " times that in the loop" if "step_ratio" in s else ""))
     measured = {r["plan"]: r for r in (report.get("verify") or [])}
     header = (f"{'plan':40s} {'pred tok/s':>10s} {'pred x AR':>9s} {'tok/round':>9s} "
               f"{'work/tok':>8s} {'work x AR':>9s}")
