@@ -314,9 +314,9 @@ def calibrate(model: Model, batch_size: int = 1, prompts: list[list[int]] | None
         return _prompt_measurements(model, ar, prompts, s, batch_size, capacity, tick, t_start,
                                     costs_from)
     t_ar_run, _ = generate_seconds(model, batch_prompts, s.repeats, method="ar",
-                                    max_new_tokens=s.new_tokens, **common)
+                                   max_new_tokens=s.new_tokens, **common)
     t_prefill, _ = generate_seconds(model, batch_prompts, s.repeats, method="ar",
-                                     max_new_tokens=1, **common)
+                                    max_new_tokens=1, **common)
     t_ar_run, t_prefill = t_ar_run / batches, t_prefill / batches  # per batch
     per_round_ar = (t_ar_run - t_prefill) / max(s.new_tokens - 1, 1)
     if per_round_ar <= 0:  # noise: no separate prefill estimate
@@ -344,8 +344,8 @@ def calibrate(model: Model, batch_size: int = 1, prompts: list[list[int]] | None
         draft = methods.default_exits(model)[0]
         nd = 2
         t_ls, r = generate_seconds(model, batch_prompts, s.repeats, method="layerskip",
-                                    draft_exit=draft, draft_len=nd,
-                                    max_new_tokens=s.new_tokens, **common)
+                                   draft_exit=draft, draft_len=nd,
+                                   max_new_tokens=s.new_tokens, **common)
         drafts, verifies = r.stats["actions_per_level"]
         # (the LayerSkip time and counters are summed over the batches)
         costs, fit = fit_loop_costs(costs, per_round_ar, t_ls - batches * t_prefill, draft, nd,

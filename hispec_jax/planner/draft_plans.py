@@ -29,11 +29,11 @@ its pass alone (its sampling, cache and ring writes, the step loop's trip; on th
 round took 1.3-1.6 times its passes alone against AR's 1.18, docs/draft_model.md). g is the
 ungated loop timed at the largest k, less its prefills and the target's passes, per draft
 pass, over r stage(0, L, 1) (`loop_scale`); g' the same of the loop over the smaller model,
-less the draft model's passes at g as well, per smaller-model pass (`smaller_loop_scale`). The target's block costs
-stand for the draft model's growth with the block's length. s, w and i are measured at the
-largest k, ungated, and taken per drafted token at every k. A lookup under
-the draft model proposes at most the round's drafts after the step's own, so each k is
-priced with lookup k - 1 (a longer one only widens the block).
+less the draft model's passes at g as well, per smaller-model pass (`smaller_loop_scale`).
+The target's block costs stand for the draft model's growth with the block's length. s, w
+and i are measured at the largest k, ungated, and taken per drafted token at every k. A
+lookup under the draft model proposes at most the round's drafts after the step's own, so
+each k is priced with lookup k - 1 (a longer one only widens the block).
 
 Acceptance. The final layer's of the draft model's drafts: the i.i.d. per-token a whose
 geometric run of at most k kept drafts keeps what the ungated drafts kept
@@ -63,8 +63,8 @@ CANDIDATE_KS = (1, 2, 3, 4, 5, 6, 8)
 # the final layer's window Nd above exit d (LayerSkip over a draft model), and HiSpec's
 EXIT_WINDOWS = (1, 2, 3, 4, 6, 8)
 VERIFY_WINDOWS = (2, 4, 6, 8, 12, 16)
-HISPEC_DRAFT_EXITS_KEPT = 3
-LOOP_REPEATS = 3  # timed calls of an ungated loop after its first (`_ungated`)  # the best draft exits of LayerSkip over a draft model, for HiSpec's
+HISPEC_DRAFT_EXITS_KEPT = 3  # the best draft exits of LayerSkip over a draft model, for HiSpec's
+LOOP_REPEATS = 3  # timed calls of an ungated loop after its first (`_ungated`)
 
 
 def per_token_acceptance(accepted: int, proposed: int, k: int) -> float:
@@ -184,10 +184,10 @@ def measure(model: Model, prompts: list[list[int]], new_tokens: int, batch_size:
             capacity: int, progress=None, k: int = max(CANDIDATE_KS)) -> dict[str, Any]:
     """Everything `plans` prices by: the draft model's ungated drafts of `k` tokens on
     `prompts` alone ({"k", "proposed", "accepted", "alpha", "steps_per_draft", ...}), its
-    step's cost ratio ("step_ratio"), its loop timed ("loop", `_ungated`), its agreement with the target's exits ("agreement"),
-    and the same for a lookup of k - 1 below it ("lookup") and, when the draft model has
-    one, its smaller draft model below it ("smaller", with its own "step_ratio" and
-    "loop")."""
+    step's cost ratio ("step_ratio"), its loop timed ("loop", `_ungated`), its agreement
+    with the target's exits ("agreement"), and the same for a lookup of k - 1 below it
+    ("lookup") and, when the draft model has one, its smaller draft model below it
+    ("smaller", with its own "step_ratio" and "loop")."""
     say = progress or (lambda msg: None)
     pair, target = with_one_draft(model), without_draft(model)
     say("draft model: its drafts on the calibration prompts")

@@ -271,10 +271,12 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
              f"prefill {1e3 * c.prefill_s:.1f} ms"]
     draft = report.get("draft_model")
     if draft:
+        L = c.num_layers
+        g = draft_plans.loop_scale(draft, c, L)
         lines.append(f"draft model: per-token acceptance {draft['alpha']:.3f} ({draft['accepted']} "
                      f"of {draft['proposed']} drafts kept at k={draft['k']}, ungated); a draft "
                      f"step costs {draft['step_ratio']:.3f} of the target's AR step alone, "
-                     f"{draft_plans.loop_scale(draft, c, c.num_layers):.2f} times that in the loop")
+                     f"{g:.2f} times that in the loop")
         for name, s in (("over a lookup", draft.get("lookup")),
                         ("over the smaller draft model", draft.get("smaller"))):
             if s:
@@ -282,8 +284,8 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
                              f"{s['steps_per_draft']:.2f} of its passes per draft "
                              f"({s['wide_share']:.0%} with tokens from below)"
                              + (f"; a smaller model's step costs {s['step_ratio']:.3f} "
-                                f"alone, {draft_plans.smaller_loop_scale(draft, c, c.num_layers):.2f}"
-                                " times that in the loop" if "step_ratio" in s else ""))
+                                f"alone, {draft_plans.smaller_loop_scale(draft, c, L):.2f} "
+                                "times that in the loop" if "step_ratio" in s else ""))
     measured = {r["plan"]: r for r in (report.get("verify") or [])}
     header = (f"{'plan':40s} {'pred tok/s':>10s} {'pred x AR':>9s} {'tok/round':>9s} "
               f"{'work/tok':>8s} {'work x AR':>9s}")
