@@ -106,6 +106,17 @@ def test_a_draft_that_always_agrees_is_always_accepted(loaded):
     assert got.stats["tokens_per_round"] > 3.5  # 4 a round, less the budget's last one
 
 
+def test_a_smaller_k_after_a_larger_one_compiles_its_own_loop(loaded):
+    """An ungated draft model at k = 3 after one at k = 4 in the same process: the k = 4
+    loop cannot run it (a draft model's k is its level's window), so it gets its own
+    (`Hierarchy.covers` once raised here instead of answering no)."""
+    target, _ = loaded["llama3"]
+    for k in (4, 3):
+        got = generate(target, PROMPTS[:1], draft=target, draft_k=k, draft_gate=False,
+                       max_new_tokens=12, ignore_eos=True)
+        assert got.stats["draft_model"]["k"] == k and got.stats["window_bounds"][0] == k
+
+
 def test_lookup_tokens_the_draft_model_agrees_with_are_drafted_in_one_pass(loaded):
     """prompt lookup -> draft model -> target, the target drafting for itself over a
     prompt that repeats: lookup tokens kept, more drafts than draft-model passes."""

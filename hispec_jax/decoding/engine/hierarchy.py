@@ -123,8 +123,8 @@ class Hierarchy:
     def covers(self, other: "Hierarchy") -> bool:
         """Whether a loop compiled for this hierarchy can run `other`'s windows (the same
         hierarchy with window bounds at least as large)."""
-        if len(self.max_windows) != len(other.max_windows):
-            return False
+        if len(self.max_windows) != len(other.max_windows) or self.drafter != other.drafter:
+            return False  # (a drafter may fix its window: a draft model's k is max_windows[0])
         if any(h.level_blocks(k) for h in (self, other) for k in range(1, h.num_levels)):
             return self == other  # block lengths are part of the policy (SV, lookup)
         return (dataclasses.replace(self, max_windows=other.max_windows) == other
