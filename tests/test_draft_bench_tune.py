@@ -346,6 +346,8 @@ def test_auto_with_a_draft_model_runs_the_pairs_plan(tmp_path, monkeypatch, caps
     cal = calibrate.Calibration(exits=(1, 2, 3, 4), alpha=jax.numpy.full((4, 4), 0.05),
                                 costs=COSTS, tokens=0, seconds=0.0, loop={})
     monkeypatch.setattr(calibrate, "calibrate", lambda *a, **k: cal)
+    # (the fixed costs are no device's: the draft loops are not timed against them, g = 1)
+    monkeypatch.setattr(draft_plans, "LOOP_REPEATS", 0)
     monkeypatch.setattr(calibrate.Settings, "quick", classmethod(lambda cls: cls(
         num_prompts=2, max_prompt_tokens=8, new_tokens=12, block_sizes=(1, 4), repeats=1,
         capacity=64, lookup=0)))
