@@ -106,6 +106,24 @@ def test_a_draft_that_always_agrees_is_always_accepted(loaded):
     assert got.stats["tokens_per_round"] > 3.5  # 4 a round, less the budget's last one
 
 
+def test_rounds_without_drafts_run_as_ar_steps(loaded):
+    """A draft model that never agrees (random weights): after its first round the gate
+    drafts nothing but a probe now and then, and its rounds at window 0 run as AR's step
+    (`Round.plain`, a loop of its own between the rounds that draft): AR's output at batch
+    8 and 1."""
+    target, _ = loaded["llama3"]
+    cfg = target.cfg.replace(num_layers=1)
+    never = Model(cfg=cfg, params=init_params(cfg, jax.random.PRNGKey(5)))
+    ar = generate(target, PROMPTS, method="ar", max_new_tokens=60, ignore_eos=True)
+    for prompts in (PROMPTS, PROMPTS[:1]):
+        got = generate(target, prompts, draft=never, max_new_tokens=60, ignore_eos=True)
+        assert got.token_ids == ar.token_ids[:len(prompts)]
+        dm, rounds = got.stats["draft_model"], got.stats["rounds"]
+        assert dm["accepted"] == 0 and rounds == 59  # the prefill emits the first token
+        # the first round drafts k = 5, a probe 1 more; every other round is plain
+        assert dm["draft_steps"] > 5 * len(prompts) and dm["plain_rounds"] >= rounds - 3
+
+
 def test_a_smaller_k_after_a_larger_one_compiles_its_own_loop(loaded):
     """An ungated draft model at k = 3 after one at k = 4 in the same process: the k = 4
     loop cannot run it (a draft model's k is its level's window), so it gets its own
@@ -276,6 +294,9 @@ def test_sampling_keeps_the_target_distribution_exactly(method, options, monkeyp
     probs = exact_ar_distribution(target, SamplingParams(temperature=1.0, top_k=3, seed=21))
     r = _sampled(target, draft, method, 21, **options)
     assert 0 < r.stats["draft_model"]["acceptance_rate"] < 1  # drafts kept and rejected
+    if options.get("draft_gate", True) and method == "draft" and "lookup" not in options:
+        # the budget's last token was drawn in a plain round (`Round.plain`)
+        assert r.stats["draft_model"]["plain_rounds"] > 0
     if "lookup" in options:  # the draft model kept some lookup tokens and replaced others
         lookup = r.stats["draft_model"]["lookup"]
         assert 0 < lookup["accepted"] < lookup["proposed"]
@@ -426,7 +447,8 @@ def test_the_compiled_loop_copies_no_draft_cache(layout, smaller, users_codegen)
     """The draft's KV cache (and with two draft models the smaller one's) is written outside
     every `lax.cond` (its passes only read it): the optimized HLO of a gated draft-model
     loop copies no buffer of either cache inside the loop (a branch that updates a cache
-    makes XLA copy it at every branch)."""
+    makes XLA copy it at every branch), nor of the target's (written by the rounds' switch
+    and by the plain rounds' loop)."""
     import re
 
     from hispec_jax.decoding import methods
@@ -452,6 +474,12 @@ def test_the_compiled_loop_copies_no_draft_cache(layout, smaller, users_codegen)
     loop = text[:text.index("\nENTRY")]  # every computation but the entry's: the loop's
     shape = r"f32\[(?:[0-9]+,)?2,2,96,8\]"
     assert re.search(rf"{shape}[^ ]* (?:scatter|fusion)\(", loop), "no draft-cache write?"
+    copies = re.findall(rf"= {shape}[^ ]* copy\(", loop)
+    assert not copies, copies[:3]
+    # nor of the target's: the rounds at window 0 (`Round.plain`) write it in their loop
+    shape = r"f32\[(?:[0-9]+,)?2,1,96,8\]"
+    assert re.search(rf"{shape}[^ ]* (?:scatter|fusion|dynamic-update-slice)\(", loop), \
+        "no target-cache write?"
     copies = re.findall(rf"= {shape}[^ ]* copy\(", loop)
     assert not copies, copies[:3]
     if smaller:

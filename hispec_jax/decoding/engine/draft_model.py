@@ -228,6 +228,8 @@ class DraftModelCounters:
       below_accepted: [] of those, tokens the draft model kept as its drafts.
       wide_steps: [] of `steps`, those whose pass ran the block that holds the tokens from
         below (2 + their k positions: the planner prices them apart, `draft_plans`).
+      plain_rounds: [] rounds in which no sequence drafted, run as AR's step
+        (`Round.plain`; a round, not a sequence, counts one).
     """
 
     steps: jax.Array
@@ -238,6 +240,7 @@ class DraftModelCounters:
     below_proposed: jax.Array
     below_accepted: jax.Array
     wide_steps: jax.Array
+    plain_rounds: jax.Array
 
 
 @flax.struct.dataclass
@@ -379,7 +382,7 @@ class DraftModelDrafter:
         zero = jnp.zeros((), jnp.int32)
         return DraftModelCounters(steps=zero, drafted=zero, proposed=zero, accepted=zero,
                                   caught_up=zero, below_proposed=zero, below_accepted=zero,
-                                  wide_steps=zero)
+                                  wide_steps=zero, plain_rounds=zero)
 
     def stats(self, h, total) -> dict:
         c = total.drafter
@@ -390,7 +393,7 @@ class DraftModelDrafter:
             "draft_steps": int(c.steps), "drafted": int(c.drafted), "proposed": proposed,
             "accepted": accepted, "acceptance_rate": accepted / proposed if proposed else None,
             "caught_up_positions": int(c.caught_up), "verified_by_exit": h.exits[1],
-            "wide_steps": int(c.wide_steps),
+            "wide_steps": int(c.wide_steps), "plain_rounds": int(c.plain_rounds),
             **({} if self.lookup is None else {"lookup": {
                 "k": self.lookup.max_tokens, "max_ngram": self.lookup.max_ngram,
                 "proposed": int(c.below_proposed), "accepted": int(c.below_accepted)}}),
@@ -414,7 +417,8 @@ class DraftModelDrafter:
 
     def events(self, c) -> dict[str, Any]:
         """Its counts for /metrics (`hispec:spec_decode_drafter_events_total`)."""
-        events = {"draft_passes": c.steps, "drafted": c.drafted, "caught_up": c.caught_up}
+        events = {"draft_passes": c.steps, "drafted": c.drafted, "caught_up": c.caught_up,
+                  "plain_rounds": c.plain_rounds}
         if self.lookup is not None or self.inner is not None:
             events.update(below_proposed=c.below_proposed, below_accepted=c.below_accepted)
         return events
@@ -473,14 +477,8 @@ class DraftModelDrafter:
         copy every cache buffer at each branch (docs/draft_model.md, "What a round costs
         the engine")."""
         out, c, ds = state.out, state.processed_BxK, state.draft_state
-        c1_B = c[:, 1]
-        # a sequence's round starts with nothing pending: its window for the round is the
-        # window policy's, the gate's, and what its budget still needs (w drafts: w + 1)
-        remaining_B = rnd.req.max_new_B - out.num_new_B - (c1_B + 1 - out.lengths_B)
-        w_B = jnp.minimum(state.windows.windows_BxK1[:, 0], remaining_B - 1)
-        if ds.gated_B is not None:
-            w_B = jnp.minimum(w_B, ds.gated_B)
-        window_B = jnp.where(part_B & (c[:, 0] == c1_B), jnp.clip(w_B, 0, self.k), ds.window_B)
+        window_B = jnp.where(part_B & (c[:, 0] == c[:, 1]), self._round_window(rnd, state),
+                             ds.window_B)
         drafting = lambda s: (part_B & ~rnd.ready(s, 1)
                               & (s.processed_BxK[:, 0] - s.processed_BxK[:, 1] < window_B))
         # a level rolled back: the draft's cache stops at c_0; behind it, it catches up to
@@ -498,6 +496,35 @@ class DraftModelDrafter:
                                    lambda s: self._step(rnd, s, drafting(s)),
                                    state.replace(cache=None))
         return self._seal(rnd, state.replace(cache=cache), part_B)
+
+    def _round_window(self, rnd, state) -> jax.Array:
+        """[B] w in 0 .. k: the drafts of each sequence's round, were it to start now (with
+        nothing pending): the window policy's, the gate's, and what its budget still needs
+        (w drafts: w + 1 tokens)."""
+        out, ds = state.out, state.draft_state
+        remaining_B = (rnd.req.max_new_B - out.num_new_B
+                       - (state.processed_BxK[:, 1] + 1 - out.lengths_B))
+        w_B = jnp.minimum(state.windows.windows_BxK1[:, 0], remaining_B - 1)
+        if ds.gated_B is not None:
+            w_B = jnp.minimum(w_B, ds.gated_B)
+        return jnp.clip(w_B, 0, self.k)
+
+    # ---- a round without drafts ------------------------------------------------------------
+    def idle(self, rnd, state) -> jax.Array:
+        """[B] bool: the sequences whose next round drafts nothing (window 0: the gate's, or
+        the budget's last token). Called between rounds, where nothing is pending."""
+        return self._round_window(rnd, state) == 0
+
+    def close_idle(self, rnd, state, part_B: jax.Array):
+        """What `draft` does for the sequences in `part_B` at window 0 (every one of them
+        `idle`), without its loops: the placeholder alone closes level 1's block (for
+        `Round.plain`)."""
+        ds, counters = state.draft_state, state.counters
+        ds = ds.replace(window_B=jnp.where(part_B, 0, ds.window_B),
+                        cached_B=jnp.minimum(ds.cached_B, state.processed_BxK[:, 0]))
+        counters = counters.replace(drafter=counters.drafter.replace(
+            plain_rounds=counters.drafter.plain_rounds + 1))
+        return self._seal(rnd, state.replace(draft_state=ds, counters=counters), part_B)
 
     def _step(self, rnd, state, part_B: jax.Array):
         """The draft model runs the token at c_0 (with the one at c_0 - 1 where its cache

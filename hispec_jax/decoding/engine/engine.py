@@ -210,8 +210,7 @@ class Engine:
         # On a mesh, every [B, ...] state array splits over "data" (a no-op on one device).
         on_mesh = functools.partial(sharding.constrain_state, batch=self.shapes.batch)
         state = on_mesh(self.state_from_prefill(params, heads, req, h_BxD, cache, windows_K1))
-        state = jax.lax.while_loop(lambda s: jnp.any(~s.out.done_B),
-                                   lambda s: on_mesh(self.step(params, heads, req, s)), state)
+        state = self._rounds(params, heads, req, state, None)
         return state.out, state.counters, state.cache
 
     def run_rounds(self, params, heads, req: Request, state: EngineState,
@@ -224,16 +223,39 @@ class Engine:
         (serving/: streaming and continuous batching resume from the returned state).
         """
         on_mesh = functools.partial(sharding.constrain_state, batch=self.shapes.batch)
+        return self._rounds(params, heads, req, on_mesh(state), max_rounds)
+
+    def _rounds(self, params, heads, req: Request, state: EngineState,
+                max_rounds: jax.Array | None) -> EngineState:
+        """Rounds until every sequence is done or `max_rounds` (None: no bound) ran.
+
+        Where the round has plain rounds (`Round.has_plain`: a gated draft model's window
+        0), the loop's body is a round followed by a loop of plain rounds while no sequence
+        drafts, each AR's step; both count as rounds:
+
+            while any sequence is active (and rounds < max_rounds):
+                round                        (drafts, or the gate's probe)
+                while no active sequence drafts (and rounds < max_rounds):
+                    plain round              (AR's step)
+        """
+        on_mesh = functools.partial(sharding.constrain_state, batch=self.shapes.batch)
+        rnd = Round(params, heads, req, self.cfg, self.hierarchy, self.greedy, self.backbone)
 
         def more(carry):
             s, trips = carry
-            return jnp.any(~s.out.done_B) & (trips < max_rounds)
+            go = jnp.any(~s.out.done_B)
+            return go if max_rounds is None else go & (trips < max_rounds)
 
         def round_(carry):
             s, trips = carry
-            return on_mesh(self.step(params, heads, req, s)), trips + 1
+            carry = on_mesh(rnd(s)), trips + 1
+            if rnd.has_plain:
+                carry = jax.lax.while_loop(
+                    lambda c: more(c) & rnd.all_idle(c[0]),
+                    lambda c: (on_mesh(rnd.plain(c[0])), c[1] + 1), carry)
+            return carry
 
-        state, _ = jax.lax.while_loop(more, round_, (on_mesh(state), jnp.zeros((), jnp.int32)))
+        state, _ = jax.lax.while_loop(more, round_, (state, jnp.zeros((), jnp.int32)))
         return state
 
     # ---- the whole loop, lowered for reading --------------------------------------------
