@@ -210,18 +210,13 @@ def test_lookup_keeps_greedy_equal_to_ar_with_per_sequence_matches(method, optio
 
 def test_round_without_match_submits_one_position():
     """Without a match a sequence submits one position (its newest token, an AR step), and
-    the pass runs at the shortest compiled block that holds the longest submission; every
-    such round but the first runs as a plain round (AR's step outside the switch,
-    `Round.plain`), with AR's output."""
+    the pass runs at the shortest compiled block that holds the longest submission."""
     model = tiny_model(4, 1)
     assert methods.make_method(model, "lookup").hierarchy.level_blocks(1) == (1, 2, 4, 8, 16)
-    prompts = [list(range(10, 20))]
-    got = generate(model, prompts, method="lookup", max_new_tokens=12, ignore_eos=True)
+    got = generate(model, [list(range(10, 20))], method="lookup", max_new_tokens=12,
+                   ignore_eos=True)
     s, hist = got.stats, got.stats["verified_length_histogram"]
     assert sum(hist) == s["rounds"] and hist[1] >= s["rounds"] - s["lookup"]["matches"]
-    assert hist[1] - 1 <= s["lookup"]["plain_rounds"] <= hist[1] and hist[1] > 1
-    assert got.token_ids == generate(model, prompts, method="ar", max_new_tokens=12,
-                                     ignore_eos=True).token_ids
 
 
 def test_shipped_model_copies_a_repeated_passage():

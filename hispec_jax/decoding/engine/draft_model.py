@@ -509,7 +509,7 @@ class DraftModelDrafter:
             w_B = jnp.minimum(w_B, ds.gated_B)
         return jnp.clip(w_B, 0, self.k)
 
-    # ---- a plain round ---------------------------------------------------------------------
+    # ---- a round without drafts ------------------------------------------------------------
     def idle(self, rnd, state) -> jax.Array:
         """[B] bool: the sequences whose next round drafts nothing (window 0: the gate's, or
         the budget's last token). Called between rounds, where nothing is pending."""

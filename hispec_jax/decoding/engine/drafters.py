@@ -299,8 +299,6 @@ class LookupCounters:
       accepted: [] of those, tokens level 1 accepted.
       store_matches, store_proposed, store_accepted: [] the part of each that came from
         earlier requests (`Request.store`, `suffix_store.py`); 0 without a store.
-      plain_rounds: [] rounds whose every lookup proposed one token or none, run as AR's
-        step (`Round.plain`; a round, not a sequence, counts one).
     """
 
     matches: jax.Array
@@ -309,7 +307,6 @@ class LookupCounters:
     store_matches: jax.Array
     store_proposed: jax.Array
     store_accepted: jax.Array
-    plain_rounds: jax.Array
 
 
 @flax.struct.dataclass
@@ -387,7 +384,7 @@ class LookupDrafter:
         del num_layers
         zero = jnp.zeros((), jnp.int32)
         return LookupCounters(matches=zero, proposed=zero, accepted=zero, store_matches=zero,
-                              store_proposed=zero, store_accepted=zero, plain_rounds=zero)
+                              store_proposed=zero, store_accepted=zero)
 
     def stats(self, h, total) -> dict:
         """What it proposed and what level 1 kept."""
@@ -398,7 +395,7 @@ class LookupDrafter:
             "lookups": int(total.actions_K[0]), "matches": int(c.matches),
             "proposed": proposed, "accepted": accepted,
             "acceptance_rate": accepted / proposed if proposed else None,
-            "verified_by_exit": h.exits[1], "plain_rounds": int(c.plain_rounds),
+            "verified_by_exit": h.exits[1],
             "from_earlier_requests": {"matches": int(c.store_matches),
                                       "proposed": int(c.store_proposed),
                                       "accepted": int(c.store_accepted)}}}
@@ -453,11 +450,17 @@ class LookupDrafter:
         del state, window_ready_B
         return pending_B > 0  # one lookup a round: always ready
 
-    def _proposal(self, rnd, state, part_B: jax.Array):
-        """The round's lookup for the sequences in `part_B`: (the `Proposal`, [B] bool it came
-        from earlier requests, [B] the tokens to propose after the gate, [B] its gate
-        bucket). Reads the state only."""
+    def draft(self, rnd, state, part_B: jax.Array):
+        """Writes each drafting sequence's n-gram proposal at c_0 + 1 .. and moves c_0 past
+        it; no layer runs (level 1 embeds the tokens itself).
+
+            before   c_1 = c_0                       (level 1 verified everything)
+                     x_c ? ? ?
+            after    c_1   c_0 = c_1 + m             (m proposed tokens, m <= k)
+                     x_c  y1 y2 y3
+        """
         out, c, k = state.out, state.processed_BxK, self.lookup.max_tokens
+        S = out.tokens_BxS.shape[1]
         ds = state.draft_state
         # Never more than the budget still needs (the top level emits at most the proposals).
         remaining_B = rnd.req.max_new_B - out.num_new_B - (c[:, 0] + 1 - out.lengths_B)
@@ -476,35 +479,6 @@ class LookupDrafter:
                 length_B = gate_lib.choose(
                     ds.gate.of_match(bucket_B), length_B, prop.matched_B, part_B,
                     rnd.h.level_blocks(1), rnd.req.lookup_cost, joint=rnd.h.schedule == "sync")
-        return prop, from_store_B, length_B, bucket_B
-
-    # ---- a plain round ---------------------------------------------------------------------
-    def idle(self, rnd, state) -> jax.Array:
-        """[B] bool: the sequences whose next round proposes at most one token (no match, or
-        the gate's one), so that level 1's block is one position, AR's step's pass (the
-        round's lookup, run here and again in the round)."""
-        return self._proposal(rnd, state, ~state.out.done_B)[2] <= 1
-
-    def close_idle(self, rnd, state, part_B: jax.Array):
-        """The plain round's drafting (`Round.plain`): the lookup as in any round."""
-        state = self.draft(rnd, state, part_B)
-        counters = state.counters
-        return state.replace(counters=counters.replace(drafter=counters.drafter.replace(
-            plain_rounds=counters.drafter.plain_rounds + 1)))
-
-    def draft(self, rnd, state, part_B: jax.Array):
-        """Writes each drafting sequence's n-gram proposal at c_0 + 1 .. and moves c_0 past
-        it; no layer runs (level 1 embeds the tokens itself).
-
-            before   c_1 = c_0                       (level 1 verified everything)
-                     x_c ? ? ?
-            after    c_1   c_0 = c_1 + m             (m proposed tokens, m <= k)
-                     x_c  y1 y2 y3
-        """
-        out, c, k = state.out, state.processed_BxK, self.lookup.max_tokens
-        S = out.tokens_BxS.shape[1]
-        ds = state.draft_state
-        prop, from_store_B, length_B, bucket_B = self._proposal(rnd, state, part_B)
         n_B = jnp.where(part_B, length_B, 0)
         j_K = jnp.arange(k)
         slots_BxK = jnp.where(j_K[None, :] < n_B[:, None], c[:, :1] + 1 + j_K[None, :], S)

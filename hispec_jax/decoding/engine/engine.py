@@ -229,14 +229,13 @@ class Engine:
                 max_rounds: jax.Array | None) -> EngineState:
         """Rounds until every sequence is done or `max_rounds` (None: no bound) ran.
 
-        Where the hierarchy has plain rounds (`Round.has_plain`: two levels over a draft
-        model or a prompt lookup), the loop's body is a round followed by a loop of plain
-        rounds while every active sequence's level-1 block is one position (the draft
-        model's window 0, no lookup match), each AR's step; both count as rounds:
+        Where the round has plain rounds (`Round.has_plain`: a gated draft model's window
+        0), the loop's body is a round followed by a loop of plain rounds while no sequence
+        drafts, each AR's step; both count as rounds:
 
             while any sequence is active (and rounds < max_rounds):
-                round                        (a block of 2 or more positions, or the first)
-                while every block is one position (and rounds < max_rounds):
+                round                        (drafts, or the gate's probe)
+                while no active sequence drafts (and rounds < max_rounds):
                     plain round              (AR's step)
         """
         on_mesh = functools.partial(sharding.constrain_state, batch=self.shapes.batch)

@@ -145,27 +145,25 @@ class Round:
                                  lambda s: s, state)
         return state
 
-    # ---- plain rounds -------------------------------------------------------------------
+    # ---- a round without drafts ---------------------------------------------------------
     @property
     def has_plain(self) -> bool:
-        """Whether rounds with one-position blocks run as `plain` rounds: two levels, and a
-        drafter that says whose next round is one (`idle`)."""
+        """Whether rounds without drafts run as `plain` rounds: two levels, and a drafter that
+        says which sequences draft nothing (`idle`)."""
         return self.h.num_levels == 2 and hasattr(self.h.drafter, "idle")
 
     def all_idle(self, state: EngineState) -> jax.Array:
-        """[] bool: level 1's block in the next round is one position for every active
-        sequence (`has_plain` only)."""
+        """[] bool: no active sequence drafts in the next round (`has_plain` only)."""
         return jnp.all(state.out.done_B | self.h.drafter.idle(self, state))
 
     def plain(self, state: EngineState) -> EngineState:
-        """A round whose level-1 block is one position for every sequence (`all_idle`): the
-        drafter drafts as in any round (`close_idle`; a draft model at window 0 writes only
-        its placeholder, a lookup one token or its placeholder) and the top level verifies
-        that position in a pass that writes the cache as it goes, outside any branch: AR's
-        step. The same round through `verify_at_shortest_block` runs level 1's pass in a
-        branch that only reads the cache and attends to the cache and the block apart,
-        which on CPU cost a tenth more than AR's step. `Engine` runs plain rounds in a loop
-        of their own after each other round."""
+        """A round in which no sequence drafts (`all_idle`): the drafter closes each block
+        with its placeholder alone (`close_idle`) and the top level verifies that one
+        position in a pass that writes the cache as it goes, outside any branch: AR's step.
+        The same round through `verify_at_shortest_block` would run level 1's pass in a
+        branch that only reads the cache and attends to the cache and the block apart, which
+        cost a round at window 0 a tenth more than AR's step on CPU. `Engine` runs plain
+        rounds in a loop of their own after each round that drafts."""
         state = state.replace(counters=state.counters.replace(
             rounds=state.counters.rounds + 1))
         with jax.named_scope("draft"):
