@@ -114,6 +114,10 @@ class Drafter(Protocol):
     # Optional: `events(drafter_counters) -> dict[str, count]`, its own counts that
     # /metrics reports as hispec:spec_decode_drafter_events_total{event=...} (a draft
     # model's passes, for one; `serving/metrics.py`).
+    # Optional: `idle(rnd, state) -> [B] bool`, the sequences whose next round drafts
+    # nothing, with `close_idle(rnd, state, part_B) -> state`, that round's drafting: under
+    # two levels, rounds in which every active sequence is idle run as AR's step
+    # (`Round.plain`; a draft model's window 0).
 
     def check(self, h) -> None:
         """Raises ValueError when the hierarchy `h` cannot have this drafter as level 0."""

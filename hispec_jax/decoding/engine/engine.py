@@ -229,8 +229,8 @@ class Engine:
                 max_rounds: jax.Array | None) -> EngineState:
         """Rounds until every sequence is done or `max_rounds` (None: no bound) ran.
 
-        Where the round has plain rounds (`Round.has_plain`: a gated draft model's window
-        0), the loop's body is a round followed by a loop of plain rounds while no sequence
+        Where the hierarchy has plain rounds (`Round.has_plain`: a draft model's window 0),
+        the loop's body is a round followed by a loop of plain rounds while no sequence
         drafts, each AR's step; both count as rounds:
 
             while any sequence is active (and rounds < max_rounds):
