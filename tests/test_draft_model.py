@@ -150,6 +150,32 @@ def test_lookup_tokens_the_draft_model_agrees_with_are_drafted_in_one_pass(loade
     assert stats["acceptance_rate"] == 1.0
 
 
+def test_the_lookup_below_a_draft_model_drafts_from_earlier_requests(loaded):
+    """prompt lookup -> draft model -> target with a store of earlier requests
+    (`cross_request`): the same prompts again draft from the store (its tokens kept by the
+    draft model), and every output is AR's, at batch 3 and 1."""
+    from hispec_jax.decoding.suffix_store import SuffixStore
+
+    target, draft = loaded["llama3"]
+    ar = generate(target, PROMPTS[:3], method="ar", max_new_tokens=NEW, ignore_eos=True)
+    store = SuffixStore(size=512)
+    options = dict(draft=target, draft_k=6, draft_gate=False, lookup=4, max_new_tokens=NEW,
+                   ignore_eos=True, cross_request=store)
+    first = generate(target, PROMPTS[:3], **options)
+    assert first.token_ids == ar.token_ids
+    assert first.stats["draft_model"]["lookup"]["from_earlier_requests"]["proposed"] == 0
+    assert store.version == 3
+    for prompts in (PROMPTS[:3], PROMPTS[:1]):
+        again = generate(target, prompts, **options)
+        assert again.token_ids == ar.token_ids[:len(prompts)]
+        earlier = again.stats["draft_model"]["lookup"]["from_earlier_requests"]
+        assert earlier["accepted"] > 0 and again.stats["draft_model"]["acceptance_rate"] == 1.0
+    # a draft model that disagrees with the target: its store tokens are checked, output AR's
+    got = generate(target, PROMPTS[:3], **dict(options, draft=draft))
+    assert got.token_ids == ar.token_ids
+    assert got.stats["draft_model"]["lookup"]["from_earlier_requests"]["proposed"] > 0
+
+
 @pytest.fixture(scope="module")
 def smaller(tmp_path_factory):
     """A one-layer llama draft for llama3's two-layer draft model (HSD's lowest level)."""
@@ -264,6 +290,15 @@ def _exact_setup():
                                                             init_std=0.5))
 
 
+def _store_after(context, continuation):
+    """A store of earlier requests holding one entry: `context` then `continuation`."""
+    from hispec_jax.decoding.suffix_store import SuffixStore
+
+    store = SuffixStore(size=64)
+    store.add(store.scope_of(None), context, continuation)
+    return store
+
+
 def _sampled(target, draft, method, seed, **options):
     from test_sampling_exact import N_SAMPLES, NEW as N_NEW, PROMPT
 
@@ -280,6 +315,10 @@ def _sampled(target, draft, method, seed, **options):
     # lookup proposes 3 after it), no gate, 4 new tokens: prefill emits the first, the first
     # round drafts 2, so the draft model's first pass checks 1 lookup token
     ("draft", {"draft_k": 3, "draft_gate": False, "lookup": 2, "max_ngram": 1}),
+    # the same with a store of earlier requests whose 2-gram match outranks the prompt's
+    # 1-gram one (`_store_after`): the lookup's tokens come from the store
+    ("draft", {"draft_k": 3, "draft_gate": False, "lookup": 2, "max_ngram": 2,
+               "cross_request": "store"}),
 ])
 def test_sampling_keeps_the_target_distribution_exactly(method, options, monkeypatch):
     import test_sampling_exact
@@ -288,8 +327,11 @@ def test_sampling_keeps_the_target_distribution_exactly(method, options, monkeyp
     from hispec_jax.decoding.sampling import SamplingParams
 
     if "lookup" in options:
-        monkeypatch.setattr(test_sampling_exact, "PROMPT", [1, 2, 3, 1, 2])
+        prompt = [1, 2, 3, 1, 2] if "cross_request" not in options else [1, 2, 3, 0, 2]
+        monkeypatch.setattr(test_sampling_exact, "PROMPT", prompt)
         monkeypatch.setattr(test_sampling_exact, "NEW", 4)
+    if "cross_request" in options:
+        options = dict(options, cross_request=_store_after([0, 2], [1, 3, 2, 0, 1]))
     target, draft = _exact_setup()
     probs = exact_ar_distribution(target, SamplingParams(temperature=1.0, top_k=3, seed=21))
     r = _sampled(target, draft, method, 21, **options)
@@ -300,6 +342,9 @@ def test_sampling_keeps_the_target_distribution_exactly(method, options, monkeyp
     if "lookup" in options:  # the draft model kept some lookup tokens and replaced others
         lookup = r.stats["draft_model"]["lookup"]
         assert 0 < lookup["accepted"] < lookup["proposed"]
+        if "cross_request" in options:
+            earlier = lookup["from_earlier_requests"]
+            assert 0 < earlier["accepted"] < earlier["proposed"]
     stat, threshold = chi_square_test(r.token_ids, probs, N_SAMPLES)
     assert stat < threshold, (stat, threshold)
 

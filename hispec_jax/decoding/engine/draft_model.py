@@ -44,6 +44,7 @@ import jax.numpy as jnp
 from hispec_jax.decoding import acceptance as acceptance_lib
 from hispec_jax.decoding import gate as gate_lib
 from hispec_jax.decoding import lookup as lookup_lib
+from hispec_jax.decoding import suffix_store
 from hispec_jax.decoding.engine.state import (gather_positions, ring_read, ring_write,
                                               scatter_tokens)
 from hispec_jax.decoding.prefill import block_positions
@@ -226,6 +227,9 @@ class DraftModelCounters:
       below_proposed: [] with a lookup or a smaller draft model below the draft model, the
         tokens it proposed to the draft model.
       below_accepted: [] of those, tokens the draft model kept as its drafts.
+      store_proposed, store_accepted: [] the part of `below_proposed` / `below_accepted`
+        that the lookup below found in earlier requests' store (`Request.store`,
+        `suffix_store.py`); 0 without one.
       wide_steps: [] of `steps`, those whose pass ran the block that holds the tokens from
         below (2 + their k positions: the planner prices them apart, `draft_plans`).
       plain_rounds: [] rounds in which no sequence drafted, run as AR's step
@@ -239,6 +243,8 @@ class DraftModelCounters:
     caught_up: jax.Array
     below_proposed: jax.Array
     below_accepted: jax.Array
+    store_proposed: jax.Array
+    store_accepted: jax.Array
     wide_steps: jax.Array
     plain_rounds: jax.Array
 
@@ -310,6 +316,8 @@ class DraftModelDrafter:
     argmax; sampling: token-wise rejection against the lookup's one-hot proposal, so each
     kept or replaced token is still a draw from q): one draft-model pass then drafts up to
     1 + m tokens. The gate prices a round as w passes all the same (a conservative price).
+    Where the request holds earlier requests' store (`Request.store`), the lookup also
+    searches it and the longer match proposes (`_below_lookup`).
 
     Attributes:
       cfg: the draft model's architecture (the weights: the target's `params["draft"]`).
@@ -336,6 +344,12 @@ class DraftModelDrafter:
     # its rounds about a tenth faster on CPU (docs/draft_model.md).
     block_passes: ClassVar[bool] = False
     draws: ClassVar[bool] = True  # sampling: its drafts are draws from q (`dists[0]`)
+
+    @property
+    def reads_store(self) -> bool:
+        """Its lookup below also drafts from earlier requests' tokens where the request
+        holds them (`Request.store`, `suffix_store.py`)."""
+        return self.lookup is not None
 
     def check(self, h) -> None:
         if h.exits[0] != 0:
@@ -382,7 +396,8 @@ class DraftModelDrafter:
         zero = jnp.zeros((), jnp.int32)
         return DraftModelCounters(steps=zero, drafted=zero, proposed=zero, accepted=zero,
                                   caught_up=zero, below_proposed=zero, below_accepted=zero,
-                                  wide_steps=zero, plain_rounds=zero)
+                                  store_proposed=zero, store_accepted=zero, wide_steps=zero,
+                                  plain_rounds=zero)
 
     def stats(self, h, total) -> dict:
         c = total.drafter
@@ -396,7 +411,9 @@ class DraftModelDrafter:
             "wide_steps": int(c.wide_steps), "plain_rounds": int(c.plain_rounds),
             **({} if self.lookup is None else {"lookup": {
                 "k": self.lookup.max_tokens, "max_ngram": self.lookup.max_ngram,
-                "proposed": int(c.below_proposed), "accepted": int(c.below_accepted)}}),
+                "proposed": int(c.below_proposed), "accepted": int(c.below_accepted),
+                "from_earlier_requests": {"proposed": int(c.store_proposed),
+                                          "accepted": int(c.store_accepted)}}}),
             **({} if self.inner is None else {"inner_draft_model": {
                 "layers": self.inner.cfg.num_layers, "hidden_size": self.inner.cfg.hidden_size,
                 "k": self.inner.k, "proposed": int(c.below_proposed),
@@ -421,6 +438,9 @@ class DraftModelDrafter:
                   "plain_rounds": c.plain_rounds}
         if self.lookup is not None or self.inner is not None:
             events.update(below_proposed=c.below_proposed, below_accepted=c.below_accepted)
+        if self.lookup is not None:
+            events.update(below_store_proposed=c.store_proposed,
+                          below_store_accepted=c.store_accepted)
         return events
 
     def proposals(self, drafter_counters) -> tuple[Any, Any]:
@@ -541,11 +561,11 @@ class DraftModelDrafter:
                  self.lookup.max_tokens if self.inner is None else self.inner.k)
         pad = 2 + below  # the longest block a branch runs
 
-        def advance(T, proposed_BxM=None, m_B=None, logq_BxMxV=None):
+        def advance(T, proposed_BxM=None, m_B=None, logq_BxMxV=None, store_B=None):
             if proposed_BxM is None:
                 proposed_BxM, m_B = jnp.zeros((pos_B.shape[0], 0), jnp.int32), jnp.zeros_like(pos_B)
             return lambda s: self._advance(rnd, s, cache, part_B, known_B, proposed_BxM, m_B,
-                                           T, pad, logq_BxMxV)
+                                           T, pad, logq_BxMxV, store_B)
 
         plain = lambda s: jax.lax.cond(jnp.any(known_B == 2), advance(2), advance(1), s)
         left_B = ds.window_B - (pos_B - c[:, 1])  # drafts the round still needs, >= 1
@@ -558,11 +578,11 @@ class DraftModelDrafter:
                                   advance(2 + self.inner.k, proposed_BxM, m_B, logq_BxMxV),
                                   plain, state)
         elif self.lookup is not None:
-            # the lookup proposes at most the drafts the round still needs after this step's
-            p = self.lookup.propose(state.out.tokens_BxS, pos_B, jnp.maximum(left_B - 1, 1))
+            p, from_store_B = self._below_lookup(rnd, state.out.tokens_BxS, pos_B, left_B)
             m_B = jnp.where(part_B & p.matched_B, jnp.minimum(p.length_B, left_B - 1), 0)
-            branch = jax.lax.cond(jnp.any(m_B > 0), advance(pad, p.tokens_BxK, m_B), plain,
-                                  state)
+            branch = jax.lax.cond(jnp.any(m_B > 0),
+                                  advance(pad, p.tokens_BxK, m_B, store_B=from_store_B),
+                                  plain, state)
         else:
             branch = plain(state)
         state, positions_BxT, kv = branch
@@ -570,6 +590,22 @@ class DraftModelDrafter:
         positions_BxT, kv = jax.lax.optimization_barrier((positions_BxT, kv))
         ds = state.draft_state
         return state.replace(draft_state=ds.replace(cache=cache.write_block(0, positions_BxT, kv)))
+
+    def _below_lookup(self, rnd, tokens_BxS, pos_B, left_B):
+        """The lookup's proposal after c_0, at most the drafts the round still needs after
+        this step's own: from the sequence's own context, or from earlier requests' store
+        (`Request.store`) where that match is the longer (a store match only where the own
+        has none, or its n is larger). Under a draft model a lookup token costs a row of
+        the draft model's pass, which checks it before any target pass does, so the longer
+        match, proposing more, is the better bet; the lookup drafter alone weighs the two at
+        the gate's estimates instead (`LookupDrafter.worth_more`). Returns (the proposal,
+        [B] bool: it came from the store)."""
+        limit_B = jnp.maximum(left_B - 1, 1)
+        own = self.lookup.propose(tokens_BxS, pos_B, limit_B)
+        if rnd.req.store is None:
+            return own, jnp.zeros_like(own.matched_B)
+        earlier = suffix_store.propose(self.lookup, rnd.req.store, tokens_BxS, pos_B, limit_B)
+        return suffix_store.prefer(own, earlier, ~own.matched_B | (earlier.ngram_B > own.ngram_B))
 
     def _inner_proposal(self, rnd, state, m_B):
         """The smaller draft model drafts m_B tokens (`InnerDraftModel.propose`) for the
@@ -585,12 +621,13 @@ class DraftModelDrafter:
         return state, proposed_BxM, logq_BxMxV
 
     def _advance(self, rnd, state, cache: KVCache, part_B, known_B, proposed_BxM, m_B, T: int,
-                 pad: int, proposal_logq_BxMxV=None):
+                 pad: int, proposal_logq_BxMxV=None, store_B=None):
         """One pass of the draft model over each sequence's `known_B` tokens ending at c_0
         and its `m_B` lookup tokens after c_0 (a block of T >= known + m positions), and the
         drafts it yields: the lookup tokens its own choice keeps (greedy: its argmax;
         sampling: min(1, q(x)) against the lookup's one-hot proposal, so every draft is a
-        draw from q) and its own token after them. Sets d = c_0 + 1 + kept. The pass only
+        draw from q) and its own token after them (`store_B`: [B] bool, the lookup tokens
+        came from earlier requests' store; None: none did). Sets d = c_0 + 1 + kept. The pass only
         reads `cache`; returns (state, the block's positions [B, pad] (padding: S), its
         keys/values as a `KVBlock` padded to `pad`) for the caller to write.
 
@@ -653,12 +690,17 @@ class DraftModelDrafter:
                      ) + dists[1:]
         counters = state.counters
         mine = counters.drafter
+        stored_B = jnp.zeros_like(part_B) if store_B is None else store_B
         counters = counters.replace(
             actions_K=counters.actions_K.at[0].add(1),
             drafter=mine.replace(steps=mine.steps + jnp.sum(part_B),
                                  drafted=mine.drafted + jnp.sum(n_B),
                                  below_proposed=mine.below_proposed + jnp.sum(m_B * part_B),
                                  below_accepted=mine.below_accepted + jnp.sum(kept_B),
+                                 store_proposed=mine.store_proposed + jnp.sum(
+                                     jnp.where(stored_B, m_B * part_B, 0)),
+                                 store_accepted=mine.store_accepted + jnp.sum(
+                                     jnp.where(stored_B, kept_B, 0)),
                                  wide_steps=mine.wide_steps + (jnp.sum(part_B) if M else 0)))
         ds = ds.replace(cached_B=jnp.where(part_B, pos_B + 1 + kept_B, ds.cached_B))
         if ds.inner is not None and M:
