@@ -122,6 +122,10 @@ def test_rounds_without_drafts_run_as_ar_steps(loaded):
         assert dm["accepted"] == 0 and rounds == 59  # the prefill emits the first token
         # the first round drafts k = 5, a probe 1 more; every other round is plain
         assert dm["draft_steps"] > 5 * len(prompts) and dm["plain_rounds"] >= rounds - 3
+        # catching up: the prompts before the first round, then each probe's skipped rounds
+        # (a pass of up to 64 positions for all the batch)
+        assert 2 <= dm["catch_up_passes"] <= rounds - dm["plain_rounds"]
+        assert dm["caught_up_positions"] <= 64 * len(prompts) * dm["catch_up_passes"]
 
 
 def test_a_smaller_k_after_a_larger_one_compiles_its_own_loop(loaded):

@@ -18,15 +18,17 @@ rounds (`suite.compare`, decoding loop time) beside AR, and is checked token-ide
 AR. What a round costs by the gate's cost model (`gate.exit_round_cost` with the bonus),
 in units of the target's AR step:
 
-    cost(w)  = w f_0 + C(1, T)            f_0: a draft step's share of a target pass
+    cost(w)  = w f_0 + C(1, T) + u c      f_0: a draft step's share of a target pass
     speedup  = tokens per round / cost(w)        (w: draft steps per round, as run)
 
 with C(1, T) the target's pass over T positions over its AR step as timed here
 (`gate.time_passes`, the pass-cost tool's timing) at the block the loop compiles (T = k + 1
 ungated; gated, the power of two >= w + 1, `DraftModelDrafter.level_blocks`), and f_0
 twice: by multiply-adds, as the gate prices it (`DraftModelDrafter.pass_fractions`), and as
-timed here (the draft model's AR step over the target's). Efficiency is measured over
-predicted speedup. The last columns put the same in milliseconds: a round's wall time in
+timed here (the draft model's AR step over the target's); u the draft model's catch-up
+passes per round (over the prompt, and after rounds the gate ran at w = 0: `catch_up_passes`)
+and c such a pass over `chunk` positions as timed here, over the target's AR step (passes,
+not the engine's work). Efficiency is measured over predicted speedup. The last columns put the same in milliseconds: a round's wall time in
 the loop against its passes timed alone; the difference is the engine's own work.
 
     hispec bench-tool draft-model                       # 24 x 512 target, 6-layer drafts
@@ -55,6 +57,7 @@ from hispec_jax.bench import args as args_lib
 from hispec_jax.bench import oracle, suite
 from hispec_jax.bench.oracle import in_layout
 from hispec_jax.bench.suite import MethodSpec
+from hispec_jax.decoding.engine.draft_model import DraftModelDrafter
 from hispec_jax.models.config import ModelConfig
 from hispec_jax.models.model import Model
 from hispec_jax.models.params import default_layer_layout, init_params, with_layer_layout
@@ -151,6 +154,12 @@ def run(target: Model, agree: Model, disagree: Model, *, k: int, prompts: int, p
     draft_s = suite_time_passes(agree, [(1, 1)], context, pass_capacity, repeats)
     random_s = suite_time_passes(disagree, [(1, 1)], context, pass_capacity, repeats)
     C = {T: target_s[1, T] / target_s[1, 1] for T in range(1, top + 1)}
+    # a catch-up pass of each draft model (`chunk` positions), over the target's AR step
+    chunk = DraftModelDrafter.__dataclass_fields__["chunk"].default
+    chunk_capacity = -(-(context + chunk) // 64) * 64
+    c_chunk = {drafts: suite_time_passes(m, [(1, chunk)], context, chunk_capacity,
+                                         repeats)[1, chunk] / target_s[1, 1]
+               for drafts, m in (("always agrees", agree), ("never agrees", disagree))}
     f_macs = draft_fraction_by_macs(target, agree, k)
     f_timed = {"always agrees": draft_s[1, 1] / target_s[1, 1],
                "never agrees": random_s[1, 1] / target_s[1, 1]}
@@ -173,8 +182,9 @@ def run(target: Model, agree: Model, disagree: Model, *, k: int, prompts: int, p
         row["ms_per_round"] = 1e3 * float(np.median(result.seconds)) / stats["rounds"]
         if spec.method == "draft":
             steps_per_round = dm["draft_steps"] / stats["rounds"]
-            c_block = block_cost(C, steps_per_round, k, gated=dict(spec.options).get(
-                "draft_gate", True))
+            # level 1's pass, and the draft model's catch-up passes spread over the rounds
+            c_block = (block_cost(C, steps_per_round, k, gated=dict(spec.options).get(
+                "draft_gate", True)) + dm["catch_up_passes"] / stats["rounds"] * c_chunk[drafts])
             for tag, f in (("macs", f_macs), ("timed", f_timed[drafts])):
                 cost = steps_per_round * f + c_block
                 row[f"predicted_x_ar_{tag}"] = stats["tokens_per_round"] / cost
@@ -194,7 +204,8 @@ def run(target: Model, agree: Model, disagree: Model, *, k: int, prompts: int, p
             "pass_context": context, "target_pass_seconds": {T: target_s[1, T] for T in C},
             "C": C, "draft_step_seconds": draft_s[1, 1], "random_draft_step_seconds": random_s[1, 1],
             "f_draft_macs": f_macs, "f_draft_timed": f_timed["always agrees"],
-            "f_random_draft_timed": f_timed["never agrees"], "rows": rows}
+            "f_random_draft_timed": f_timed["never agrees"], "chunk": chunk,
+            "c_catch_up_pass": c_chunk, "rows": rows}
 
 
 def power_of_two(n: int) -> int:
@@ -254,7 +265,10 @@ def markdown(report: dict[str, Any]) -> str:
                   f"{C}; AR step {1e3 * report['target_pass_seconds'][1]:.2f} ms. Draft step "
                   f"{1e3 * report['draft_step_seconds']:.2f} ms (random draft "
                   f"{1e3 * report['random_draft_step_seconds']:.2f} ms): f_0 timed "
-                  f"{report['f_draft_timed']:.3f}, by multiply-adds {report['f_draft_macs']:.3f}."]
+                  f"{report['f_draft_timed']:.3f}, by multiply-adds {report['f_draft_macs']:.3f}. "
+                  f"A catch-up pass ({report['chunk']} positions) / the target's AR step: "
+                  + ", ".join(f"{d} {c:.2f}" for d, c in report["c_catch_up_pass"].items())
+                  + "."]
     return "\n".join(lines) + "\n"
 
 

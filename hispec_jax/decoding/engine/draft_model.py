@@ -60,25 +60,25 @@ def catch_up(params, cfg: ModelConfig, chunk: int, tokens_BxS: jax.Array, cache:
              cached_B: jax.Array, until_B: jax.Array, part_B: jax.Array):
     """Runs a draft model over positions [d, until) of the sequences in `part_B`, in chunks
     of `chunk` positions, until d = until (no trip when every d already is).
-    Returns (cache, d [B], [] the positions run)."""
+    Returns (cache, d [B], [] the positions run, [] the passes run)."""
     S = tokens_BxS.shape[1]
 
     def behind(carry):
-        _, cached_B, _ = carry
+        _, cached_B, _, _ = carry
         return jnp.any(part_B & (cached_B < until_B))
 
     def one_chunk(carry):
-        cache, cached_B, ran = carry
+        cache, cached_B, ran, passes = carry
         n_B = jnp.where(part_B, jnp.clip(until_B - cached_B, 0, chunk), 0)
         positions_BxC = block_positions(cached_B, n_B, chunk, S)
         x_BxCxD = embed(params, gather_positions(tokens_BxS, positions_BxC))
         _, cache = run_layers_cached(params, cfg, x_BxCxD, positions_BxC, cache, 0,
                                      cfg.num_layers)
-        return cache, cached_B + n_B, ran + jnp.sum(n_B)
+        return cache, cached_B + n_B, ran + jnp.sum(n_B), passes + 1
 
+    zero = jnp.zeros((), jnp.int32)
     with jax.named_scope("draft_catch_up"):
-        return jax.lax.while_loop(behind, one_chunk,
-                                  (cache, cached_B, jnp.zeros((), jnp.int32)))
+        return jax.lax.while_loop(behind, one_chunk, (cache, cached_B, zero, zero))
 
 
 def pass_macs(cfg: ModelConfig) -> int:
@@ -148,8 +148,8 @@ class InnerDraftModel:
         S, cfg, K = tokens_BxS.shape[1], self.cfg, self.k
         part_B = m_B > 0
         cached_B = jnp.minimum(st.cached_B, pos_B)
-        cache, cached_B, ran = catch_up(params, cfg, self.chunk, tokens_BxS, st.cache, cached_B,
-                                        pos_B - 1, part_B)
+        cache, cached_B, ran, _ = catch_up(params, cfg, self.chunk, tokens_BxS, st.cache,
+                                           cached_B, pos_B - 1, part_B)
         known_B = jnp.where(part_B, 1 + (cached_B < pos_B), 0)
 
         def first(T):
@@ -224,6 +224,7 @@ class DraftModelCounters:
       proposed: [] drafted tokens level 1 checked.
       accepted: [] of those, tokens level 1 kept.
       caught_up: [] positions the draft model ran to catch up (prompts, skipped windows).
+      catch_up_passes: [] the draft model's passes (of `chunk` positions) that caught up.
       below_proposed: [] with a lookup or a smaller draft model below the draft model, the
         tokens it proposed to the draft model.
       below_accepted: [] of those, tokens the draft model kept as its drafts.
@@ -241,6 +242,7 @@ class DraftModelCounters:
     proposed: jax.Array
     accepted: jax.Array
     caught_up: jax.Array
+    catch_up_passes: jax.Array
     below_proposed: jax.Array
     below_accepted: jax.Array
     store_proposed: jax.Array
@@ -395,8 +397,8 @@ class DraftModelDrafter:
         del num_layers
         zero = jnp.zeros((), jnp.int32)
         return DraftModelCounters(steps=zero, drafted=zero, proposed=zero, accepted=zero,
-                                  caught_up=zero, below_proposed=zero, below_accepted=zero,
-                                  store_proposed=zero, store_accepted=zero, wide_steps=zero,
+                                  caught_up=zero, catch_up_passes=zero, below_proposed=zero,
+                                  below_accepted=zero, store_proposed=zero, store_accepted=zero, wide_steps=zero,
                                   plain_rounds=zero)
 
     def stats(self, h, total) -> dict:
@@ -407,7 +409,8 @@ class DraftModelDrafter:
             "k": self.k, "gate": self.gate,
             "draft_steps": int(c.steps), "drafted": int(c.drafted), "proposed": proposed,
             "accepted": accepted, "acceptance_rate": accepted / proposed if proposed else None,
-            "caught_up_positions": int(c.caught_up), "verified_by_exit": h.exits[1],
+            "caught_up_positions": int(c.caught_up), "catch_up_passes": int(c.catch_up_passes),
+            "verified_by_exit": h.exits[1],
             "wide_steps": int(c.wide_steps), "plain_rounds": int(c.plain_rounds),
             **({} if self.lookup is None else {"lookup": {
                 "k": self.lookup.max_tokens, "max_ngram": self.lookup.max_ngram,
@@ -505,11 +508,11 @@ class DraftModelDrafter:
         # c_0 - 1 (the last round's last draft, at c_0 - 1, runs with the first step)
         pos_B = c[:, 0]
         ds = ds.replace(window_B=window_B, cached_B=jnp.minimum(ds.cached_B, pos_B))
-        ds, ran = self.catch_up(self._weights(rnd), out.tokens_BxS, ds, pos_B - 1,
-                                drafting(state))
-        counters = state.counters
-        state = state.replace(draft_state=ds, counters=counters.replace(
-            drafter=counters.drafter.replace(caught_up=counters.drafter.caught_up + ran)))
+        ds, ran, passes = self.catch_up(self._weights(rnd), out.tokens_BxS, ds, pos_B - 1,
+                                        drafting(state))
+        counters, mine = state.counters, state.counters.drafter
+        state = state.replace(draft_state=ds, counters=counters.replace(drafter=mine.replace(
+            caught_up=mine.caught_up + ran, catch_up_passes=mine.catch_up_passes + passes)))
         # (the target's cache stays out of the loop: no step reads it)
         cache = state.cache
         state = jax.lax.while_loop(lambda s: jnp.any(drafting(s)),
@@ -732,11 +735,12 @@ class DraftModelDrafter:
                              dists=dists)
 
     def catch_up(self, params, tokens_BxS: jax.Array, ds: DraftModelState, until_B: jax.Array,
-                 part_B: jax.Array) -> tuple[DraftModelState, jax.Array]:
-        """The draft model's `catch_up` to `until_B`: the state and [] the positions run."""
-        cache, cached_B, ran = catch_up(params, self.cfg, self.chunk, tokens_BxS, ds.cache,
-                                        ds.cached_B, until_B, part_B)
-        return ds.replace(cache=cache, cached_B=cached_B), ran
+                 part_B: jax.Array) -> tuple[DraftModelState, jax.Array, jax.Array]:
+        """The draft model's `catch_up` to `until_B`: the state, [] the positions and [] the
+        passes run."""
+        cache, cached_B, ran, passes = catch_up(params, self.cfg, self.chunk, tokens_BxS,
+                                                ds.cache, ds.cached_B, until_B, part_B)
+        return ds.replace(cache=cache, cached_B=cached_B), ran, passes
 
     def verify_input(self, rnd, state, positions_BxT, valid_BxT, write_cache: bool):
         """The token embeddings of the block's positions: level 1 starts at layer 0."""
