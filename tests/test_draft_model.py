@@ -419,7 +419,8 @@ def test_generate_stream_with_a_draft_model_is_ar(loaded):
 
 def test_served_with_a_draft_model_answers_as_ar(loaded):
     """`hispec serve --draft-model`'s app: greedy answers are AR's through the openai
-    client; /health names the plan, /metrics counts the draft model's proposals."""
+    client; /health names the plan, /metrics counts the draft model's proposals and its
+    share of the work."""
     import json
     import urllib.request
 
@@ -457,6 +458,9 @@ def test_served_with_a_draft_model_answers_as_ar(loaded):
         'hispec:spec_decode_drafter_events_total{drafter="draft",engine="greedy",'
         'event="draft_passes"}'))
     assert float(passes.split()[-1]) > 0
+    share = next(x for x in metrics.splitlines() if x.startswith(
+        'hispec:spec_decode_draft_work_share{engine="greedy"}'))
+    assert 0 < float(share.split()[-1]) < 0.5  # the target's passes remain most of it
 
 
 def test_command_line_draft_model_gives_ar_output(pairs, capsys):

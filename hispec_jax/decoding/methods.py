@@ -113,12 +113,22 @@ def summarize_counters(h: Hierarchy, counters: list[Counters], batch_sequences: 
                                  for row in total.block_passes_KxT.tolist()]
     stats.update(h.drafter.stats(h, total))  # the drafter's own (`Drafter.stats`)
     if model is not None and "draft_model" in stats and stats.get("work_per_token"):
-        # the draft models' share of the work (what their passes cost, by multiply-adds)
-        draft = h.drafter.work_layers(model.cfg, int(total.actions_K[0]), total.drafter,
-                                      max(sum(batch_sequences) / len(batch_sequences), 1))
-        target = stats["work_per_token"] * per_sequence_tokens
-        stats["draft_model"]["work_share"] = draft / (draft + target)
+        stats["draft_model"]["work_share"] = draft_work_share(
+            model, h, int(total.layer_passes), stats["head_evals_per_exit"],
+            int(total.actions_K[0]), total.drafter)
     return stats
+
+
+def draft_work_share(model: Model, h, layer_passes: int, head_evals: dict[int, int],
+                     draft_passes: int, drafter_counters) -> float | None:
+    """The draft models' share of a run's work, by multiply-adds: their passes
+    (`Drafter.work_layers`, a draft model's) over theirs plus the target's layer passes and
+    exit heads (`work_stats`' numerator). None where nothing ran."""
+    cfg = model.cfg
+    draft = h.drafter.work_layers(cfg, draft_passes, drafter_counters)
+    target = layer_passes + sum(n * heads_lib.head_cost_layers(cfg, model.heads, e)
+                                for e, n in head_evals.items())
+    return draft / (draft + target) if draft + target else None
 
 
 def ar_work_per_token(model: Model) -> float:

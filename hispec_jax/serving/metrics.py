@@ -21,6 +21,7 @@ Names follow vLLM's with a `hispec:` prefix:
     hispec:spec_decode_num_rounds_total{engine}
     hispec:spec_decode_tokens_per_round{engine}
     hispec:spec_decode_drafter_events_total{engine, drafter, event}   level 0's own counts
+    hispec:spec_decode_draft_work_share{engine}     a draft model's share of the work
 
 A verifying level k (1 .. K-1) checks the drafts of the level below it: the drafter label
 is level 0's own (`Drafter.label`: "lookup" for the n-gram drafter, "exit<e>" for an exit)
@@ -44,8 +45,11 @@ import numpy as np
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from hispec_jax.decoding import methods as methods_lib
+
 # Counters of the engine (`engine.Counters`) that /metrics reports, summed over the batch.
-SPEC_FIELDS = ("rounds", "verifications_K", "proposed_K", "accepted_K", "emitted", "drafter")
+SPEC_FIELDS = ("rounds", "verifications_K", "proposed_K", "accepted_K", "emitted", "drafter",
+               "actions_K", "layer_passes", "head_evals_E")
 TTFT_BUCKETS = (0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                 20.0, 40.0, 80.0, 160.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
@@ -67,10 +71,12 @@ class ServingStats:
     Args:
       hierarchies: {greedy: the slot engine's `engine.Hierarchy`} (names the levels).
       running, waiting: callables giving the current number of running / waiting requests.
+      model: the served model (a draft model's share of the work needs its layers' and
+        heads' costs), or None.
     """
 
-    def __init__(self, hierarchies: dict, running, waiting):
-        self.hierarchies = hierarchies
+    def __init__(self, hierarchies: dict, running, waiting, model=None):
+        self.hierarchies, self.model = hierarchies, model
         self._lock = threading.Lock()  # held for an update or a read, never across a step
         self.finished = collections.Counter()
         self.prompt_tokens = 0
@@ -132,7 +138,8 @@ class ServingStats:
             spec = dict(self._spec[greedy])
         K = len(self.hierarchies[greedy].exits)
         zeros = {"verifications_K": np.zeros(K, np.int64), "proposed_K": np.zeros(K, np.int64),
-                 "accepted_K": np.zeros(K, np.int64), "drafter": None}
+                 "accepted_K": np.zeros(K, np.int64), "actions_K": np.zeros(K, np.int64),
+                 "head_evals_E": np.zeros(1, np.int64), "drafter": None}
         return {f: (zeros.get(f, np.int64(0)) if v is None else v) for f, v in spec.items()}
 
     def snapshot(self) -> dict:
@@ -188,6 +195,10 @@ class _Collector:
         per_round = GaugeMetricFamily("hispec:spec_decode_tokens_per_round",
                                       "Tokens a sequence emits per final-layer verification "
                                       "(1 for AR)", labels=["engine"])
+        work_share = GaugeMetricFamily("hispec:spec_decode_draft_work_share",
+                                       "A draft model's share of the work by multiply-adds: "
+                                       "its passes over them and the target's layer passes "
+                                       "and exit heads", labels=["engine"])
         events = CounterMetricFamily("hispec:spec_decode_drafter_events",
                                      "Level 0's own counts (`Drafter.events`): a draft model's "
                                      "passes, tokens drafted, positions caught up, ...",
@@ -208,6 +219,13 @@ class _Collector:
                     for family, n in zip(by_source, counts):
                         family.add_metric([e, source], int(n))
             rounds.add_metric([e], int(spec["rounds"]))
+            if (s.model is not None and spec["drafter"] is not None
+                    and hasattr(h.drafter, "work_layers")):
+                heads = {i: int(n) for i, n in enumerate(spec["head_evals_E"]) if n}
+                share = methods_lib.draft_work_share(
+                    s.model, h, int(spec["layer_passes"]), heads, int(spec["actions_K"][0]),
+                    spec["drafter"])
+                work_share.add_metric([e], share or 0.0)
             for k in range(1, K):
                 lbl = [e, str(k), drafter_name(h, k)]
                 own = (h.drafter.proposals(spec["drafter"])
@@ -220,4 +238,5 @@ class _Collector:
                 checks.add_metric([e, str(k)], int(spec["verifications_K"][k]))
             top = int(spec["verifications_K"][K - 1]) if K > 1 else 0
             per_round.add_metric([e], int(spec["emitted"]) / top if top else 1.0)
-        yield from (drafts, accepted, rate, checks, rounds, per_round, events, *by_source)
+        yield from (drafts, accepted, rate, checks, rounds, per_round, events, work_share,
+                    *by_source)

@@ -212,7 +212,8 @@ class Scheduler:
         self.stats = metrics_lib.ServingStats(
             {g: e.engine.hierarchy for g, e in engines.items()},
             running=lambda: sum(len(r) for r in self._running.values()),
-            waiting=lambda: sum(len(w) for w in self._waiting.values()))
+            waiting=lambda: sum(len(w) for w in self._waiting.values()),
+            model=next(iter(engines.values())).model)
 
     # ---- called from the server's threads ---------------------------------------------
     def start(self) -> None:

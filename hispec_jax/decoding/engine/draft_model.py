@@ -422,14 +422,14 @@ class DraftModelDrafter:
                 "k": self.inner.k, "proposed": int(c.below_proposed),
                 "accepted": int(c.below_accepted)}})}}
 
-    def work_layers(self, target_cfg: ModelConfig, draft_passes: int, c, batch: float) -> float:
+    def work_layers(self, target_cfg: ModelConfig, draft_passes: int, c) -> float:
         """Its passes' work in the target's layer equivalents (by multiply-adds, a pass
         counted once whatever its block, as `methods.work_stats` counts the target's):
-        `draft_passes` passes of the draft model over the batch, the smaller model's passes
-        at the rate per draft step its proposals show, and catch-up in passes of `chunk`
-        positions per sequence (`batch`: sequences per pass; both estimates past batch 1)."""
+        `draft_passes` passes of the draft model over the batch and its catch-up passes
+        (`catch_up_passes`), and the smaller model's passes at the rate per draft step its
+        proposals show (an estimate past batch 1; its catch-up left out)."""
         layer = heads_lib.layer_macs(target_cfg)
-        work = (draft_passes + int(c.caught_up) / (self.chunk * batch)) * pass_macs(self.cfg) / layer
+        work = (draft_passes + int(c.catch_up_passes)) * pass_macs(self.cfg) / layer
         if self.inner is not None and int(c.steps):
             work += (draft_passes * int(c.below_proposed) / int(c.steps)
                      * pass_macs(self.inner.cfg) / layer)
