@@ -28,8 +28,9 @@ twice: by multiply-adds, as the gate prices it (`DraftModelDrafter.pass_fraction
 timed here (the draft model's AR step over the target's); u the draft model's catch-up
 passes per round (over the prompt, and after rounds the gate ran at w = 0: `catch_up_passes`)
 and c such a pass over `chunk` positions as timed here, over the target's AR step (passes,
-not the engine's work). Efficiency is measured over predicted speedup. The last columns put the same in milliseconds: a round's wall time in
-the loop against its passes timed alone; the difference is the engine's own work.
+not the engine's work). Efficiency is measured over predicted speedup. The last columns put
+the same in milliseconds: a round's wall time in the loop against its passes timed alone;
+the difference is the engine's own work.
 
     hispec bench-tool draft-model                       # 24 x 512 target, 6-layer drafts
     hispec bench-tool draft-model --layers 8 --hidden 64 --draft-layers 2 --rounds 1

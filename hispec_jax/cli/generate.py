@@ -202,7 +202,8 @@ def check_generate_args(args) -> None:
     if args.cross_request:
         if args.method != "lookup" and args.lookup is None:
             raise ValueError(f"--cross-request: needs prompt lookup (--method lookup, or "
-                             f"--lookup K under layerskip, hispec or --draft-model), not --method {args.method}")
+                             f"--lookup K under layerskip, hispec or --draft-model), not "
+                             f"--method {args.method}")
         if args.stream:
             raise ValueError("--cross-request drafts from earlier batches; it does not combine "
                              "with --stream")

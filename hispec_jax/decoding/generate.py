@@ -199,7 +199,8 @@ def check_cross_request(cross_request, decoder: methods_lib.Decoder
                          f"{cross_request!r}")
     if not getattr(decoder.hierarchy.drafter, "reads_store", False):
         raise ValueError("cross_request needs a prompt-lookup drafter (method 'lookup', or "
-                         "lookup=K under layerskip, hispec or a draft model), which drafts from the store")
+                         "lookup=K under layerskip, hispec or a draft model), which drafts "
+                         "from the store")
     return suffix_store.SuffixStore() if cross_request is True else cross_request
 
 

@@ -398,8 +398,8 @@ class DraftModelDrafter:
         zero = jnp.zeros((), jnp.int32)
         return DraftModelCounters(steps=zero, drafted=zero, proposed=zero, accepted=zero,
                                   caught_up=zero, catch_up_passes=zero, below_proposed=zero,
-                                  below_accepted=zero, store_proposed=zero, store_accepted=zero, wide_steps=zero,
-                                  plain_rounds=zero)
+                                  below_accepted=zero, store_proposed=zero, store_accepted=zero,
+                                  wide_steps=zero, plain_rounds=zero)
 
     def stats(self, h, total) -> dict:
         c = total.drafter
@@ -630,8 +630,8 @@ class DraftModelDrafter:
         drafts it yields: the lookup tokens its own choice keeps (greedy: its argmax;
         sampling: min(1, q(x)) against the lookup's one-hot proposal, so every draft is a
         draw from q) and its own token after them (`store_B`: [B] bool, the lookup tokens
-        came from earlier requests' store; None: none did). Sets d = c_0 + 1 + kept. The pass only
-        reads `cache`; returns (state, the block's positions [B, pad] (padding: S), its
+        came from earlier requests' store; None: none did). Sets d = c_0 + 1 + kept. The
+        pass only reads `cache`; returns (state, the block's positions [B, pad] (padding: S), its
         keys/values as a `KVBlock` padded to `pad`) for the caller to write.
 
             block     x_{c-1}?  x_c    l_1     ...  l_m        (l: lookup tokens)
