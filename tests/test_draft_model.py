@@ -463,6 +463,42 @@ def test_served_with_a_draft_model_answers_as_ar(loaded):
     assert 0 < float(share.split()[-1]) < 0.5  # the target's passes remain most of it
 
 
+def test_served_lookup_below_a_draft_model_drafts_from_earlier_requests(loaded):
+    """`hispec serve --draft-model D --lookup K --cross-request`'s app: a repeated request
+    drafts from the store below the draft model (/metrics' drafter events say so), /health
+    says the store is on, and both answers are the same. (Their tokens are AR's by
+    `test_the_lookup_below_a_draft_model_drafts_from_earlier_requests`; the tiny tokenizer's
+    text of a random model's tokens depends on how they were streamed, so text is compared
+    only between the two answers.)"""
+    import json
+    import urllib.request
+
+    from conftest import serving
+
+    openai = pytest.importorskip("openai")
+    from hispec_jax.serving import server as server_lib
+
+    target, _ = loaded["llama3"]
+    app = server_lib.build_app(target.with_draft(target), None, slots=2, max_cache_len=96,
+                               warmup=False, cross_request=True, lookup=4, draft_gate=False)
+    with serving(app) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0,
+                               timeout=300)
+        texts = [client.completions.create(
+            model=client.models.list().data[0].id, prompt=PROMPTS[0], max_tokens=NEW,
+            temperature=0, extra_body={"ignore_eos": True}).choices[0].text for _ in range(2)]
+        assert texts[0] == texts[1] and texts[0]
+        with urllib.request.urlopen(url + "/health", timeout=30) as h:
+            health = json.loads(h.read().decode())
+        with urllib.request.urlopen(url + "/metrics", timeout=30) as m:
+            metrics = m.read().decode()
+    assert health["cross_request"] is True, health
+    kept = next(x for x in metrics.splitlines() if x.startswith(
+        'hispec:spec_decode_drafter_events_total{drafter="draft",engine="greedy",'
+        'event="below_store_accepted"}'))
+    assert float(kept.split()[-1]) > 0
+
+
 def test_command_line_draft_model_gives_ar_output(pairs, capsys):
     """`hispec generate --draft-model D`: method draft by default, AR's tokens, the draft's
     own startup line."""
