@@ -213,7 +213,7 @@ class Scheduler:
             {g: e.engine.hierarchy for g, e in engines.items()},
             running=lambda: sum(len(r) for r in self._running.values()),
             waiting=lambda: sum(len(w) for w in self._waiting.values()),
-            model=next(iter(engines.values())).model)
+            model=next((e.model for e in engines.values()), None))
 
     # ---- called from the server's threads ---------------------------------------------
     def start(self) -> None:
