@@ -156,7 +156,7 @@ def run(target: Model, agree: Model, disagree: Model, *, k: int, prompts: int, p
     random_s = suite_time_passes(disagree, [(1, 1)], context, pass_capacity, repeats)
     C = {T: target_s[1, T] / target_s[1, 1] for T in range(1, top + 1)}
     # a catch-up pass of each draft model (`chunk` positions), over the target's AR step
-    chunk = DraftModelDrafter.__dataclass_fields__["chunk"].default
+    chunk = DraftModelDrafter.chunk  # its default
     chunk_capacity = -(-(context + chunk) // 64) * 64
     c_chunk = {drafts: suite_time_passes(m, [(1, chunk)], context, chunk_capacity,
                                          repeats)[1, chunk] / target_s[1, 1]

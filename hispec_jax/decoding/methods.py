@@ -124,11 +124,15 @@ def draft_work_share(model: Model, h, layer_passes: int, head_evals: dict[int, i
     """The draft models' share of a run's work, by multiply-adds: their passes
     (`Drafter.work_layers`, a draft model's) over theirs plus the target's layer passes and
     exit heads (`work_stats`' numerator). None where nothing ran."""
-    cfg = model.cfg
-    draft = h.drafter.work_layers(cfg, draft_passes, drafter_counters)
-    target = layer_passes + sum(n * heads_lib.head_cost_layers(cfg, model.heads, e)
-                                for e, n in head_evals.items())
+    draft = h.drafter.work_layers(model.cfg, draft_passes, drafter_counters)
+    target = layer_passes + heads_work(model, head_evals)
     return draft / (draft + target) if draft + target else None
+
+
+def heads_work(model: Model, head_evals: dict[int, int]) -> float:
+    """Exit-head evaluations {exit: count} in layer equivalents (`heads.head_cost_layers`)."""
+    return sum(n * heads_lib.head_cost_layers(model.cfg, model.heads, e)
+               for e, n in head_evals.items())
 
 
 def ar_work_per_token(model: Model) -> float:
@@ -151,9 +155,7 @@ def work_stats(model: Model, layer_passes: int, head_evals: dict[int, int],
     """
     if not tokens:
         return {"work_per_token": None, "work_speedup": None}
-    cfg = model.cfg
-    head_work = sum(n * heads_lib.head_cost_layers(cfg, model.heads, e)
-                    for e, n in head_evals.items())
+    head_work = heads_work(model, head_evals)
     work = (layer_passes + head_work) / tokens
     ar = ar_work_per_token(model)
     return {"work_per_token": work, "head_work_per_token": head_work / tokens,
