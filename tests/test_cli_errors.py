@@ -53,6 +53,8 @@ CASES = [
     ("serve --port 70000", "--port 70000: must be in [0, 65535]"),
     ("serve --slots 0", "--slots 0: must be an integer >= 1"),
     ("serve --prefill-chunk 0", "--prefill-chunk 0: must be an integer >= 1"),
+    ("serve --store-tokens 1", "--store-tokens 1: must be an integer in [2, 16777216]"),
+    ("serve --store-tokens 16777217", "--store-tokens 16777217: must be an integer in [2, "),
     ("serve --prefill-share -1", "--prefill-share -1.0: must be a number in [0, 100]"),
     ("serve --prefill-share nan", "--prefill-share nan: must be a number in [0, 100]"),
     ("serve --step-log {tmp}/none/steps.jsonl",

@@ -29,7 +29,9 @@ from test_engine import PROPERTY_SETTINGS
 def reference_store_proposal(store, scopes, seq_scope, tokens, c, k, max_ngram, limit, cap):
     """Plain Python: the longest suffix n (>= MIN_STORE_NGRAM) of tokens[:c + 1] occurring
     in the store within the sequence's scope and followed by a token of the same entry; of
-    those the most recent (highest end); proposes what follows, up to the entry's end."""
+    its occurrences the STORE_CANDIDATES most recent (highest ends); then, token by token,
+    the next token most of the occurrences still agreeing continue with (ties: the most
+    recent's), up to an entry's end."""
     if seq_scope == NO_SCOPE:
         return None
     seq, R = tokens[:c + 1], len(store)
@@ -37,16 +39,43 @@ def reference_store_proposal(store, scopes, seq_scope, tokens, c, k, max_ngram, 
         if n > c + 1:
             continue
         suffix = seq[c - n + 1:]
-        for j in range(R - 2, n - 2, -1):
-            if (store[j - n + 1:j + 1] == suffix and scopes[j] == seq_scope
-                    and store[j + 1] != SENTINEL):
-                run = []
-                for t in store[j + 1:]:
-                    if t == SENTINEL:
-                        break
-                    run.append(t)
-                return run[:min(k, limit, cap(n))], n
+        ends = [j for j in range(R - 2, n - 2, -1)
+                if store[j - n + 1:j + 1] == suffix and scopes[j] == seq_scope
+                and store[j + 1] != SENTINEL][:suffix_store.STORE_CANDIDATES]
+        if not ends:
+            continue
+        continuations = []
+        for j in ends:
+            run = []
+            for t in store[j + 1:]:
+                if t == SENTINEL:
+                    break
+                run.append(t)
+            continuations.append(run)
+        walk, on = [], continuations
+        while len(walk) < k:
+            on = [run for run in on if len(run) > len(walk)]
+            if not on:
+                break
+            votes = [sum(other[len(walk)] == run[len(walk)] for other in on) for run in on]
+            walk.append(on[votes.index(max(votes))][len(walk)])
+            on = [run for run in on if run[len(walk) - 1] == walk[-1]]
+        return walk[:min(k, limit, cap(n))], n
     return None
+
+
+def test_the_store_proposes_the_most_frequent_continuation():
+    """Three occurrences of (1, 2): the newest continues 3 4, two older ones 5 6 and 5 7;
+    the walk takes 5 (two votes), then 7 (the newer of the two left)."""
+    store = [1, 2, 5, 6, SENTINEL, 1, 2, 5, 7, SENTINEL, 1, 2, 3, 4, SENTINEL]
+    arrays = StoreArrays(tokens_R=jnp.asarray(store, jnp.int32),
+                         scope_R=jnp.asarray([NO_SCOPE if t == SENTINEL else 0 for t in store],
+                                             jnp.int32),
+                         scope_B=jnp.zeros((1,), jnp.int32))
+    prop = suffix_store.propose(PromptLookup(4, 4), arrays, jnp.asarray([[9, 1, 2, 0]], jnp.int32),
+                                jnp.asarray([2], jnp.int32), jnp.asarray([4], jnp.int32))
+    assert bool(prop.matched_B[0]) and int(prop.ngram_B[0]) == 2
+    assert prop.tokens_BxK[0, :int(prop.length_B[0])].tolist() == [5, 7]
 
 
 @settings(max_examples=60, **PROPERTY_SETTINGS)

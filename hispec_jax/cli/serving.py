@@ -11,6 +11,7 @@ from hispec_jax.cli import common, load_options
 from hispec_jax.cli import distributed as distributed_cli
 from hispec_jax.cli import generate as generate_cli
 from hispec_jax.decoding import options as options_lib
+from hispec_jax.decoding import suffix_store
 
 
 def add_decoding_arguments(parser, with_budget: bool = True) -> None:
@@ -185,13 +186,17 @@ def run_serve(args) -> int:
     _check(args, sampling=False)
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port {args.port}: must be in [0, 65535]")
-    for name in ("slots", "rounds_per_step", "prefill_chunk", "store_tokens"):
+    for name in ("slots", "rounds_per_step", "prefill_chunk"):
         if getattr(args, name) is None:
             continue
         try:
             options_lib.check_positive_int(name, getattr(args, name))
         except options_lib.OptionError as e:
             raise ValueError(f"--{name.replace('_', '-')} {e.value}: {e.allowed}") from None
+    if args.store_tokens is not None and not (
+            2 <= args.store_tokens <= suffix_store.MAX_STORE_TOKENS):
+        raise ValueError(f"--store-tokens {args.store_tokens}: must be an integer in "
+                         f"[2, {suffix_store.MAX_STORE_TOKENS}]")
     data = (args.mesh_shape or {}).get("data", 1)
     if args.slots % data:
         raise ValueError(f"--slots {args.slots}: must be a multiple of the mesh's data axis "

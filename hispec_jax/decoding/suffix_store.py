@@ -8,13 +8,14 @@ and the round searches it as prompt lookup searches the sequence (`lookup.py`): 
 vectorised comparisons, over R positions instead of S. No host round trip, and a new
 buffer of the same shape never recompiles.
 
-    store tokens_R   | p p p a b c d e | p p a b c x y | ... | . . . .     (oldest first)
+    store tokens_R   | p p p a b c d e | p p a b c x y | a b c x z | ...   (oldest first)
                      entry: the prompt's last tokens, the output, then SENTINEL (|)
-    scope_R          | 0 0 0 0 0 0 0 0 | 1 1 1 1 1 1 1 | ...               (tenant of each)
+    scope_R          | 0 0 0 0 0 0 0 0 | 1 1 1 1 1 1 1 | 1 1 1 1 1 | ...   (tenant of each)
     sequence         ... q r a b c ?                    suffix (a, b, c), n = 3
-    match            the most recent end of (a, b, c) in the store within the sequence's
-                     scope, followed by a token: proposes what followed it (x y, up to k,
-                     never past the entry's SENTINEL)
+    match            the longest suffix that occurs in the store within the sequence's
+                     scope, followed by a token; of its (up to 16 most recent)
+                     occurrences, the most frequent continuation: scope 1's x (2 votes),
+                     then z (a tie, the newer) -- up to k, never past an entry's SENTINEL
 
 The sentinel (-1) equals no token, so no match crosses two entries; a sequence whose scope
 is `NO_SCOPE` (a request that opted out) never matches. The match's n is the confidence
@@ -46,6 +47,8 @@ SENTINEL = -1  # separates entries; equals no token
 NO_SCOPE = -1  # a sequence with this scope drafts nothing from the store
 DEFAULT_STORE_TOKENS = 16384  # R
 MIN_STORE_NGRAM = 2  # a store match of fewer suffix tokens is not used (a 1-gram is noise)
+MAX_STORE_TOKENS = 1 << 24  # positions stay exact in float32 (`propose`'s approx_max_k)
+STORE_CANDIDATES = 16  # M: the most recent occurrences the most frequent continuation counts
 
 
 @flax.struct.dataclass
@@ -77,10 +80,10 @@ def propose(lookup: lookup_lib.PromptLookup, store: StoreArrays, tokens_BxS: jax
             newest_B: jax.Array, limit_B: jax.Array) -> lookup_lib.Proposal:
     """Each sequence's proposal from the store: the longest suffix of its context (n =
     `MIN_STORE_NGRAM` .. `lookup.max_ngram`) that occurs in the store within its scope and
-    is followed there by a token; of those, the most recent (one max over [B, R] of
-    n R + j). Proposes what followed, up to
-    `limit_B` and the schedule's share for n (`PromptLookup.ngram_tokens`), never past the
-    entry's end. No match: `matched_B` False (the caller keeps its own proposal).
+    is followed there by a token, and the most frequent continuation of its occurrences
+    (`most_frequent_continuation`, over the `STORE_CANDIDATES` most recent). Proposes up
+    to `limit_B` and the schedule's share for n (`PromptLookup.ngram_tokens`) tokens, never
+    past an entry's end. No match: `matched_B` False (the caller keeps its own proposal).
 
     Args:
       lookup: the drafter's settings (k, N, schedule).
@@ -99,8 +102,7 @@ def propose(lookup: lookup_lib.PromptLookup, store: StoreArrays, tokens_BxS: jax
     usable_BxR = ((store.scope_R[None, :] == store.scope_B[:, None])
                   & (store.scope_B[:, None] != NO_SCOPE) & follows_R[None, :])
     # n_BxR: how many of the sequence's last tokens (up to N) end at j, from a running AND
-    # over the shifts; then one max over n R + j picks the longest n, then the most recent
-    # end (one reduction over [B, R], not one per n: the store is long)
+    # over the shifts; the longest n is one max over [B, R]
     match_BxR = usable_BxR
     n_BxR = jnp.zeros((B, R), jnp.int32)
     for i in range(N):
@@ -108,19 +110,69 @@ def propose(lookup: lookup_lib.PromptLookup, store: StoreArrays, tokens_BxS: jax
         shifted_R = jnp.pad(store.tokens_R, (i, 0), constant_values=SENTINEL)[:R]
         match_BxR &= (shifted_R[None, :] == suffix_B[:, None]) & (newest_B[:, None] >= i)
         n_BxR += match_BxR
-    key_B = jnp.max(jnp.where(n_BxR >= MIN_STORE_NGRAM, n_BxR * R + j_R[None, :], -1), axis=1)
-    best_end_B = jnp.where(key_B >= 0, key_B % R, -1).astype(jnp.int32)
-    ngram_B = jnp.where(key_B >= 0, key_B // R, 0).astype(jnp.int32)
-    matched_B = best_end_B >= 0
-    start_B = jnp.maximum(best_end_B + 1, 0)
-    tokens_BxK = store.tokens_R[jnp.clip(start_B[:, None] + jnp.arange(k)[None, :], 0, R - 1)]
-    # the entry's tokens before its SENTINEL (or the buffer's end)
-    inside_BxK = (tokens_BxK != SENTINEL) & (start_B[:, None] + jnp.arange(k)[None, :] < R)
-    run_B = jnp.sum(jnp.cumprod(inside_BxK, axis=1), axis=1).astype(jnp.int32)
+    ngram_B = jnp.max(n_BxR, axis=1)
+    ngram_B = jnp.where(ngram_B >= MIN_STORE_NGRAM, ngram_B, 0).astype(jnp.int32)
+    matched_B = ngram_B > 0
+    # the M most recent ends of the longest match (the store is oldest first); -1: none.
+    # approx_max_k: a sort on CPU and GPU (exact, and 10x faster there than lax.top_k over
+    # R = 16384), TPU's approximate top-k (recall 0.95) there: a missed occurrence changes
+    # what is proposed, never what is output. Ends below 2^24 are exact in float32.
+    M = min(STORE_CANDIDATES, R)
+    key_BxR = jnp.where(matched_B[:, None] & (n_BxR == ngram_B[:, None]), j_R[None, :], -1)
+    ends_BxM = jax.lax.approx_max_k(key_BxR.astype(jnp.float32), M)[0].astype(jnp.int32)
+    tokens_BxK, run_B = most_frequent_continuation(store.tokens_R, ends_BxM, k)
     limit_B = jnp.minimum(limit_B, lookup.ngram_tokens(ngram_B))
     length_B = jnp.clip(jnp.minimum(run_B, limit_B), 1, k).astype(jnp.int32)
-    return lookup_lib.Proposal(tokens_BxK=jnp.maximum(tokens_BxK, 0), length_B=length_B,
+    return lookup_lib.Proposal(tokens_BxK=tokens_BxK, length_B=length_B,
                                matched_B=matched_B, ngram_B=ngram_B)
+
+
+def most_frequent_continuation(tokens_R: jax.Array, ends_BxM: jax.Array,
+                               k: int) -> tuple[jax.Array, jax.Array]:
+    """SuffixDecoding's greedy walk down a suffix tree's counts, over M occurrences of the
+    matched suffix: at each depth t the token that most of the occurrences still on the
+    walk continue with (ties: the most recent occurrence's), which keeps only those.
+
+        occurrence (newest first)   t = 0  1  2
+        ends_BxM[0]                     x  y  |        depth 0: x 3 votes, u 1 -> x
+        ends_BxM[1]                     x  z  w        depth 1: y 1, z 2 -> z (on: 1, 2)
+        ends_BxM[2]                     u  v  w        depth 2: w 1, q 1 -> w (the newer)
+        ends_BxM[3]                     x  z  q        proposal x z w, run 3
+
+    The walk stops where no occurrence on it has a next token before its entry's
+    `SENTINEL` (or the store's end). With every occurrence's continuation distinct it is
+    the most recent occurrence's continuation.
+
+    Args:
+      tokens_R: [R] int32, the store's tokens.
+      ends_BxM: [B, M] int32, each sequence's occurrences' end positions, most recent
+        first; -1: none.
+      k: the most tokens to walk.
+
+    Returns:
+      tokens_BxK: [B, k] int32, the walk's tokens (0 past its run).
+      run_B: [B] int32, how many tokens it walked (0: no occurrence).
+    """
+    R = tokens_R.shape[0]
+    at_BxMxK = ends_BxM[:, :, None] + 1 + jnp.arange(k)[None, None, :]
+    next_BxMxK = jnp.where((ends_BxM[:, :, None] >= 0) & (at_BxMxK < R),
+                           tokens_R[jnp.clip(at_BxMxK, 0, R - 1)], SENTINEL)
+    # an occurrence's continuation: its tokens up to its entry's SENTINEL
+    inside_BxMxK = jnp.cumprod(next_BxMxK != SENTINEL, axis=2).astype(bool)
+
+    def depth(on_BxM, t):
+        next_BxM, inside_BxM = next_BxMxK[:, :, t], inside_BxMxK[:, :, t]
+        voter_BxM = on_BxM & inside_BxM
+        votes_BxM = jnp.sum((next_BxM[:, :, None] == next_BxM[:, None, :])
+                            & voter_BxM[:, None, :], axis=2)
+        best_B = jnp.argmax(jnp.where(voter_BxM, votes_BxM, -1), axis=1)  # first: newest
+        token_B = jnp.take_along_axis(next_BxM, best_B[:, None], axis=1)[:, 0]
+        walked_B = jnp.any(voter_BxM, axis=1)
+        return voter_BxM & (next_BxM == token_B[:, None]), (jnp.maximum(token_B, 0), walked_B)
+
+    _, (tokens_KxB, walked_KxB) = jax.lax.scan(depth, ends_BxM >= 0, jnp.arange(k))
+    run_B = jnp.sum(jnp.cumprod(walked_KxB, axis=0), axis=0).astype(jnp.int32)
+    return tokens_KxB.T, run_B
 
 
 def prefer(own: lookup_lib.Proposal, earlier: lookup_lib.Proposal,
@@ -146,8 +198,8 @@ class SuffixStore:
     """
 
     def __init__(self, size: int = DEFAULT_STORE_TOKENS, prompt_tail: int = 8):
-        if not isinstance(size, int) or size < 2:
-            raise ValueError(f"the store needs at least 2 tokens, got {size!r}")
+        if not isinstance(size, int) or not 2 <= size <= MAX_STORE_TOKENS:
+            raise ValueError(f"the store holds 2 to {MAX_STORE_TOKENS} tokens, got {size!r}")
         self.size, self.prompt_tail = size, prompt_tail
         self._tokens = np.full((size,), SENTINEL, np.int32)
         self._scope = np.full((size,), NO_SCOPE, np.int32)
