@@ -1,5 +1,5 @@
 """The store's work model once it already holds W earlier answers of the task (a server in
-steady state), against the same prompts without it.
+steady state; W = 0: the store growing from empty), against the same prompts without it.
 
     PYTHONPATH=. python benchmarks/results_serving/store_full.py TASK W M
 
@@ -27,7 +27,8 @@ def main(task: str, W: int, M: int) -> None:
     prompts = tasks.task_prompts(model, task, W + M, 400, chat=True)
     store = suffix_store.SuffixStore()
     options = dict(max_new_tokens=128, max_cache_len=640, batch_size=1)
-    hispec_jax.generate(model, prompts[:W], cross_request=store, **options)
+    if W:
+        hispec_jax.generate(model, prompts[:W], cross_request=store, **options)
     speed = {}
     for variant in ("off", "on"):
         r = hispec_jax.generate(model, prompts[W:], cross_request=store if variant == "on"
