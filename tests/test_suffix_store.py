@@ -78,6 +78,20 @@ def test_the_store_proposes_the_most_frequent_continuation():
     assert prop.tokens_BxK[0, :int(prop.length_B[0])].tolist() == [5, 7]
 
 
+def test_the_continuation_counts_only_the_most_recent_occurrences():
+    """Ten old occurrences of (1, 2) continue with 3, the STORE_CANDIDATES newer ones each
+    with a token of its own: only the newer ones vote, so the newest's token wins."""
+    M = suffix_store.STORE_CANDIDATES
+    store = [1, 2, 3, SENTINEL] * 10 + sum(([1, 2, 10 + i, SENTINEL] for i in range(M)), [])
+    arrays = StoreArrays(tokens_R=jnp.asarray(store, jnp.int32),
+                         scope_R=jnp.asarray([NO_SCOPE if t == SENTINEL else 0 for t in store],
+                                             jnp.int32),
+                         scope_B=jnp.zeros((1,), jnp.int32))
+    prop = suffix_store.propose(PromptLookup(4, 4), arrays, jnp.asarray([[9, 1, 2, 0]], jnp.int32),
+                                jnp.asarray([2], jnp.int32), jnp.asarray([4], jnp.int32))
+    assert prop.tokens_BxK[0, :int(prop.length_B[0])].tolist() == [10 + M - 1]
+
+
 @settings(max_examples=60, **PROPERTY_SETTINGS)
 @given(data=st.data())
 def test_store_proposal_equals_reference(data):
