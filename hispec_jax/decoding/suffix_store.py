@@ -135,7 +135,7 @@ def most_frequent_continuation(tokens_R: jax.Array, ends_BxM: jax.Array,
 
         occurrence (newest first)   t = 0  1  2
         ends_BxM[0]                     x  y  |        depth 0: x 3 votes, u 1 -> x
-        ends_BxM[1]                     x  z  w        depth 1: y 1, z 2 -> z (on: 1, 2)
+        ends_BxM[1]                     x  z  w        depth 1: y 1, z 2 -> z (on: 1, 3)
         ends_BxM[2]                     u  v  w        depth 2: w 1, q 1 -> w (the newer)
         ends_BxM[3]                     x  z  q        proposal x z w, run 3
 
