@@ -11,7 +11,6 @@ from hispec_jax.cli import common, load_options
 from hispec_jax.cli import distributed as distributed_cli
 from hispec_jax.cli import generate as generate_cli
 from hispec_jax.decoding import options as options_lib
-from hispec_jax.decoding import suffix_store
 
 
 def add_decoding_arguments(parser, with_budget: bool = True) -> None:
@@ -194,9 +193,9 @@ def run_serve(args) -> int:
         except options_lib.OptionError as e:
             raise ValueError(f"--{name.replace('_', '-')} {e.value}: {e.allowed}") from None
     if args.store_tokens is not None and not (
-            2 <= args.store_tokens <= suffix_store.MAX_STORE_TOKENS):
+            2 <= args.store_tokens <= options_lib.MAX_STORE_TOKENS):
         raise ValueError(f"--store-tokens {args.store_tokens}: must be an integer in "
-                         f"[2, {suffix_store.MAX_STORE_TOKENS}]")
+                         f"[2, {options_lib.MAX_STORE_TOKENS}]")
     data = (args.mesh_shape or {}).get("data", 1)
     if args.slots % data:
         raise ValueError(f"--slots {args.slots}: must be a multiple of the mesh's data axis "

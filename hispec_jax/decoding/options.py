@@ -42,6 +42,7 @@ DEFAULT_DRAFT_K = 5
 DEFAULT_INNER_DRAFT_K = 3
 MAX_LOOKUP = 64  # most tokens one lookup proposes (every pass's block grows with it)
 MAX_NGRAM = 16
+MAX_STORE_TOKENS = 1 << 24  # R: store positions stay exact in float32 (`suffix_store.propose`)
 # k = 16 and 8-grams with the "ngram" schedule (a 1-gram match proposes 4 tokens, a 2- to
 # 4-gram one 8, a longer one 16): faster than k = 8 with 3-grams where answers quote the
 # prompt, the same on chat (docs/lookup.md).

@@ -42,12 +42,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from hispec_jax.decoding import lookup as lookup_lib
+from hispec_jax.decoding.options import MAX_STORE_TOKENS
 
 SENTINEL = -1  # separates entries; equals no token
 NO_SCOPE = -1  # a sequence with this scope drafts nothing from the store
 DEFAULT_STORE_TOKENS = 16384  # R
 MIN_STORE_NGRAM = 2  # a store match of fewer suffix tokens is not used (a 1-gram is noise)
-MAX_STORE_TOKENS = 1 << 24  # positions stay exact in float32 (`propose`'s approx_max_k)
 STORE_CANDIDATES = 16  # M: the most recent occurrences the most frequent continuation counts
 
 
