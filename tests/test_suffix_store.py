@@ -64,16 +64,21 @@ def reference_store_proposal(store, scopes, seq_scope, tokens, c, k, max_ngram, 
     return None
 
 
-def test_the_store_proposes_the_most_frequent_continuation():
-    """Three occurrences of (1, 2): the newest continues 3 4, two older ones 5 6 and 5 7;
-    the walk takes 5 (two votes), then 7 (the newer of the two left)."""
-    store = [1, 2, 5, 6, SENTINEL, 1, 2, 5, 7, SENTINEL, 1, 2, 3, 4, SENTINEL]
+def _propose_after_1_2(store):
+    """The store's proposal for one sequence (9, 1, 2) of scope 0, k = 4, 4-grams."""
     arrays = StoreArrays(tokens_R=jnp.asarray(store, jnp.int32),
                          scope_R=jnp.asarray([NO_SCOPE if t == SENTINEL else 0 for t in store],
                                              jnp.int32),
                          scope_B=jnp.zeros((1,), jnp.int32))
-    prop = suffix_store.propose(PromptLookup(4, 4), arrays, jnp.asarray([[9, 1, 2, 0]], jnp.int32),
+    return suffix_store.propose(PromptLookup(4, 4), arrays, jnp.asarray([[9, 1, 2, 0]], jnp.int32),
                                 jnp.asarray([2], jnp.int32), jnp.asarray([4], jnp.int32))
+
+
+def test_the_store_proposes_the_most_frequent_continuation():
+    """Three occurrences of (1, 2): the newest continues 3 4, two older ones 5 6 and 5 7;
+    the walk takes 5 (two votes), then 7 (the newer of the two left)."""
+    store = [1, 2, 5, 6, SENTINEL, 1, 2, 5, 7, SENTINEL, 1, 2, 3, 4, SENTINEL]
+    prop = _propose_after_1_2(store)
     assert bool(prop.matched_B[0]) and int(prop.ngram_B[0]) == 2
     assert prop.tokens_BxK[0, :int(prop.length_B[0])].tolist() == [5, 7]
 
@@ -83,12 +88,7 @@ def test_the_continuation_counts_only_the_most_recent_occurrences():
     with a token of its own: only the newer ones vote, so the newest's token wins."""
     M = suffix_store.STORE_CANDIDATES
     store = [1, 2, 3, SENTINEL] * 10 + sum(([1, 2, 10 + i, SENTINEL] for i in range(M)), [])
-    arrays = StoreArrays(tokens_R=jnp.asarray(store, jnp.int32),
-                         scope_R=jnp.asarray([NO_SCOPE if t == SENTINEL else 0 for t in store],
-                                             jnp.int32),
-                         scope_B=jnp.zeros((1,), jnp.int32))
-    prop = suffix_store.propose(PromptLookup(4, 4), arrays, jnp.asarray([[9, 1, 2, 0]], jnp.int32),
-                                jnp.asarray([2], jnp.int32), jnp.asarray([4], jnp.int32))
+    prop = _propose_after_1_2(store)
     assert prop.tokens_BxK[0, :int(prop.length_B[0])].tolist() == [10 + M - 1]
 
 
