@@ -282,6 +282,39 @@ def test_serve_load_interleave_starts_each_server_once_and_alternates_the_repeat
                       ("stop", "ar"), ("stop", "default")]
 
 
+def test_serve_load_distinct_requests_give_each_interleaved_repeat_its_own_mix(
+        monkeypatch, tmp_path):
+    """--distinct-requests under --interleave: the servers stay up across repeats, so each
+    repeat sends its own --requests (a store of earlier requests never holds the answer to a
+    request it is timed on); every method of a repeat gets the same part. Servers started per
+    repeat (no --interleave) send the one mix every time."""
+    from hispec_jax.bench import serve_load
+
+    sent = []
+
+    class Proc:
+        def poll(self):
+            return 0
+
+    def measure(method, url, args, requests, want, step_log):
+        sent.append((method, [i for i, _, _ in requests]))
+        return {"method": method}
+
+    monkeypatch.setattr(serve_load, "start_server", lambda m, a, r=0: (Proc(), "http://x"))
+    monkeypatch.setattr(serve_load, "measure", measure)
+    monkeypatch.setattr(serve_load, "stop_server", lambda proc: 0)
+    flags = ["--log-dir", str(tmp_path), "--repeats", "3", "--requests", "12",
+             "--alone-requests", "2", "--clients", "8", "--distinct-requests"]
+    args = serve_load.parse_args(flags + ["--interleave"])
+    assert serve_load.mix_slices(args) == 3
+    mix = [(i, [i], 8) for i in range(36)]
+    list(serve_load.interleaved_runs(["ar", "default"], args, mix, {}))
+    assert sent == [(m, list(range(12 * r, 12 * (r + 1))))
+                    for r in range(3) for m in ("ar", "default")]
+    assert serve_load.mix_slices(serve_load.parse_args(flags)) == 1
+    assert serve_load.repeat_requests(mix[:12], serve_load.parse_args(flags), 2) == mix[:12]
+
+
 def test_serve_load_passes_the_prefill_share_to_every_server(monkeypatch, tmp_path):
     """`--prefill-share X` and `--ride-prefill` reach each server's command line; without
     them the server keeps its own defaults. Every server writes its step log in the log

@@ -320,6 +320,21 @@ def measure(method: str, url: str, args, requests: list[tuple], want: dict,
             "checked_outputs": len(load) + len(alone)}
 
 
+def mix_slices(args) -> int:
+    """How many disjoint mixes of --requests the run needs: one per repeat where the servers
+    stay up across repeats (--interleave) and every request is sent once
+    (--distinct-requests), so that a server's store of earlier requests never holds the
+    answer to a request it is timed on; else one."""
+    return args.repeats if args.distinct_requests and args.interleave else 1
+
+
+def repeat_requests(requests: list[tuple], args, repeat: int) -> list[tuple]:
+    """The part of `requests` that `repeat` (0-based) sends (`mix_slices`)."""
+    if mix_slices(args) == 1:
+        return requests
+    return requests[repeat * args.requests:(repeat + 1) * args.requests]
+
+
 def interleaved_runs(methods: list[str], args, requests: list[tuple], want: dict):
     """--interleave: every method's server started once and kept up (an idle server waits
     on a condition: no work beside the measured one), then the repeats measured in turn
@@ -331,7 +346,8 @@ def interleaved_runs(methods: list[str], args, requests: list[tuple], want: dict
             servers[method] = start_server(method, args)
         for repeat in range(args.repeats):
             for method in methods:
-                yield repeat, method, measure(method, servers[method][1], args, requests, want,
+                yield repeat, method, measure(method, servers[method][1], args,
+                                              repeat_requests(requests, args, repeat), want,
                                               step_log_path(method, args))
         for method in methods:
             code = stop_server(servers[method][0])
@@ -460,7 +476,9 @@ def parse_args(argv):
                    help="send every request of the mix once: the HTTP warm-up, the lone "
                         "client and the clients under load take disjoint parts of it (2, "
                         "--alone-requests, the rest), so a server that drafts from earlier "
-                        "requests (`hispec serve`'s store) is never timed on a repeat")
+                        "requests (`hispec serve`'s store) is never timed on a repeat; "
+                        "with --interleave each repeat sends its own --requests (R x "
+                        "--requests prompts in all)")
     p.add_argument("--startup-timeout", type=float, default=600)
     p.add_argument("--log-dir", default=os.path.join(tempfile.gettempdir(), "hispec-bench-serve"),
                    help="where the servers' logs go, serve-METHOD.log (created; default: "
@@ -495,10 +513,11 @@ def main(argv=None) -> int:
     from hispec_jax.datasets import load_prompts
 
     model = hispec_jax.load_model(args.model or hispec_jax.DEFAULT_MODEL_DIR)
+    num_prompts = args.requests * mix_slices(args)
     if args.task == "sharegpt":
-        prompts = load_prompts("sharegpt", model.tokenizer, args.requests, args.max_prompt_tokens)
+        prompts = load_prompts("sharegpt", model.tokenizer, num_prompts, args.max_prompt_tokens)
     else:
-        prompts = tasks.task_prompts(model, args.task, args.requests, args.max_prompt_tokens,
+        prompts = tasks.task_prompts(model, args.task, num_prompts, args.max_prompt_tokens,
                                      args.chat)
     requests = [(i, p, args.max_tokens[i % len(args.max_tokens)]) for i, p in enumerate(prompts)]
     want = offline_texts(model, requests)
