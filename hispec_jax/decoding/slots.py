@@ -803,7 +803,15 @@ class SlotEngine:
             self.req = self.req.replace(lookup_cost=self._lookup_cost)
         if self.store is not None and self._store_version != self.store.version:
             self._store_version = self.store.version  # a new copy: same shapes, no compile
+            # placed once, as the rounds take them (replicated over a mesh): a host array
+            # argument is moved at every call, which cost a served round at one client
+            # about 6 ms of 33 on the 2-core CPU
             tokens_R, scope_R = self.store.host_arrays()
+            if self.mesh is None:
+                tokens_R, scope_R = jax.device_put((tokens_R, scope_R))
+            else:
+                tokens_R, scope_R = sharding.shard_arrays(
+                    (tokens_R, scope_R), sharding.replicated((tokens_R, scope_R), self.mesh))
             self.req = self.req.replace(store=self.req.store.replace(
                 tokens_R=tokens_R, scope_R=scope_R))
         self.last_rider = None
