@@ -111,8 +111,8 @@ def add_parsers(subparsers) -> None:
                             "disk, scoped per API key and request `user`; a request opts out "
                             "with \"hispec\": {\"cross_request\": false} or the header "
                             "X-Hispec-Cross-Request: false); outputs never change "
-                            "(docs/serving.md; default: off, until measured to pay: "
-                            "BENCHMARKS.md)")
+                            "(docs/serving.md; default: off: it pays where requests share "
+                            "their shape, and lost on open chat: BENCHMARKS.md)")
     serve.add_argument("--store-tokens", type=int, default=None, metavar="R",
                        help="tokens the store of earlier requests holds, the oldest evicted "
                             "first (default: 16384)")

@@ -227,8 +227,8 @@ def build_app(model, method=None, *, slots: int = 8, max_cache_len: int | None =
     `step_log`: a file that gets each engine step as a JSON line (`scheduler.StepLog`).
     `measure_pass_cost` (`hispec serve --measure-pass-cost`): the warm-up measures this
     host's pass costs for the lookup gate where none are kept (`warm_up`).
-    `cross_request` (`hispec serve --cross-request`; off by default: on the one workload
-    measured it did not pay, BENCHMARKS.md): where the plan has prompt
+    `cross_request` (`hispec serve --cross-request`; off by default: it paid where requests
+    share their shape and lost on open chat, BENCHMARKS.md): where the plan has prompt
     lookup, it also drafts from a store of `store_tokens` tokens of earlier requests,
     scoped per API key and `user` field (`build_engines`; /health says so).
     `several_hosts`: this is process 0 of a multi-host run (`hispec_jax.distributed`),
